@@ -1,0 +1,5 @@
+import sys
+
+from zephon_stream.cli import main
+
+sys.exit(main())
