@@ -1,0 +1,88 @@
+"""S3 fixtures: one moto server on loopback per test session, a fresh bucket per test.
+
+Loaded as a pytest plugin by tests/conftest.py. While the server runs, the
+standard AWS variables in ``os.environ`` point at it, so child processes
+(torchrun ranks, CLI subprocesses) reach it without extra options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import pytest
+
+from zephon_stream.storage.embedded_s3 import EmbeddedS3
+
+_bucket_numbers = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Env:
+    """Where a test's S3 data lives and how to reach it.
+
+    Attributes:
+        bucket: the bucket name (fresh for each test).
+        endpoint_url: the moto server, ``http://127.0.0.1:PORT``.
+        storage_options: s3fs options (dummy key/secret, endpoint, region);
+            a fresh copy each time it is read.
+        env: AWS variables for child processes.
+        server: the running ``EmbeddedS3``.
+    """
+
+    bucket: str
+    endpoint_url: str
+    server: EmbeddedS3
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return self.server.storage_options()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.server.env()
+
+    def url(self, prefix: str = "") -> str:
+        """``s3://BUCKET/PREFIX`` (``s3://BUCKET`` for an empty prefix)."""
+        prefix = prefix.strip("/")
+        return f"s3://{self.bucket}/{prefix}" if prefix else f"s3://{self.bucket}"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[EmbeddedS3]:
+    """The session's moto server; AWS_* variables point at it while it runs."""
+    with EmbeddedS3() as server:
+        saved = {name: os.environ.get(name) for name in server.env()}
+        os.environ.update(server.env())
+        try:
+            yield server
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+@pytest.fixture
+def s3_bucket(s3_server: EmbeddedS3) -> S3Env:
+    """A fresh, empty bucket on the session's server."""
+    name = f"zs-test-{next(_bucket_numbers)}-{uuid.uuid4().hex[:8]}"
+    s3_server.create_bucket(name)
+    return S3Env(bucket=name, endpoint_url=s3_server.endpoint_url, server=s3_server)
+
+
+@pytest.fixture
+def s3_url(s3_bucket: S3Env) -> Callable[[str], str]:
+    """``s3_url("prefix")`` -> ``s3://<this test's bucket>/prefix``."""
+    return s3_bucket.url
+
+
+@pytest.fixture
+def s3_options(s3_bucket: S3Env) -> dict[str, Any]:
+    """Storage options reaching the session's server (same bucket as ``s3_bucket``)."""
+    return s3_bucket.storage_options

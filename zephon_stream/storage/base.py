@@ -1,0 +1,222 @@
+"""The store interface every backend implements, with the behaviour they share.
+
+A store is rooted at a URL; every path given to it is relative to that root and
+``/``-separated. The public methods here validate paths, run the backend's
+primitive through the retry layer, count what happened, and word errors so they
+name the object and range without secrets. Backends implement only the
+underscore primitives.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from zephon_stream.errors import PathEscapeError, TruncatedObjectError
+from zephon_stream.storage.redact import redact_text
+from zephon_stream.storage.retry import RetryPolicy, ShortReadError, call_with_retry
+
+T = TypeVar("T")
+
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+STAT_KEYS = ("reads", "bytes_read", "writes", "bytes_written", "retries", "errors")
+
+
+def check_relative_path(path: str, *, root: str = "store root") -> str:
+    """Return ``path`` if it is a clean relative path inside the root.
+
+    Raises:
+        PathEscapeError: ``path`` is empty, absolute, has a scheme or a drive,
+            uses backslashes or NUL, or has ``..``, ``.`` or empty segments.
+    """
+    if not isinstance(path, str):
+        raise PathEscapeError(f"path {path!r} under {root}: not a string")
+    reason = None
+    if not path:
+        reason = "empty path"
+    elif path.startswith("/"):
+        reason = "absolute path"
+    elif _SCHEME.match(path):
+        reason = "has a scheme or drive"
+    elif "\\" in path or "\x00" in path:
+        reason = "backslash or NUL in path"
+    else:
+        for segment in path.split("/"):
+            if segment in ("", ".", ".."):
+                reason = f"segment {segment!r} not allowed"
+                break
+    if reason is not None:
+        raise PathEscapeError(f"path {path!r} escapes {root}: {reason}")
+    return path
+
+
+class StoreStats:
+    """Thread-safe operation counters of one store."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(STAT_KEYS, 0)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for key, delta in deltas.items():
+                self._counts[key] += delta
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class Store(abc.ABC):
+    """A key-value view of a folder or object-store prefix.
+
+    Subclasses set ``self._url`` (display form, no secrets) and implement the
+    primitives; callers use only the public methods.
+    """
+
+    def __init__(self, *, url: str, retry: RetryPolicy | None, secrets: Sequence[str] = ()) -> None:
+        self._url = url.rstrip("/")
+        self._retry = retry or RetryPolicy()
+        self._secrets = tuple(secrets)
+        self._stats = StoreStats()
+        self._url = self.scrub(self._url)
+
+    # -- primitives -------------------------------------------------------
+    @abc.abstractmethod
+    def _read(self, path: str) -> bytes: ...
+
+    @abc.abstractmethod
+    def _read_range(self, path: str, start: int, end: int) -> bytes: ...
+
+    @abc.abstractmethod
+    def _write(self, path: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def _exists(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def _size(self, path: str) -> int: ...
+
+    @abc.abstractmethod
+    def _list(self, prefix: str) -> list[str]: ...
+
+    @abc.abstractmethod
+    def _delete(self, path: str) -> None: ...
+
+    # -- public API -------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The root URL, free of secrets."""
+        return self._url
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return self._retry
+
+    def scrub(self, text: str) -> str:
+        """``text`` with this store's secrets removed."""
+        return redact_text(text, self._secrets)
+
+    def read(self, path: str) -> bytes:
+        """The whole object at ``path``."""
+        rel = self._check(path)
+        data = self._run("read", rel, "", lambda: self._read(rel))
+        self._stats.add(reads=1, bytes_read=len(data))
+        return data
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the object at ``path``, exactly ``end - start`` of them.
+
+        Raises:
+            TruncatedObjectError: the object ends before ``end``.
+            ObjectMissingError: no object at ``path``.
+            StorageError: transient failures outlasted the retry policy.
+        """
+        rel = self._check(path)
+        if not (isinstance(start, int) and isinstance(end, int)) or start < 0 or end < start:
+            raise ValueError(f"{self._name(rel)}: invalid byte range [{start}, {end})")
+        if end == start:
+            return b""
+        want = end - start
+
+        def attempt() -> bytes:
+            data = self._read_range(rel, start, end)
+            if len(data) == want:
+                return data
+            size = self._size(rel)
+            if size < end:
+                raise TruncatedObjectError(
+                    f"{self._name(rel)} bytes [{start}, {end}): object is truncated "
+                    f"(expected at least {end} bytes, got {size})"
+                )
+            raise ShortReadError(f"body ended after {len(data)} of {want} bytes")
+
+        data = self._run("read_range", rel, f" bytes [{start}, {end})", attempt)
+        self._stats.add(reads=1, bytes_read=len(data))
+        return data
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Store ``data`` at ``path``: readers see the old object or the whole new one."""
+        rel = self._check(path)
+        payload = bytes(data)
+        self._run("write_atomic", rel, f" ({len(payload)} bytes)", lambda: self._write(rel, payload))
+        self._stats.add(writes=1, bytes_written=len(payload))
+
+    def exists(self, path: str) -> bool:
+        rel = self._check(path)
+        return self._run("exists", rel, "", lambda: self._exists(rel))
+
+    def size(self, path: str) -> int:
+        """Byte size of the object at ``path`` (ObjectMissingError if absent)."""
+        rel = self._check(path)
+        return self._run("size", rel, "", lambda: self._size(rel))
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Sorted relative paths of every object whose path starts with ``prefix``."""
+        if prefix:
+            check_relative_path(prefix.rstrip("/") or ".", root=self._url)
+        return sorted(self._run("list", prefix, "", lambda: self._list(prefix)))
+
+    def delete(self, path: str) -> None:
+        """Remove the object at ``path``; removing an absent object is not an error."""
+        rel = self._check(path)
+        self._run("delete", rel, "", lambda: self._delete(rel))
+
+    def stats(self) -> dict[str, int]:
+        """Counters: reads, bytes_read, writes, bytes_written, retries, errors."""
+        return self._stats.snapshot()
+
+    def close(self) -> None:
+        """Release connections; the store must not be used afterwards."""
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._url!r})"
+
+    # -- shared plumbing --------------------------------------------------
+    def _check(self, path: str) -> str:
+        return check_relative_path(path, root=self._url)
+
+    def _name(self, rel: str) -> str:
+        return f"{self._url}/{rel}" if rel else self._url
+
+    def _run(self, op: str, rel: str, detail: str, attempt: Callable[[], T]) -> T:
+        try:
+            return call_with_retry(
+                attempt,
+                policy=self._retry,
+                what=f"{op} {self._name(rel)}{detail}",
+                scrub=self.scrub,
+                on_retry=lambda: self._stats.add(retries=1),
+            )
+        except Exception:
+            self._stats.add(errors=1)
+            raise

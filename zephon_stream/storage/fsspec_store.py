@@ -1,0 +1,188 @@
+"""A store over any fsspec filesystem; S3 through s3fs.
+
+One filesystem instance serves every thread of a store: s3fs runs its requests
+on fsspec's event-loop thread, so concurrent ``read_range`` calls from many
+threads overlap on the network.
+
+Fork: an s3fs instance (its event loop, its connections) must not be used in a
+child process. The store remembers the pid that built its filesystem and builds
+a fresh one on first use in another process; pickling a store carries only its
+URL, options and retry policy, and the copy reconnects on first use.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+from fsspec.utils import get_protocol
+
+from zephon_stream.storage.base import Store
+from zephon_stream.storage.redact import redact_options, redact_url, secret_values
+from zephon_stream.storage.retry import RetryPolicy
+
+S3_PROTOCOLS = ("s3", "s3a")
+
+
+def s3_filesystem_options(storage_options: Mapping[str, Any] | None, policy: RetryPolicy) -> dict[str, Any]:
+    """s3fs keyword arguments: the user's options plus timeouts, one attempt, the env endpoint.
+
+    NOTE: botocore and s3fs each retry on their own (up to minutes against a
+    dead endpoint). Both are set to a single attempt with bounded connect and
+    read timeouts so that ``RetryPolicy`` is the only retry layer and counts
+    every retry. Options the user passes explicitly win.
+    """
+    opts = dict(storage_options or {})
+    client_kwargs = dict(opts.get("client_kwargs") or {})
+    if not opts.get("endpoint_url") and not client_kwargs.get("endpoint_url"):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            opts["endpoint_url"] = endpoint
+    if not client_kwargs.get("region_name"):
+        region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
+        if region:
+            client_kwargs["region_name"] = region
+    if client_kwargs:
+        opts["client_kwargs"] = client_kwargs
+    config = dict(opts.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", policy.connect_timeout_s)
+    config.setdefault("read_timeout", policy.read_timeout_s)
+    config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+    config.setdefault("max_pool_connections", 64)
+    opts["config_kwargs"] = config
+    opts.setdefault("use_listings_cache", False)
+    opts["skip_instance_cache"] = True
+    return opts
+
+
+class FsspecStore(Store):
+    """Objects under an fsspec URL (``s3://bucket/prefix``, ``memory://x``, ...).
+
+    On S3 a single PUT is atomic on completion, so ``write_atomic`` is one
+    ``pipe_file``. Other fsspec backends are only as atomic as their own writes.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        policy = retry or RetryPolicy()
+        self._raw_url = url
+        self._options = dict(storage_options or {})
+        self._protocol = get_protocol(url)
+        super().__init__(url=redact_url(url), retry=policy, secrets=secret_values(self._options))
+        self._fs_lock = threading.Lock()
+        self._fs: Any = None
+        self._fs_pid = -1
+        self._root = ""
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """The options, secrets shown as ``***``."""
+        return redact_options(self._options)
+
+    def filesystem(self) -> tuple[Any, str]:
+        """The fsspec filesystem of this process and the root path inside it."""
+        with self._fs_lock:
+            if self._fs is None or self._fs_pid != os.getpid():
+                if self._protocol in S3_PROTOCOLS:
+                    kwargs = s3_filesystem_options(self._options, self._retry)
+                else:
+                    kwargs = {**self._options, "skip_instance_cache": True}
+                fs, root = fsspec.core.url_to_fs(self._raw_url, **kwargs)
+                if self._protocol in S3_PROTOCOLS:
+                    # NOTE: s3fs's own retry loop (class default 5) is on top of
+                    # botocore's; one attempt here, retries happen in RetryPolicy.
+                    fs.retries = 1
+                self._fs, self._root, self._fs_pid = fs, root.rstrip("/"), os.getpid()
+            return self._fs, self._root
+
+    def _full(self, path: str) -> tuple[Any, str]:
+        fs, root = self.filesystem()
+        return fs, f"{root}/{path}" if root else path
+
+    def _read(self, path: str) -> bytes:
+        fs, full = self._full(path)
+        return fs.cat_file(full)
+
+    def _read_range(self, path: str, start: int, end: int) -> bytes:
+        fs, full = self._full(path)
+        return fs.cat_file(full, start=start, end=end)
+
+    def _write(self, path: str, data: bytes) -> None:
+        fs, full = self._full(path)
+        if self._protocol not in S3_PROTOCOLS:
+            parent = full.rsplit("/", 1)[0]
+            if parent and parent != full:
+                fs.makedirs(parent, exist_ok=True)
+        fs.pipe_file(full, data)
+
+    def _info(self, path: str) -> dict[str, Any]:
+        fs, full = self._full(path)
+        info = fs.info(full)
+        if info.get("type") != "file":
+            raise FileNotFoundError(f"not an object: {path}")
+        return info
+
+    def _exists(self, path: str) -> bool:
+        # NOTE: not fs.exists(): s3fs answers False for any error on a bucket,
+        # and a transient failure must be retried, not read as "absent".
+        try:
+            self._info(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _size(self, path: str) -> int:
+        return int(self._info(path)["size"])
+
+    def _list(self, prefix: str) -> list[str]:
+        fs, root = self.filesystem()
+        base = root
+        if "/" in prefix:
+            base = f"{root}/{prefix.rsplit('/', 1)[0]}" if root else prefix.rsplit("/", 1)[0]
+        try:
+            paths = fs.find(base, withdirs=False)
+        except FileNotFoundError:
+            return []
+        skip = len(root) + 1 if root else 0
+        found = []
+        for full in paths:
+            if root and not full.startswith(root + "/"):
+                continue
+            rel = full[skip:]
+            if rel.startswith(prefix):
+                found.append(rel)
+        return found
+
+    def _delete(self, path: str) -> None:
+        fs, full = self._full(path)
+        try:
+            fs.rm_file(full)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        """Close this process's connections (S3); the store reconnects if used again."""
+        with self._fs_lock:
+            fs, self._fs = self._fs, None
+            if fs is None or self._fs_pid != os.getpid():
+                return
+            client = getattr(fs, "_s3", None)
+            if client is not None and hasattr(type(fs), "close_session"):
+                # NOTE: s3fs only closes its aiohttp session at interpreter exit;
+                # closing here means no socket outlives the store.
+                type(fs).close_session(fs.loop, client)
+                fs._s3 = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FsspecStore, (self._raw_url, self._options), {"_retry": self._retry})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._retry = state["_retry"]

@@ -1,0 +1,216 @@
+"""Retries with exponential backoff and jitter: the one retry layer that counts.
+
+Transient failures (timeouts, 5xx and throttling answers, connection resets and
+refusals, bodies cut short in transit) are retried within a bounded number of
+attempts and a bounded total time. A missing object is reported at once. Any
+other failure (access denied, a bad request) is not retried. botocore and s3fs
+are configured by ``fsspec_store`` to make a single attempt each, so a dead
+endpoint fails within ``RetryPolicy`` bounds instead of hanging for minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from zephon_stream.errors import ConfigError, ObjectMissingError, StorageError, ZephonError
+
+logger = logging.getLogger("zephon_stream.storage")
+
+T = TypeVar("T")
+
+_TRANSIENT_CODES = frozenset(
+    {
+        "InternalError",
+        "ServiceUnavailable",
+        "SlowDown",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "Throttling",
+        "ThrottlingException",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "BadGateway",
+        "GatewayTimeout",
+    }
+)
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.ECONNRESET,
+        errno.ECONNREFUSED,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        errno.ETIMEDOUT,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """How hard a store tries before a storage operation fails.
+
+    Attributes:
+        max_attempts: attempts per operation, the first one included.
+        initial_backoff_s: sleep before the first retry; doubles each retry.
+        max_backoff_s: cap on one sleep.
+        timeout_s: cap on the whole operation, sleeps included; no retry
+            starts once it would end past this.
+        connect_timeout_s: per-attempt connect timeout (network backends).
+        read_timeout_s: per-attempt timeout waiting for response bytes.
+    """
+
+    max_attempts: int = 10
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 4.0
+    timeout_s: float = 120.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError(f"RetryPolicy.max_attempts must be >= 1 (got {self.max_attempts})")
+        for name in ("initial_backoff_s", "max_backoff_s", "timeout_s", "connect_timeout_s", "read_timeout_s"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ConfigError(f"RetryPolicy.{name} must be >= 0 (got {value})")
+
+    def backoff_s(self, retry_index: int) -> float:
+        """Sleep before retry number ``retry_index`` (0-based), with jitter in [50%, 100%]."""
+        base = min(self.max_backoff_s, self.initial_backoff_s * (2.0**retry_index))
+        return base * random.uniform(0.5, 1.0)
+
+
+class ShortReadError(ConnectionError):
+    """A body that ended before the requested range did, on an object long enough.
+
+    It subclasses ``ConnectionError`` because it is the same failure as a reset
+    mid-body: the bytes exist, the transfer lost them.
+    """
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and not any(current is s for s in seen) and len(seen) < 16:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _transient_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [TimeoutError, asyncio.TimeoutError, socket.timeout, ConnectionError]
+    try:
+        from botocore import exceptions as bexc
+
+        types += [
+            bexc.ConnectionError,
+            bexc.HTTPClientError,
+            bexc.ReadTimeoutError,
+            bexc.ConnectTimeoutError,
+            bexc.IncompleteReadError,
+            bexc.ResponseStreamingError,
+            bexc.ResponseParserError,
+        ]
+    except ImportError:
+        pass
+    try:
+        import aiohttp
+
+        types += [aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, aiohttp.ServerTimeoutError]
+    except ImportError:
+        pass
+    try:
+        from fsspec.exceptions import FSTimeoutError
+
+        types.append(FSTimeoutError)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+_TRANSIENT_TYPES: tuple[type[BaseException], ...] | None = None
+
+
+def is_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` says the object does not exist."""
+    return isinstance(exc, FileNotFoundError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is worth retrying."""
+    global _TRANSIENT_TYPES
+    if _TRANSIENT_TYPES is None:
+        _TRANSIENT_TYPES = _transient_types()
+    for item in _chain(exc):
+        if isinstance(item, FileNotFoundError):
+            return False
+        if isinstance(item, _TRANSIENT_TYPES):
+            return True
+        response = getattr(item, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            code = response.get("Error", {}).get("Code", "")
+            if status >= 500 or status == 429 or code in _TRANSIENT_CODES:
+                return True
+        if isinstance(item, OSError) and item.errno in _TRANSIENT_ERRNOS:
+            return True
+    return False
+
+
+def call_with_retry(
+    attempt: Callable[[], T],
+    *,
+    policy: RetryPolicy,
+    what: str,
+    scrub: Callable[[str], str],
+    on_retry: Callable[[], None] = lambda: None,
+) -> T:
+    """Run ``attempt`` until it succeeds, retrying transient failures.
+
+    Args:
+        attempt: one try of the operation.
+        policy: attempt, backoff and time bounds.
+        what: the operation and object, e.g. ``"read_range s3://b/x bytes [0, 10)"``,
+            already free of secrets; it starts every error message.
+        scrub: removes secrets from an error text before it is logged or raised.
+        on_retry: called once per retry (stats).
+
+    Raises:
+        ObjectMissingError: the object does not exist (never retried).
+        StorageError: a non-transient failure, or transient ones past the bounds.
+        ZephonError: raised by ``attempt`` itself, passed through unchanged.
+    """
+    started = time.monotonic()
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return attempt()
+        except ZephonError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified below
+            detail = scrub(f"{type(exc).__name__}: {exc}")
+            if is_missing(exc):
+                raise ObjectMissingError(f"{what}: object not found ({detail})") from None
+            if not is_transient(exc):
+                raise StorageError(f"{what}: failed, not retryable ({detail})") from None
+            elapsed = time.monotonic() - started
+            sleep_s = policy.backoff_s(attempts - 1)
+            if attempts >= policy.max_attempts or elapsed + sleep_s > policy.timeout_s:
+                logger.warning("%s: giving up after %d attempts in %.1fs: %s", what, attempts, elapsed, detail)
+                raise StorageError(
+                    f"{what}: failed after {attempts} attempts in {elapsed:.1f}s (last error: {detail})"
+                ) from None
+            logger.info("%s: attempt %d failed (%s); retrying in %.2fs", what, attempts, detail, sleep_s)
+            on_retry()
+            time.sleep(sleep_s)
