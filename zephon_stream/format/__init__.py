@@ -1,1 +1,7 @@
-"""format"""
+"""The on-disk format (docs/FORMAT.md), pure: bytes in, bytes out.
+
+- ``spec``: constants, naming and dtype rules.
+- ``block``: one block of tokens <-> one zstd frame.
+- ``manifest``: the dataset manifest codec, validation and block arithmetic.
+- ``docindex``: per-shard document-index sidecars and document lookup.
+"""

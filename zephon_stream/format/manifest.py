@@ -1,0 +1,420 @@
+"""The dataset manifest: msgpack codec, validation and block arithmetic.
+
+The manifest is written last; its presence commits the dataset. Every field
+is checked on load, with both values named on a mismatch (docs/FORMAT.md,
+"Validation").
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from zephon_stream.errors import ManifestError, ObjectMissingError, VersionError
+from zephon_stream.format.fields import FieldReader, check_relative_path, unpack_map
+from zephon_stream.format.spec import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    MAX_VOCAB_SIZE,
+    REJECTS_NAME,
+    dtype_name,
+    np_dtype,
+)
+
+FINGERPRINT_HEADER = "zephon-stream dataset fingerprint"
+
+
+def compute_fingerprint(
+    *,
+    dtype: str,
+    tokenizer_fingerprint: str,
+    block_tokens: int,
+    shards: Iterable[tuple[int, str]],
+    format_major: int = FORMAT_VERSION[0],
+) -> str:
+    """The dataset fingerprint: sha256 of the canonical content description.
+
+    The hashed text is UTF-8, one ``\\n``-terminated line each:
+    ``zephon-stream dataset fingerprint``, ``format_major=<int>``,
+    ``dtype=<dtype>``, ``tokenizer=<tokenizer fingerprint>``,
+    ``block_tokens=<int>``, then ``shard=<num_tokens> <sha256>`` per shard in
+    manifest order. Integers are decimal without leading zeros.
+
+    Args:
+        dtype: "uint16" or "uint32".
+        tokenizer_fingerprint: the tokenizer's fingerprint string.
+        block_tokens: tokens per full block.
+        shards: ``(num_tokens, sha256_hex)`` per shard, in manifest order.
+        format_major: the format's major version.
+
+    Returns:
+        64 lowercase hex digits.
+    """
+    digest = hashlib.sha256()
+    head = (
+        f"{FINGERPRINT_HEADER}\nformat_major={int(format_major)}\ndtype={dtype}\n"
+        f"tokenizer={tokenizer_fingerprint}\nblock_tokens={int(block_tokens)}\n"
+    )
+    digest.update(head.encode("utf-8"))
+    for num_tokens, sha256 in shards:
+        digest.update(f"shard={int(num_tokens)} {sha256}\n".encode("utf-8"))
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerInfo:
+    """Identity of the tokenizer that produced the tokens."""
+
+    kind: str
+    name: str
+    vocab_size: int
+    eos_id: int
+    bos_id: int | None
+    fingerprint: str
+
+    def to_obj(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "vocab_size": self.vocab_size,
+            "eos_id": self.eos_id,
+            "bos_id": self.bos_id,
+            "fingerprint": self.fingerprint,
+        }
+
+    @classmethod
+    def from_obj(cls, obj: Any, *, where: str) -> TokenizerInfo:
+        fields = FieldReader(obj, where=f"{where}: tokenizer")
+        return cls(
+            kind=fields.string("kind"),
+            name=fields.string("name", allow_empty=True),
+            vocab_size=fields.uint("vocab_size", minimum=1, maximum=MAX_VOCAB_SIZE),
+            eos_id=fields.uint("eos_id", maximum=MAX_VOCAB_SIZE - 1),
+            bos_id=fields.optional_uint("bos_id", maximum=MAX_VOCAB_SIZE - 1),
+            fingerprint=fields.string("fingerprint"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardInfo:
+    """One shard object and its document-index sidecar."""
+
+    path: str
+    num_tokens: int
+    num_bytes: int
+    sha256: str
+    block_offsets: tuple[int, ...]
+    index_path: str
+    index_sha256: str
+    num_documents: int
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in this shard."""
+        return len(self.block_offsets) - 1
+
+    def to_obj(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "num_tokens": self.num_tokens,
+            "num_bytes": self.num_bytes,
+            "sha256": self.sha256,
+            "block_offsets": list(self.block_offsets),
+            "index_path": self.index_path,
+            "index_sha256": self.index_sha256,
+            "num_documents": self.num_documents,
+        }
+
+    @classmethod
+    def from_obj(cls, obj: Any, *, where: str) -> ShardInfo:
+        fields = FieldReader(obj, where=where)
+        offsets = fields.array("block_offsets")
+        for i, value in enumerate(offsets):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise fields.fail("block_offsets", f"entry {i} is {value!r:.40}, expected a non-negative integer")
+        return cls(
+            path=check_relative_path(fields.get("path"), field="path", where=where),
+            num_tokens=fields.uint("num_tokens", minimum=1),
+            num_bytes=fields.uint("num_bytes", minimum=1),
+            sha256=fields.hex_digest("sha256"),
+            block_offsets=tuple(offsets),
+            index_path=check_relative_path(fields.get("index_path"), field="index_path", where=where),
+            index_sha256=fields.hex_digest("index_sha256"),
+            num_documents=fields.uint("num_documents"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceInfo:
+    """One input source and how its records were accounted for."""
+
+    path: str
+    num_records: int
+    num_documents: int
+    num_rejected: int
+
+    def to_obj(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "num_records": self.num_records,
+            "num_documents": self.num_documents,
+            "num_rejected": self.num_rejected,
+        }
+
+    @classmethod
+    def from_obj(cls, obj: Any, *, where: str) -> SourceInfo:
+        fields = FieldReader(obj, where=where)
+        return cls(
+            path=fields.string("path"),
+            num_records=fields.uint("num_records"),
+            num_documents=fields.uint("num_documents"),
+            num_rejected=fields.uint("num_rejected"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """A committed dataset: its token layout, shards, sources and fingerprint.
+
+    Build one with :meth:`create` (totals and fingerprint computed) or decode
+    one with :meth:`from_bytes` / :meth:`load`. Construction validates.
+    """
+
+    dtype: str
+    tokenizer: TokenizerInfo
+    block_tokens: int
+    blocks_per_shard: int
+    num_tokens: int
+    num_blocks: int
+    num_documents: int
+    num_rejected: int
+    compressed_bytes: int
+    shards: tuple[ShardInfo, ...]
+    sources: tuple[SourceInfo, ...]
+    fingerprint: str
+    rejects_path: str = REJECTS_NAME
+    version: tuple[int, int] = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shards", tuple(self.shards))
+        object.__setattr__(self, "sources", tuple(self.sources))
+        object.__setattr__(self, "version", tuple(self.version))
+        self.validate()
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        tokenizer: TokenizerInfo,
+        block_tokens: int,
+        blocks_per_shard: int,
+        shards: Iterable[ShardInfo],
+        sources: Iterable[SourceInfo],
+        rejects_path: str = REJECTS_NAME,
+    ) -> Manifest:
+        """Build a manifest, deriving dtype, totals and fingerprint."""
+        shards = tuple(shards)
+        sources = tuple(sources)
+        dtype = dtype_name(tokenizer.vocab_size)
+        return cls(
+            dtype=dtype,
+            tokenizer=tokenizer,
+            block_tokens=block_tokens,
+            blocks_per_shard=blocks_per_shard,
+            num_tokens=sum(s.num_tokens for s in shards),
+            num_blocks=sum(s.num_blocks for s in shards),
+            num_documents=sum(s.num_documents for s in shards),
+            num_rejected=sum(s.num_rejected for s in sources),
+            compressed_bytes=sum(s.num_bytes for s in shards),
+            shards=shards,
+            sources=sources,
+            fingerprint=compute_fingerprint(
+                dtype=dtype,
+                tokenizer_fingerprint=tokenizer.fingerprint,
+                block_tokens=block_tokens,
+                shards=[(s.num_tokens, s.sha256) for s in shards],
+            ),
+            rejects_path=rejects_path,
+        )
+
+    # -- codec -------------------------------------------------------------
+
+    def to_obj(self) -> dict[str, Any]:
+        """The manifest as a plain map, keys in canonical order."""
+        return {
+            "format": FORMAT_NAME,
+            "version": list(self.version),
+            "dtype": self.dtype,
+            "tokenizer": self.tokenizer.to_obj(),
+            "block_tokens": self.block_tokens,
+            "blocks_per_shard": self.blocks_per_shard,
+            "num_tokens": self.num_tokens,
+            "num_blocks": self.num_blocks,
+            "num_documents": self.num_documents,
+            "num_rejected": self.num_rejected,
+            "compressed_bytes": self.compressed_bytes,
+            "shards": [s.to_obj() for s in self.shards],
+            "sources": [s.to_obj() for s in self.sources],
+            "rejects_path": self.rejects_path,
+            "fingerprint": self.fingerprint,
+        }
+
+    def to_bytes(self) -> bytes:
+        """Canonical msgpack bytes: the same manifest always gives the same bytes."""
+        return msgpack.packb(self.to_obj(), use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, where: str = MANIFEST_NAME) -> Manifest:
+        """Decode and validate manifest bytes.
+
+        Raises:
+            VersionError: unknown major version (or not this format).
+            PathEscapeError: an object path outside the dataset root.
+            ManifestError: anything else malformed or inconsistent.
+        """
+        fields = FieldReader(unpack_map(data, where=where), where=where)
+        name = fields.get("format")
+        if name != FORMAT_NAME:
+            raise ManifestError(f"{where}: field 'format' is {name!r:.80}, expected {FORMAT_NAME!r}")
+        major, minor = fields.version("version")
+        if major != FORMAT_VERSION[0]:
+            raise VersionError(
+                f"{where}: format version {major}.{minor} has unknown major version {major} "
+                f"(this reader supports {FORMAT_VERSION[0]}.x, up to {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]})"
+            )
+        shards = fields.array("shards")
+        sources = fields.array("sources")
+        try:
+            return cls(
+                version=(major, minor),
+                dtype=fields.string("dtype"),
+                tokenizer=TokenizerInfo.from_obj(fields.get("tokenizer"), where=where),
+                block_tokens=fields.uint("block_tokens"),
+                blocks_per_shard=fields.uint("blocks_per_shard"),
+                num_tokens=fields.uint("num_tokens"),
+                num_blocks=fields.uint("num_blocks"),
+                num_documents=fields.uint("num_documents"),
+                num_rejected=fields.uint("num_rejected"),
+                compressed_bytes=fields.uint("compressed_bytes"),
+                shards=[ShardInfo.from_obj(s, where=f"{where}: shards[{i}]") for i, s in enumerate(shards)],
+                sources=[SourceInfo.from_obj(s, where=f"{where}: sources[{i}]") for i, s in enumerate(sources)],
+                rejects_path=check_relative_path(fields.get("rejects_path"), field="rejects_path", where=where),
+                fingerprint=fields.hex_digest("fingerprint"),
+            )
+        except ManifestError as exc:
+            # NOTE: construction-time checks do not know where the bytes came from.
+            if str(exc).startswith(where):
+                raise
+            raise type(exc)(f"{where}: {exc}") from None
+
+    @classmethod
+    def read(cls, store: Any) -> Manifest:
+        """Read and validate the manifest of the dataset in ``store``.
+
+        Raises:
+            ObjectMissingError: the store holds no committed dataset.
+        """
+        where = f"{store.url.rstrip('/')}/{MANIFEST_NAME}"
+        try:
+            data = store.read(MANIFEST_NAME)
+        except ObjectMissingError:
+            raise ObjectMissingError(
+                f"no committed dataset at {store.url}: {MANIFEST_NAME!r} is missing "
+                "(a dataset is committed when its manifest is written, last)"
+            ) from None
+        return cls.from_bytes(data, where=f"manifest {where}")
+
+    @classmethod
+    def load(cls, url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
+        """Load the manifest of the dataset at ``url`` (local folder or ``s3://``)."""
+        from zephon_stream.storage import open_store
+
+        return cls.read(open_store(url, storage_options))
+
+    # -- validation --------------------------------------------------------
+
+    def validate(self) -> None:
+        """Check every field and every derived total; raise ManifestError if any is off."""
+        from zephon_stream.format.validation import validate_manifest
+
+        validate_manifest(self)
+
+    # -- block arithmetic -------------------------------------------------
+
+    @property
+    def num_shards(self) -> int:
+        """Number of shards."""
+        return len(self.shards)
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """The little-endian numpy dtype of the tokens."""
+        return np_dtype(self.dtype)
+
+    @cached_property
+    def shard_first_block(self) -> np.ndarray:
+        """Global id of each shard's first block, plus the total at the end (int64)."""
+        counts = np.fromiter((s.num_blocks for s in self.shards), dtype=np.int64, count=len(self.shards))
+        return np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)])
+
+    @cached_property
+    def shard_token_offsets(self) -> np.ndarray:
+        """Global token offset of each shard's first token, plus the total at the end (int64)."""
+        counts = np.fromiter((s.num_tokens for s in self.shards), dtype=np.int64, count=len(self.shards))
+        return np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)])
+
+    def block_token_counts(self) -> np.ndarray:
+        """Tokens in each block, by global block id (int64; a copy, safe to modify)."""
+        return self._block_token_counts.copy()
+
+    @cached_property
+    def _block_token_counts(self) -> np.ndarray:
+        counts = np.full(self.num_blocks, self.block_tokens, dtype=np.int64)
+        last_blocks = self.shard_first_block[1:] - 1
+        last_sizes = np.fromiter(
+            (s.num_tokens - (s.num_blocks - 1) * self.block_tokens for s in self.shards),
+            dtype=np.int64,
+            count=len(self.shards),
+        )
+        counts[last_blocks] = last_sizes
+        return counts
+
+    def _check_block_id(self, block_id: int) -> int:
+        block_id = int(block_id)
+        if not 0 <= block_id < self.num_blocks:
+            raise IndexError(f"block id {block_id} is outside [0, {self.num_blocks}) for dataset {self.fingerprint[:12]}")
+        return block_id
+
+    def block_location(self, block_id: int) -> tuple[int, int]:
+        """``(shard_index, block_in_shard)`` of a global block id."""
+        block_id = self._check_block_id(block_id)
+        shard = int(np.searchsorted(self.shard_first_block, block_id, side="right")) - 1
+        return shard, block_id - int(self.shard_first_block[shard])
+
+    def block_byte_range(self, block_id: int) -> tuple[str, int, int]:
+        """``(shard_path, start, end)``: the block's frame, bytes ``[start, end)`` of the shard."""
+        shard, local = self.block_location(block_id)
+        info = self.shards[shard]
+        return info.path, info.block_offsets[local], info.block_offsets[local + 1]
+
+    def block_num_tokens(self, block_id: int) -> int:
+        """Tokens in one block."""
+        return int(self._block_token_counts[self._check_block_id(block_id)])
+
+    def token_offset_of_block(self, block_id: int) -> int:
+        """Global token offset of a block's first token."""
+        shard, local = self.block_location(block_id)
+        return int(self.shard_token_offsets[shard]) + local * self.block_tokens
+
+    def block_where(self, block_id: int) -> str:
+        """Names a block for error messages: ``shard shards/00000003.zst block 7 (bytes 123..456)``."""
+        shard, local = self.block_location(block_id)
+        info = self.shards[shard]
+        return f"shard {info.path} block {local} (bytes {info.block_offsets[local]}..{info.block_offsets[local + 1]})"
