@@ -1,0 +1,219 @@
+"""One rank of the demo training job: ``torchrun ... -m zephon_stream.demo.train``.
+
+Every rank streams its slice of each global batch from the dataset, trains a
+replica of the tiny transformer under DDP (gloo, CPU) and checkpoints model,
+optimizer and loader state together with torch.distributed.checkpoint. On
+start it resumes from the newest complete checkpoint in ``--ckpt-dir``, at
+whatever world size it is launched with.
+
+Rank 0 appends one JSON object a line to ``--events``: a ``start`` event, one
+``step`` event per step (loss, timing, a hash of the whole global batch, the
+loader's counters summed over ranks) and a ``checkpoint`` event once a
+checkpoint is complete on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import pathlib
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
+
+from zephon_stream.demo.model import ModelConfig, TinyTransformer
+from zephon_stream import StreamingLoader
+
+CHECKPOINT_PREFIX = "step-"
+# NOTE: DCP's coordinator writes `.metadata` after every rank has written its
+# data, so its presence marks a checkpoint a kill cannot have left half-done.
+CHECKPOINT_COMPLETE = ".metadata"
+
+
+def checkpoint_dir(root: pathlib.Path, step: int) -> pathlib.Path:
+    """Folder of the checkpoint taken after ``step``."""
+    return root / f"{CHECKPOINT_PREFIX}{step:08d}"
+
+
+def latest_checkpoint(root: pathlib.Path) -> tuple[int, pathlib.Path] | None:
+    """``(step, folder)`` of the newest complete checkpoint under ``root``, if any."""
+    found = []
+    for path in root.glob(f"{CHECKPOINT_PREFIX}*"):
+        if (path / CHECKPOINT_COMPLETE).exists():
+            found.append((int(path.name[len(CHECKPOINT_PREFIX):]), path))
+    return max(found) if found else None
+
+
+def batch_hash(inputs: torch.Tensor, labels: torch.Tensor) -> str:
+    """sha256 (first 16 hex digits) of a global batch's input and label tokens."""
+    digest = hashlib.sha256()
+    digest.update(inputs.contiguous().numpy().tobytes())
+    digest.update(labels.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def sum_counters(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sum the numeric counters of every rank; keep the first rank's other values."""
+    total: dict[str, Any] = {}
+    for counters in per_rank:
+        for key, value in counters.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+            else:
+                total.setdefault(key, value)
+    return total
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m zephon_stream.demo.train")
+    parser.add_argument("--data", required=True, help="dataset URL (local folder or s3://)")
+    parser.add_argument("--events", required=True, type=pathlib.Path, help="JSON-lines event log (rank 0 appends)")
+    parser.add_argument("--ckpt-dir", required=True, type=pathlib.Path)
+    parser.add_argument("--pid-dir", type=pathlib.Path, help="each rank writes rank-R.pid here")
+    parser.add_argument("--steps", type=int, required=True, help="last step to train (1-based)")
+    parser.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps (0: never)")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--global-batch", type=int, default=12)
+    parser.add_argument("--vocab-size", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    return parser.parse_args(argv)
+
+
+class _Log:
+    """Rank 0's JSON-lines log; a no-op on other ranks."""
+
+    def __init__(self, path: pathlib.Path, enabled: bool) -> None:
+        self._file = open(path, "a", encoding="utf-8") if enabled else None
+
+    def write(self, **record: Any) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record, default=str) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def train(args: argparse.Namespace) -> None:
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if args.global_batch % world_size:
+        raise ValueError(f"--global-batch {args.global_batch} is not divisible by world size {world_size}")
+    # NOTE: ranks share the machine's cores; one thread pool each avoids oversubscription.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    if args.pid_dir is not None:
+        args.pid_dir.mkdir(parents=True, exist_ok=True)
+        (args.pid_dir / f"rank-{rank}.pid").write_text(str(os.getpid()))
+
+    torch.manual_seed(args.seed)
+    model = TinyTransformer(
+        ModelConfig(
+            vocab_size=args.vocab_size,
+            dim=args.dim,
+            num_layers=args.layers,
+            num_heads=args.heads,
+            max_seq_len=args.seq_len,
+        )
+    )
+    ddp_model = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    loader = StreamingLoader(
+        args.data,
+        seq_len=args.seq_len,
+        local_batch_size=args.global_batch // world_size,
+        rank=rank,
+        world_size=world_size,
+        seed=args.seed,
+    )
+    log = _Log(args.events, enabled=rank == 0)
+
+    start_step = 0
+    found = latest_checkpoint(args.ckpt_dir)
+    if found is not None:
+        start_step, path = found
+        model_state, optim_state = get_state_dict(ddp_model, optimizer)
+        state = {"model": model_state, "optim": optim_state, "loader": loader, "progress": {"step": 0}}
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(ddp_model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        assert state["progress"]["step"] == start_step, (state["progress"], start_step)
+    log.write(event="start", world_size=world_size, start_step=start_step, resumed=found is not None)
+
+    batches = iter(loader)
+    tokens_per_step = args.global_batch * args.seq_len
+    last = time.perf_counter()
+    for step in range(start_step + 1, args.steps + 1):
+        batch = next(batches)
+        loss = next_token_loss(ddp_model, batch["input"], batch["labels"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+        gathered = _gather_batch(batch["input"], batch["labels"], world_size)
+        loss = loss.detach()
+        dist.all_reduce(loss)
+        counters: list[Any] = [None] * world_size
+        dist.all_gather_object(counters, loader.stats())
+        now = time.perf_counter()
+        step_s, last = now - last, now
+        if rank == 0:
+            log.write(
+                event="step",
+                step=step,
+                world_size=world_size,
+                loss=loss.item() / world_size,
+                step_s=step_s,
+                tokens_per_s=tokens_per_step / step_s,
+                hash=batch_hash(*gathered),
+                loader=sum_counters(counters),
+                state=loader.state_dict(),
+            )
+        if args.ckpt_every and step % args.ckpt_every == 0:
+            model_state, optim_state = get_state_dict(ddp_model, optimizer)
+            state = {"model": model_state, "optim": optim_state, "loader": loader, "progress": {"step": step}}
+            dcp.save(state, checkpoint_id=str(checkpoint_dir(args.ckpt_dir, step)))
+            dist.barrier()
+            log.write(event="checkpoint", step=step, world_size=world_size)
+            last = time.perf_counter()
+    log.write(event="done", step=args.steps, world_size=world_size)
+    loader.close()
+    log.close()
+    dist.destroy_process_group()
+
+
+def next_token_loss(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy of ``model`` (called through DDP so gradients sync)."""
+    logits = model(inputs)
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def _gather_batch(inputs: torch.Tensor, labels: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # NOTE: rank r holds piece r of the global batch in (lane, q) order, so the
+    # rank-order concatenation is the global batch whatever the world size.
+    out = []
+    for local in (inputs, labels):
+        parts = [torch.empty_like(local) for _ in range(world_size)]
+        dist.all_gather(parts, local.contiguous())
+        out.append(torch.cat(parts))
+    return out[0], out[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    train(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
