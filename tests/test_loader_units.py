@@ -1,0 +1,234 @@
+"""Unit tests of the loader's parts: cache, fetch/decode pool, assembler,
+planner and memory bound, each on real bytes (zstd frames in local files)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from zephon_stream.errors import ConfigError, CorruptBlockError
+from zephon_stream.format.block import encode_block
+from zephon_stream.loader.assembler import gather_rows, positions_from_eos
+from zephon_stream.loader.cache import BlockCache, CacheClosedError
+from zephon_stream.loader.fetcher import BlockJob, FetchDecodePool
+from zephon_stream.loader.memory import (
+    blocks_per_lane,
+    check_memory,
+    compute_memory_bound,
+    retention_steps,
+)
+from zephon_stream.loader.planner import Planner
+from zephon_stream.loader.stats import LoaderStats
+from zephon_stream.storage import open_store
+
+
+def reference_positions(inputs: np.ndarray, eos: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(inputs)
+    for r in range(inputs.shape[0]):
+        pos = 0
+        for t in range(inputs.shape[1]):
+            out[r, t] = pos
+            pos = 0 if inputs[r, t] == eos[r] else pos + 1
+    return out
+
+
+# -- cache -------------------------------------------------------------------
+
+
+def test_cache_refuses_reservations_past_capacity_unless_forced():
+    cache = BlockCache(capacity_bytes=100)
+    assert cache.try_reserve("a", 60)
+    assert not cache.try_reserve("b", 60)
+    assert cache.try_reserve("b", 60, force=True)
+    assert cache.reserved_bytes == 120 and cache.forced_reservations == 1
+    cache.drop("a")
+    assert cache.reserved_bytes == 60 and "a" not in cache
+    assert cache.peak_bytes == 120
+
+
+def test_cache_get_waits_for_fill_and_raises_the_fetch_error():
+    cache = BlockCache(capacity_bytes=1 << 20)
+    cache.try_reserve("ok", 8)
+    cache.try_reserve("bad", 8)
+    tokens = np.arange(4, dtype=np.uint16)
+    threading.Timer(0.05, cache.fill, args=("ok", tokens)).start()
+    assert cache.get("ok", timeout_s=5) is tokens
+    cache.fail("bad", CorruptBlockError("shard x block 3: checksum mismatch"))
+    with pytest.raises(CorruptBlockError, match="block 3"):
+        cache.get("bad", timeout_s=1)
+    cache.try_reserve("slow", 8)
+    with pytest.raises(TimeoutError):
+        cache.get("slow", timeout_s=0.01)
+
+
+def test_cache_close_wakes_a_waiter():
+    cache = BlockCache(capacity_bytes=64)
+    cache.try_reserve("k", 8)
+    errors = []
+
+    def wait():
+        try:
+            cache.get("k")
+        except CacheClosedError as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.05)
+    cache.close()
+    waiter.join(5)
+    assert not waiter.is_alive() and len(errors) == 1
+
+
+# -- fetch/decode pool -------------------------------------------------------
+
+
+def write_blocks(tmp_path, blocks):
+    frames = [encode_block(b) for b in blocks]
+    offsets = np.cumsum([0] + [len(f) for f in frames]).tolist()
+    (tmp_path / "shard.zst").write_bytes(b"".join(frames))
+    return open_store(str(tmp_path)), offsets
+
+
+def test_pool_fetches_exact_ranges_and_decodes_into_the_cache(tmp_path):
+    rng = np.random.default_rng(1)
+    blocks = [rng.integers(0, 5000, size=n).astype(np.uint16) for n in (1000, 777, 1000, 3)]
+    store, offsets = write_blocks(tmp_path, blocks)
+    cache, stats = BlockCache(capacity_bytes=1 << 20), LoaderStats()
+    pool = FetchDecodePool(cache=cache, stats=stats, num_fetch_threads=2, num_decode_threads=2)
+    try:
+        for i, block in enumerate(blocks):
+            cache.try_reserve(i, block.nbytes)
+            pool.submit(
+                BlockJob(key=i, store=store, path="shard.zst", start=offsets[i], end=offsets[i + 1],
+                         num_tokens=len(block), dtype=np.dtype("<u2"), where=f"shard.zst block {i}")
+            )
+        for i, block in enumerate(blocks):
+            np.testing.assert_array_equal(cache.get(i, timeout_s=10), block)
+    finally:
+        pool.close()
+    snap = stats.snapshot()
+    assert snap["blocks_decoded"] == 4 and snap["bytes_fetched"] == offsets[-1]
+
+
+def test_pool_reports_a_corrupt_block_by_name_and_stops_its_threads(tmp_path):
+    blocks = [np.arange(500, dtype=np.uint16), np.arange(500, dtype=np.uint16) * 3]
+    store, offsets = write_blocks(tmp_path, blocks)
+    raw = bytearray((tmp_path / "shard.zst").read_bytes())
+    raw[offsets[1] + 20] ^= 0xFF
+    (tmp_path / "shard.zst").write_bytes(bytes(raw))
+    before = threading.active_count()
+    cache = BlockCache(capacity_bytes=1 << 20)
+    pool = FetchDecodePool(cache=cache, stats=LoaderStats(), num_fetch_threads=3, num_decode_threads=2)
+    for i, block in enumerate(blocks):
+        cache.try_reserve(i, block.nbytes)
+        pool.submit(BlockJob(key=i, store=store, path="shard.zst", start=offsets[i], end=offsets[i + 1],
+                             num_tokens=500, dtype=np.dtype("<u2"), where=f"shard shard.zst block {i}"))
+    np.testing.assert_array_equal(cache.get(0, timeout_s=10), blocks[0])
+    with pytest.raises(CorruptBlockError, match="shard shard.zst block 1"):
+        cache.get(1, timeout_s=10)
+    assert threading.active_count() == before + 5
+    pool.close()
+    assert threading.active_count() == before
+
+
+# -- assembler ---------------------------------------------------------------
+
+
+def test_gather_rows_takes_input_and_shifted_labels_from_the_sample_window():
+    seq_len = 8
+    block_a = np.arange(3 * seq_len + 1, dtype=np.uint16)
+    block_b = np.arange(100, 100 + 2 * seq_len + 1, dtype=np.uint16)
+    samples = np.array([2, 0, 1])
+    out_in = np.empty((3, seq_len), np.int64)
+    out_lab = np.empty((3, seq_len), np.int64)
+    gather_rows([block_a, block_b, block_a], samples, seq_len=seq_len, out_input=out_in, out_labels=out_lab)
+    np.testing.assert_array_equal(out_in[0], np.arange(16, 24))
+    np.testing.assert_array_equal(out_lab[0], np.arange(17, 25))
+    np.testing.assert_array_equal(out_in[1], np.arange(100, 108))
+    np.testing.assert_array_equal(out_lab[2], np.arange(9, 17))
+
+
+@pytest.mark.parametrize("density", [0.0, 0.002, 0.05, 0.4, 1.0])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 2), (3, 7), (6, 64), (2, 513)])
+def test_positions_restart_after_each_eos(density, shape):
+    rng = np.random.default_rng(int(density * 1000) + shape[1])
+    eos = np.array([7, 9, 7, 9, 7, 9][: shape[0]])
+    inputs = np.where(rng.random(shape) < density, eos[:, None], 3).astype(np.int64)
+    out = np.empty_like(inputs)
+    np.testing.assert_array_equal(positions_from_eos(inputs, eos, out=out), reference_positions(inputs, eos))
+    same = np.full(shape[0], 7)
+    np.testing.assert_array_equal(positions_from_eos(inputs, 7, out=out), reference_positions(inputs, same))
+
+
+# -- planner -----------------------------------------------------------------
+
+
+def lane_order(lanes, samples_per_block, window):
+    """A small stand-in order with the structure the planner relies on: lane
+    ``p % lanes`` walks its own blocks in order, samples shuffled within
+    windows of ``window`` lane steps."""
+
+    def address(p):
+        lane, q = p % lanes, p // lanes
+        base = (q // window) * window
+        shuffled = base + (q - base) * 5 % window if window > 1 else q
+        return lane, shuffled // samples_per_block, shuffled % samples_per_block
+
+    return address
+
+
+@pytest.mark.parametrize("lanes,batch,world,rank", [(4, 4, 2, 1), (6, 4, 2, 0), (3, 6, 3, 2)])
+def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, world, rank):
+    spb, window, fetch = 5, 3, 2
+    address = lane_order(lanes, spb, window)
+    rows = batch // world
+
+    def slice_fn(cursor):
+        positions = np.arange(cursor, cursor + batch)
+        order = np.lexsort((positions // lanes, positions % lanes))
+        mine = positions[order][rank * rows : (rank + 1) * rows]
+        addr = np.array([address(int(p)) for p in mine]).reshape(-1, 3)
+        streams = np.zeros(rows, np.int64)
+        return mine, streams, addr[:, 0] * 100 + addr[:, 1], addr[:, 2]
+
+    steps = 200
+    planner = Planner(slice_fn=slice_fn, start=0, global_batch=batch, num_steps=steps, fetch_steps=fetch,
+                      retention_steps=retention_steps(window=window, lanes=lanes, global_batch=batch, fetch_steps=fetch))
+    all_keys = [list(zip(*(a.tolist() for a in slice_fn(i * batch)[1:3]))) for i in range(steps)]
+    released_at = {}
+    resident = set()
+    peak = 0
+    while not planner.finished():
+        planner.extend()
+        for key, first in planner.fetch_order():
+            assert first >= planner.next_index
+            resident.add(key)
+        plan = planner.next_step()
+        assert set(plan.keys) <= resident
+        for key in planner.advance():
+            released_at[key] = planner.next_index
+            resident.discard(key)
+        peak = max(peak, len(resident))
+    for key, index in released_at.items():
+        assert all(key not in keys for keys in all_keys[index:]), f"{key} released at step {index} but used later"
+    lanes_read = len({p % lanes for i in range(steps) for p in slice_fn(i * batch)[0].tolist()})
+    bound = lanes_read * blocks_per_lane(window=window, samples_per_block=spb, lanes=lanes, global_batch=batch,
+                                         fetch_steps=fetch)
+    assert peak <= bound
+
+
+# -- memory bound ------------------------------------------------------------
+
+
+def test_memory_bound_refuses_a_config_over_the_cap_and_says_what_to_change():
+    bound = compute_memory_bound(lanes_read=8, blocks_per_lane=3, block_bytes=2 << 20, max_compressed_block_bytes=1 << 20,
+                                 num_fetch_threads=4, num_decode_threads=2, batch_bytes=1 << 20, prefetch_steps=4,
+                                 ring_bytes=0)
+    assert bound.total_bytes == 24 * (2 << 20) + 8 * (1 << 20) + 5 * (1 << 20)
+    check_memory(bound, bound.total_bytes)
+    with pytest.raises(ConfigError, match="max_memory_bytes=1000.*prefetch_steps"):
+        check_memory(bound, 1000)

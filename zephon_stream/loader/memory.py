@@ -1,0 +1,132 @@
+"""The loader's memory bound, computed from its config before anything runs.
+
+Each lane walks its blocks in order; the window shuffle spreads a block's
+samples over the windows that overlap it, so a block is used within a range
+of ``samples_per_block + 2 * window`` lane steps, with gaps shorter than
+``2 * window``. A block is fetched when a step within the fetch horizon needs
+it and released when no step of the retention horizon does. So each lane the
+rank reads holds at most the blocks overlapping ``samples_per_block + 2 *
+window + fetch_lane_steps`` samples, plus one for a lane or epoch boundary and
+one for the short last block. The total is that, times the lanes the rank
+reads, times the decoded bytes of a block, plus the compressed bytes in
+flight and the assembled batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from zephon_stream.errors import ConfigError
+
+MIB = 1 << 20
+
+
+def period_steps(*, lanes: int, global_batch: int) -> int:
+    """Steps after which the (lane, step) pattern of every rank repeats."""
+    return lanes // math.gcd(lanes, global_batch)
+
+
+def retention_steps(*, window: int, lanes: int, global_batch: int, fetch_steps: int) -> int:
+    """Steps planned ahead so that a block unused that long is done for its epoch.
+
+    A lane advances ``global_batch / lanes`` samples a step; a block's uses
+    within one lane are never more than ``2 * window`` lane steps apart, and a
+    rank revisits a lane at least once per :func:`period_steps`.
+    """
+    lane_steps = 2 * max(1, window) + 2
+    return math.ceil(lane_steps * lanes / global_batch) + period_steps(lanes=lanes, global_batch=global_batch) + fetch_steps + 1
+
+
+def blocks_per_lane(*, window: int, samples_per_block: int, lanes: int, global_batch: int, fetch_steps: int) -> int:
+    """Most blocks one lane keeps resident at once (see the module docstring)."""
+    assert samples_per_block >= 1
+    fetch_lane_steps = math.ceil((fetch_steps + 1) * global_batch / lanes) + 1
+    span = samples_per_block + 2 * max(1, window) + fetch_lane_steps
+    return math.ceil(span / samples_per_block) + 2
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBound:
+    """What the loader may hold at once, by part (bytes).
+
+    Attributes:
+        resident_blocks: decoded blocks resident or in flight, at most.
+        block_bytes: decoded bytes of the largest block.
+        cache_bytes: ``resident_blocks * block_bytes``; also the cache capacity.
+        compressed_bytes: compressed frames being fetched or waiting to decode.
+        batch_bytes: assembled batches queued ahead of the consumer, plus the
+            one being assembled.
+        ring_bytes: pinned host ring for device delivery (0 on CPU).
+    """
+
+    resident_blocks: int
+    block_bytes: int
+    cache_bytes: int
+    compressed_bytes: int
+    batch_bytes: int
+    ring_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """The bound: the sum of the parts."""
+        return self.cache_bytes + self.compressed_bytes + self.batch_bytes + self.ring_bytes
+
+    def describe(self) -> str:
+        """One line: the total and each part, in MiB."""
+        return (
+            f"{self.total_bytes / MIB:.1f} MiB = {self.resident_blocks} decoded blocks x "
+            f"{self.block_bytes / MIB:.2f} MiB + {self.compressed_bytes / MIB:.1f} MiB compressed in flight + "
+            f"{self.batch_bytes / MIB:.1f} MiB queued batches + {self.ring_bytes / MIB:.1f} MiB pinned ring"
+        )
+
+
+def compute_memory_bound(
+    *,
+    lanes_read: int,
+    blocks_per_lane: int,
+    block_bytes: int,
+    max_compressed_block_bytes: int,
+    num_fetch_threads: int,
+    num_decode_threads: int,
+    batch_bytes: int,
+    prefetch_steps: int,
+    ring_bytes: int,
+) -> MemoryBound:
+    """The bound for one rank's loader.
+
+    Args:
+        lanes_read: distinct lanes this rank reads within a retention horizon.
+        blocks_per_lane: from :func:`blocks_per_lane`.
+        block_bytes: decoded bytes of the largest block of any stream.
+        max_compressed_block_bytes: the largest compressed frame of any stream.
+        num_fetch_threads: each holds one compressed frame while it reads.
+        num_decode_threads: each holds one, and as many wait in the queue.
+        batch_bytes: bytes of one assembled batch.
+        prefetch_steps: batches queued ahead of the consumer.
+        ring_bytes: pinned host ring bytes (device delivery), else 0.
+    """
+    resident = lanes_read * blocks_per_lane
+    return MemoryBound(
+        resident_blocks=resident,
+        block_bytes=block_bytes,
+        cache_bytes=resident * block_bytes,
+        compressed_bytes=(num_fetch_threads + 2 * num_decode_threads) * max_compressed_block_bytes,
+        batch_bytes=(prefetch_steps + 1) * batch_bytes,
+        ring_bytes=ring_bytes,
+    )
+
+
+def check_memory(bound: MemoryBound, max_memory_bytes: int | None) -> None:
+    """Refuse a config whose bound exceeds ``max_memory_bytes``.
+
+    Raises:
+        ConfigError: names the bound, its parts and what to change.
+    """
+    if max_memory_bytes is None or bound.total_bytes <= max_memory_bytes:
+        return
+    raise ConfigError(
+        f"loader memory bound {bound.total_bytes} bytes exceeds max_memory_bytes={max_memory_bytes} "
+        f"({bound.describe()}); to fit, lower prefetch_steps, the shuffle window, local_batch_size "
+        f"or num_fetch_threads/num_decode_threads, write smaller blocks, or raise max_memory_bytes"
+    )

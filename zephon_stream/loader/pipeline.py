@@ -1,0 +1,226 @@
+"""The producer: plans, fetches ahead, assembles steps in order, queues them.
+
+One thread drives the planner, issues block fetches in order of need within
+the cache's byte budget, waits for the next step's blocks, assembles the step
+and queues it for the consumer. The queue holds ``prefetch_steps`` batches,
+which bounds how far ahead it runs. An error (a corrupt block, storage that
+stayed down) is queued in place of the step that needed the block, so the
+consumer raises it at that step and never receives bad data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from zephon_stream.loader.assembler import gather_rows, positions_from_eos
+from zephon_stream.loader.cache import BlockCache, CacheClosedError
+from zephon_stream.loader.fetcher import BlockJob, FetchDecodePool
+from zephon_stream.loader.planner import BlockKey, Planner
+from zephon_stream.loader.stats import LoaderStats
+from zephon_stream.loader.streams import StreamSource
+
+_POLL_S = 0.1
+# NOTE: steps planned per producer iteration while the retention horizon fills;
+# small enough that the first batch is not delayed by planning far ahead.
+_PLAN_CHUNK_STEPS = 32
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReadyStep:
+    """One assembled step, as queued for the consumer.
+
+    Attributes:
+        index: steps since the pipeline started.
+        cursor: the global cursor before this step.
+        item: what the delivery published (tensors, or tensors and an event).
+        data_sha256: hash of this rank's rows, when requested, else "".
+    """
+
+    index: int
+    cursor: int
+    item: Any
+    data_sha256: str
+
+
+class EndOfData:
+    """Queued after the last step of a finite run."""
+
+
+def batch_sha256(sample_positions: np.ndarray, inputs: np.ndarray, labels: np.ndarray) -> str:
+    """sha256 of a batch's positions, inputs and labels (int64, little-endian)."""
+    digest = hashlib.sha256()
+    for array in (sample_positions, inputs, labels):
+        digest.update(np.ascontiguousarray(array, dtype="<i8").tobytes())
+    return digest.hexdigest()
+
+
+class Pipeline:
+    """Planner -> fetch/decode pool -> cache -> assembler -> bounded queue.
+
+    Args:
+        planner: the rank's plan, starting at the loader's cursor.
+        sources: one per stream, indexed like the plan's stream ids.
+        cache: decoded blocks, its capacity the memory bound's cache part.
+        delivery: turns host batches into consumer items (CPU or CUDA).
+        stats: shared counters.
+        seq_len: ``L``.
+        prefetch_steps: batches queued ahead of the consumer.
+        num_fetch_threads: concurrent storage reads.
+        num_decode_threads: concurrent decodes.
+        hash_data: compute ``ReadyStep.data_sha256`` (for the audit log).
+    """
+
+    def __init__(
+        self,
+        *,
+        planner: Planner,
+        sources: Sequence[StreamSource],
+        cache: BlockCache,
+        delivery: Any,
+        stats: LoaderStats,
+        seq_len: int,
+        prefetch_steps: int,
+        num_fetch_threads: int,
+        num_decode_threads: int,
+        hash_data: bool = False,
+    ) -> None:
+        self._planner = planner
+        self._sources = list(sources)
+        self._eos_ids = np.array([s.eos_id for s in self._sources], dtype=np.int64)
+        self._cache = cache
+        self._delivery = delivery
+        self._stats = stats
+        self._seq_len = seq_len
+        self._hash_data = hash_data
+        self._stop = threading.Event()
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, prefetch_steps))
+        self._pool = FetchDecodePool(
+            cache=cache,
+            stats=stats,
+            num_fetch_threads=num_fetch_threads,
+            num_decode_threads=num_decode_threads,
+        )
+        self._first_need: dict[BlockKey, int] = {}
+        self._thread = threading.Thread(target=self._run, name="zephon-assemble", daemon=True)
+        self._thread.start()
+
+    # -- producer thread ------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self._planner.finished():
+                    self._put(EndOfData())
+                    return
+                self._planner.extend(_PLAN_CHUNK_STEPS)
+                self._issue_fetches()
+                ready = self._assemble_next()
+                if ready is None:
+                    return
+                if not self._put(ready):
+                    return
+                for key in self._planner.advance():
+                    self._cache.drop(key)
+                    self._first_need.pop(key, None)
+        except CacheClosedError:
+            return
+        except BaseException as exc:  # noqa: BLE001 - raised again in the consumer
+            self._put(exc)
+
+    def _issue_fetches(self) -> None:
+        next_index = self._planner.next_index
+        for key, first_index in self._planner.fetch_order():
+            if key in self._cache:
+                continue
+            source = self._sources[key[0]]
+            nbytes = source.decoded_bytes(key[1])
+            if not self._cache.try_reserve(key, nbytes, force=first_index == next_index):
+                return
+            self._first_need[key] = first_index
+            self._stats.add(cache_misses=1)
+            self._pool.submit(source.job(key))
+
+    def _wait_block(self, key: BlockKey) -> np.ndarray:
+        while True:
+            try:
+                return self._cache.get(key, timeout_s=_POLL_S)
+            except TimeoutError:
+                if self._stop.is_set():
+                    raise CacheClosedError("pipeline stopped") from None
+
+    def _assemble_next(self) -> ReadyStep | None:
+        plan = self._planner.next_step()
+        tokens = {key: self._wait_block(key) for key in plan.unique_keys}
+        if self._stop.is_set():
+            return None
+        started = time.perf_counter()
+        batch = self._delivery.acquire()
+        gather_rows(
+            [tokens[key] for key in plan.keys],
+            plan.samples,
+            seq_len=self._seq_len,
+            out_input=batch.input,
+            out_labels=batch.labels,
+        )
+        eos = self._eos_ids[plan.streams] if len(self._eos_ids) > 1 else int(self._eos_ids[0])
+        positions_from_eos(batch.input, eos, out=batch.positions)
+        batch.sample_positions[:] = plan.positions
+        digest = batch_sha256(plan.positions, batch.input, batch.labels) if self._hash_data else ""
+        item = self._delivery.publish(batch)
+        hits = sum(1 for key in plan.keys if self._first_need.get(key, plan.index) < plan.index)
+        self._stats.add(cache_hits=hits, assemble_s=time.perf_counter() - started)
+        return ReadyStep(index=plan.index, cursor=plan.cursor, item=item, data_sha256=digest)
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    # -- consumer side --------------------------------------------------------
+
+    def get(self) -> ReadyStep | EndOfData:
+        """The next step, waiting for it; re-raises a pipeline error in this thread.
+
+        Returns:
+            A ReadyStep, or EndOfData once a finite run is over.
+        """
+        while True:
+            try:
+                item = self._queue.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError("the loader's producer thread stopped without a result") from None
+        if isinstance(item, BaseException):
+            self._queue.put(item)  # NOTE: keep raising on later calls, too
+            raise item
+        if isinstance(item, EndOfData):
+            self._queue.put(item)
+        return item
+
+    def close(self) -> None:
+        """Stop the producer, the fetch and decode threads; wait for all of them.
+
+        The delivery belongs to the caller, which may reuse it.
+        """
+        self._stop.set()
+        self._cache.close()
+        self._thread.join()
+        self._pool.close()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break

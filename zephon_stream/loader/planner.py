@@ -1,0 +1,170 @@
+"""Planner: the rank's sample addresses for the steps ahead, and block lifetimes.
+
+It keeps a sliding horizon of planned steps after the next step to assemble.
+The first ``fetch_steps`` of them say which blocks to fetch, in the order they
+are first needed. The whole horizon (``retention_steps``) says which resident
+blocks are still needed: a block no planned step uses is released. The
+horizon is long enough that a block unused for that long is not needed again
+before its lane moves on (see ``memory.retention_steps``), so releasing it
+never causes a re-fetch within an epoch.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+BlockKey = tuple[int, int]
+SliceFn = Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One step of one rank.
+
+    Attributes:
+        index: steps since the planner started (0 = the first).
+        cursor: the global cursor ``P`` before this step.
+        positions: global position of each row (int64).
+        streams: stream index of each row.
+        blocks: block id (within its stream) of each row.
+        samples: sample index within its block, per row.
+        keys: ``(stream, block)`` of each row.
+        unique_keys: the distinct keys, in order of first use.
+    """
+
+    index: int
+    cursor: int
+    positions: np.ndarray
+    streams: np.ndarray
+    blocks: np.ndarray
+    samples: np.ndarray
+    keys: tuple[BlockKey, ...]
+    unique_keys: tuple[BlockKey, ...]
+
+
+class Planner:
+    """Sliding plan of the steps after cursor ``start``.
+
+    Args:
+        slice_fn: cursor ``P`` -> this rank's ``(positions, streams, blocks,
+            samples)`` for the step covering ``[P, P + global_batch)``.
+        start: the cursor of the first step.
+        global_batch: ``B``, samples per step over all ranks.
+        num_steps: steps to plan in total, or None for no end.
+        fetch_steps: steps after the next one whose blocks are fetched ahead.
+        retention_steps: steps planned ahead to decide block lifetimes
+            (at least ``fetch_steps + 1``).
+    """
+
+    def __init__(
+        self,
+        *,
+        slice_fn: SliceFn,
+        start: int,
+        global_batch: int,
+        num_steps: int | None,
+        fetch_steps: int,
+        retention_steps: int,
+    ) -> None:
+        assert global_batch > 0 and fetch_steps >= 0
+        self._slice_fn = slice_fn
+        self._start = start
+        self._global_batch = global_batch
+        self._num_steps = num_steps
+        self._fetch_steps = fetch_steps
+        self._retention_steps = max(retention_steps, fetch_steps + 1)
+        self._planned: collections.deque[StepPlan] = collections.deque()
+        self._next_index = 0  # index of the next step to assemble
+        self._refcounts: collections.Counter[BlockKey] = collections.Counter()
+        self._unreferenced: set[BlockKey] = set()
+
+    @property
+    def next_index(self) -> int:
+        """Index of the next step to assemble."""
+        return self._next_index
+
+    def finished(self) -> bool:
+        """Whether every step to plan has been assembled."""
+        return self._num_steps is not None and self._next_index >= self._num_steps
+
+    def _horizon_end(self) -> int:
+        end = self._next_index + self._retention_steps
+        return end if self._num_steps is None else min(end, self._num_steps)
+
+    def horizon_complete(self) -> bool:
+        """Whether every step of the retention horizon is planned."""
+        return self._next_index + len(self._planned) >= self._horizon_end()
+
+    def extend(self, max_new_steps: int | None = None) -> int:
+        """Plan up to ``max_new_steps`` more steps of the horizon; returns how many."""
+        added = 0
+        while not self.horizon_complete() and (max_new_steps is None or added < max_new_steps):
+            self._planned.append(self._plan(self._next_index + len(self._planned)))
+            added += 1
+        return added
+
+    def _plan(self, index: int) -> StepPlan:
+        cursor = self._start + index * self._global_batch
+        positions, streams, blocks, samples = self._slice_fn(cursor)
+        keys = tuple(zip(streams.tolist(), blocks.tolist()))
+        unique = tuple(dict.fromkeys(keys))
+        self._refcounts.update(keys)
+        self._unreferenced.difference_update(unique)
+        return StepPlan(
+            index=index,
+            cursor=cursor,
+            positions=np.asarray(positions, dtype=np.int64),
+            streams=np.asarray(streams, dtype=np.int64),
+            blocks=np.asarray(blocks, dtype=np.int64),
+            samples=np.asarray(samples, dtype=np.int64),
+            keys=keys,
+            unique_keys=unique,
+        )
+
+    def next_step(self) -> StepPlan:
+        """The plan of the next step to assemble (planned now if needed)."""
+        assert not self.finished()
+        if not self._planned:
+            self.extend(1)
+        return self._planned[0]
+
+    def fetch_order(self) -> Iterator[tuple[BlockKey, int]]:
+        """``(key, index of the first step needing it)`` for the fetch horizon, in need order.
+
+        Keys may repeat across steps; the caller skips those already cached.
+        """
+        self.extend(self._fetch_steps + 1 - min(len(self._planned), self._fetch_steps + 1))
+        for plan in list(self._planned)[: self._fetch_steps + 1]:
+            for key in plan.unique_keys:
+                yield key, plan.index
+
+    def advance(self) -> list[BlockKey]:
+        """Mark the next step assembled; returns the blocks no planned step needs.
+
+        Release decisions wait until the horizon is fully planned; until then
+        unreferenced blocks are remembered and returned by a later call.
+        """
+        plan = self.next_step()
+        was_complete = self.horizon_complete()
+        self._planned.popleft()
+        self._next_index += 1
+        if was_complete:
+            self.extend(1)
+        self._refcounts.subtract(plan.keys)
+        for key in plan.unique_keys:
+            if self._refcounts[key] <= 0:
+                del self._refcounts[key]
+                self._unreferenced.add(key)
+        if not self._unreferenced or not self.horizon_complete():
+            return []
+        released = [key for key in self._unreferenced if key not in self._refcounts]
+        self._unreferenced.clear()
+        return released
+
+    def needed(self, key: BlockKey) -> bool:
+        """Whether a planned step still uses ``key``."""
+        return self._refcounts.get(key, 0) > 0

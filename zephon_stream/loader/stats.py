@@ -1,0 +1,63 @@
+"""Loader counters: what the pipeline did, per step and in total."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+COUNTER_KEYS = (
+    "steps",
+    "samples",
+    "bytes_fetched",
+    "blocks_fetched",
+    "blocks_decoded",
+    "cache_hits",
+    "cache_misses",
+    "fetch_s",
+    "decode_s",
+    "assemble_s",
+    "stall_s",
+    "stalled_steps",
+)
+
+
+class LoaderStats:
+    """Thread-safe counters shared by the pipeline threads and the consumer.
+
+    ``stall_s`` is the time the consumer spent waiting for a batch that was
+    not ready; ``stalled_steps`` counts the steps where it waited at all.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, float] = dict.fromkeys(COUNTER_KEYS, 0)
+        self.last_step_stall_s = 0.0
+
+    def add(self, **deltas: float) -> None:
+        """Add to counters (unknown names are a bug, hence KeyError)."""
+        with self._lock:
+            for key, delta in deltas.items():
+                self._counts[key] += delta
+
+    def record_step(self, *, samples: int, stall_s: float, stall_threshold_s: float = 1e-4) -> None:
+        """Count one step handed to the consumer and how long it waited for it."""
+        with self._lock:
+            self._counts["steps"] += 1
+            self._counts["samples"] += samples
+            self._counts["stall_s"] += stall_s
+            if stall_s > stall_threshold_s:
+                self._counts["stalled_steps"] += 1
+            self.last_step_stall_s = stall_s
+
+    def snapshot(self, **extra: Any) -> dict[str, Any]:
+        """Totals, per-step averages and ``extra`` values, as plain numbers."""
+        with self._lock:
+            out: dict[str, Any] = {
+                key: (int(value) if not key.endswith("_s") else float(value)) for key, value in self._counts.items()
+            }
+            out["last_step_stall_s"] = self.last_step_stall_s
+        steps = max(1, out["steps"])
+        out["stall_s_per_step"] = out["stall_s"] / steps
+        out["bytes_fetched_per_step"] = out["bytes_fetched"] / steps
+        out.update(extra)
+        return out

@@ -1,0 +1,119 @@
+"""Streams: what the user names (a URL and a weight) and what the loader reads.
+
+A ``Stream`` is a dataset URL with a mixture weight. A ``StreamSource`` is the
+open dataset behind it: its store (one per loader, closed with it), manifest,
+token dtype, EOS id and block byte ranges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from zephon_stream.errors import ConfigError
+from zephon_stream.format.manifest import Manifest
+from zephon_stream.loader.fetcher import BlockJob
+from zephon_stream.storage import open_store
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stream:
+    """One dataset of a mixture.
+
+    Attributes:
+        url: the dataset root (local folder, ``file://`` or ``s3://`` prefix).
+        weight: its share of every global batch, relative to the other
+            streams' weights.
+    """
+
+    url: str
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url:
+            raise ConfigError(f"Stream url must be a non-empty string (got {self.url!r})")
+        if not self.weight > 0:
+            raise ConfigError(f"Stream {self.url}: weight must be > 0 (got {self.weight})")
+
+
+def as_streams(streams: str | Stream | Sequence[str | Stream]) -> list[Stream]:
+    """Normalise a URL, a Stream, or a list of either into Streams."""
+    if isinstance(streams, (str, Stream)):
+        streams = [streams]
+    out = [s if isinstance(s, Stream) else Stream(str(s)) for s in streams]
+    if not out:
+        raise ConfigError("StreamingLoader needs at least one stream")
+    return out
+
+
+class StreamSource:
+    """An open stream: store, manifest and block arithmetic.
+
+    Args:
+        index: the stream's index in the mixture.
+        stream: the user's Stream.
+        storage_options: fsspec options (credentials, endpoint); never shown.
+    """
+
+    def __init__(self, *, index: int, stream: Stream, storage_options: dict[str, Any] | None) -> None:
+        self.index = index
+        self.stream = stream
+        self.store = open_store(stream.url, storage_options)
+        try:
+            self.manifest = Manifest.read(self.store)
+        except BaseException:
+            self.store.close()
+            raise
+        self.dtype = self.manifest.np_dtype
+        self.eos_id = int(self.manifest.tokenizer.eos_id)
+        self._token_counts = self.manifest.block_token_counts()
+        offsets = [np.diff(np.asarray(s.block_offsets, dtype=np.int64)) for s in self.manifest.shards]
+        self.max_compressed_block_bytes = int(max((int(o.max()) for o in offsets if o.size), default=0))
+
+    @property
+    def url(self) -> str:
+        """The store's URL (free of secrets)."""
+        return self.store.url
+
+    @property
+    def fingerprint(self) -> str:
+        """The dataset fingerprint from the manifest."""
+        return self.manifest.fingerprint
+
+    @property
+    def block_token_counts(self) -> np.ndarray:
+        """Tokens per block, by block id."""
+        return self._token_counts
+
+    @property
+    def full_block_bytes(self) -> int:
+        """Decoded bytes of a full block."""
+        return self.manifest.block_tokens * self.dtype.itemsize
+
+    def decoded_bytes(self, block_id: int) -> int:
+        """Decoded bytes of one block."""
+        return int(self._token_counts[block_id]) * self.dtype.itemsize
+
+    def job(self, key: tuple[int, int]) -> BlockJob:
+        """The fetch-and-decode job of block ``key = (stream, block_id)``."""
+        assert key[0] == self.index
+        block_id = key[1]
+        path, start, end = self.manifest.block_byte_range(block_id)
+        _, in_shard = self.manifest.block_location(block_id)
+        return BlockJob(
+            key=key,
+            store=self.store,
+            path=path,
+            start=start,
+            end=end,
+            num_tokens=int(self._token_counts[block_id]),
+            dtype=self.dtype,
+            where=f"shard {self.url}/{path} block {in_shard} (dataset block {block_id}, bytes [{start}, {end}))",
+        )
+
+    def close(self) -> None:
+        """Close the store (connections, file handles)."""
+        self.store.close()
