@@ -10,13 +10,23 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
 from zephon_stream.storage.embedded_s3 import EmbeddedS3
+
+# NOTE: tools/ is not installed; the repository root on sys.path lets tests
+# and fixtures `import tools.fault_proxy` however pytest was started.
+_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+if _REPO_ROOT not in sys.path:
+    sys.path.insert(0, _REPO_ROOT)
+
+from tools.fault_proxy import FaultProxy  # noqa: E402
 
 _bucket_numbers = itertools.count()
 
@@ -45,6 +55,10 @@ class S3Env:
     @property
     def env(self) -> dict[str, str]:
         return self.server.env()
+
+    def options_via(self, endpoint_url: str) -> dict[str, Any]:
+        """Storage options that reach this server through another endpoint (a proxy)."""
+        return {**self.server.storage_options(), "endpoint_url": endpoint_url}
 
     def url(self, prefix: str = "") -> str:
         """``s3://BUCKET/PREFIX`` (``s3://BUCKET`` for an empty prefix)."""
@@ -86,3 +100,20 @@ def s3_url(s3_bucket: S3Env) -> Callable[[str], str]:
 def s3_options(s3_bucket: S3Env) -> dict[str, Any]:
     """Storage options reaching the session's server (same bucket as ``s3_bucket``)."""
     return s3_bucket.storage_options
+
+
+@pytest.fixture
+def fault_proxy(s3_server: EmbeddedS3) -> Iterator[Callable[..., FaultProxy]]:
+    """``fault_proxy(rates={...}, seed=..., latency_s=...)`` -> a started FaultProxy
+    in front of the session's server; every proxy made is stopped after the test.
+    Reach S3 through it with ``s3_bucket.options_via(proxy.endpoint_url)``."""
+    made: list[FaultProxy] = []
+
+    def make(**kwargs: Any) -> FaultProxy:
+        proxy = FaultProxy(upstream=s3_server.endpoint_url, **kwargs).start()
+        made.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in made:
+        proxy.stop()

@@ -59,6 +59,8 @@ class EmbeddedS3:
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._process: sp.Popen[bytes] | None = None
+        self._client: Any = None
+        self._client_lock = threading.Lock()
 
     @property
     def port(self) -> int:
@@ -157,6 +159,10 @@ class EmbeddedS3:
 
     def stop(self) -> None:
         """Stop the server; its buckets are gone."""
+        with self._client_lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -191,13 +197,14 @@ class EmbeddedS3:
 
     def create_bucket(self, name: str) -> str:
         """Create bucket ``name`` (existing is fine) and return ``s3://name``."""
-        client = self.client()
+        with self._client_lock:
+            if self._client is None:
+                self._client = self.client()
+            client = self._client
         try:
             client.create_bucket(Bucket=name)
         except client.exceptions.BucketAlreadyOwnedByYou:
             pass
-        finally:
-            client.close()
         return f"s3://{name}"
 
     def __enter__(self) -> "EmbeddedS3":

@@ -25,6 +25,33 @@ from zephon_stream.storage.redact import redact_options, redact_url, secret_valu
 from zephon_stream.storage.retry import RetryPolicy
 
 S3_PROTOCOLS = ("s3", "s3a")
+_FSSPEC_KWARGS = frozenset({"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"})
+_session_lock = threading.Lock()
+_session: tuple[int, Any] | None = None
+
+
+def _shared_aio_session() -> Any:
+    """One aiobotocore session per process.
+
+    NOTE: each session parses botocore's S3 service model on its first client
+    (about half a second); sharing it makes opening a store cheap.
+    """
+    global _session
+    with _session_lock:
+        if _session is None or _session[0] != os.getpid():
+            import aiobotocore.session
+
+            _session = (os.getpid(), aiobotocore.session.AioSession())
+        return _session[1]
+
+
+def _s3fs_accepts(options: Mapping[str, Any]) -> bool:
+    import inspect
+
+    from s3fs import S3FileSystem
+
+    known = set(inspect.signature(S3FileSystem.__init__).parameters) | _FSSPEC_KWARGS
+    return set(options) <= known
 
 
 def s3_filesystem_options(storage_options: Mapping[str, Any] | None, policy: RetryPolicy) -> dict[str, Any]:
@@ -55,6 +82,10 @@ def s3_filesystem_options(storage_options: Mapping[str, Any] | None, policy: Ret
     opts["config_kwargs"] = config
     opts.setdefault("use_listings_cache", False)
     opts["skip_instance_cache"] = True
+    # NOTE: options s3fs does not know go to the session (e.g. ``profile``),
+    # so only an options set without them may share the process's session.
+    if opts.get("session") is None and _s3fs_accepts(opts):
+        opts["session"] = _shared_aio_session()
     return opts
 
 

@@ -111,16 +111,18 @@ def _transient_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = [TimeoutError, asyncio.TimeoutError, socket.timeout, ConnectionError]
     try:
         from botocore import exceptions as bexc
+        from botocore.parsers import ResponseParserError
 
-        types += [
-            bexc.ConnectionError,
-            bexc.HTTPClientError,
-            bexc.ReadTimeoutError,
-            bexc.ConnectTimeoutError,
-            bexc.IncompleteReadError,
-            bexc.ResponseStreamingError,
-            bexc.ResponseParserError,
-        ]
+        names = (
+            "ConnectionError",
+            "HTTPClientError",
+            "ReadTimeoutError",
+            "ConnectTimeoutError",
+            "IncompleteReadError",
+            "ResponseStreamingError",
+        )
+        types += [getattr(bexc, name) for name in names if hasattr(bexc, name)]
+        types.append(ResponseParserError)
     except ImportError:
         pass
     try:

@@ -1,0 +1,381 @@
+"""An HTTP proxy on loopback that injects storage faults in front of an S3 server.
+
+Per request, with configured probabilities drawn from a seeded generator, it
+answers 500 or 503 without forwarding, resets the connection, stalls before
+forwarding, drips the response body slowly, or sends fewer body bytes than
+Content-Length and closes. It can also add a fixed latency to every request,
+and it can be stopped and started again on the same port to play an endpoint
+that drops out. ``counts()`` says what it injected.
+
+Library use::
+
+    with FaultProxy(upstream=s3.endpoint_url, rates={"error_503": 0.1}, seed=1) as proxy:
+        store = open_store("s3://bucket/x", {..., "endpoint_url": proxy.endpoint_url})
+
+Script use (runs until interrupted, prints the counts as JSON on exit)::
+
+    python tools/fault_proxy.py --upstream http://127.0.0.1:5000 --rate reset=0.05 --latency-ms 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import http.server
+import json
+import random
+import signal
+import socket
+import socketserver
+import struct
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+FAULT_KINDS = ("error_500", "error_503", "reset", "stall", "slow_body", "truncate")
+_HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"})
+_ERROR_BODY = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+    "<Message>injected by fault proxy</Message><RequestId>fault-proxy</RequestId></Error>"
+)
+_IDLE_TIMEOUT_S = 30.0
+_UPSTREAM_TIMEOUT_S = 60.0
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    proxy: "FaultProxy"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = _IDLE_TIMEOUT_S
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        self._upstream: http.client.HTTPConnection | None = None
+        self.server.proxy._register(self.connection)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except OSError:
+            pass
+        finally:
+            if self._upstream is not None:
+                self._upstream.close()
+            self.server.proxy._unregister(self.connection)
+
+    def do_GET(self) -> None:
+        self._proxy()
+
+    do_HEAD = do_PUT = do_POST = do_DELETE = do_GET
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            parts = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _reset(self) -> None:
+        # NOTE: SO_LINGER 0 makes close() send RST, which is what a crashed
+        # endpoint or a middlebox dropping the flow looks like to the client.
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
+        self.connection.close()
+
+    def _send_error_xml(self, status: int, code: str) -> None:
+        body = _ERROR_BODY.format(code=code).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _forward(self, body: bytes) -> http.client.HTTPResponse:
+        proxy = self.server.proxy
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
+        if body or self.command in ("PUT", "POST"):
+            headers["Content-Length"] = str(len(body))
+        for attempt in range(2):
+            if self._upstream is None:
+                self._upstream = http.client.HTTPConnection(
+                    proxy.upstream_host, proxy.upstream_port, timeout=_UPSTREAM_TIMEOUT_S
+                )
+            try:
+                self._upstream.request(self.command, self.path, body=body, headers=headers)
+                return self._upstream.getresponse()
+            except (ConnectionError, http.client.HTTPException, OSError):
+                # NOTE: a kept-alive upstream connection may have been closed
+                # by the server; one fresh connection is tried before failing.
+                self._upstream.close()
+                self._upstream = None
+                if attempt == 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _proxy(self) -> None:
+        proxy = self.server.proxy
+        body = self._read_body()
+        fault = proxy._draw(self.command)
+        if proxy.latency_s:
+            time.sleep(proxy.latency_s)
+        if fault == "error_500":
+            self._send_error_xml(500, "InternalError")
+            return
+        if fault == "error_503":
+            self._send_error_xml(503, "SlowDown")
+            return
+        if fault == "reset":
+            self._reset()
+            return
+        if fault == "stall":
+            time.sleep(proxy.stall_s)
+        try:
+            response = self._forward(body)
+            payload = response.read()
+        except (OSError, http.client.HTTPException):
+            self._send_error_xml(502, "BadGateway")
+            return
+        self.send_response(response.status, response.reason)
+        for key, value in response.getheaders():
+            if key.lower() not in _HOP_HEADERS and key.lower() != "content-length":
+                self.send_header(key, value)
+        if self.command == "HEAD":
+            length = response.getheader("Content-Length")
+            if length is not None:
+                self.send_header("Content-Length", length)
+        else:
+            self.send_header("Content-Length", str(len(payload)))
+        if fault == "truncate" and self.command != "HEAD":
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(payload[: len(payload) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.end_headers()
+        if self.command == "HEAD" or not payload:
+            return
+        if fault == "slow_body":
+            pieces = max(1, proxy.drip_pieces)
+            step = max(1, -(-len(payload) // pieces))
+            for offset in range(0, len(payload), step):
+                self.wfile.write(payload[offset : offset + step])
+                self.wfile.flush()
+                time.sleep(proxy.slow_body_s / pieces)
+            return
+        self.wfile.write(payload)
+
+
+class FaultProxy:
+    """A fault-injecting HTTP proxy on 127.0.0.1, as a context manager.
+
+    Args:
+        upstream: the server to forward to, ``http://host:port``.
+        rates: probability per request of each fault kind (``FAULT_KINDS``);
+            at most one fault per request, so the rates must sum to <= 1.
+        seed: seed of the generator that draws the faults.
+        port: port to listen on (0: a free one); restarts reuse it.
+        latency_s: sleep added before every request is answered.
+        stall_s: how long a ``stall`` waits before forwarding.
+        slow_body_s: how long a ``slow_body`` takes to drip its body.
+        fault_methods: HTTP methods eligible for faults (None: all).
+    """
+
+    def __init__(
+        self,
+        *,
+        upstream: str,
+        rates: Mapping[str, float] | None = None,
+        seed: int = 0,
+        port: int = 0,
+        latency_s: float = 0.0,
+        stall_s: float = 1.0,
+        slow_body_s: float = 0.5,
+        drip_pieces: int = 10,
+        fault_methods: tuple[str, ...] | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        parsed = urllib.parse.urlsplit(upstream)
+        if parsed.scheme != "http" or not parsed.hostname or not parsed.port:
+            raise ValueError(f"fault proxy upstream {upstream!r}: expected http://host:port")
+        self.upstream_host = parsed.hostname
+        self.upstream_port = parsed.port
+        self.rates = dict(rates or {})
+        unknown = set(self.rates) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"fault proxy: unknown fault kinds {sorted(unknown)} (known: {FAULT_KINDS})")
+        if sum(self.rates.values()) > 1.0 + 1e-9 or min(self.rates.values(), default=0.0) < 0:
+            raise ValueError(f"fault proxy: rates must be >= 0 and sum to <= 1 (got {self.rates})")
+        self.latency_s = latency_s
+        self.stall_s = stall_s
+        self.slow_body_s = slow_body_s
+        self.drip_pieces = drip_pieces
+        self.fault_methods = tuple(m.upper() for m in fault_methods) if fault_methods else None
+        self._host = host
+        self._port = port
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(("requests", *FAULT_KINDS), 0)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    def set_rates(self, rates: Mapping[str, float]) -> None:
+        """Change the fault rates of later requests."""
+        with self._lock:
+            self.rates = dict(rates)
+
+    def counts(self) -> dict[str, int]:
+        """Requests seen and faults injected, by kind."""
+        with self._lock:
+            return dict(self._counts)
+
+    def start(self) -> "FaultProxy":
+        """Listen (again) on the proxy's port."""
+        if self._server is not None:
+            return self
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                server = _Server((self._host, self._port), _Handler)
+                break
+            except OSError:
+                # NOTE: right after stop() the old socket may linger briefly.
+                if not self._port or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        server.proxy = self
+        self._server = server
+        self._port = server.server_address[1]
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.name = f"fault-proxy-{self._port}"
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening and cut every open connection; ``start()`` resumes on the same port."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def outage(self, seconds: float) -> None:
+        """Stop, wait ``seconds``, start again on the same port."""
+        self.stop()
+        time.sleep(seconds)
+        self.start()
+
+    def _register(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._connections.add(conn)
+
+    def _unregister(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._connections.discard(conn)
+
+    def _draw(self, method: str) -> str | None:
+        with self._lock:
+            self._counts["requests"] += 1
+            if self.fault_methods is not None and method.upper() not in self.fault_methods:
+                return None
+            u = self._rng.random()
+            cumulative = 0.0
+            for kind in FAULT_KINDS:
+                cumulative += self.rates.get(kind, 0.0)
+                if u < cumulative:
+                    if kind == "truncate" and method.upper() == "HEAD":
+                        kind = "reset"
+                    self._counts[kind] += 1
+                    return kind
+            return None
+
+    def __enter__(self) -> "FaultProxy":
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"FaultProxy({self.endpoint_url} -> {self.upstream_host}:{self.upstream_port}, rates={self.rates})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--upstream", required=True, help="server to forward to, http://host:port")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one)")
+    parser.add_argument("--rate", action="append", default=[], metavar="KIND=P", help=f"fault rate; KIND in {FAULT_KINDS}")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="latency added to every request")
+    parser.add_argument("--stall-s", type=float, default=1.0)
+    parser.add_argument("--slow-body-s", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    rates = {}
+    for item in args.rate:
+        kind, _, value = item.partition("=")
+        rates[kind] = float(value)
+    proxy = FaultProxy(
+        upstream=args.upstream,
+        rates=rates,
+        seed=args.seed,
+        port=args.port,
+        latency_s=args.latency_ms / 1000.0,
+        stall_s=args.stall_s,
+        slow_body_s=args.slow_body_s,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with proxy:
+        print(f"fault proxy: {proxy.endpoint_url} -> {args.upstream} rates={rates}", flush=True)
+        try:
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+    print(json.dumps(proxy.counts()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
