@@ -1,0 +1,85 @@
+"""``zephon-stream write``: convert raw text into a dataset."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "write",
+        help="tokenize raw text (txt, jsonl, .gz/.zst, parquet) into zstd token shards",
+        description=(
+            "Tokenize raw text into fixed-size zstd token shards with a manifest. Inputs are "
+            "paths, folders, globs (** included) or s3:// URLs and globs; each pattern's matches "
+            "are sorted. S3 credentials and endpoint come from the standard AWS variables "
+            "(AWS_ENDPOINT_URL included) or --storage-option."
+        ),
+    )
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="input file, folder, glob or s3:// URL")
+    parser.add_argument("--output", "-o", required=True, metavar="URL", help="local folder or s3://bucket/prefix")
+    parser.add_argument(
+        "--tokenizer", required=True, metavar="SPEC", help="bytes | hf:PATH_OR_URL | tiktoken:NAME_OR_PATH"
+    )
+    parser.add_argument("--text-field", default="text", metavar="F", help="JSONL key / parquet column (default: text)")
+    parser.add_argument("--lines", action="store_true", help="in text files, each line is a document")
+    parser.add_argument(
+        "--input-format", choices=("txt", "jsonl", "parquet"), help="read every input as this format"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, metavar="N", help="tokenizer processes (default: 1, in this process)"
+    )
+    parser.add_argument(
+        "--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, metavar="N", help="tokens per block (default: 2**20+1)"
+    )
+    parser.add_argument(
+        "--blocks-per-shard", type=int, default=None, metavar="N", help="blocks per shard (default: ~64 Mi tokens a shard)"
+    )
+    parser.add_argument("--zstd-level", type=int, default=DEFAULT_ZSTD_LEVEL, metavar="L", help="zstd level (default: 3)")
+    parser.add_argument("--eos-token", metavar="TOK", help="end-of-document token (default: found by name)")
+    parser.add_argument("--bos-token", metavar="TOK", help="start-of-document token (default: none)")
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec/s3fs option for inputs and output (repeatable)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a dataset already at --output")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from zephon_stream.storage import parse_storage_options
+    from zephon_stream.writer.api import write_dataset
+
+    summary = write_dataset(
+        args.inputs,
+        args.output,
+        tokenizer=args.tokenizer,
+        text_field=args.text_field,
+        lines=args.lines,
+        workers=args.workers,
+        block_tokens=args.block_tokens,
+        blocks_per_shard=args.blocks_per_shard,
+        storage_options=parse_storage_options(args.storage_option) or None,
+        progress=False if args.no_progress else None,
+        eos_token=args.eos_token,
+        bos_token=args.bos_token,
+        input_format=args.input_format,
+        zstd_level=args.zstd_level,
+        overwrite=args.overwrite,
+    )
+    if args.json:
+        print(json.dumps(summary.to_dict()))
+    else:
+        print(summary.table())
+    if summary.num_rejected:
+        print(f"{summary.num_rejected} records rejected; see rejects.jsonl in the output", file=sys.stderr)
+    return 0

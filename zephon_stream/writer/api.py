@@ -1,0 +1,334 @@
+"""``write_dataset``: raw text in, a committed dataset out.
+
+The run, in order: expand and sort the inputs; read them on this process,
+record by record, in input order; send chunks of texts to the tokenizer pool
+(results come back in submission order, so the token stream is the same for
+any worker count); cut the stream into blocks and shards, each shard written
+as it fills; then ``rejects.jsonl``; then, after checking that every record
+is accounted for, the manifest, which commits the dataset. A run killed at
+any point leaves no manifest, and rerunning it writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from zephon_stream.errors import ConfigError
+from zephon_stream.format.manifest import Manifest, SourceInfo, TokenizerInfo
+from zephon_stream.format.spec import (
+    DEFAULT_BLOCK_TOKENS,
+    DEFAULT_BLOCKS_PER_SHARD,
+    DEFAULT_ZSTD_LEVEL,
+    MANIFEST_NAME,
+    MAX_BLOCK_TOKENS,
+    MIN_BLOCK_TOKENS,
+    REJECTS_NAME,
+    SHARDS_DIR,
+    token_dtype,
+)
+from zephon_stream.storage import expand_inputs, is_local_url, local_path, open_store
+from zephon_stream.writer.pool import TokenizePool
+from zephon_stream.writer.progress import Progress, WriteSummary
+from zephon_stream.writer.readers import Reject, SourceReader
+from zephon_stream.writer.shards import ShardBuilder, ShardLayout
+from zephon_stream.writer.tokenizers import Tokenizer, load_tokenizer
+
+DEFAULT_CHUNK_CHARS = 256 * 1024
+# NOTE: shards of about 64 Mi tokens whatever the block size: 128 MiB of uint16
+# before compression, which lands BPE-tokenized text near 64-128 MB a shard.
+DEFAULT_SHARD_TOKENS = DEFAULT_BLOCKS_PER_SHARD * DEFAULT_BLOCK_TOKENS
+
+
+def default_blocks_per_shard(block_tokens: int) -> int:
+    """Blocks a shard so that it holds about ``DEFAULT_SHARD_TOKENS`` tokens."""
+    return max(1, -(-DEFAULT_SHARD_TOKENS // block_tokens))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteConfig:
+    """Settings of one conversion.
+
+    Attributes:
+        text_field: JSONL key / parquet column holding the text.
+        lines: in text files, one document per line instead of per file.
+        input_format: ``txt``, ``jsonl`` or ``parquet`` for every input,
+            instead of guessing from the file name.
+        workers: tokenizer processes (1: tokenize in this process).
+        block_tokens: tokens per block.
+        blocks_per_shard: blocks per shard (default: shards of ~64 Mi tokens).
+        zstd_level: zstd level of each block.
+        chunk_chars: characters of text sent to a worker at a time.
+        overwrite: replace a dataset already committed at the output.
+    """
+
+    text_field: str = "text"
+    lines: bool = False
+    input_format: str | None = None
+    workers: int = 1
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    blocks_per_shard: int | None = None
+    zstd_level: int = DEFAULT_ZSTD_LEVEL
+    chunk_chars: int = DEFAULT_CHUNK_CHARS
+    overwrite: bool = False
+
+    def resolved(self) -> WriteConfig:
+        """This config checked, with ``blocks_per_shard`` filled in.
+
+        Raises:
+            ConfigError: a setting out of range (named, with its bounds).
+        """
+        if not MIN_BLOCK_TOKENS <= self.block_tokens <= MAX_BLOCK_TOKENS:
+            raise ConfigError(f"block_tokens {self.block_tokens} is outside [{MIN_BLOCK_TOKENS}, {MAX_BLOCK_TOKENS}]")
+        blocks_per_shard = self.blocks_per_shard or default_blocks_per_shard(self.block_tokens)
+        if blocks_per_shard < 1:
+            raise ConfigError(f"blocks_per_shard {blocks_per_shard} must be at least 1")
+        if self.workers < 1:
+            raise ConfigError(f"workers {self.workers} must be at least 1")
+        if not 1 <= self.zstd_level <= 22:
+            raise ConfigError(f"zstd_level {self.zstd_level} is outside [1, 22]")
+        if self.chunk_chars < 1:
+            raise ConfigError(f"chunk_chars {self.chunk_chars} must be at least 1")
+        if not self.text_field:
+            raise ConfigError("text_field must not be empty")
+        return replace(self, blocks_per_shard=blocks_per_shard)
+
+
+def write_dataset(
+    inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    output: str | os.PathLike[str],
+    *,
+    tokenizer: str | Tokenizer,
+    text_field: str = "text",
+    lines: bool = False,
+    workers: int = 1,
+    block_tokens: int = DEFAULT_BLOCK_TOKENS,
+    blocks_per_shard: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+    eos_token: str | None = None,
+    bos_token: str | None = None,
+    input_format: str | None = None,
+    zstd_level: int = DEFAULT_ZSTD_LEVEL,
+    overwrite: bool = False,
+) -> WriteSummary:
+    """Tokenize raw text into a dataset of zstd token shards with a manifest.
+
+    Args:
+        inputs: paths, folders, globs (``**`` included) or ``s3://`` URLs/globs;
+            expanded and sorted per pattern.
+        output: a local folder or ``s3://bucket/prefix``.
+        tokenizer: ``bytes``, ``hf:PATH_OR_URL``, ``tiktoken:NAME_OR_PATH``,
+            or a loaded ``Tokenizer``.
+        text_field: JSONL key / parquet column holding the text.
+        lines: one document per line of a text file.
+        workers: tokenizer processes; the output is the same for any number.
+        block_tokens: tokens per block.
+        blocks_per_shard: blocks per shard (default: shards of ~64 Mi tokens).
+        storage_options: fsspec/s3fs options for inputs, output and tokenizer
+            file (default: the standard AWS variables).
+        progress: show a progress bar (default: only on a terminal).
+        eos_token: end-of-document token of an ``hf:``/``tiktoken:`` tokenizer.
+        bos_token: start-of-document token (default: none).
+        input_format: ``txt``/``jsonl``/``parquet`` for every input.
+        zstd_level: zstd level of each block.
+        overwrite: replace a dataset already committed at ``output``.
+
+    Returns:
+        The run's ``WriteSummary``.
+
+    Raises:
+        InputError: an input that is missing, of unknown type or unreadable.
+        TokenizerError: a tokenizer that cannot be loaded.
+        ConfigError: bad sizes, or a dataset already at ``output``.
+    """
+    config = WriteConfig(
+        text_field=text_field,
+        lines=lines,
+        input_format=input_format,
+        workers=workers,
+        block_tokens=block_tokens,
+        blocks_per_shard=blocks_per_shard,
+        zstd_level=zstd_level,
+        overwrite=overwrite,
+    ).resolved()
+    tok = load_tokenizer(tokenizer, eos_token=eos_token, bos_token=bos_token, storage_options=storage_options) if isinstance(
+        tokenizer, str
+    ) else tokenizer
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    urls = expand_inputs(list(inputs), storage_options)
+    readers = [
+        SourceReader(
+            url,
+            text_field=config.text_field,
+            lines=config.lines,
+            input_format_override=config.input_format,
+            storage_options=storage_options,
+        )
+        for url in urls
+    ]
+    store = open_store(output, storage_options)
+    try:
+        return _Run(config=config, tokenizer=tok, readers=readers, store=store, progress=progress).execute()
+    finally:
+        store.close()
+
+
+class _Run:
+    """One conversion; the accounting lives here."""
+
+    def __init__(self, *, config: WriteConfig, tokenizer: Tokenizer, readers: list[SourceReader], store: Any, progress: bool | None):
+        assert config.blocks_per_shard is not None
+        self.config = config
+        self.tokenizer = tokenizer
+        self.readers = readers
+        self.store = store
+        self.dtype = token_dtype(tokenizer.vocab_size)
+        self.records = [0] * len(readers)
+        self.documents = [0] * len(readers)
+        self.rejects: list[str] = []
+        self.reject_counts: Counter[str] = Counter()
+        self.rejected = [0] * len(readers)
+        self.bytes_done = 0
+        self.progress = Progress(enabled=progress, total_bytes=_total_size(readers))
+        self.builder = ShardBuilder(
+            store=store,
+            layout=ShardLayout(
+                dtype=self.dtype,
+                block_tokens=config.block_tokens,
+                blocks_per_shard=config.blocks_per_shard,
+                zstd_level=config.zstd_level,
+            ),
+            sources=[r.url for r in readers],
+        )
+
+    def execute(self) -> WriteSummary:
+        start = time.monotonic()
+        self._prepare_output()
+        pool = TokenizePool(
+            tokenizer=self.tokenizer,
+            dtype=self.dtype,
+            workers=self.config.workers,
+            max_in_flight=2 * self.config.workers + 2,
+        )
+        try:
+            with pool:
+                self._stream(pool)
+            shards = self.builder.finish()
+        finally:
+            self.builder.close()
+            self.progress.close()
+        self.store.write_atomic(REJECTS_NAME, "".join(line + "\n" for line in self.rejects).encode("utf-8"))
+        self._remove_stale({name for s in shards for name in (s.path, s.index_path)})
+        records_in, written = sum(self.records), sum(self.documents)
+        assert records_in == written + len(self.rejects), (records_in, written, len(self.rejects))
+        manifest = Manifest.create(
+            tokenizer=TokenizerInfo(**_identity(self.tokenizer)),
+            block_tokens=self.config.block_tokens,
+            blocks_per_shard=self.config.blocks_per_shard,
+            shards=shards,
+            sources=[
+                SourceInfo(path=r.url, num_records=n, num_documents=d, num_rejected=j)
+                for r, n, d, j in zip(self.readers, self.records, self.documents, self.rejected)
+            ],
+        )
+        assert manifest.num_tokens == self.builder.num_tokens
+        self.store.write_atomic(MANIFEST_NAME, manifest.to_bytes())
+        return WriteSummary(
+            output=self.store.url,
+            records_in=records_in,
+            records_written=written,
+            rejected=dict(sorted(self.reject_counts.items())),
+            num_documents=manifest.num_documents,
+            num_tokens=manifest.num_tokens,
+            num_shards=manifest.num_shards,
+            num_blocks=manifest.num_blocks,
+            compressed_bytes=manifest.compressed_bytes,
+            input_bytes=self.bytes_done,
+            seconds=time.monotonic() - start,
+            fingerprint=manifest.fingerprint,
+        )
+
+    def _prepare_output(self) -> None:
+        if self.store.exists(MANIFEST_NAME):
+            if not self.config.overwrite:
+                raise ConfigError(
+                    f"output {self.store.url} already holds a committed dataset ({MANIFEST_NAME} exists); "
+                    "remove it or pass --overwrite"
+                )
+            # NOTE: uncommit first, so a run killed from here on leaves no
+            # manifest pointing at half-replaced shards.
+            self.store.delete(MANIFEST_NAME)
+
+    def _remove_stale(self, keep: set[str]) -> None:
+        for path in self.store.list(SHARDS_DIR + "/"):
+            if path not in keep:
+                self.store.delete(path)
+
+    def _stream(self, pool: TokenizePool) -> None:
+        texts: list[str] = []
+        sources: list[int] = []
+        records: list[int] = []
+        chars = 0
+        for index, reader in enumerate(self.readers):
+            for record, item in reader:
+                self.records[index] += 1
+                if isinstance(item, Reject):
+                    self.rejects.append(item.to_json())
+                    self.reject_counts[item.reason] += 1
+                    self.rejected[index] += 1
+                    continue
+                self.documents[index] += 1
+                texts.append(item)
+                sources.append(index)
+                records.append(record)
+                chars += len(item)
+                if chars >= self.config.chunk_chars:
+                    self._submit(pool, texts, sources, records, self.bytes_done + reader.bytes_read)
+                    texts, sources, records, chars = [], [], [], 0
+            self.bytes_done += reader.final_bytes_read
+        if texts:
+            self._submit(pool, texts, sources, records, self.bytes_done)
+        while len(pool):
+            self._take(pool)
+
+    def _submit(self, pool: TokenizePool, texts: list[str], sources: list[int], records: list[int], bytes_read: int) -> None:
+        while pool.full:
+            self._take(pool)
+        tag = (np.asarray(sources, dtype=np.int64), np.asarray(records, dtype=np.int64), bytes_read)
+        pool.submit(texts, tag)
+
+    def _take(self, pool: TokenizePool) -> None:
+        tokens, lengths, (sources, records, bytes_read) = pool.take()
+        assert len(lengths) == len(sources)
+        self.builder.add(tokens, lengths, sources, records)
+        self.progress.update(bytes_read=bytes_read, tokens=self.builder.num_tokens)
+
+
+def _identity(tokenizer: Tokenizer) -> dict[str, Any]:
+    ident = tokenizer.identity()
+    return {
+        "kind": ident.kind,
+        "name": ident.name,
+        "vocab_size": ident.vocab_size,
+        "eos_id": ident.eos_id,
+        "bos_id": ident.bos_id,
+        "fingerprint": ident.fingerprint,
+    }
+
+
+def _total_size(readers: list[SourceReader]) -> int | None:
+    """Total stored size of local inputs; None when any is remote (no ETA)."""
+    total = 0
+    for reader in readers:
+        if not is_local_url(reader.url):
+            return None
+        total += os.path.getsize(local_path(reader.url))
+    return total

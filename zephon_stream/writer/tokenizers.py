@@ -1,0 +1,458 @@
+"""Tokenizer adapters: one small interface over the built-in byte tokenizer,
+Hugging Face ``tokenizers`` files and ``tiktoken`` encodings.
+
+A spec string picks one: ``bytes``, ``hf:PATH_OR_URL`` (a ``tokenizer.json``,
+or a folder holding one) or ``tiktoken:NAME`` / ``tiktoken:/path/file.tiktoken``.
+
+Every adapter is picklable: it pickles the bytes it was built from (never a
+path to re-read), so worker processes rebuild exactly the tokenizer the
+parent fingerprinted without touching storage.
+
+NOTE on threads: HF ``tokenizers`` runs ``encode_batch`` on its own Rayon
+thread pool unless ``TOKENIZERS_PARALLELISM=false``. The writer's worker
+processes set it to ``false`` (N processes already use N cores and a pool per
+process would oversubscribe them); with ``workers=1`` the writer tokenizes in
+its own process and leaves the variable as the user set it, so that pool
+then uses every core.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from zephon_stream.errors import TokenizerError
+
+BYTES_VOCAB_SIZE = 257
+BYTES_EOS_ID = 256
+# NOTE: names tried, in order, when a tokenizer does not say which token ends
+# a document; `--eos-token` overrides the search.
+EOS_CANDIDATES = (
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "</s>",
+    "<eos>",
+    "<|eos|>",
+    "[EOS]",
+    "<|end|>",
+)
+# NOTE: a bare .tiktoken file holds ranks only; this is the split pattern of
+# the widely used cl100k_base encoding, recorded in the fingerprint.
+DEFAULT_TIKTOKEN_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
+    r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
+TIKTOKEN_EOS = "<|endoftext|>"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenizerIdentity:
+    """What the manifest records about a tokenizer."""
+
+    kind: str
+    name: str
+    vocab_size: int
+    eos_id: int
+    bos_id: int | None
+    fingerprint: str
+
+
+class Tokenizer:
+    """Base class of the adapters. Subclasses set the identity attributes and
+    implement ``encode_batch`` and ``decode``."""
+
+    kind: str
+    name: str
+    vocab_size: int
+    eos_id: int
+    bos_id: int | None
+    fingerprint: str
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, without BOS or EOS."""
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Text of a run of ids (special tokens rendered as text)."""
+        raise NotImplementedError
+
+    def encode_documents(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens of each text framed as a document: BOS (when set), ids, EOS.
+
+        Returns:
+            ``(ids, lengths)``: all documents' tokens concatenated as int64,
+            and each document's token count (framing included).
+        """
+        encoded = self.encode_batch(texts)
+        extra = 1 + (self.bos_id is not None)
+        lengths = np.fromiter((len(ids) + extra for ids in encoded), dtype=np.int64, count=len(encoded))
+        flat = np.empty(int(lengths.sum()), dtype=np.int64)
+        pos = 0
+        for ids in encoded:
+            if self.bos_id is not None:
+                flat[pos] = self.bos_id
+                pos += 1
+            flat[pos : pos + len(ids)] = ids
+            pos += len(ids)
+            flat[pos] = self.eos_id
+            pos += 1
+        return flat, lengths
+
+    def identity(self) -> TokenizerIdentity:
+        """The identity the manifest records."""
+        return TokenizerIdentity(
+            kind=self.kind,
+            name=self.name,
+            vocab_size=self.vocab_size,
+            eos_id=self.eos_id,
+            bos_id=self.bos_id,
+            fingerprint=self.fingerprint,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, "
+            f"eos_id={self.eos_id}, bos_id={self.bos_id}, fingerprint={self.fingerprint[:12]}...)"
+        )
+
+
+class BytesTokenizer(Tokenizer):
+    """Built-in tokenizer: each UTF-8 byte is its own id (0-255), EOS is 256."""
+
+    kind = "bytes"
+    name = "bytes"
+    vocab_size = BYTES_VOCAB_SIZE
+    eos_id = BYTES_EOS_ID
+    bos_id = None
+    fingerprint = hashlib.sha256(b"bytes-v1").hexdigest()
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(text.encode("utf-8")) for text in texts]
+
+    def encode_documents(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        # NOTE: one bulk copy instead of per-token Python ints: with the EOS
+        # appended as a separator byte slot, the whole batch is one frombuffer.
+        encoded = [text.encode("utf-8") for text in texts]
+        lengths = np.fromiter((len(b) + 1 for b in encoded), dtype=np.int64, count=len(encoded))
+        flat = np.frombuffer(b"\x00".join(encoded) + b"\x00", dtype=np.uint8).astype(np.int64)
+        ends = np.cumsum(lengths) - 1
+        flat[ends] = self.eos_id
+        return flat, lengths
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() > BYTES_EOS_ID):
+            raise TokenizerError(f"bytes tokenizer: ids outside [0, {BYTES_EOS_ID}] cannot be decoded")
+        parts = np.split(ids, np.flatnonzero(ids == BYTES_EOS_ID))
+        pieces = []
+        for i, part in enumerate(parts):
+            body = part[1:] if i else part
+            if i:
+                pieces.append("<|endoftext|>")
+            pieces.append(body.astype(np.uint8).tobytes().decode("utf-8", errors="replace"))
+        return "".join(pieces)
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face ``tokenizers`` tokenizer built from ``tokenizer.json`` bytes."""
+
+    kind = "hf"
+
+    def __init__(
+        self,
+        data: bytes,
+        *,
+        name: str,
+        eos_token: str | None = None,
+        bos_token: str | None = None,
+        eos_id: int | None = None,
+        bos_id: int | None = None,
+    ):
+        self._data = bytes(data)
+        self.name = name
+        from tokenizers import Tokenizer as RawTokenizer
+
+        try:
+            self._tok = RawTokenizer.from_str(self._data.decode("utf-8"))
+        except Exception as exc:  # the library raises a bare Exception on bad JSON
+            raise TokenizerError(f"hf tokenizer {name}: cannot parse tokenizer.json: {exc}") from exc
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(self._tok.get_vocab_size(with_added_tokens=True), max(vocab.values()) + 1)
+        if eos_id is None:
+            eos_id = self._special_id(eos_token) if eos_token else self._find_eos()
+        if bos_id is None and bos_token:
+            bos_id = self._special_id(bos_token)
+        self.eos_id = eos_id
+        self.bos_id = bos_id
+        self.fingerprint = hashlib.sha256(self._data).hexdigest()
+        self._encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+
+    def _special_id(self, token: str) -> int:
+        token_id = self._tok.token_to_id(token)
+        if token_id is None:
+            raise TokenizerError(f"hf tokenizer {self.name}: token {token!r} is not in its vocabulary")
+        return token_id
+
+    def _find_eos(self) -> int:
+        for token in EOS_CANDIDATES:
+            token_id = self._tok.token_to_id(token)
+            if token_id is not None:
+                return token_id
+        raise TokenizerError(
+            f"hf tokenizer {self.name}: none of {', '.join(EOS_CANDIDATES)} is in its vocabulary; "
+            "name the end-of-document token with --eos-token"
+        )
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [enc.ids for enc in self._encode(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"data": self._data, "name": self.name, "eos_id": self.eos_id, "bos_id": self.bos_id}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["data"], name=state["name"], eos_id=state["eos_id"], bos_id=state["bos_id"])
+
+
+class TiktokenTokenizer(Tokenizer):
+    """A ``tiktoken`` encoding: a named one from the local cache, or ranks from a file."""
+
+    kind = "tiktoken"
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        ranks: dict[bytes, int],
+        pattern: str,
+        special_tokens: dict[str, int],
+        eos_token: str | None = None,
+        bos_token: str | None = None,
+        eos_id: int | None = None,
+        bos_id: int | None = None,
+    ):
+        import tiktoken
+
+        self.name = name
+        self._enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=special_tokens)
+        self._ranks = ranks
+        self._special_tokens = special_tokens
+        self.vocab_size = self._enc.n_vocab
+        if eos_id is None:
+            eos_id = self._special_id(eos_token or self._default_eos(special_tokens))
+        if bos_id is None and bos_token:
+            bos_id = self._special_id(bos_token)
+        self.eos_id = eos_id
+        self.bos_id = bos_id
+        self._state = {
+            "name": name,
+            "ranks": ranks,
+            "pattern": pattern,
+            "special_tokens": special_tokens,
+            "eos_id": eos_id,
+            "bos_id": bos_id,
+        }
+        self.fingerprint = tiktoken_fingerprint(ranks, pattern, special_tokens)
+
+    def _default_eos(self, special_tokens: dict[str, int]) -> str:
+        for token in EOS_CANDIDATES:
+            if token in special_tokens:
+                return token
+        raise TokenizerError(
+            f"tiktoken encoding {self.name}: none of {', '.join(EOS_CANDIDATES)} is a special token; "
+            "name the end-of-document token with --eos-token"
+        )
+
+    def _special_id(self, token: str) -> int:
+        if token in self._special_tokens:
+            return self._special_tokens[token]
+        token_id = self._ranks.get(token.encode("utf-8"))
+        if token_id is None:
+            raise TokenizerError(f"tiktoken encoding {self.name}: token {token!r} is not in its vocabulary")
+        return token_id
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        # NOTE: special-token text inside a document is ordinary text here.
+        return self._enc.encode_ordinary_batch(list(texts), num_threads=1)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return self._enc.decode([int(i) for i in ids])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self._state)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)
+
+
+def tiktoken_fingerprint(ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, int]) -> str:
+    """sha256 over the ranks (in the .tiktoken text form), the split pattern and the special tokens."""
+    digest = hashlib.sha256()
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        digest.update(base64.b64encode(token) + b" " + str(rank).encode() + b"\n")
+    digest.update(b"pattern " + pattern.encode("utf-8") + b"\n")
+    for token, rank in sorted(special_tokens.items(), key=lambda item: item[1]):
+        digest.update(b"special " + token.encode("utf-8") + b" " + str(rank).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def load_tokenizer(
+    spec: str,
+    *,
+    eos_token: str | None = None,
+    bos_token: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Tokenizer:
+    """Build a tokenizer from a spec string.
+
+    Args:
+        spec: ``bytes``, ``hf:PATH_OR_URL`` or ``tiktoken:NAME_OR_PATH``.
+        eos_token: token that ends each document (default: found by name).
+        bos_token: token that starts each document (default: none).
+        storage_options: options for reading an ``hf:`` file from an object store.
+
+    Raises:
+        TokenizerError: unknown spec, missing file, or no usable EOS token.
+    """
+    if isinstance(spec, Tokenizer):
+        return spec
+    kind, _, rest = spec.partition(":")
+    if spec == "bytes":
+        if eos_token or bos_token:
+            raise TokenizerError("the bytes tokenizer has fixed special ids (EOS 256, no BOS)")
+        return BytesTokenizer()
+    if kind == "hf" and rest:
+        data = _read_hf_json(rest, storage_options)
+        return HFTokenizer(data, name=rest, eos_token=eos_token, bos_token=bos_token)
+    if kind == "tiktoken" and rest:
+        return _load_tiktoken(rest, eos_token=eos_token, bos_token=bos_token)
+    raise TokenizerError(
+        f"unknown tokenizer spec {spec!r} (expected 'bytes', 'hf:PATH_OR_URL' or 'tiktoken:NAME')"
+    )
+
+
+def _read_hf_json(location: str, storage_options: dict[str, Any] | None) -> bytes:
+    if "://" in location and not location.startswith("file://"):
+        from zephon_stream.storage import open_store
+
+        parent, _, leaf = location.rstrip("/").rpartition("/")
+        if not leaf.endswith(".json"):
+            parent, leaf = location.rstrip("/"), "tokenizer.json"
+        try:
+            return open_store(parent, storage_options).read(leaf)
+        except FileNotFoundError as exc:
+            raise TokenizerError(f"hf tokenizer {location}: {leaf} not found in {parent}") from exc
+    path = Path(location.removeprefix("file://"))
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise TokenizerError(
+            f"hf tokenizer {location}: {path} is not a file (give a tokenizer.json or a folder holding one)"
+        )
+    return path.read_bytes()
+
+
+def _load_tiktoken(name: str, *, eos_token: str | None, bos_token: str | None, **ids: int | None) -> Tokenizer:
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+
+    if name.endswith(".tiktoken") or os.sep in name:
+        path = Path(name)
+        if not path.is_file():
+            raise TokenizerError(f"tiktoken file {name}: not found")
+        try:
+            ranks = load_tiktoken_bpe(str(path))
+        except Exception as exc:  # tiktoken raises plain ValueError/binascii errors
+            raise TokenizerError(f"tiktoken file {name}: cannot parse ranks: {exc}") from exc
+        specials = {TIKTOKEN_EOS: max(ranks.values()) + 1}
+        return TiktokenTokenizer(
+            name=name,
+            ranks=ranks,
+            pattern=DEFAULT_TIKTOKEN_PATTERN,
+            special_tokens=specials,
+            eos_token=eos_token,
+            bos_token=bos_token,
+            **ids,
+        )
+    try:
+        enc = tiktoken.get_encoding(name)
+    except ValueError as exc:
+        if "Unknown encoding" in str(exc):
+            raise TokenizerError(f"tiktoken encoding {name!r} is unknown: {exc}") from exc
+        raise _tiktoken_offline_error(name, exc) from exc
+    except Exception as exc:  # requests/urllib errors when its files are not cached
+        raise _tiktoken_offline_error(name, exc) from exc
+    return TiktokenTokenizer(
+        name=name,
+        ranks=enc._mergeable_ranks,
+        pattern=enc._pat_str,
+        special_tokens=enc._special_tokens,
+        eos_token=eos_token,
+        bos_token=bos_token,
+        **ids,
+    )
+
+
+def _tiktoken_offline_error(name: str, exc: BaseException) -> TokenizerError:
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR", "<unset>")
+    return TokenizerError(
+        f"tiktoken encoding {name!r} is not available offline ({type(exc).__name__}). tiktoken reads "
+        f"its files from TIKTOKEN_CACHE_DIR (now {cache}); copy the cached files there from a machine "
+        "with network access, or pass tiktoken:/path/to/file.tiktoken"
+    )
+
+
+def tokenizer_from_manifest(
+    info: Any,
+    *,
+    spec: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Tokenizer:
+    """Rebuild the tokenizer a dataset was written with, and check it is the same one.
+
+    Args:
+        info: the manifest's tokenizer record (``kind``, ``name``, ``vocab_size``,
+            ``eos_id``, ``bos_id``, ``fingerprint`` as attributes or keys).
+        spec: where to load it from when ``info.name`` no longer points at it
+            (e.g. ``hf:/new/place/tokenizer.json``).
+        storage_options: options for reading an ``hf:`` file from an object store.
+
+    Raises:
+        TokenizerError: it cannot be loaded, or its fingerprint or ids differ.
+    """
+
+    def field(key: str) -> Any:
+        return info[key] if isinstance(info, dict) else getattr(info, key)
+
+    kind, name = field("kind"), field("name")
+    spec = spec or ("bytes" if kind == "bytes" else f"{kind}:{name}")
+    spec_kind, _, location = spec.partition(":")
+    ids = {"eos_id": field("eos_id"), "bos_id": field("bos_id")}
+    if spec == "bytes":
+        tok: Tokenizer = BytesTokenizer()
+    elif spec_kind == "hf" and location:
+        tok = HFTokenizer(_read_hf_json(location, storage_options), name=location, **ids)
+    elif spec_kind == "tiktoken" and location:
+        tok = _load_tiktoken(location, eos_token=None, bos_token=None, **ids)
+    else:
+        raise TokenizerError(f"unknown tokenizer spec {spec!r} for a manifest tokenizer of kind {kind!r}")
+    expected = field("fingerprint")
+    if tok.kind != kind or tok.fingerprint != expected:
+        raise TokenizerError(
+            f"tokenizer {spec}: not the one the dataset was written with "
+            f"(manifest {kind} {expected}, loaded {tok.kind} {tok.fingerprint})"
+        )
+    for key in ("vocab_size", "eos_id", "bos_id"):
+        if getattr(tok, key) != field(key):
+            raise TokenizerError(
+                f"tokenizer {spec}: {key} mismatch (manifest {field(key)}, loaded {getattr(tok, key)})"
+            )
+    return tok
