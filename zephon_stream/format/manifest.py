@@ -413,6 +413,29 @@ class Manifest:
         shard, local = self.block_location(block_id)
         return int(self.shard_token_offsets[shard]) + local * self.block_tokens
 
+    def summary(self) -> dict[str, Any]:
+        """Headline figures as plain JSON-ready values (what ``inspect --json`` prints)."""
+        raw_bytes = self.num_tokens * self.np_dtype.itemsize
+        return {
+            "format": FORMAT_NAME,
+            "version": f"{self.version[0]}.{self.version[1]}",
+            "num_shards": self.num_shards,
+            "num_blocks": self.num_blocks,
+            "num_tokens": self.num_tokens,
+            "num_documents": self.num_documents,
+            "num_rejected": self.num_rejected,
+            "num_sources": len(self.sources),
+            "compressed_bytes": self.compressed_bytes,
+            "raw_bytes": raw_bytes,
+            "compression_ratio": raw_bytes / self.compressed_bytes if self.compressed_bytes else None,
+            "bytes_per_token": self.compressed_bytes / self.num_tokens if self.num_tokens else None,
+            "dtype": self.dtype,
+            "block_tokens": self.block_tokens,
+            "blocks_per_shard": self.blocks_per_shard,
+            "fingerprint": self.fingerprint,
+            "tokenizer": self.tokenizer.to_obj(),
+        }
+
     def block_where(self, block_id: int) -> str:
         """Names a block for error messages: ``shard shards/00000003.zst block 7 (bytes 123..456)``."""
         shard, local = self.block_location(block_id)
