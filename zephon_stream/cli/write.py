@@ -58,10 +58,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from zephon_stream.storage import parse_storage_options
     from zephon_stream.writer.api import write_dataset
+    from zephon_stream.writer.distributed import assign_rank_work
 
+    inputs, output = args.inputs, args.output
+    # NOTE: under a launcher (RANK/WORLD_SIZE, Slurm) each rank writes its share as OUTPUT/part-*; see `merge`.
+    share = assign_rank_work(inputs, output, storage_options=parse_storage_options(args.storage_option) or None)
+    if share is not None:
+        inputs, output = share.inputs, share.output
+        print(f"rank {share.rank.rank} of {share.rank.world_size}: {len(inputs)} of {share.num_inputs_total} inputs -> {output}", file=sys.stderr)
     summary = write_dataset(
-        args.inputs,
-        args.output,
+        inputs,
+        output,
         tokenizer=args.tokenizer,
         text_field=args.text_field,
         lines=args.lines,
