@@ -161,8 +161,8 @@ def write_small_dataset(
 
 @pytest.fixture(scope="session")
 def small_dataset(stdlib_corpus: StdlibCorpus, tmp_path_factory: pytest.TempPathFactory) -> WrittenDataset:
-    """40 corpus files (~450 kB) written with the ``bytes`` tokenizer,
-    block_tokens 4097 and 4 blocks a shard: about 110 blocks in 28 shards."""
+    """40 corpus files (~310 kB) written with the ``bytes`` tokenizer,
+    block_tokens 4097 and 4 blocks a shard: about 77 blocks in 20 shards."""
     return write_small_dataset(stdlib_corpus, tmp_path_factory.mktemp("small_dataset"), "bytes")
 
 
