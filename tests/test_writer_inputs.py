@@ -79,13 +79,13 @@ def test_every_reject_reason_is_listed_with_its_place(tmp_path):
     assert len(got) == 11 and got[0] == (0, "fine") and got[10] == (10, "fine")
     reasons = {r: item.reason for r, item in got if isinstance(item, Reject)}
     assert reasons == {
-        1: "invalid_utf8",
+        1: "undecodable",
         2: "empty",
         3: "missing_field",
         4: "not_string",
         5: "bad_json",
         6: "bad_json",
-        7: "invalid_utf8",
+        7: "undecodable",
         8: "missing_field",
         9: "bad_json",
     }
@@ -95,7 +95,7 @@ def test_every_reject_reason_is_listed_with_its_place(tmp_path):
 
     summary = write_dataset(str(path), str(tmp_path / "out"), tokenizer="bytes", block_tokens=64, progress=False)
     assert summary.records_in == 11 and summary.records_written == 2
-    assert summary.rejected == {"bad_json": 3, "empty": 1, "invalid_utf8": 2, "missing_field": 2, "not_string": 1}
+    assert summary.rejected == {"bad_json": 3, "empty": 1, "undecodable": 2, "missing_field": 2, "not_string": 1}
     listed = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert [(r["source"], r["record"], r["reason"]) for r in listed] == [
         (str(path), rec, reason) for rec, reason in sorted(reasons.items())
@@ -111,7 +111,7 @@ def test_invalid_utf8_in_a_whole_text_file_is_rejected_with_offset_not_replaced(
     assert (summary.records_in, summary.records_written) == (3, 1)
     listed = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert listed == [
-        {"source": str(tmp_path / "b.txt"), "record": 0, "reason": "invalid_utf8", "detail": "invalid UTF-8 at byte 3"},
+        {"source": str(tmp_path / "b.txt"), "record": 0, "reason": "undecodable", "detail": "invalid UTF-8 at byte 3"},
         {"source": str(tmp_path / "c.txt"), "record": 0, "reason": "empty", "detail": "empty text"},
     ]
 

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 from zephon_stream.errors import InputError
 from zephon_stream.storage import open_input
 
-REJECT_REASONS = ("empty", "invalid_utf8", "missing_field", "not_string", "bad_json")
+REJECT_REASONS = ("empty", "undecodable", "missing_field", "not_string", "bad_json")
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".py")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
@@ -179,7 +179,7 @@ class SourceReader:
             try:
                 decoded = line.decode("utf-8")
             except UnicodeDecodeError as exc:
-                yield number, self._reject(number, "invalid_utf8", f"invalid UTF-8 at byte {offset + exc.start}")
+                yield number, self._reject(number, "undecodable", f"invalid UTF-8 at byte {offset + exc.start}")
                 continue
             try:
                 obj = json.loads(decoded)
@@ -242,7 +242,7 @@ class SourceReader:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             where = f"byte {offset + exc.start}" if offset is not None else f"byte {exc.start} of the value"
-            return self._reject(record, "invalid_utf8", f"invalid UTF-8 at {where}")
+            return self._reject(record, "undecodable", f"invalid UTF-8 at {where}")
         if not text:
             return self._reject(record, "empty", "empty text")
         return text
@@ -264,7 +264,7 @@ class SourceReader:
             except UnicodeEncodeError as exc:
                 where = f"line byte {offset}" if offset is not None else "the value"
                 return self._reject(
-                    record, "invalid_utf8", f"lone surrogate at character {exc.start} of the text (record at {where})"
+                    record, "undecodable", f"lone surrogate at character {exc.start} of the text (record at {where})"
                 )
         return value
 
