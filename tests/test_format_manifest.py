@@ -228,7 +228,7 @@ def test_fuzz_random_bytes_only_raise_manifest_errors(data: bytes) -> None:
 VALID = merged_manifest().to_bytes()
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)), min_size=1, max_size=8),
        st.integers(0, len(VALID)))
 def test_fuzz_mutated_manifests_only_raise_format_errors(edits: list[tuple[int, int]], cut: int) -> None:

@@ -142,3 +142,16 @@ def test_format_imports_without_torch_or_fsspec() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_writer_output_round_trips_through_the_document_index(small_bpe_dataset) -> None:
+    with DatasetReader.open(small_bpe_dataset.url) as reader:
+        m = reader.manifest
+        spans = reader.documents(0, m.num_tokens)
+        assert len(spans) == m.num_documents == len(small_bpe_dataset.texts)
+        tok = reader.tokenizer()
+        for span, text in zip(spans, small_bpe_dataset.texts):
+            tokens = reader.document_tokens(span)
+            assert int(tokens[-1]) == m.tokenizer.eos_id
+            assert tokens[:-1].tolist() == tok.encode_batch([text])[0]
+            assert reader.decode_text(tokens[:-1]) == text

@@ -99,3 +99,12 @@ def test_verify_over_s3_in_a_subprocess(tmp_path: Path, s3_bucket, s3_url) -> No
     assert result.returncode == 1, result.stderr
     assert f"MISSING: shard {manifest.shards[1].path}" in result.stdout
     assert "FAILED: 1 problem(s)" in result.stdout
+
+
+def test_dataset_written_by_the_writer_verifies(small_bpe_dataset, capsys) -> None:
+    assert main(["verify", small_bpe_dataset.url]) == 0
+    assert "OK" in capsys.readouterr().out
+    with DatasetReader.open(small_bpe_dataset.url) as reader:
+        report = verify_dataset(reader)
+        assert report.num_blocks_checked == reader.manifest.num_blocks
+        assert report.bytes_checked == reader.manifest.compressed_bytes
