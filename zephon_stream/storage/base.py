@@ -80,7 +80,7 @@ class Store(abc.ABC):
     def __init__(self, *, url: str, retry: RetryPolicy | None, secrets: Sequence[str] = ()) -> None:
         self._url = url.rstrip("/")
         self._retry = retry or RetryPolicy()
-        self._secrets = tuple(secrets)
+        self._secrets = tuple(sorted({s for s in secrets if s}, key=len, reverse=True))
         self._stats = StoreStats()
         self._url = self.scrub(self._url)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -107,7 +108,9 @@ class FsspecStore(Store):
         self._raw_url = url
         self._options = dict(storage_options or {})
         self._protocol = get_protocol(url)
-        super().__init__(url=redact_url(url), retry=policy, secrets=secret_values(self._options))
+        userinfo = urllib.parse.urlsplit(url).netloc.rpartition("@")[0]
+        secrets = [*secret_values(self._options), *(part for part in userinfo.split(":") if part)]
+        super().__init__(url=redact_url(url), retry=policy, secrets=secrets)
         self._fs_lock = threading.Lock()
         self._fs: Any = None
         self._fs_pid = -1

@@ -169,6 +169,19 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def describe_error(exc: BaseException) -> str:
+    """``Type: message``, plus the HTTP status and S3 error code when a response is known."""
+    text = f"{type(exc).__name__}: {exc}"
+    for item in _chain(exc):
+        response = getattr(item, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = response.get("Error", {}).get("Code")
+            if status or code:
+                return f"{text} [HTTP {status} {code}]"
+    return text
+
+
 def call_with_retry(
     attempt: Callable[[], T],
     *,
@@ -201,7 +214,7 @@ def call_with_retry(
         except ZephonError:
             raise
         except Exception as exc:  # noqa: BLE001 - classified below
-            detail = scrub(f"{type(exc).__name__}: {exc}")
+            detail = scrub(describe_error(exc))
             if is_missing(exc):
                 raise ObjectMissingError(f"{what}: object not found ({detail})") from None
             if not is_transient(exc):

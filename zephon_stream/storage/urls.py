@@ -12,6 +12,7 @@ from zephon_stream.storage.base import Store, check_relative_path
 from zephon_stream.storage.retry import RetryPolicy
 
 _SCHEME = re.compile(r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*)://")
+_OPTION_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 def is_local_url(url: str | os.PathLike[str]) -> bool:
@@ -86,12 +87,16 @@ def parse_storage_options(items: Iterable[str]) -> dict[str, Any]:
         ConfigError: an item without ``=`` or with an empty key.
     """
     options: dict[str, Any] = {}
-    for item in items:
+    for number, item in enumerate(items, start=1):
         key, sep, value = item.partition("=")
         key = key.strip()
-        if not sep or not key or any(not part for part in key.split(".")):
-            # NOTE: only the key is quoted; the value may be a secret.
-            raise ConfigError(f"storage option {key!r}: expected KEY=VALUE")
+        if not sep:
+            # NOTE: the item is not quoted: without "=" it may be a bare secret.
+            raise ConfigError(f"storage option #{number}: expected KEY=VALUE (no '=' found)")
+        if not _OPTION_KEY.match(key):
+            raise ConfigError(
+                f"storage option #{number}: expected KEY=VALUE with KEY made of letters, digits, '_' and '.'"
+            )
         target = options
         *parents, leaf = key.split(".")
         for part in parents:
