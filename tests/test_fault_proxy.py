@@ -1,0 +1,203 @@
+"""The fault proxy and the embedded S3 server that the storage tests stand on:
+they must forward faithfully, inject exactly what they are told, and be
+restartable on the same port."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.fault_proxy import FaultProxy
+from zephon_stream.storage import open_store
+from zephon_stream.storage.embedded_s3 import EmbeddedS3
+
+REPO = Path(__file__).resolve().parent.parent
+# NOTE: moto refuses anonymous reads of a private bucket but does not verify
+# signatures, so a well-formed (unverified) Authorization header suffices.
+AUTH = "AWS4-HMAC-SHA256 Credential=testing-key-id/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00"
+
+
+def _get(endpoint: str, path: str, headers: dict[str, str] | None = None, method: str = "GET"):
+    host, port = endpoint.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request(method, path, headers={"Authorization": AUTH, **(headers or {})})
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def stored(s3_bucket):
+    payload = os.urandom(100_000)
+    with open_store(s3_bucket.url("p"), s3_bucket.storage_options) as store:
+        store.write_atomic("obj.bin", payload)
+    return f"/{s3_bucket.bucket}/p/obj.bin", payload
+
+
+def test_proxy_forwards_range_requests_and_headers_faithfully(s3_bucket, fault_proxy, stored):
+    path, payload = stored
+    proxy = fault_proxy()
+    direct = _get(s3_bucket.endpoint_url, path, {"Range": "bytes=1000-1999"})
+    proxied = _get(proxy.endpoint_url, path, {"Range": "bytes=1000-1999"})
+    assert proxied[0] == direct[0] == 206
+    assert proxied[2] == direct[2] == payload[1000:2000]
+    volatile = {"date", "x-amzn-requestid", "connection", "server"}
+    assert {k: v for k, v in proxied[1].items() if k not in volatile} == {
+        k: v for k, v in direct[1].items() if k not in volatile}
+    assert proxied[1]["content-range"] == f"bytes 1000-1999/{len(payload)}"
+    head = _get(proxy.endpoint_url, path, method="HEAD")
+    assert head[0] == 200 and head[1]["content-length"] == str(len(payload)) and head[2] == b""
+
+
+def test_signed_requests_through_the_proxy_reach_the_server(s3_bucket, fault_proxy, stored):
+    _, payload = stored
+    proxy = fault_proxy()
+    with open_store(s3_bucket.url("p"), s3_bucket.options_via(proxy.endpoint_url)) as store:
+        assert store.read_range("obj.bin", 5, 500) == payload[5:500]
+        store.write_atomic("put-through-proxy", b"abc")
+        assert store.list() == ["obj.bin", "put-through-proxy"]
+    assert proxy.counts()["requests"] >= 3
+
+
+def test_same_seed_injects_the_same_faults(fault_proxy, stored):
+    path, _ = stored
+    rates = {"error_500": 0.2, "error_503": 0.2}
+    outcomes = []
+    for _ in range(2):
+        proxy = fault_proxy(rates=rates, seed=42)
+        outcomes.append([_get(proxy.endpoint_url, path)[0] for _ in range(30)])
+        counts = proxy.counts()
+        assert counts["requests"] == 30
+        assert counts["error_500"] == outcomes[-1].count(500) and counts["error_503"] == outcomes[-1].count(503)
+        proxy.stop()
+    assert outcomes[0] == outcomes[1]
+    assert {500, 503, 200} <= set(outcomes[0])
+
+
+def test_truncated_body_sends_fewer_bytes_than_content_length(fault_proxy, stored):
+    path, payload = stored
+    proxy = fault_proxy(rates={"truncate": 1.0})
+    with pytest.raises(http.client.IncompleteRead) as info:
+        _get(proxy.endpoint_url, path)
+    assert len(info.value.partial) == len(payload) // 2
+    assert proxy.counts()["truncate"] == 1
+
+
+def test_reset_drops_the_connection(fault_proxy, stored):
+    path, _ = stored
+    proxy = fault_proxy(rates={"reset": 1.0})
+    with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
+        _get(proxy.endpoint_url, path)
+    assert proxy.counts()["reset"] == 1
+
+
+def test_latency_stall_and_slow_body_delay_but_deliver(fault_proxy, stored):
+    path, payload = stored
+    for kwargs, minimum_s in (({"latency_s": 0.05}, 0.05), ({"rates": {"stall": 1.0}, "stall_s": 0.3}, 0.3),
+                              ({"rates": {"slow_body": 1.0}, "slow_body_s": 0.3}, 0.25)):
+        proxy = fault_proxy(**kwargs)
+        started = time.monotonic()
+        status, _, body = _get(proxy.endpoint_url, path)
+        assert status == 200 and body == payload
+        assert time.monotonic() - started >= minimum_s
+        proxy.stop()
+
+
+def test_stopped_proxy_refuses_connections_and_restarts_on_the_same_port(fault_proxy, stored):
+    path, payload = stored
+    proxy = fault_proxy()
+    port = proxy.port
+    assert _get(proxy.endpoint_url, path)[2] == payload
+    proxy.stop()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    proxy.start()
+    assert proxy.port == port
+    assert _get(proxy.endpoint_url, path)[2] == payload
+
+
+def test_bad_rates_are_refused(s3_server):
+    with pytest.raises(ValueError, match="unknown"):
+        FaultProxy(upstream=s3_server.endpoint_url, rates={"explode": 0.1})
+    with pytest.raises(ValueError, match="sum"):
+        FaultProxy(upstream=s3_server.endpoint_url, rates={"reset": 0.7, "stall": 0.7})
+
+
+def test_proxy_script_runs_and_reports_counts(s3_server, stored):
+    path, payload = stored
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "tools" / "fault_proxy.py"), "--upstream", s3_server.endpoint_url,
+         "--port", str(port), "--rate", "error_503=0.5", "--seed", "1"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    try:
+        assert "fault proxy" in process.stdout.readline()
+        statuses = [_get(f"http://127.0.0.1:{port}", path)[0] for _ in range(10)]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=30)
+    counts = json.loads(out.strip().splitlines()[-1])
+    assert counts["requests"] == 10 and counts["error_503"] == statuses.count(503) > 0
+
+
+def test_embedded_s3_moves_off_a_taken_port(caplog):
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        taken = blocker.getsockname()[1]
+        with caplog.at_level(logging.WARNING, logger="zephon_stream.storage"):
+            with EmbeddedS3(port=taken) as server:
+                assert server.port != taken
+                assert server.create_bucket("moved-port") == "s3://moved-port"
+    assert f"port {taken}" in caplog.text and "in use" in caplog.text
+
+
+@pytest.mark.slow
+def test_embedded_s3_in_a_subprocess_serves_other_processes():
+    with EmbeddedS3(subprocess=True) as server:
+        server.create_bucket("sub-bucket")
+        code = (
+            "from zephon_stream.storage import open_store\n"
+            "s = open_store('s3://sub-bucket/x')\n"
+            "s.write_atomic('hello', b'from a child')\n"
+            "print(s.read('hello').decode())\n"
+        )
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, **server.env()})
+        assert result.stdout.strip() == "from a child", result.stderr
+        with open_store("s3://sub-bucket/x", server.storage_options()) as store:
+            assert store.read("hello") == b"from a child"
+    assert server.port == 0
+
+
+def test_s3_server_script_prints_its_endpoint_and_creates_buckets():
+    process = subprocess.Popen([sys.executable, str(REPO / "tools" / "s3_server.py"), "--bucket", "made-by-script"],
+                               stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        first = process.stdout.readline()
+        assert "S3 server on http://127.0.0.1:" in first
+        env = dict(line.removeprefix("export ").strip().split("=", 1) for line in
+                   (process.stdout.readline() for _ in range(5)))
+        with open_store("s3://made-by-script/x", {"endpoint_url": env["AWS_ENDPOINT_URL"], "key": "k",
+                                                  "secret": "s"}) as store:
+            store.write_atomic("ok", b"1")
+            assert store.list() == ["ok"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=30)
+    assert "stopped" in out
