@@ -107,3 +107,25 @@ def test_lookup_range_outside_the_dataset_is_an_index_error(tmp_path: Path) -> N
         locator.documents(0, manifest.num_tokens + 1)
     with pytest.raises(IndexError):
         locator.documents(5, 5)
+
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+VALID_INDEX = DocIndex.build(doc_starts=[0, 9, 40], doc_source=[0, 1, 0], doc_record=[0, 3, 1], sources=["a", "b"]).to_bytes()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, len(VALID_INDEX) - 1), st.integers(0, 255)), max_size=6),
+       st.integers(0, len(VALID_INDEX)), st.binary(max_size=64))
+def test_fuzz_docindex_only_raises_format_errors(edits, cut: int, junk: bytes) -> None:
+    data = bytearray(VALID_INDEX)
+    for at, value in edits:
+        data[at] = value
+    for candidate in (bytes(data), bytes(data[:cut]), junk):
+        try:
+            index = DocIndex.from_bytes(candidate, where="fuzz", shard_num_tokens=100)
+        except FormatError:
+            continue
+        assert index.num_documents == len(index.doc_source) == len(index.doc_record)
+        assert all(int(s) < 100 for s in index.doc_starts)

@@ -17,6 +17,7 @@ MAX_PATH_CHARS = 4096
 MAX_UINT64 = 2**64 - 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def unpack_map(data: bytes, *, where: str, error: type[FormatError] = ManifestError) -> dict[str, Any]:
@@ -138,7 +139,7 @@ def check_relative_path(path: Any, *, field: str, where: str) -> str:
         reason = "has a scheme or drive (':' is not allowed)"
     elif "\\" in path:
         reason = "contains a backslash"
-    elif any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+    elif _CONTROL.search(path):
         reason = "contains a control character"
     else:
         for part in path.split("/"):
