@@ -1,0 +1,271 @@
+"""StreamingLoader in one process: rows equal the tokens at their plan address,
+several ranks cover what one rank does, resume is exact, mixtures are exact,
+bad configs and bad blocks are refused, and close() leaves nothing running."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from loader_reference import DirectReader, reference_positions, run_step_hashes
+from zephon_stream import Stream, StreamingLoader
+from zephon_stream.errors import ConfigError, CorruptBlockError, ObjectMissingError, StateMismatchError
+
+SEQ_LEN = 256  # 4097-token blocks hold 16 samples
+
+
+def loader_for(url, **kwargs):
+    kwargs.setdefault("seq_len", SEQ_LEN)
+    kwargs.setdefault("local_batch_size", 8)
+    kwargs.setdefault("num_fetch_threads", 2)
+    return StreamingLoader(url, **kwargs)
+
+
+def open_fds():
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_every_row_is_the_sample_at_its_plan_address(small_dataset):
+    reader = DirectReader([small_dataset.url])
+    eos = small_dataset.manifest.tokenizer.eos_id
+    with loader_for(small_dataset.url, local_batch_size=4, world_size=2, rank=1, seed=3) as loader:
+        for step, batch in zip(range(40), loader):
+            assert {k: (v.dtype, tuple(v.shape)) for k, v in batch.items()} == {
+                "input": (torch.int64, (4, SEQ_LEN)),
+                "labels": (torch.int64, (4, SEQ_LEN)),
+                "positions": (torch.int64, (4, SEQ_LEN)),
+                "sample_positions": (torch.int64, (4,)),
+            }
+            piece = loader.order.rank_slice(step * 8, 8, 2, 1)
+            np.testing.assert_array_equal(batch["sample_positions"].numpy(), piece.positions)
+            for row in range(4):
+                tokens = reader.sample(int(piece.stream[row]), int(piece.block[row]), int(piece.sample[row]), SEQ_LEN)
+                np.testing.assert_array_equal(batch["input"][row].numpy(), tokens[:-1])
+                np.testing.assert_array_equal(batch["labels"][row].numpy(), tokens[1:])
+            np.testing.assert_array_equal(batch["positions"].numpy(), reference_positions(batch["input"].numpy(), eos))
+        assert loader.state_dict()["position"] == 40 * 8
+    reader.close()
+
+
+def test_ranks_driven_from_one_process_cover_the_single_rank_run(small_dataset):
+    with loader_for(small_dataset.url, local_batch_size=12) as single:
+        expected = run_step_hashes([single], 30)
+    for world in (2, 3, 4):
+        loaders = [loader_for(small_dataset.url, local_batch_size=12 // world, world_size=world, rank=r)
+                   for r in range(world)]
+        try:
+            assert run_step_hashes(loaders, 30) == expected, f"world size {world}"
+        finally:
+            for loader in loaders:
+                loader.close()
+
+
+def resume_points(small_dataset):
+    """Cursors (in steps of B = 8) at mid-block, mid-shard and an epoch boundary."""
+    with loader_for(small_dataset.url) as probe:
+        plan = probe.order.streams[0]
+        manifest = small_dataset.manifest
+        mid_block = plan.samples_per_block // 2 + 1
+        piece = probe.order.rank_slice(mid_block * 8, 8, 1, 0)
+        assert (piece.sample > 0).all()
+        # NOTE: a step whose first row is inside a block that is not the first of its shard.
+        mid_shard = next(
+            k for k in range(mid_block, 400)
+            if manifest.block_location(int(probe.order.rank_slice(k * 8, 8, 1, 0).block[0]))[1] > 0
+            and probe.order.rank_slice(k * 8, 8, 1, 0).sample[0] > 0
+        )
+        epoch = plan.lane_length  # with lanes = B, step m starts epoch 1
+        return {"mid_block": mid_block, "mid_shard": mid_shard, "epoch": epoch}
+
+
+def test_resume_at_mid_block_mid_shard_and_epoch_boundary_is_exact(small_dataset):
+    points = resume_points(small_dataset)
+    last = max(points.values()) + 6
+    with loader_for(small_dataset.url, seed=11) as loader:
+        full = run_step_hashes([loader], last)
+        progress = loader.progress()
+    assert progress[0]["epoch"] >= 1
+    for name, step in points.items():
+        with loader_for(small_dataset.url, seed=11) as first:
+            run_step_hashes([first], step)
+            state = first.state_dict()
+        assert state["position"] == step * 8
+        # resume at another world size with the same global batch
+        resumed = [loader_for(small_dataset.url, seed=11, local_batch_size=4, world_size=2, rank=r) for r in range(2)]
+        try:
+            for loader in resumed:
+                loader.load_state_dict(state)
+            assert run_step_hashes(resumed, last - step) == full[step:], name
+        finally:
+            for loader in resumed:
+                loader.close()
+
+
+def test_load_state_dict_refuses_another_config_naming_each_field(small_dataset, small_bpe_dataset):
+    with loader_for(small_dataset.url, seed=1) as loader:
+        state = loader.state_dict()
+    with loader_for(small_bpe_dataset.url, seed=2, seq_len=128, lanes=8) as other:
+        with pytest.raises(StateMismatchError) as info:
+            other.load_state_dict(state)
+    message = str(info.value)
+    assert "dataset fingerprints" in message and "seed: checkpoint has 1, this loader has 2" in message
+    assert "seq_len: checkpoint has 256, this loader has 128" in message
+
+
+def test_state_keeps_the_first_lanes_when_the_global_batch_changes(small_dataset):
+    with loader_for(small_dataset.url) as loader:  # B = C = 8
+        run_step_hashes([loader], 5)
+        state = loader.state_dict()
+        continued = [next(loader) for _ in range(2)]
+    with loader_for(small_dataset.url, local_batch_size=4) as half:  # B = 4, lanes from the state
+        half.load_state_dict(state)
+        assert half.lanes == 8
+        rows = [next(half) for _ in range(4)]
+    got = np.concatenate([b["sample_positions"].numpy() for b in rows])
+    want = np.concatenate([b["sample_positions"].numpy() for b in continued])
+    np.testing.assert_array_equal(np.sort(got), np.sort(want))
+    got_inputs = {int(p): r.tobytes() for b in rows for p, r in zip(b["sample_positions"], b["input"].numpy())}
+    for b in continued:
+        for p, r in zip(b["sample_positions"], b["input"].numpy()):
+            assert got_inputs[int(p)] == r.tobytes()
+
+
+def test_two_weighted_streams_have_exact_proportions_and_progress(small_dataset, small_bpe_dataset):
+    streams = [Stream(small_bpe_dataset.url, weight=3), Stream(small_dataset.url, weight=1)]
+    reader = DirectReader([small_bpe_dataset.url, small_dataset.url])
+    with StreamingLoader(streams, seq_len=128, local_batch_size=8, num_fetch_threads=2) as loader:
+        plans = loader.order.streams
+        assert [p.lanes for p in plans] == [6, 2]
+        steps = plans[0].lane_length + 3  # stream 0 rolls into its second epoch, stream 1 does not
+        assert plans[1].lane_length > steps
+        for step, batch in zip(range(steps), loader):
+            stream, block, sample = loader.order.sample_at(batch["sample_positions"].numpy())
+            assert np.bincount(stream, minlength=2).tolist() == [6, 2]
+            if step % 7 == 0 or step == steps - 1:
+                for row in range(8):
+                    tokens = reader.sample(int(stream[row]), int(block[row]), int(sample[row]), 128)
+                    np.testing.assert_array_equal(batch["input"][row].numpy(), tokens[:-1])
+        progress = loader.progress()
+        assert [p["samples"] for p in progress] == [6 * steps, 2 * steps]
+        assert [p["epoch"] for p in progress] == [1, 0]
+        state = loader.state_dict()
+        assert state["weights"] == ["3", "1"] and state["lane_counts"] == [6, 2]
+        assert state["position"] == 8 * steps
+    reader.close()
+
+
+def test_max_steps_ends_the_run_and_counts_from_the_cursor(small_dataset):
+    with loader_for(small_dataset.url, max_steps=5) as loader:
+        assert len(list(loader)) == 5
+        state = loader.state_dict()
+    with loader_for(small_dataset.url, max_steps=5) as again:
+        next(again), next(again)
+        again.load_state_dict({**state, "position": 2 * 8})
+        assert len(list(again)) == 3
+
+
+def test_memory_bound_is_computed_and_a_config_over_the_cap_is_refused(small_dataset):
+    with loader_for(small_dataset.url) as loader:
+        bound = loader.memory_bound
+        assert loader.memory_bound_bytes == bound.total_bytes > 0
+        assert bound.block_bytes == 4097 * 1 * 2 or bound.block_bytes == 4097  # uint16 tokens
+    with pytest.raises(ConfigError, match="memory bound .* exceeds max_memory_bytes=100000.*prefetch_steps"):
+        loader_for(small_dataset.url, max_memory_bytes=100_000)
+    with loader_for(small_dataset.url, max_memory_bytes=bound.total_bytes) as fits:
+        next(fits)
+
+
+def test_close_stops_every_thread_and_releases_file_handles(small_dataset):
+    threads, fds = threading.active_count(), open_fds()
+    loader = loader_for(small_dataset.url, num_fetch_threads=3, num_decode_threads=2)
+    for _ in zip(range(10), loader):
+        pass
+    assert threading.active_count() >= threads + 6
+    loader.close()
+    loader.close()
+    assert threading.active_count() == threads
+    assert open_fds() == fds
+    with pytest.raises(RuntimeError, match="closed"):
+        next(loader)
+
+
+def test_stats_count_fetches_decodes_hits_and_stalls(small_dataset):
+    with loader_for(small_dataset.url, prefetch_steps=2) as loader:
+        for _ in zip(range(20), loader):
+            pass
+        stats = loader.stats()
+    assert stats["steps"] == 20 and stats["samples"] == 160
+    assert stats["blocks_fetched"] == stats["blocks_decoded"] == stats["cache_misses"] > 0
+    assert stats["bytes_fetched"] > 0 and stats["cache_hits"] > 0 and stats["retries"] == 0
+    assert stats["stall_s"] >= 0 and stats["stall_s_per_step"] == pytest.approx(stats["stall_s"] / 20)
+
+
+def copy_dataset(src, dst):
+    shutil.copytree(src, dst)
+    return str(dst)
+
+
+def test_a_corrupt_block_is_named_in_the_consumer_and_never_returned(small_dataset, tmp_path):
+    url = copy_dataset(small_dataset.url, tmp_path / "data")
+    reader = DirectReader([small_dataset.url])
+    with loader_for(url) as probe:
+        blocks = [set(probe.order.rank_slice(k * 8, 8, 1, 0).block.tolist()) for k in range(200)]
+    # NOTE: the first step after the first few that needs a block no earlier step read.
+    first_bad = next(k for k in range(5, 200) if blocks[k] - set().union(*blocks[:k]))
+    target = min(blocks[first_bad] - set().union(*blocks[:first_bad]))
+    path, start, end = small_dataset.manifest.block_byte_range(target)
+    shard, in_shard = small_dataset.manifest.block_location(target)
+    raw = bytearray((tmp_path / "data" / path).read_bytes())
+    raw[(start + end) // 2] ^= 0x55
+    (tmp_path / "data" / path).write_bytes(bytes(raw))
+    delivered = 0
+    with loader_for(url) as loader:
+        with pytest.raises(CorruptBlockError) as info:
+            for batch in loader:
+                stream, block, sample = loader.order.sample_at(batch["sample_positions"].numpy())
+                assert target not in block.tolist()
+                for row in range(8):
+                    np.testing.assert_array_equal(
+                        batch["input"][row].numpy(), reader.sample(0, int(block[row]), int(sample[row]), SEQ_LEN)[:-1]
+                    )
+                delivered += 1
+        assert loader.state_dict()["position"] == delivered * 8
+    assert delivered == first_bad
+    assert f"{path} block {in_shard}" in str(info.value)
+    reader.close()
+
+
+def test_a_missing_shard_is_named(small_dataset, tmp_path):
+    url = copy_dataset(small_dataset.url, tmp_path / "data")
+    with loader_for(url) as probe:
+        block = int(probe.order.rank_slice(0, 8, 1, 0).block[0])
+    path, _, _ = small_dataset.manifest.block_byte_range(block)
+    os.remove(tmp_path / "data" / path)
+    with loader_for(url) as loader:
+        with pytest.raises(ObjectMissingError, match=path.replace(".", r"\.")):
+            next(loader)
+
+
+def test_dcp_save_and_load_round_trip_in_one_process(small_dataset, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    with loader_for(small_dataset.url, seed=5) as loader:
+        run_step_hashes([loader], 7)
+        dcp.save({"dataloader": loader}, checkpoint_id=str(tmp_path / "ckpt"))
+        expected = run_step_hashes([loader], 3)
+    with loader_for(small_dataset.url, seed=5, local_batch_size=2, world_size=4, rank=0) as fresh:
+        dcp.load({"dataloader": fresh}, checkpoint_id=str(tmp_path / "ckpt"))
+        assert fresh.state_dict()["position"] == 7 * 8
+    resumed = [loader_for(small_dataset.url, seed=5, local_batch_size=2, world_size=4, rank=r) for r in range(4)]
+    try:
+        for loader in resumed:
+            dcp.load({"dataloader": loader}, checkpoint_id=str(tmp_path / "ckpt"))
+        assert run_step_hashes(resumed, 3) == expected
+    finally:
+        for loader in resumed:
+            loader.close()

@@ -1,0 +1,140 @@
+"""One rank's view of the global order: its slices, horizons and memory bound.
+
+Built from the open streams and the order config; rebuilt when a loaded state
+brings other lanes or another window. Everything here is arithmetic on the
+plan: no threads, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from zephon_stream.loader.memory import (
+    MemoryBound,
+    blocks_per_lane,
+    check_memory,
+    compute_memory_bound,
+    period_steps,
+    retention_steps,
+)
+from zephon_stream.loader.planner import Planner
+from zephon_stream.loader.streams import StreamSource
+from zephon_stream.plan import GlobalOrder, OrderConfig, StreamShape, rank_positions
+
+# NOTE: past this many (phase, step) pairs the lanes a rank reads are bounded
+# by the lane count instead of being enumerated.
+_MAX_LANE_SCAN_STEPS = 8192
+
+
+class RankLayout:
+    """The order, this rank's place in it, and what that costs in memory.
+
+    Args:
+        sources: the open streams.
+        seed, seq_len, lanes, window, weights: the order config.
+        global_batch: ``B``.
+        world_size: ``W``.
+        rank: ``r``.
+        fetch_steps: steps whose blocks are fetched ahead of the next step.
+        num_fetch_threads: concurrent reads (compressed bytes in flight).
+        num_decode_threads: concurrent decodes.
+        batch_bytes: bytes of one assembled batch.
+        ring_bytes: pinned host ring bytes (0 on CPU).
+    """
+
+    def __init__(
+        self,
+        *,
+        sources: Sequence[StreamSource],
+        seed: int,
+        seq_len: int,
+        lanes: int,
+        window: int,
+        weights: tuple[float | str, ...],
+        global_batch: int,
+        world_size: int,
+        rank: int,
+        fetch_steps: int,
+        num_fetch_threads: int,
+        num_decode_threads: int,
+        batch_bytes: int,
+        ring_bytes: int,
+    ) -> None:
+        shapes = [
+            StreamShape.from_counts(s.fingerprint, s.manifest.block_tokens, s.block_token_counts) for s in sources
+        ]
+        self.order = GlobalOrder(
+            shapes, OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes, window=window, weights=weights)
+        )
+        self.global_batch = global_batch
+        self.world_size = world_size
+        self.rank = rank
+        self.fetch_steps = fetch_steps
+        streams = self.order.streams
+        self.window = max(p.window for p in streams if p.lanes)
+        self.samples_per_block = max(1, min(p.samples_per_block for p in streams if p.lanes))
+        self.retention_steps = retention_steps(
+            window=self.window, lanes=lanes, global_batch=global_batch, fetch_steps=fetch_steps
+        )
+        self.lanes_read = self._count_lanes_read()
+        self.memory_bound: MemoryBound = compute_memory_bound(
+            lanes_read=self.lanes_read,
+            blocks_per_lane=blocks_per_lane(
+                window=self.window,
+                samples_per_block=self.samples_per_block,
+                lanes=lanes,
+                global_batch=global_batch,
+                fetch_steps=fetch_steps,
+            ),
+            block_bytes=max(s.full_block_bytes for s in sources),
+            max_compressed_block_bytes=max(s.max_compressed_block_bytes for s in sources),
+            num_fetch_threads=num_fetch_threads,
+            num_decode_threads=num_decode_threads,
+            batch_bytes=batch_bytes,
+            prefetch_steps=fetch_steps,
+            ring_bytes=ring_bytes,
+        )
+
+    def _count_lanes_read(self) -> int:
+        """Distinct lanes this rank reads, over every step phase the cursor can take."""
+        lanes, batch = self.order.lanes, self.global_batch
+        period = period_steps(lanes=lanes, global_batch=batch)
+        phases = math.gcd(lanes, batch)
+        rows = batch // self.world_size
+        if period == 1:
+            # NOTE: every step has the same lane pattern; a piece of ``rows``
+            # positions touches at most ``rows`` lanes.
+            return min(lanes, rows)
+        if period * phases > _MAX_LANE_SCAN_STEPS:
+            return min(lanes, rows * self.retention_steps)
+        worst = 0
+        for phase in range(phases):
+            seen: set[int] = set()
+            for step in range(period):
+                positions = rank_positions(phase + step * batch, batch, self.world_size, self.rank, lanes)
+                seen.update((positions % lanes).tolist())
+            worst = max(worst, len(seen))
+        return worst
+
+    def check_memory(self, max_memory_bytes: int | None) -> None:
+        """Raise ConfigError if the bound exceeds ``max_memory_bytes``."""
+        check_memory(self.memory_bound, max_memory_bytes)
+
+    def slice(self, cursor: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """This rank's ``(positions, streams, blocks, samples)`` of the step at ``cursor``."""
+        piece = self.order.rank_slice(cursor, self.global_batch, self.world_size, self.rank)
+        return piece.positions, piece.stream, piece.block, piece.sample
+
+    def planner(self, *, start: int, num_steps: int | None) -> Planner:
+        """A planner for this rank from cursor ``start``."""
+        return Planner(
+            slice_fn=self.slice,
+            start=start,
+            global_batch=self.global_batch,
+            num_steps=num_steps,
+            fetch_steps=self.fetch_steps,
+            retention_steps=self.retention_steps,
+        )
