@@ -85,6 +85,9 @@ def test_block_arithmetic_with_short_shards_from_a_merge() -> None:
         m.block_location(m.num_blocks)
     counts[0] = 0
     assert m.block_token_counts()[0] == 10
+    assert m.block_token_starts.tolist() == [0, 10, 20, 30, 40, 50, 55, 65, 75, 85, 92]
+    with pytest.raises(ValueError):
+        m.block_token_starts[0] = 1
 
 
 def test_uint32_dtype_for_large_vocab() -> None:

@@ -93,7 +93,7 @@ class DatasetReader:
             raise IndexError(f"token range [{token_start}, {token_end}) is outside [0, {m.num_tokens}]")
         if token_start == token_end:
             return np.empty(0, dtype=m.np_dtype)
-        block_starts = np.concatenate([np.zeros(1, np.int64), np.cumsum(m.block_token_counts())])
+        block_starts = m.block_token_starts
         first = int(np.searchsorted(block_starts, token_start, side="right")) - 1
         last = int(np.searchsorted(block_starts, token_end - 1, side="right")) - 1
         pieces = []

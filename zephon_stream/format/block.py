@@ -136,6 +136,8 @@ def decode_block(data: bytes | memoryview, *, num_tokens: int, dtype: np.dtype |
             trailing bytes after the frame.
         TruncatedObjectError: ``data`` ends inside the frame.
     """
+    if num_tokens < 1:
+        raise ValueError(f"{where}: a block holds at least one token, asked to decode {num_tokens}")
     token_type = np.dtype(dtype).newbyteorder("<")
     expected_bytes = num_tokens * token_type.itemsize
     end = frame_end(data, where=where)

@@ -28,6 +28,12 @@ from zephon_stream.format.spec import (
     np_dtype,
 )
 
+def _frozen(array: np.ndarray) -> np.ndarray:
+    # NOTE: cached arrays are shared by every caller; make accidental writes fail.
+    array.flags.writeable = False
+    return array
+
+
 @dataclass(frozen=True, kw_only=True)
 class TokenizerInfo:
     """Identity of the tokenizer that produced the tokens."""
@@ -317,15 +323,15 @@ class Manifest:
 
     @cached_property
     def shard_first_block(self) -> np.ndarray:
-        """Global id of each shard's first block, plus the total at the end (int64)."""
+        """Global id of each shard's first block, plus the total at the end (int64, read-only)."""
         counts = np.fromiter((s.num_blocks for s in self.shards), dtype=np.int64, count=len(self.shards))
-        return np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)])
+        return _frozen(np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)]))
 
     @cached_property
     def shard_token_offsets(self) -> np.ndarray:
-        """Global token offset of each shard's first token, plus the total at the end (int64)."""
+        """Global token offset of each shard's first token, plus the total at the end (int64, read-only)."""
         counts = np.fromiter((s.num_tokens for s in self.shards), dtype=np.int64, count=len(self.shards))
-        return np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)])
+        return _frozen(np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)]))
 
     def block_token_counts(self) -> np.ndarray:
         """Tokens in each block, by global block id (int64; a copy, safe to modify)."""
@@ -341,7 +347,12 @@ class Manifest:
             count=len(self.shards),
         )
         counts[last_blocks] = last_sizes
-        return counts
+        return _frozen(counts)
+
+    @cached_property
+    def block_token_starts(self) -> np.ndarray:
+        """Global token offset of each block, plus ``num_tokens`` at the end (int64, read-only)."""
+        return _frozen(np.concatenate([np.zeros(1, np.int64), np.cumsum(self._block_token_counts)]))
 
     def _check_block_id(self, block_id: int) -> int:
         block_id = int(block_id)
