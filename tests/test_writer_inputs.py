@@ -184,3 +184,23 @@ def test_lines_mode_round_trip_with_record_numbers(tmp_path):
     summary = write_dataset(str(path), out, tokenizer="bytes", lines=True, progress=False)
     assert summary.rejected == {"empty": 1}
     assert documents_of(out) == [(str(path), 0, "first"), (str(path), 1, "second"), (str(path), 3, "fourth")]
+
+
+def test_all_records_rejected_commits_an_empty_dataset(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"")
+    (tmp_path / "b.jsonl").write_text('{"x": 1}\n')
+    out = tmp_path / "out"
+    summary = write_dataset([str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")], str(out), tokenizer="bytes", progress=False)
+    assert (summary.records_in, summary.num_tokens, summary.num_shards) == (2, 0, 0)
+    from zephon_stream import Manifest
+
+    manifest = Manifest.load(str(out))
+    assert manifest.num_rejected == 2 and [s.num_records for s in manifest.sources] == [1, 1]
+    assert len((out / "rejects.jsonl").read_text().splitlines()) == 2
+
+
+def test_progress_bar_reports_bytes_read_when_asked(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("x" * 5000)
+    write_dataset(str(tmp_path / "a.txt"), str(tmp_path / "out"), tokenizer="bytes", progress=True)
+    err = capsys.readouterr().err
+    assert "write:" in err and "100%" in err and "4.88k" in err

@@ -294,6 +294,7 @@ class _Run:
                     self._submit(pool, texts, sources, records, self.bytes_done + reader.bytes_read)
                     texts, sources, records, chars = [], [], [], 0
             self.bytes_done += reader.final_bytes_read
+            self.progress.update(bytes_read=self.bytes_done, tokens=self.builder.num_tokens)
         if texts:
             self._submit(pool, texts, sources, records, self.bytes_done)
         while len(pool):

@@ -16,7 +16,6 @@ one shard being written.
 from __future__ import annotations
 
 import hashlib
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -67,8 +66,8 @@ class ShardBuilder:
         self._max_pending_blocks = 2 * layout.compress_threads + 2
         self._block = np.empty(layout.block_tokens, dtype=layout.dtype)
         self._block_fill = 0
-        self._frames: deque[Future[bytes] | bytes] = deque()
-        self._num_frames = 0
+        self._frames: list[Future[bytes] | bytes] = []
+        self._first_unresolved = 0
         self._shard_start = 0  # global token offset of the shard being filled
         self._tokens_total = 0
         self._doc_starts: list[np.ndarray] = []
@@ -112,7 +111,7 @@ class ShardBuilder:
         try:
             if self._block_fill:
                 self._seal_block()
-            if self._num_frames:
+            if self._frames:
                 self._seal_shard()
             self._wait_upload()
         finally:
@@ -129,28 +128,27 @@ class ShardBuilder:
     def _seal_block(self) -> None:
         block = self._block[: self._block_fill]
         self._frames.append(self._compress.submit(encode_block, block, level=self._layout.zstd_level))
-        self._num_frames += 1
         self._block = np.empty(self._layout.block_tokens, dtype=self._layout.dtype)
         self._block_fill = 0
-        # NOTE: keep at most a few raw blocks alive: resolve the oldest futures.
-        pending = [f for f in self._frames if isinstance(f, Future)]
-        if len(pending) > self._max_pending_blocks:
-            self._resolve_frames(len(pending) - self._max_pending_blocks)
-        if self._num_frames == self._layout.blocks_per_shard:
+        # NOTE: keep at most a few raw blocks alive: wait for the oldest frames.
+        while len(self._frames) - self._first_unresolved > self._max_pending_blocks:
+            self._resolve_next()
+        if len(self._frames) == self._layout.blocks_per_shard:
             self._seal_shard()
 
-    def _resolve_frames(self, count: int) -> None:
-        for i, frame in enumerate(self._frames):
-            if count == 0:
-                break
-            if isinstance(frame, Future):
-                self._frames[i] = frame.result()
-                count -= 1
+    def _resolve_next(self) -> None:
+        frame = self._frames[self._first_unresolved]
+        assert isinstance(frame, Future)
+        self._frames[self._first_unresolved] = frame.result()
+        self._first_unresolved += 1
 
     def _seal_shard(self) -> None:
-        frames = [f.result() if isinstance(f, Future) else f for f in self._frames]
-        self._frames.clear()
-        self._num_frames = 0
+        while self._first_unresolved < len(self._frames):
+            self._resolve_next()
+        frames = [f for f in self._frames if isinstance(f, bytes)]
+        assert len(frames) == len(self._frames)
+        self._frames = []
+        self._first_unresolved = 0
         shard_index = len(self.shards)
         shard_tokens = self._tokens_total - self._shard_start
         offsets = np.concatenate([np.zeros(1, np.int64), np.cumsum([len(f) for f in frames])])
