@@ -334,8 +334,8 @@ class Manifest:
         return _frozen(np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)]))
 
     def block_token_counts(self) -> np.ndarray:
-        """Tokens in each block, by global block id (int64; a copy, safe to modify)."""
-        return self._block_token_counts.copy()
+        """Tokens in each block, by global block id (int64, read-only, cached: no copy per call)."""
+        return self._block_token_counts
 
     @cached_property
     def _block_token_counts(self) -> np.ndarray:
