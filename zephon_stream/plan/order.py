@@ -17,9 +17,9 @@ from zephon_stream.plan.permutation import (
     TAG_BLOCKS,
     TAG_WINDOW,
     derive_key,
+    KeyedPermutation,
     derive_key_int,
     permute,
-    permute_int,
 )
 from zephon_stream.plan.shape import StreamShape
 from zephon_stream.plan.slicing import BlockPlan, RankSlice, blocks_for, rank_slice
@@ -100,7 +100,10 @@ class GlobalOrder:
             np.concatenate([[0], np.cumsum(p.shape.short_block_samples(config.seq_len))]).tolist()
             for p in self.streams
         ]
-        self._window_key_cached = functools.lru_cache(maxsize=_KEY_CACHE)(self._window_key)
+        self._window_permutation_cached = functools.lru_cache(maxsize=_KEY_CACHE)(
+            self._window_permutation
+        )
+        self._block_permutation_cached = functools.lru_cache(maxsize=64)(self._block_permutation)
         self._block_of_slot = functools.lru_cache(maxsize=_BLOCK_CACHE)(self._compute_block)
 
     def _plan_stream(self, s: int) -> StreamPlan:
@@ -152,13 +155,18 @@ class GlobalOrder:
 
     # -- the small path: Python ints, cached window keys and block slots --
 
-    def _window_key(self, s: int, epoch: int, lane: int, window: int) -> int:
-        return derive_key_int(TAG_WINDOW, self.config.seed, s, epoch, lane, window)
+    def _window_permutation(self, s: int, epoch: int, lane: int, window: int) -> KeyedPermutation:
+        plan = self.streams[s]
+        size = min(plan.window, plan.lane_length - window * plan.window)
+        key = derive_key_int(TAG_WINDOW, self.config.seed, s, epoch, lane, window)
+        return KeyedPermutation(size, key)
+
+    def _block_permutation(self, s: int, epoch: int) -> KeyedPermutation:
+        key = derive_key_int(TAG_BLOCKS, self.config.seed, s, epoch)
+        return KeyedPermutation(self.streams[s].full_blocks, key)
 
     def _compute_block(self, s: int, epoch: int, slot: int) -> int:
-        plan = self.streams[s]
-        key = derive_key_int(TAG_BLOCKS, self.config.seed, s, epoch)
-        full = permute_int(slot, plan.full_blocks, key)
+        full = self._block_permutation_cached(s, epoch)(slot)
         return full + bisect.bisect_right(self._short_adjusted[s], full)
 
     def _address_int(self, p: int) -> tuple[int, int, int]:
@@ -167,10 +175,8 @@ class GlobalOrder:
         plan = self.streams[s]
         epoch, r = divmod(q, plan.lane_length)
         window, offset = divmod(r, plan.window)
-        start = window * plan.window
-        size = min(plan.window, plan.lane_length - start)
-        key = self._window_key_cached(s, epoch, j, window)
-        i = j * plan.lane_length + start + permute_int(offset, size, key)
+        permutation = self._window_permutation_cached(s, epoch, j, window)
+        i = j * plan.lane_length + window * plan.window + permutation(offset)
         spb = plan.samples_per_block
         if i < plan.full_blocks * spb:
             slot, sample = divmod(i, spb)

@@ -100,21 +100,37 @@ def _encrypt_int(x: int, round_keys: tuple[int, ...], high: int, low: int) -> in
     return (left << low) | right
 
 
-def permute_int(x: int, n: int, key: int) -> int:
-    """Image of ``x`` under the keyed bijection of ``[0, n)``.
+class KeyedPermutation:
+    """One keyed bijection of ``[0, n)`` with its round keys prepared, for int inputs.
 
-    Raises:
-        AssertionError: ``x`` is outside ``[0, n)`` (an internal invariant).
+    Args:
+        n: domain size, >= 1.
+        key: 64-bit instance key.
     """
-    assert 0 <= x < n, (x, n)
-    if n == 1:
-        return 0
-    high, low = domain_bits(n)
-    round_keys = tuple(key ^ c for c in ROUND_CONSTANTS[: feistel_rounds(high + low)])
-    x = _encrypt_int(x, round_keys, high, low)
-    while x >= n:
-        x = _encrypt_int(x, round_keys, high, low)
-    return x
+
+    __slots__ = ("n", "key", "_high", "_low", "_round_keys")
+
+    def __init__(self, n: int, key: int) -> None:
+        assert n >= 1, n
+        self.n, self.key = n, key
+        self._high, self._low = domain_bits(n)
+        rounds = feistel_rounds(self._high + self._low)
+        self._round_keys = tuple(key ^ c for c in ROUND_CONSTANTS[:rounds])
+
+    def __call__(self, x: int) -> int:
+        """Image of ``x`` (in ``[0, n)``)."""
+        assert 0 <= x < self.n, (x, self.n)
+        if self.n == 1:
+            return 0
+        x = _encrypt_int(x, self._round_keys, self._high, self._low)
+        while x >= self.n:
+            x = _encrypt_int(x, self._round_keys, self._high, self._low)
+        return x
+
+
+def permute_int(x: int, n: int, key: int) -> int:
+    """Image of ``x`` under the keyed bijection of ``[0, n)``."""
+    return KeyedPermutation(n, key)(x)
 
 
 def _encrypt(
