@@ -204,3 +204,21 @@ def test_progress_bar_reports_bytes_read_when_asked(tmp_path, capsys):
     write_dataset(str(tmp_path / "a.txt"), str(tmp_path / "out"), tokenizer="bytes", progress=True)
     err = capsys.readouterr().err
     assert "write:" in err and "100%" in err and "4.88k" in err
+
+
+@pytest.mark.parametrize("kind", ["jsonl.gz", "jsonl.zst", "parquet"])
+def test_compressed_and_parquet_inputs_round_trip(stdlib_corpus, tmp_path, kind):
+    texts = list(stdlib_corpus.texts[:15])
+    path = tmp_path / f"corpus.{kind}"
+    if kind == "parquet":
+        pa = pytest.importorskip("pyarrow")
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=4)
+    else:
+        raw = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+        path.write_bytes(gzip.compress(raw, mtime=0) if kind.endswith("gz") else zstandard.ZstdCompressor().compress(raw))
+    out = str(tmp_path / "out")
+    summary = write_dataset(str(path), out, tokenizer="bytes", block_tokens=4097, blocks_per_shard=2, progress=False)
+    assert summary.num_shards > 1
+    assert documents_of(out) == [(str(path), i, t) for i, t in enumerate(texts)]
