@@ -146,7 +146,7 @@ def test_when_world_divides_lanes_each_lane_has_one_reader(lanes, world, local):
     assert len(lane_readers) == lanes
     shared = [key for key, ranks in block_readers.items() if len(ranks) > 1]
     assert all(len(block_lanes[key]) > 1 for key in shared)
-    assert len(shared) <= 3 * (lanes - 1)  # at most one straddling block per lane boundary
+    assert len(shared) <= 3 * (world - 1)  # per epoch, at most one block per rank boundary
 
 
 def test_blocks_for_lists_blocks_in_first_use_order_with_last_use():

@@ -155,11 +155,15 @@ class GlobalOrder:
 
     # -- the small path: Python ints, cached window keys and block slots --
 
-    def _window_permutation(self, s: int, epoch: int, lane: int, window: int) -> KeyedPermutation:
+    def _window_permutation(
+        self, s: int, epoch: int, lane: int, window: int
+    ) -> tuple[int, KeyedPermutation]:
         plan = self.streams[s]
-        size = min(plan.window, plan.lane_length - window * plan.window)
+        lane_start = lane * plan.lane_length
+        start = max(window * plan.window, lane_start)
+        end = min(window * plan.window + plan.window, lane_start + plan.lane_length)
         key = derive_key_int(TAG_WINDOW, self.config.seed, s, epoch, lane, window)
-        return KeyedPermutation(size, key)
+        return start, KeyedPermutation(end - start, key)
 
     def _block_permutation(self, s: int, epoch: int) -> KeyedPermutation:
         key = derive_key_int(TAG_BLOCKS, self.config.seed, s, epoch)
@@ -174,9 +178,11 @@ class GlobalOrder:
         s, j = self._lane_stream_list[lane], self._lane_index_list[lane]
         plan = self.streams[s]
         epoch, r = divmod(q, plan.lane_length)
-        window, offset = divmod(r, plan.window)
-        permutation = self._window_permutation_cached(s, epoch, j, window)
-        i = j * plan.lane_length + window * plan.window + permutation(offset)
+        unshuffled = j * plan.lane_length + r
+        start, permutation = self._window_permutation_cached(
+            s, epoch, j, unshuffled // plan.window
+        )
+        i = start + permutation(unshuffled - start)
         spb = plan.samples_per_block
         if i < plan.full_blocks * spb:
             slot, sample = divmod(i, spb)
@@ -211,11 +217,13 @@ class GlobalOrder:
         self, plan: StreamPlan, q: np.ndarray, j: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         s, seed, m, w = plan.index, self.config.seed, plan.lane_length, plan.window
-        epoch, r = q // m, q % m
-        window, offset = r // w, r % w
-        size = np.minimum(w, m - window * w)
+        epoch = q // m
+        unshuffled = j * m + q % m
+        window = unshuffled // w
+        start = np.maximum(window * w, j * m)
+        size = np.minimum(window * w + w, j * m + m) - start
         key = derive_key(TAG_WINDOW, seed, s, epoch, j, window)
-        i = j * m + window * w + permute(offset, size, key)
+        i = start + permute(unshuffled - start, size, key)
         spb = plan.samples_per_block
         full_samples = plan.full_blocks * spb
         block = np.empty_like(i)
