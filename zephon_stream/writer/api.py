@@ -33,7 +33,7 @@ from zephon_stream.format.spec import (
     SHARDS_DIR,
     token_dtype,
 )
-from zephon_stream.storage import expand_inputs, is_local_url, local_path, open_store
+from zephon_stream.storage import Store, expand_inputs, is_local_url, local_path, open_store
 from zephon_stream.writer.pool import TokenizePool
 from zephon_stream.writer.progress import Progress, WriteSummary
 from zephon_stream.writer.readers import Reject, SourceReader
@@ -158,9 +158,9 @@ def write_dataset(
         zstd_level=zstd_level,
         overwrite=overwrite,
     ).resolved()
-    tok = load_tokenizer(tokenizer, eos_token=eos_token, bos_token=bos_token, storage_options=storage_options) if isinstance(
-        tokenizer, str
-    ) else tokenizer
+    tok = tokenizer
+    if isinstance(tokenizer, str):
+        tok = load_tokenizer(tokenizer, eos_token=eos_token, bos_token=bos_token, storage_options=storage_options)
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     urls = expand_inputs(list(inputs), storage_options)
@@ -184,7 +184,15 @@ def write_dataset(
 class _Run:
     """One conversion; the accounting lives here."""
 
-    def __init__(self, *, config: WriteConfig, tokenizer: Tokenizer, readers: list[SourceReader], store: Any, progress: bool | None):
+    def __init__(
+        self,
+        *,
+        config: WriteConfig,
+        tokenizer: Tokenizer,
+        readers: list[SourceReader],
+        store: Store,
+        progress: bool | None,
+    ) -> None:
         assert config.blocks_per_shard is not None
         self.config = config
         self.tokenizer = tokenizer

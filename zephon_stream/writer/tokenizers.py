@@ -2,7 +2,8 @@
 Hugging Face ``tokenizers`` files and ``tiktoken`` encodings.
 
 A spec string picks one: ``bytes``, ``hf:PATH_OR_URL`` (a ``tokenizer.json``,
-or a folder holding one) or ``tiktoken:NAME`` / ``tiktoken:/path/file.tiktoken``.
+or a folder holding one) or ``tiktoken:NAME`` / ``tiktoken:/path/file.tiktoken`` (see
+``tiktoken_tokenizer.py``).
 
 Every adapter is picklable: it pickles the bytes it was built from (never a
 path to re-read), so worker processes rebuild exactly the tokenizer the
@@ -18,9 +19,7 @@ then uses every core.
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -42,13 +41,6 @@ EOS_CANDIDATES = (
     "[EOS]",
     "<|end|>",
 )
-# NOTE: a bare .tiktoken file holds ranks only; this is the split pattern of
-# the widely used cl100k_base encoding, recorded in the fingerprint.
-DEFAULT_TIKTOKEN_PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
-    r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
-)
-TIKTOKEN_EOS = "<|endoftext|>"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,88 +214,6 @@ class HFTokenizer(Tokenizer):
         self.__init__(state["data"], name=state["name"], eos_id=state["eos_id"], bos_id=state["bos_id"])
 
 
-class TiktokenTokenizer(Tokenizer):
-    """A ``tiktoken`` encoding: a named one from the local cache, or ranks from a file."""
-
-    kind = "tiktoken"
-
-    def __init__(
-        self,
-        *,
-        name: str,
-        ranks: dict[bytes, int],
-        pattern: str,
-        special_tokens: dict[str, int],
-        eos_token: str | None = None,
-        bos_token: str | None = None,
-        eos_id: int | None = None,
-        bos_id: int | None = None,
-    ):
-        import tiktoken
-
-        self.name = name
-        self._enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=special_tokens)
-        self._ranks = ranks
-        self._special_tokens = special_tokens
-        self.vocab_size = self._enc.n_vocab
-        if eos_id is None:
-            eos_id = self._special_id(eos_token or self._default_eos(special_tokens))
-        if bos_id is None and bos_token:
-            bos_id = self._special_id(bos_token)
-        self.eos_id = eos_id
-        self.bos_id = bos_id
-        self._state = {
-            "name": name,
-            "ranks": ranks,
-            "pattern": pattern,
-            "special_tokens": special_tokens,
-            "eos_id": eos_id,
-            "bos_id": bos_id,
-        }
-        self.fingerprint = tiktoken_fingerprint(ranks, pattern, special_tokens)
-
-    def _default_eos(self, special_tokens: dict[str, int]) -> str:
-        for token in EOS_CANDIDATES:
-            if token in special_tokens:
-                return token
-        raise TokenizerError(
-            f"tiktoken encoding {self.name}: none of {', '.join(EOS_CANDIDATES)} is a special token; "
-            "name the end-of-document token with --eos-token"
-        )
-
-    def _special_id(self, token: str) -> int:
-        if token in self._special_tokens:
-            return self._special_tokens[token]
-        token_id = self._ranks.get(token.encode("utf-8"))
-        if token_id is None:
-            raise TokenizerError(f"tiktoken encoding {self.name}: token {token!r} is not in its vocabulary")
-        return token_id
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        # NOTE: special-token text inside a document is ordinary text here.
-        return self._enc.encode_ordinary_batch(list(texts), num_threads=1)
-
-    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        return self._enc.decode([int(i) for i in ids])
-
-    def __getstate__(self) -> dict[str, Any]:
-        return dict(self._state)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)
-
-
-def tiktoken_fingerprint(ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, int]) -> str:
-    """sha256 over the ranks (in the .tiktoken text form), the split pattern and the special tokens."""
-    digest = hashlib.sha256()
-    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
-        digest.update(base64.b64encode(token) + b" " + str(rank).encode() + b"\n")
-    digest.update(b"pattern " + pattern.encode("utf-8") + b"\n")
-    for token, rank in sorted(special_tokens.items(), key=lambda item: item[1]):
-        digest.update(b"special " + token.encode("utf-8") + b" " + str(rank).encode() + b"\n")
-    return digest.hexdigest()
-
-
 def load_tokenizer(
     spec: str,
     *,
@@ -333,7 +243,9 @@ def load_tokenizer(
         data = _read_hf_json(rest, storage_options)
         return HFTokenizer(data, name=rest, eos_token=eos_token, bos_token=bos_token)
     if kind == "tiktoken" and rest:
-        return _load_tiktoken(rest, eos_token=eos_token, bos_token=bos_token)
+        from zephon_stream.writer.tiktoken_tokenizer import load_tiktoken
+
+        return load_tiktoken(rest, eos_token=eos_token, bos_token=bos_token)
     raise TokenizerError(
         f"unknown tokenizer spec {spec!r} (expected 'bytes', 'hf:PATH_OR_URL' or 'tiktoken:NAME')"
     )
@@ -358,56 +270,6 @@ def _read_hf_json(location: str, storage_options: dict[str, Any] | None) -> byte
             f"hf tokenizer {location}: {path} is not a file (give a tokenizer.json or a folder holding one)"
         )
     return path.read_bytes()
-
-
-def _load_tiktoken(name: str, *, eos_token: str | None, bos_token: str | None, **ids: int | None) -> Tokenizer:
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-
-    if name.endswith(".tiktoken") or os.sep in name:
-        path = Path(name)
-        if not path.is_file():
-            raise TokenizerError(f"tiktoken file {name}: not found")
-        try:
-            ranks = load_tiktoken_bpe(str(path))
-        except Exception as exc:  # tiktoken raises plain ValueError/binascii errors
-            raise TokenizerError(f"tiktoken file {name}: cannot parse ranks: {exc}") from exc
-        specials = {TIKTOKEN_EOS: max(ranks.values()) + 1}
-        return TiktokenTokenizer(
-            name=name,
-            ranks=ranks,
-            pattern=DEFAULT_TIKTOKEN_PATTERN,
-            special_tokens=specials,
-            eos_token=eos_token,
-            bos_token=bos_token,
-            **ids,
-        )
-    try:
-        enc = tiktoken.get_encoding(name)
-    except ValueError as exc:
-        if "Unknown encoding" in str(exc):
-            raise TokenizerError(f"tiktoken encoding {name!r} is unknown: {exc}") from exc
-        raise _tiktoken_offline_error(name, exc) from exc
-    except Exception as exc:  # requests/urllib errors when its files are not cached
-        raise _tiktoken_offline_error(name, exc) from exc
-    return TiktokenTokenizer(
-        name=name,
-        ranks=enc._mergeable_ranks,
-        pattern=enc._pat_str,
-        special_tokens=enc._special_tokens,
-        eos_token=eos_token,
-        bos_token=bos_token,
-        **ids,
-    )
-
-
-def _tiktoken_offline_error(name: str, exc: BaseException) -> TokenizerError:
-    cache = os.environ.get("TIKTOKEN_CACHE_DIR", "<unset>")
-    return TokenizerError(
-        f"tiktoken encoding {name!r} is not available offline ({type(exc).__name__}). tiktoken reads "
-        f"its files from TIKTOKEN_CACHE_DIR (now {cache}); copy the cached files there from a machine "
-        "with network access, or pass tiktoken:/path/to/file.tiktoken"
-    )
 
 
 def tokenizer_from_manifest(
@@ -441,7 +303,9 @@ def tokenizer_from_manifest(
     elif spec_kind == "hf" and location:
         tok = HFTokenizer(_read_hf_json(location, storage_options), name=location, **ids)
     elif spec_kind == "tiktoken" and location:
-        tok = _load_tiktoken(location, eos_token=None, bos_token=None, **ids)
+        from zephon_stream.writer.tiktoken_tokenizer import load_tiktoken
+
+        tok = load_tiktoken(location, **ids)
     else:
         raise TokenizerError(f"unknown tokenizer spec {spec!r} for a manifest tokenizer of kind {kind!r}")
     expected = field("fingerprint")
