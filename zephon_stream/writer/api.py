@@ -12,6 +12,7 @@ any point leaves no manifest, and rerunning it writes the same bytes.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -41,6 +42,7 @@ from zephon_stream.writer.shards import ShardBuilder, ShardLayout
 from zephon_stream.writer.tokenizers import Tokenizer, load_tokenizer
 
 DEFAULT_CHUNK_CHARS = 256 * 1024
+REJECTS_SPOOL_BYTES = 16 * 2**20
 # NOTE: shards of about 64 Mi tokens whatever the block size: 128 MiB of uint16
 # before compression, which lands BPE-tokenized text near 64-128 MB a shard.
 DEFAULT_SHARD_TOKENS = DEFAULT_BLOCKS_PER_SHARD * DEFAULT_BLOCK_TOKENS
@@ -201,7 +203,10 @@ class _Run:
         self.dtype = token_dtype(tokenizer.vocab_size)
         self.records = [0] * len(readers)
         self.documents = [0] * len(readers)
-        self.rejects: list[str] = []
+        # NOTE: rejects go to a spooled file (memory up to 16 MiB, then disk) so
+        # a corpus with millions of them does not grow memory while it runs.
+        self.rejects = tempfile.SpooledTemporaryFile(max_size=REJECTS_SPOOL_BYTES)
+        self.num_rejects = 0
         self.reject_counts: Counter[str] = Counter()
         self.rejected = [0] * len(readers)
         self.bytes_done = 0
@@ -230,13 +235,15 @@ class _Run:
             with pool:
                 self._stream(pool)
             shards = self.builder.finish()
+            self.rejects.seek(0)
+            self.store.write_atomic(REJECTS_NAME, self.rejects.read())
         finally:
             self.builder.close()
             self.progress.close()
-        self.store.write_atomic(REJECTS_NAME, "".join(line + "\n" for line in self.rejects).encode("utf-8"))
+            self.rejects.close()
         self._remove_stale({name for s in shards for name in (s.path, s.index_path)})
         records_in, written = sum(self.records), sum(self.documents)
-        assert records_in == written + len(self.rejects), (records_in, written, len(self.rejects))
+        assert records_in == written + self.num_rejects, (records_in, written, self.num_rejects)
         manifest = Manifest.create(
             tokenizer=TokenizerInfo(**_identity(self.tokenizer)),
             block_tokens=self.config.block_tokens,
@@ -289,7 +296,8 @@ class _Run:
             for record, item in reader:
                 self.records[index] += 1
                 if isinstance(item, Reject):
-                    self.rejects.append(item.to_json())
+                    self.rejects.write(item.to_json().encode("utf-8") + b"\n")
+                    self.num_rejects += 1
                     self.reject_counts[item.reason] += 1
                     self.rejected[index] += 1
                     continue
