@@ -50,3 +50,26 @@ def test_inspect_refuses_an_escaping_manifest(tmp_path: Path, capsys) -> None:
     assert main(["inspect", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "'../x'" in err and "manifest" in err
+
+
+def test_inspect_over_s3_with_storage_options_never_prints_the_secret(tmp_path: Path, s3_bucket, s3_url, capsys) -> None:
+    from zephon_stream.storage import open_store
+
+    manifest = make_dataset(tmp_path, byte_docs(4))
+    url = s3_url("inspect-me")
+    opts = s3_bucket.storage_options
+    store = open_store(url, opts)
+    for path in sorted(p for p in tmp_path.rglob("*") if p.is_file()):
+        store.write_atomic(path.relative_to(tmp_path).as_posix(), path.read_bytes())
+    args = ["inspect", url, "--json", "--storage-option", f"key={opts['key']}", "--storage-option", f"secret={opts['secret']}",
+            "--storage-option", f"endpoint_url={opts['endpoint_url']}"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["fingerprint"] == manifest.fingerprint and summary["num_tokens"] == manifest.num_tokens
+    assert opts["secret"] not in captured.out + captured.err
+    # A missing dataset under the same options: the error names the URL, not the secret.
+    assert main(["inspect", s3_url("nothing-here"), "--storage-option", f"secret={opts['secret']}",
+                 "--storage-option", f"key={opts['key']}", "--storage-option", f"endpoint_url={opts['endpoint_url']}"]) == 1
+    captured = capsys.readouterr()
+    assert "no committed dataset" in captured.err and opts["secret"] not in captured.err
