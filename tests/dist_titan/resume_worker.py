@@ -1,0 +1,139 @@
+"""torchrun worker: save a TorchTitan checkpoint at one dp degree, resume at another.
+
+``--mode save``: build ``ZephonDataLoader`` through its Config as TorchTitan's
+trainer does, run ``--save-step`` steps, save through TorchTitan's
+``CheckpointManager``. With ``--titan-ckpt``, do the same with TorchTitan's
+own ``ParallelAwareDataloader``.
+
+``--mode resume``: build the loaders at this world size, load the checkpoint
+through the manager, run ``--steps`` more steps; for TorchTitan's own loader,
+record the error its ``load_state_dict`` raises.
+
+Each rank writes ``--out/rank<r>.json``: per step, its rows as
+``[global sample position, sha256 of input+labels]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset
+from titan_setup import build_checkpointer, init_gloo, row_digests, token_rows, write_json
+from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+from zephon_stream.integrations.torchtitan import ZephonDataLoader
+
+
+class PackedTokens(IterableDataset, Stateful):
+    """A per-rank packed-token dataset in the style of TorchTitan's text datasets."""
+
+    def __init__(self, *, seq_len: int, dp_rank: int, dp_world_size: int) -> None:
+        self._tokens = token_rows(1 << 16, seed=0)
+        self._seq_len = seq_len
+        self._rank = dp_rank
+        self._world = dp_world_size
+        self._sample_idx = 0
+
+    def __iter__(self):
+        while True:
+            start = ((self._sample_idx * self._world + self._rank) * self._seq_len) % (len(self._tokens) - self._seq_len - 1)
+            window = torch.from_numpy(self._tokens[start : start + self._seq_len + 1])
+            self._sample_idx += 1
+            yield {"input": window[:-1]}, window[1:]
+
+    def state_dict(self):
+        return {"sample_idx": self._sample_idx}
+
+    def load_state_dict(self, state_dict):
+        self._sample_idx = state_dict["sample_idx"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=("save", "resume"), required=True)
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--tokenizer-dir", required=True)
+    parser.add_argument("--seq-len", type=int, required=True)
+    parser.add_argument("--global-batch", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--titan-ckpt")
+    parser.add_argument("--save-step", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    rank, world = init_gloo()
+    assert args.global_batch % world == 0
+    local_batch = args.global_batch // world
+    tokenizer = HuggingFaceTokenizer.Config().build(tokenizer_path=args.tokenizer_dir)
+    config = ZephonDataLoader.Config(dataset_path=args.dataset, seed=args.seed, prefetch_steps=2)
+    # NOTE: the same keywords torchtitan.trainer.Trainer passes in 0.3.0.
+    loader = config.build(
+        dp_world_size=world,
+        dp_rank=rank,
+        tokenizer=tokenizer,
+        seq_len=args.seq_len,
+        local_batch_size=local_batch,
+        snapshot_every_n_steps=args.save_step,
+    )
+    checkpointer, _, _, train_state = build_checkpointer(
+        folder=args.ckpt, interval=args.save_step, dataloader=loader, model=torch.nn.Linear(4, 4)
+    )
+    report: dict = {"rank": rank, "world": world, "steps": {}}
+
+    first_step = 0
+    if args.mode == "resume":
+        assert checkpointer.load(step=args.save_step), "no checkpoint found"
+        assert train_state.step == args.save_step, (train_state.step, args.save_step)
+        first_step = args.save_step
+    num_steps = args.save_step if args.mode == "save" else args.steps
+
+    batches = iter(loader)
+    for step in range(first_step, first_step + num_steps):
+        input_dict, labels = next(batches)
+        assert set(input_dict) == {"input", "positions"}, sorted(input_dict)
+        assert input_dict["input"].shape == (local_batch, args.seq_len) == labels.shape
+        assert input_dict["input"].dtype == torch.int64 == labels.dtype
+        rows = zip(loader.last_sample_positions.tolist(), row_digests(input_dict["input"], labels))
+        report["steps"][str(step)] = [list(row) for row in rows]
+    if args.mode == "save":
+        train_state.step = args.save_step
+        assert checkpointer.save(curr_step=args.save_step)
+    checkpointer.close()
+    loader.close()
+
+    if args.titan_ckpt:
+        titan_loader = ParallelAwareDataloader(
+            PackedTokens(seq_len=args.seq_len, dp_rank=rank, dp_world_size=world),
+            dp_rank=rank,
+            dp_world_size=world,
+            batch_size=local_batch,
+        )
+        titan_checkpointer, _, _, titan_state = build_checkpointer(
+            folder=args.titan_ckpt, interval=args.save_step, dataloader=titan_loader, model=torch.nn.Linear(4, 4)
+        )
+        if args.mode == "save":
+            titan_batches = iter(titan_loader)
+            for _ in range(args.save_step):
+                next(titan_batches)
+            titan_state.step = args.save_step
+            assert titan_checkpointer.save(curr_step=args.save_step)
+        else:
+            try:
+                titan_checkpointer.load(step=args.save_step)
+                report["titan_error"] = None
+            except Exception as exc:  # noqa: BLE001 - the test asserts the exact type and message
+                report["titan_error"] = [type(exc).__name__, str(exc)]
+        titan_checkpointer.close()
+
+    write_json(os.path.join(args.out, f"rank{rank}.json"), report)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

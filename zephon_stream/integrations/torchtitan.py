@@ -1,0 +1,320 @@
+"""TorchTitan integration: a ``BaseDataLoader`` that resumes at any dp degree.
+
+TorchTitan's own loaders store one state per data-parallel rank
+(``dp_rank_3``) and refuse a checkpoint saved at another dp degree. This
+loader's state is the global cursor of :class:`zephon_stream.StreamingLoader`,
+the same on every rank, stored under one rank-independent key, so
+``torch.distributed.checkpoint`` writes it once and every rank of any dp
+degree reads it back.
+
+Select it in a TorchTitan config::
+
+    dataloader=ZephonDataLoader.Config(dataset_path="s3://bucket/dataset")
+
+This module needs TorchTitan (``pip install 'zephon-stream[torchtitan]'``);
+nothing else in zephon_stream imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from zephon_stream.errors import ConfigError, StateMismatchError, TokenizerError
+
+INSTALL_HINT = "pip install 'zephon-stream[torchtitan]'"
+
+try:
+    from torchtitan.components.dataloader import BaseDataLoader, DataloaderExhaustedError
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised in a subprocess test
+    # NOTE: only a missing TorchTitan (or torchdata, which it needs) gets the
+    # install hint; any other import failure is a real bug and surfaces as is.
+    if (exc.name or "").split(".")[0] not in ("torchtitan", "torchdata"):
+        raise
+    raise ModuleNotFoundError(
+        f"zephon_stream.integrations.torchtitan needs TorchTitan ({exc.name} is not installed): {INSTALL_HINT}",
+        name=exc.name,
+    ) from exc
+
+__all__ = ["STATE_KEY", "ZephonDataLoader", "parse_stream_spec"]
+
+STATE_KEY = "zephon"
+"""The one key of :meth:`ZephonDataLoader.state_dict` (identical on every rank)."""
+
+
+def parse_stream_spec(spec: str) -> tuple[str, float]:
+    """Split a ``"url"`` or ``"url:weight"`` mixture entry.
+
+    The text after the last ``:`` is a weight when it parses as a positive
+    finite number; otherwise the whole entry is the URL (so ``s3://b/ds`` and
+    ``/data/ds`` need no weight).
+
+    Args:
+        spec: one entry of ``Config.streams``.
+
+    Returns:
+        ``(url, weight)``; the weight defaults to 1.
+
+    Raises:
+        ConfigError: an empty URL, or a weight that is zero, negative or not finite.
+    """
+    text = spec.strip()
+    url, sep, suffix = text.rpartition(":")
+    weight = _number(suffix) if sep and not suffix.startswith("/") else None
+    if weight is None:
+        url, weight = text, 1.0
+    elif not math.isfinite(weight) or weight <= 0:
+        raise ConfigError(f"dataloader.streams entry {spec!r}: weight must be a positive number (got {suffix!r})")
+    if not url:
+        raise ConfigError(f"dataloader.streams entry {spec!r}: empty dataset URL")
+    return url, weight
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _local_shape(
+    seq_len: int | None, local_batch_size: int | None, extra: dict[str, Any]
+) -> tuple[int, int]:
+    """``(seq_len, local_batch_size)`` from 0.3.0 or newer TorchTitan keywords."""
+    max_context_length = extra.pop("max_context_length", None)
+    num_tokens_per_batch = extra.pop("num_tokens_per_batch", None)
+    if max_context_length is not None:
+        if seq_len is not None and seq_len != max_context_length:
+            raise ConfigError(f"seq_len {seq_len} and max_context_length {max_context_length} disagree")
+        seq_len = max_context_length
+    if seq_len is None or seq_len < 1:
+        raise ConfigError(f"ZephonDataLoader needs seq_len (or max_context_length) >= 1 (got {seq_len})")
+    if num_tokens_per_batch is not None:
+        if num_tokens_per_batch % seq_len:
+            raise ConfigError(
+                f"num_tokens_per_batch {num_tokens_per_batch} is not a multiple of seq_len {seq_len}: "
+                "every row of a batch holds exactly seq_len tokens"
+            )
+        rows = num_tokens_per_batch // seq_len
+        if local_batch_size is not None and local_batch_size != rows:
+            raise ConfigError(
+                f"local_batch_size {local_batch_size} and num_tokens_per_batch {num_tokens_per_batch} "
+                f"(= {rows} rows of {seq_len}) disagree"
+            )
+        local_batch_size = rows
+    if local_batch_size is None or local_batch_size < 1:
+        raise ConfigError(
+            f"ZephonDataLoader needs local_batch_size (or num_tokens_per_batch) >= 1 (got {local_batch_size})"
+        )
+    return seq_len, local_batch_size
+
+
+class ZephonDataLoader(BaseDataLoader):
+    """Streams a zephon_stream dataset (or a weighted mixture) into one dp rank.
+
+    Built by TorchTitan's trainer as ``config.dataloader.build(dp_world_size=...,
+    dp_rank=..., tokenizer=..., seq_len=..., local_batch_size=...)``. Iterating
+    yields ``({"input": ..., "positions": ...}, labels)`` with int64 tensors of
+    shape ``[local_batch_size, seq_len]``; ``positions`` restart after each EOS.
+
+    Args:
+        config: the loader's :class:`ZephonDataLoader.Config`.
+        dp_world_size: data-parallel degree.
+        dp_rank: this process's data-parallel rank.
+        tokenizer: optional TorchTitan tokenizer; when given, its vocabulary
+            size and EOS id must match every dataset's manifest.
+        seq_len: tokens per row (newer TorchTitan: ``max_context_length``).
+        local_batch_size: rows per batch on this rank (newer TorchTitan:
+            ``num_tokens_per_batch`` = rows x seq_len).
+        **kwargs: other trainer keywords (``snapshot_every_n_steps``, ...),
+            accepted and ignored: the state is a cursor, so every step is a
+            snapshot.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):
+        streams: list[str] = field(default_factory=list)
+        """Weighted datasets for a mixture: ``"url"`` or ``"url:weight"`` entries
+        (CLI: comma separated). Use this or ``dataset_path``, not both."""
+
+        seed: int = 0
+        """Seed of the block permutation and window shuffle."""
+
+        lanes: int | None = None
+        """Lanes of the global order; None: the first global batch size. Keep it
+        fixed for a run: it is part of the saved state."""
+
+        window: int | None = None
+        """Shuffle window in samples within a lane; None: the loader's default."""
+
+        prefetch_steps: int = 4
+        """Steps assembled ahead of the consumer."""
+
+        max_memory_bytes: int | None = None
+        """Refuse a configuration whose computed memory bound exceeds this."""
+
+        storage_options: dict[str, Any] = field(default_factory=dict)
+        """fsspec options (S3 endpoint, keys...); never logged."""
+
+        device: str | None = None
+        """``"cuda"``: deliver on the current CUDA device from pinned buffers
+        (non-blocking copies on a side stream); None: CPU tensors."""
+
+        max_steps: int | None = None
+        """Finite run: iteration raises ``DataloaderExhaustedError`` after this
+        many global steps, counted from the start of the run (cursor 0), so a
+        resumed run ends at the same sample. None: endless (epochs repeat)."""
+
+        def __post_init__(self) -> None:
+            if self.dataset_path and self.streams:
+                raise ConfigError("dataloader: set dataset_path or streams, not both")
+            if not self.dataset_path and not self.streams:
+                raise ConfigError("dataloader: set dataset_path (one dataset URL) or streams (a mixture)")
+            for spec in self.streams:
+                parse_stream_spec(spec)
+            if self.prefetch_steps < 1:
+                raise ConfigError(f"dataloader.prefetch_steps must be >= 1 (got {self.prefetch_steps})")
+            if self.max_steps is not None and self.max_steps < 0:
+                raise ConfigError(f"dataloader.max_steps must be >= 0 (got {self.max_steps})")
+
+        def __repr__(self) -> str:
+            # NOTE: storage options may hold keys; show their names only.
+            options = sorted(self.storage_options)
+            shown = ", ".join(
+                f"{f}={getattr(self, f)!r}"
+                for f in ("dataset_path", "streams", "seed", "lanes", "window", "prefetch_steps", "device")
+            )
+            return f"ZephonDataLoader.Config({shown}, storage_options=<{len(options)} keys: {options}>)"
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: Any = None,
+        seq_len: int | None = None,
+        local_batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        from zephon_stream.loader.api import Stream, StreamingLoader
+
+        if not 0 <= dp_rank < dp_world_size:
+            raise ConfigError(f"dp_rank {dp_rank} is outside dp_world_size {dp_world_size}")
+        seq_len, local_batch_size = _local_shape(seq_len, local_batch_size, dict(kwargs))
+        self.config = config
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.seq_len = seq_len
+        self.local_batch_size = local_batch_size
+        if config.streams:
+            streams: Any = [Stream(url, weight=weight) for url, weight in map(parse_stream_spec, config.streams)]
+        else:
+            streams = config.dataset_path
+        self._loader = StreamingLoader(
+            streams,
+            seq_len=seq_len,
+            local_batch_size=local_batch_size,
+            rank=dp_rank,
+            world_size=dp_world_size,
+            seed=config.seed,
+            lanes=config.lanes,
+            window=config.window,
+            storage_options=dict(config.storage_options) or None,
+            device=config.device,
+            prefetch_steps=config.prefetch_steps,
+            max_memory_bytes=config.max_memory_bytes,
+            max_steps=config.max_steps,
+        )
+        self._last_sample_positions = torch.empty(0, dtype=torch.int64)
+        if tokenizer is not None:
+            check_tokenizer(tokenizer, self._loader.manifests)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples consumed per step over all dp ranks."""
+        return self.local_batch_size * self.dp_world_size
+
+    @property
+    def streaming_loader(self) -> Any:
+        """The underlying :class:`zephon_stream.StreamingLoader` (stats, memory bound)."""
+        return self._loader
+
+    @property
+    def last_sample_positions(self) -> torch.Tensor:
+        """Global sample position of each row of the batch last yielded (int64 ``[rows]``).
+
+        NOTE: kept out of the batch because TorchTitan's trainer passes every
+        ``input_dict`` entry but ``input`` to the model's forward.
+        """
+        return self._last_sample_positions
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        # NOTE: the StreamingLoader is its own iterator and survives
+        # load_state_dict (it seeks and restarts its pipeline), so a generator
+        # made before a load keeps working after it.
+        for batch in self._loader:
+            self._last_sample_positions = batch["sample_positions"]
+            yield {"input": batch["input"], "positions": batch["positions"]}, batch["labels"]
+        raise DataloaderExhaustedError(
+            f"dataloader: the finite run of {self.config.max_steps} steps ended at global sample {self._loader.position}"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"zephon": <JSON of the global loader state>}``, equal on every rank."""
+        return {STATE_KEY: json.dumps(self._loader.state_dict(), sort_keys=True)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Seek to a state saved by any dp degree (an empty dict is a fresh start)."""
+        if not state_dict:
+            return
+        if STATE_KEY not in state_dict:
+            found = ", ".join(sorted(map(str, state_dict)))
+            hint = " (a TorchTitan per-rank loader state)" if any(str(k).startswith("dp_rank_") for k in state_dict) else ""
+            raise StateMismatchError(
+                f"dataloader state: expected key {STATE_KEY!r}, found [{found}]{hint}; "
+                "was this checkpoint written by another dataloader?"
+            )
+        value = state_dict[STATE_KEY]
+        state = json.loads(value) if isinstance(value, (str, bytes)) else value
+        self._loader.load_state_dict(state)
+
+    def close(self) -> None:
+        """Stop the loader's threads (idempotent)."""
+        self._loader.close()
+
+    def __enter__(self) -> ZephonDataLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_tokenizer(tokenizer: Any, manifests: Any) -> None:
+    """Refuse a TorchTitan tokenizer that did not produce the datasets.
+
+    Compares the vocabulary size (``get_vocab_size()``) and the EOS id
+    (``eos_id``, when the tokenizer knows it) with each manifest's tokenizer.
+
+    Raises:
+        TokenizerError: naming the dataset and both values.
+    """
+    vocab_size = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else None
+    eos_id = getattr(tokenizer, "eos_id", None)
+    for url, manifest in manifests:
+        info = manifest.tokenizer
+        if vocab_size is not None and int(vocab_size) != info.vocab_size:
+            raise TokenizerError(
+                f"dataset {url}: written with tokenizer {info.name!r} of vocab size {info.vocab_size}, "
+                f"but the trainer's tokenizer has vocab size {vocab_size}"
+            )
+        if eos_id is not None and int(eos_id) != info.eos_id:
+            raise TokenizerError(
+                f"dataset {url}: written with tokenizer {info.name!r} whose EOS id is {info.eos_id}, "
+                f"but the trainer's tokenizer has EOS id {eos_id}"
+            )
