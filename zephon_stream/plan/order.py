@@ -16,8 +16,8 @@ from zephon_stream.plan.mixture import OrderConfig, canonical_weights, lane_map,
 from zephon_stream.plan.permutation import (
     TAG_BLOCKS,
     TAG_WINDOW,
-    derive_key,
     KeyedPermutation,
+    derive_key,
     derive_key_int,
     permute,
 )
@@ -64,6 +64,10 @@ class StreamPlan:
 
 class GlobalOrder:
     """Maps global sample positions to sample addresses, as a pure function.
+
+    Small queries (a rank's step) run on Python ints with bounded caches of
+    prepared permutations (thread-safe ``functools.lru_cache``); large ones are
+    vectorized. Both give the same addresses.
 
     Args:
         shapes: one ``StreamShape`` per stream, in mixture order.

@@ -163,6 +163,7 @@ def blocks_for(
     step = np.repeat(np.arange(steps, dtype=np.int64), [p.size for p in positions])
     stream, block, _ = order.sample_at(np.concatenate(positions))
     # NOTE: one int64 key per (stream, block); block ids stay far below 2**40.
+    assert int(block.max()) < 1 << 40, "block id too large for the (stream, block) key"
     key = stream * (1 << 40) + block
     uniq, first, inverse, counts = np.unique(
         key, return_index=True, return_inverse=True, return_counts=True
