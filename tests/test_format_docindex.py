@@ -129,3 +129,10 @@ def test_fuzz_docindex_only_raises_format_errors(edits, cut: int, junk: bytes) -
             continue
         assert index.num_documents == len(index.doc_source) == len(index.doc_record)
         assert all(int(s) < 100 for s in index.doc_starts)
+
+
+def test_building_from_negative_or_oversized_values_is_refused() -> None:
+    with pytest.raises(FormatError, match="doc_starts must hold integers"):
+        DocIndex.build(doc_starts=[-1], doc_source=[0], doc_record=[0], sources=["a"])
+    with pytest.raises(FormatError, match="doc_source must hold integers"):
+        DocIndex.build(doc_starts=[0], doc_source=[2**32], doc_record=[0], sources=["a"])

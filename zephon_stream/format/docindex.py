@@ -48,13 +48,16 @@ class DocIndex:
         doc_record: Sequence[int] | np.ndarray,
         sources: Sequence[str],
     ) -> DocIndex:
-        """Build and validate an index from plain sequences."""
-        index = cls(
-            doc_starts=np.asarray(doc_starts, dtype=_STARTS),
-            doc_source=np.asarray(doc_source, dtype=_SOURCE),
-            doc_record=np.asarray(doc_record, dtype=_RECORD),
-            sources=tuple(sources),
-        )
+        """Build and validate an index from plain sequences of non-negative integers."""
+        arrays = {}
+        for key, values, dtype in (
+            ("doc_starts", doc_starts, _STARTS), ("doc_source", doc_source, _SOURCE), ("doc_record", doc_record, _RECORD)
+        ):
+            given = np.asarray(values)
+            if given.size and (given.dtype.kind not in "iu" or int(given.min()) < 0 or int(given.max()) > np.iinfo(dtype).max):
+                raise FormatError(f"document index: {key} must hold integers in [0, {np.iinfo(dtype).max}]")
+            arrays[key] = given.astype(dtype)
+        index = cls(**arrays, sources=tuple(sources))
         index.validate(where="document index")
         return index
 

@@ -15,8 +15,7 @@ from zephon_stream.errors import FormatError, ManifestError, PathEscapeError
 
 MAX_PATH_CHARS = 4096
 MAX_UINT64 = 2**64 - 1
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+HEX64 = re.compile(r"[0-9a-f]{64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -89,7 +88,7 @@ class FieldReader:
 
     def hex_digest(self, key: str) -> str:
         value = self.string(key)
-        if not _HEX64.fullmatch(value):
+        if not HEX64.fullmatch(value):
             raise self.fail(key, f"expected 64 lowercase hex digits (sha256), got {value[:80]!r}")
         return value
 
@@ -135,7 +134,7 @@ def check_relative_path(path: Any, *, field: str, where: str) -> str:
         reason = f"longer than {MAX_PATH_CHARS} characters"
     elif path.startswith("/"):
         reason = "absolute path"
-    elif _SCHEME.match(path) or ":" in path:
+    elif ":" in path:
         reason = "has a scheme or drive (':' is not allowed)"
     elif "\\" in path:
         reason = "contains a backslash"

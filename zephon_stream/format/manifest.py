@@ -28,6 +28,7 @@ from zephon_stream.format.spec import (
     np_dtype,
 )
 
+
 def _frozen(array: np.ndarray) -> np.ndarray:
     # NOTE: cached arrays are shared by every caller; make accidental writes fail.
     array.flags.writeable = False
@@ -185,7 +186,10 @@ class Manifest:
         """Build a manifest, deriving dtype, totals and fingerprint."""
         shards = tuple(shards)
         sources = tuple(sources)
-        dtype = dtype_name(tokenizer.vocab_size)
+        try:
+            dtype = dtype_name(tokenizer.vocab_size)
+        except (TypeError, ValueError):
+            dtype = "uint32"  # NOTE: validation then names the bad vocab_size.
         return cls(
             dtype=dtype,
             tokenizer=tokenizer,
@@ -238,7 +242,7 @@ class Manifest:
         """Decode and validate manifest bytes.
 
         Raises:
-            VersionError: unknown major version (or not this format).
+            VersionError: unknown major version.
             PathEscapeError: an object path outside the dataset root.
             ManifestError: anything else malformed or inconsistent.
         """

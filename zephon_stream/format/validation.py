@@ -8,11 +8,10 @@ Each failure names the field and both values.
 from __future__ import annotations
 
 import operator
-import re
 from typing import TYPE_CHECKING, Any
 
 from zephon_stream.errors import ManifestError, VersionError
-from zephon_stream.format.fields import MAX_UINT64, check_relative_path
+from zephon_stream.format.fields import HEX64, MAX_UINT64, check_relative_path
 from zephon_stream.format.fingerprint import compute_fingerprint
 from zephon_stream.format.spec import (
     DTYPE_NAMES,
@@ -23,8 +22,6 @@ from zephon_stream.format.spec import (
     blocks_in,
     dtype_name,
 )
-
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 if TYPE_CHECKING:
     from zephon_stream.format.manifest import Manifest, ShardInfo, SourceInfo, TokenizerInfo
@@ -45,7 +42,7 @@ def _text(name: str, value: Any, *, allow_empty: bool = False) -> str:
 
 
 def _hex64(name: str, value: Any) -> str:
-    if not isinstance(value, str) or not _HEX64.fullmatch(value):
+    if not isinstance(value, str) or not HEX64.fullmatch(value):
         raise ManifestError(f"{name}: expected 64 lowercase hex digits (sha256), got {value!r:.80}")
     return value
 
