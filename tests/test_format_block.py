@@ -140,3 +140,27 @@ def test_decoded_block_is_a_view_without_copy() -> None:
     decoded = decode_block(encode_block(tokens), num_tokens=len(tokens), dtype="uint16", where=WHERE)
     assert not decoded.flags.writeable
     assert isinstance(decoded.base, bytes)
+
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+FUZZ_TOKENS = real_tokens("<u2", 3000)
+FUZZ_FRAME = encode_block(FUZZ_TOKENS)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, len(FUZZ_FRAME) - 1), st.integers(0, 255)), min_size=1, max_size=4),
+       st.integers(0, len(FUZZ_FRAME) + 8), st.binary(max_size=8))
+def test_fuzz_mutated_frames_raise_only_block_errors(edits, cut: int, tail: bytes) -> None:
+    data = bytearray(FUZZ_FRAME)
+    for at, value in edits:
+        data[at] = value
+    candidate = bytes(data[:cut]) + tail
+    try:
+        decoded = decode_block(candidate, num_tokens=len(FUZZ_TOKENS), dtype="<u2", where=WHERE)
+    except (CorruptBlockError, TruncatedObjectError) as exc:
+        assert WHERE in str(exc)
+        return
+    # Accepted only if the checksum vouches for the content.
+    assert np.array_equal(decoded, FUZZ_TOKENS)
