@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ from hypothesis import strategies as st
 
 from zephon_stream.errors import ConfigError
 from zephon_stream.plan import GlobalOrder, OrderConfig, StreamShape, lane_map, split_lanes
+
+from test_plan_permutation import spec_permute  # the permutation spec, transcribed
 
 
 def shape_of(name: str, block_tokens: int, counts: list[int]) -> StreamShape:
@@ -201,3 +204,70 @@ def test_each_stream_rolls_over_its_epochs_independently():
     assert [p["epoch"] for p in progress] == [1, 4]
     assert [p["samples_in_epoch"] for p in progress] == [0, 4]
     assert [p["samples"] for p in progress] == [96, 32]
+
+
+def spec_key(tag: int, *values: int) -> int:
+    """docs/ORDER.md key derivation, transcribed."""
+    mask, golden = (1 << 64) - 1, 0x9E3779B97F4A7C15
+
+    def mix(z):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    key = tag
+    for v in values:
+        key = mix(((key ^ v) + golden) & mask)
+    return key
+
+
+def spec_order(shapes, seq_len, lanes, seed, window, weights, positions):
+    """docs/ORDER.md read literally: epoch sequences materialized, lanes cut, windows shuffled."""
+    values = [Fraction(w) for w in weights]
+    quotas = [lanes * v / sum(values) for v in values]
+    counts = [int(q) for q in quotas]
+    for s in sorted(range(len(values)), key=lambda s: (-(quotas[s] - counts[s]), s))[
+        : lanes - sum(counts)
+    ]:
+        counts[s] += 1
+    places = sorted((Fraction(2 * j + 1, 2 * counts[s]), s, j)
+                    for s in range(len(counts)) for j in range(counts[s]))  # fmt: skip
+    out = []
+    for p in positions:
+        c, q = p % lanes, p // lanes
+        _, s, j = places[c]
+        shape = shapes[s]
+        token_counts = shape.block_token_counts(np.arange(shape.num_blocks)).tolist()
+        full = [b for b, n in enumerate(token_counts) if n == shape.block_tokens]
+        short = [b for b, n in enumerate(token_counts) if n < shape.block_tokens]
+        spb = (shape.block_tokens - 1) // seq_len
+        epoch_samples = len(full) * spb + sum((token_counts[b] - 1) // seq_len for b in short)
+        m = epoch_samples // counts[s]
+        w = max(1, min(window or spb, m))
+        e, r = divmod(q, m)
+        key_b = spec_key(0x5A450001, seed, s, e)
+        order = [full[spec_permute(t, len(full), key_b)] for t in range(len(full))] + short
+        sequence = [(b, k) for b in order for k in range((token_counts[b] - 1) // seq_len)]
+        u = j * m + r
+        v = u // w
+        a, b = max(v * w, j * m), min((v + 1) * w, (j + 1) * m)
+        i = a + spec_permute(u - a, b - a, spec_key(0x5A450002, seed, s, e, j, v))
+        out.append((s, *sequence[i]))
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(shapes=st.lists(stream_shapes(), min_size=1, max_size=3), seq_len=st.integers(1, 16),
+       lanes=st.integers(1, 10), seed=st.integers(0, 2**64 - 1), window=st.integers(0, 7),
+       data=st.data())  # fmt: skip
+def test_order_matches_the_spec_read_literally(shapes, seq_len, lanes, seed, window, data):
+    weights = tuple(str(data.draw(st.integers(1, 4))) for _ in shapes)
+    try:
+        order = GlobalOrder(shapes, OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes,
+                                                window=window, weights=weights))  # fmt: skip
+    except ConfigError:
+        assume(False)
+    positions = data.draw(st.lists(st.integers(0, 5000), min_size=1, max_size=80))
+    stream, block, sample = order.sample_at(np.array(positions))
+    got = list(zip(stream.tolist(), block.tolist(), sample.tolist()))
+    assert got == spec_order(shapes, seq_len, lanes, seed, window, weights, positions)
