@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -60,16 +61,39 @@ def batch_hash(inputs: torch.Tensor, labels: torch.Tensor) -> str:
     return digest.hexdigest()[:16]
 
 
+# NOTE: values every rank holds alike (the global cursor), not per-rank counts.
+_SHARED_KEYS = frozenset({"position"})
+
+
 def sum_counters(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """Sum the numeric counters of every rank; keep the first rank's other values."""
+    """Sum each rank's numeric counters; keep rank 0's shared and other values."""
     total: dict[str, Any] = {}
     for counters in per_rank:
         for key, value in counters.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key not in _SHARED_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
                 total[key] = total.get(key, 0) + value
             else:
                 total.setdefault(key, value)
     return total
+
+
+def resume_point(loader: StreamingLoader) -> dict[str, Any]:
+    """Where in the dataset the next step starts: shard, block and sample of its first
+    sample, and how many of its samples start inside a block rather than at its head."""
+    positions = np.arange(loader.position, loader.position + loader.global_batch_size)
+    streams, blocks, samples = loader.order.sample_at(positions)
+    manifest = loader.manifests[int(streams[0])][1]
+    shard, block_in_shard = manifest.block_location(int(blocks[0]))
+    return {
+        "position": loader.position,
+        "shard": manifest.shards[shard].path,
+        "block_in_shard": block_in_shard,
+        "blocks_in_shard": manifest.shards[shard].num_blocks,
+        "sample_in_block": int(samples[0]),
+        "samples_in_block": (manifest.block_num_tokens(int(blocks[0])) - 1) // loader.seq_len,
+        "mid_block_samples": int((samples > 0).sum()),
+        "batch_samples": len(positions),
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -112,8 +136,9 @@ def train(args: argparse.Namespace) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if args.global_batch % world_size:
         raise ValueError(f"--global-batch {args.global_batch} is not divisible by world size {world_size}")
-    # NOTE: ranks share the machine's cores; one thread pool each avoids oversubscription.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    # NOTE: one thread per rank: a tiny model gains little from more, and on a
+    # busy machine spinning OpenMP threads make a step many times slower.
+    torch.set_num_threads(1)
     if args.pid_dir is not None:
         args.pid_dir.mkdir(parents=True, exist_ok=True)
         (args.pid_dir / f"rank-{rank}.pid").write_text(str(os.getpid()))
@@ -179,13 +204,14 @@ def train(args: argparse.Namespace) -> None:
                 hash=batch_hash(*gathered),
                 loader=sum_counters(counters),
                 state=loader.state_dict(),
+                progress=loader.progress(),
             )
         if args.ckpt_every and step % args.ckpt_every == 0:
             model_state, optim_state = get_state_dict(ddp_model, optimizer)
             state = {"model": model_state, "optim": optim_state, "loader": loader, "progress": {"step": step}}
             dcp.save(state, checkpoint_id=str(checkpoint_dir(args.ckpt_dir, step)))
             dist.barrier()
-            log.write(event="checkpoint", step=step, world_size=world_size)
+            log.write(event="checkpoint", step=step, world_size=world_size, resume_at=resume_point(loader))
             last = time.perf_counter()
     log.write(event="done", step=args.steps, world_size=world_size)
     loader.close()

@@ -1,0 +1,358 @@
+"""The demo's three runs: an uninterrupted reference, a job killed mid-shard
+after a checkpoint, and its resumption at another world size.
+
+Each run is ``torchrun`` with ``python -m zephon_stream.demo.train`` as the
+worker; this module launches them, kills the second one with SIGKILL (no
+chance to clean up, as when a node dies), and hands the event logs to
+``report``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from zephon_stream.errors import ConfigError, ZephonError
+
+DEFAULT_BUCKET = "zephon-demo"
+DATASET_NAME = "stdlib-bytes"
+RUN_TIMEOUT_S = 600.0
+_POLL_S = 0.05
+
+
+class DemoFailedError(ZephonError, RuntimeError):
+    """A demo run that failed, or data that did not match the reference."""
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class DemoConfig:
+    """What the demo converts, trains and compares.
+
+    Attributes:
+        steps: steps of each full run.
+        world_sizes: ranks of the interrupted run, then of the resumed run.
+        reference_world_size: ranks of the uninterrupted reference run.
+        kill_after: step whose checkpoint completes before the kill
+            (default: the checkpoint nearest the middle of the run).
+        ckpt_every: steps between checkpoints.
+        seq_len: tokens per sample.
+        global_batch: samples per step over all ranks (divisible by every world size).
+        inputs: files or globs to convert (default: the stdlib's top-level ``.py`` files).
+        store: dataset location (local folder or ``s3://bucket/prefix``);
+            default: an embedded S3 server on 127.0.0.1.
+        s3_port: port tried first for the embedded S3 server.
+        workdir: folder for checkpoints, logs and pid files (default: a temp folder).
+        keep: keep ``workdir`` (and a local dataset) after the demo.
+        block_tokens: tokens per block (small, so the run crosses blocks and shards).
+        blocks_per_shard: blocks per shard.
+        seed: data order and model init seed.
+    """
+
+    steps: int = 40
+    world_sizes: tuple[int, int] = (2, 1)
+    reference_world_size: int = 1
+    kill_after: int | None = None
+    ckpt_every: int = 5
+    seq_len: int = 128
+    global_batch: int = 12
+    inputs: Sequence[str] = ()
+    store: str | None = None
+    s3_port: int = 9555
+    workdir: str | None = None
+    keep: bool = False
+    block_tokens: int = 2**12 + 1
+    blocks_per_shard: int = 16
+    seed: int = 0
+
+    def checked(self) -> DemoConfig:
+        """This config, or a ConfigError naming the flag that cannot work."""
+        if len(self.world_sizes) != 2 or min(self.world_sizes) < 1:
+            raise ConfigError(f"--world-sizes needs two positive sizes (interrupted,resumed), got {self.world_sizes}")
+        if self.world_sizes[0] == self.world_sizes[1]:
+            raise ConfigError(f"--world-sizes {self.world_sizes}: the resumed run must use another world size")
+        for size in (*self.world_sizes, self.reference_world_size):
+            if self.global_batch % size:
+                raise ConfigError(f"--global-batch {self.global_batch} is not divisible by world size {size}")
+        if self.ckpt_every < 1 or self.steps < 2 * self.ckpt_every:
+            raise ConfigError(f"--steps {self.steps} must cover at least two checkpoints of every {self.ckpt_every} steps")
+        kill_after = self.kill_step
+        if kill_after % self.ckpt_every or not 0 < kill_after < self.steps - self.steps_lost:
+            raise ConfigError(
+                f"--kill-after {kill_after} must be a checkpoint step (a multiple of {self.ckpt_every}) "
+                f"before step {self.steps - self.steps_lost}"
+            )
+        return self
+
+    @property
+    def steps_lost(self) -> int:
+        """Steps the interrupted run trains past its last checkpoint before the kill."""
+        return max(1, self.ckpt_every // 2)
+
+    @property
+    def kill_step(self) -> int:
+        """The step whose checkpoint the interrupted run completes before it is killed."""
+        if self.kill_after is not None:
+            return self.kill_after
+        return max(self.ckpt_every, (self.steps // 2) // self.ckpt_every * self.ckpt_every)
+
+
+def default_inputs() -> list[str]:
+    """The top-level ``.py`` files of this Python's standard library."""
+    return [os.path.join(sysconfig.get_paths()["stdlib"], "*.py")]
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def open_demo_store(config: DemoConfig) -> Iterator[str]:
+    """Yield the dataset URL: below ``--store``, or in a bucket of an embedded S3 server.
+
+    While the embedded server runs, the standard AWS variables point at it, so
+    the writer here and the training ranks in child processes reach it alike.
+    """
+    if config.store is not None:
+        yield config.store.rstrip("/") + "/" + DATASET_NAME
+        return
+    from zephon_stream.storage.embedded_s3 import EmbeddedS3
+
+    server = EmbeddedS3(port=config.s3_port)
+    server.start()
+    try:
+        if config.s3_port and server.port != config.s3_port:
+            print(f"port {config.s3_port} on 127.0.0.1 is taken; the embedded S3 server uses port {server.port} instead")
+        print(f"embedded S3 (moto) serving on {server.endpoint_url}")
+        bucket = server.create_bucket(DEFAULT_BUCKET)
+        with _environment(server.env()):
+            yield f"{bucket}/{DATASET_NAME}"
+    finally:
+        server.stop()
+
+
+def convert(config: DemoConfig, url: str) -> Any:
+    """Write the demo corpus to ``url`` with the byte tokenizer; print the summary."""
+    from zephon_stream.writer.api import write_dataset
+
+    inputs = list(config.inputs) or default_inputs()
+    print(f"converting {' '.join(inputs)} -> {url}")
+    summary = write_dataset(
+        inputs,
+        url,
+        tokenizer="bytes",
+        block_tokens=config.block_tokens,
+        blocks_per_shard=config.blocks_per_shard,
+        workers=min(2, os.cpu_count() or 1),
+        overwrite=True,
+    )
+    print(summary.table())
+    return summary
+
+
+class _Launch:
+    """One torchrun job in its own session, with its workers' pid files."""
+
+    def __init__(self, *, name: str, world_size: int, workdir: pathlib.Path, args: list[str]) -> None:
+        self.name = name
+        self.world_size = world_size
+        self.pid_dir = workdir / "pids" / name
+        self.output = workdir / f"{name}.out"
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={world_size}",
+            "-m",
+            "zephon_stream.demo.train",
+            *args,
+            "--pid-dir",
+            str(self.pid_dir),
+        ]
+        self._out = open(self.output, "wb")
+        # NOTE: set here so torchrun does not print its banner about setting it.
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.process = subprocess.Popen(command, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.started = time.monotonic()
+
+    def wait(self, timeout_s: float = RUN_TIMEOUT_S) -> None:
+        try:
+            code = self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise DemoFailedError(f"run {self.name} did not finish within {timeout_s:.0f}s; output: {self.output}") from None
+        finally:
+            self._out.close()
+        if code != 0:
+            raise DemoFailedError(f"run {self.name} (W={self.world_size}) exited with code {code}:\n{self.tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL every worker and torchrun itself: no handler runs, nothing is flushed."""
+        # NOTE: torchrun starts each worker in a session of its own, so killing
+        # torchrun's process group would leave the workers running.
+        for pid_file in sorted(self.pid_dir.glob("rank-*.pid")):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self._out.close()
+
+    def tail(self, lines: int = 15) -> str:
+        """The end of the workers' own output (their traceback), else of torchrun's."""
+        text = self.output.read_text(errors="replace").splitlines()
+        # NOTE: torchrun prefixes worker lines with [rankN]; its own trailer only says a child failed.
+        worker = [line for line in text if line.startswith("[rank")]
+        return "\n".join((worker or text)[-lines:]) + f"\n(full output: {self.output})"
+
+
+def _read_events(path: pathlib.Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        # NOTE: a kill can cut the last line short; every complete line is whole JSON.
+        with contextlib.suppress(json.JSONDecodeError):
+            records.append(json.loads(line))
+    return records
+
+
+def _wait_until(launch: _Launch, events: pathlib.Path, reached: Callable[[list[dict[str, Any]]], bool], what: str) -> None:
+    """Block until the run's event log satisfies ``reached``."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if reached(_read_events(events)):
+            return
+        if launch.process.poll() is not None:
+            launch.wait(0)
+            raise DemoFailedError(f"run {launch.name} finished before {what}; raise --steps")
+        time.sleep(_POLL_S)
+    launch.kill()
+    raise DemoFailedError(f"run {launch.name}: no {what} within {RUN_TIMEOUT_S:.0f}s")
+
+
+def _last_step(records: list[dict[str, Any]]) -> int:
+    return max((r["step"] for r in records if r["event"] == "step"), default=0)
+
+
+def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_size: int) -> dict[str, Any]:
+    """Run the reference, the interrupted and the resumed jobs; return where their logs are."""
+    common = [
+        "--data", url,
+        "--steps", str(config.steps),
+        "--seq-len", str(config.seq_len),
+        "--global-batch", str(config.global_batch),
+        "--vocab-size", str(vocab_size),
+        "--seed", str(config.seed),
+    ]  # fmt: skip
+    logs = {name: workdir / f"{name}.jsonl" for name in ("reference", "interrupted", "resumed")}
+    seconds: dict[str, float] = {}
+    first, second = config.world_sizes
+
+    print(f"\nreference run: {config.steps} steps at W={config.reference_world_size}, uninterrupted")
+    start = time.monotonic()
+    ref = _Launch(
+        name="reference",
+        world_size=config.reference_world_size,
+        workdir=workdir,
+        args=[*common, "--events", str(logs["reference"]), "--ckpt-dir", str(workdir / "ckpt-reference")],
+    )
+    ref.wait()
+    seconds["reference"] = time.monotonic() - start
+
+    kill_step = config.kill_step
+    ckpt_dir = workdir / "ckpt"
+    print(f"interrupted run: W={first}, checkpoint every {config.ckpt_every} steps, SIGKILL once step {kill_step} is checkpointed")
+    start = time.monotonic()
+    job = _Launch(
+        name="interrupted",
+        world_size=first,
+        workdir=workdir,
+        args=[*common, "--events", str(logs["interrupted"]), "--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(config.ckpt_every)],
+    )
+    _wait_until(
+        job,
+        logs["interrupted"],
+        lambda records: any(r["event"] == "checkpoint" and r["step"] >= kill_step for r in records),
+        f"its step {kill_step} checkpoint",
+    )
+    # NOTE: the kill lands between checkpoints, as a crash would: the steps
+    # after the last checkpoint are lost and the resumed run redoes them.
+    _wait_until(job, logs["interrupted"], lambda records: _last_step(records) >= kill_step + config.steps_lost, f"step {kill_step + config.steps_lost}")
+    job.kill()
+    last_step = _last_step(_read_events(logs["interrupted"]))
+    seconds["interrupted"] = time.monotonic() - start
+    print(f"  killed (SIGKILL, {first} workers + torchrun) with step {last_step} the last logged step")
+
+    print(f"resumed run: W={second}, from the newest complete checkpoint in {ckpt_dir}")
+    start = time.monotonic()
+    resumed = _Launch(
+        name="resumed",
+        world_size=second,
+        workdir=workdir,
+        args=[*common, "--events", str(logs["resumed"]), "--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(config.ckpt_every)],
+    )
+    resumed.wait()
+    seconds["resumed"] = time.monotonic() - start
+    return {"logs": logs, "seconds": seconds, "last_step_before_kill": last_step}
+
+
+def run_demo(config: DemoConfig, *, plot: str | None = None) -> int:
+    """Convert, train, kill, resume, compare; print the report. Returns the exit code."""
+    from zephon_stream.demo import report
+    from zephon_stream.format.manifest import Manifest
+
+    config = config.checked()
+    started = time.monotonic()
+    workdir = pathlib.Path(config.workdir) if config.workdir else pathlib.Path(tempfile.mkdtemp(prefix="zephon-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    for stale in ("reference.jsonl", "interrupted.jsonl", "resumed.jsonl"):
+        (workdir / stale).unlink(missing_ok=True)
+    for stale in ("ckpt", "ckpt-reference", "pids"):
+        shutil.rmtree(workdir / stale, ignore_errors=True)
+    try:
+        with open_demo_store(config) as url:
+            convert(config, url)
+            manifest = Manifest.load(url)
+            outcome = run_training(config, url, workdir, vocab_size=manifest.tokenizer.vocab_size)
+        result = report.build(
+            reference=_read_events(outcome["logs"]["reference"]),
+            interrupted=_read_events(outcome["logs"]["interrupted"]),
+            resumed=_read_events(outcome["logs"]["resumed"]),
+            kill_step=config.kill_step,
+            last_step_before_kill=outcome["last_step_before_kill"],
+        )
+        print()
+        print(result.text())
+        if plot:
+            report.write_plot(result, plot)
+            print(f"plot written to {plot}")
+        elapsed = time.monotonic() - started
+        removed = not config.keep and config.workdir is None
+        print(f"\ndemo finished in {elapsed:.0f}s; logs and checkpoints in {workdir}" + (" (removed)" if removed else ""))
+        return 0 if result.all_match else 1
+    finally:
+        if not config.keep and config.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
