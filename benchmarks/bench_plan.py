@@ -71,11 +71,10 @@ def time_world(world: int, num_blocks: int, steps: int, repeats: int) -> dict:
         steps,
         repeats,
     )
-    far = order.streams[0].lane_length * lanes // 997
+    # NOTE: 7919 steps apart (more than a block's 512 samples per lane): new
+    # windows and blocks every call, so every cache misses.
     cold = per_call_us(
-        lambda i: order.rank_slice(
-            (base + (i + 1) * far) // global_batch * global_batch, global_batch, world, rank
-        ),
+        lambda i: order.rank_slice(base + (i + 1) * 7919 * global_batch, global_batch, world, rank),
         max(20, steps // 10),
         repeats,
     )
@@ -123,12 +122,14 @@ def main() -> None:
 
     worlds = [time_world(w, args.blocks, args.steps, args.repeats) for w in (8, 256, 2048, 16384)]
     print(f"plan one step for one rank ({args.blocks:,} blocks, local batch 4, C = 4 W):")
-    print("| W | C | steady us/step | cold us/step | np.arange us | lane permutation us |")
+    print("| W | C | steady us/step | cold us/step | np.arange us (ratio) | "
+          "lane permutation us (ratio) |")  # fmt: skip
     print("|---:|---:|---:|---:|---:|---:|")
     for row in worlds:
         print(
             f"| {row['world_size']} | {row['lanes']} | {row['steady_us']:.1f} | {row['cold_us']:.1f}"
-            f" | {row['baseline_arange_us']:.2f} | {row['baseline_lane_permutation_us']:.1f} |"
+            f" | {row['baseline_arange_us']:.2f} ({row['steady_vs_arange']:.0f}x) | "
+            f"{row['baseline_lane_permutation_us']:.1f} ({row['steady_vs_lane_permutation']:.2f}x) |"
         )
 
     order = make_order(args.blocks, 8192)
