@@ -115,3 +115,21 @@ def test_which_command_position_range_and_errors(small_dataset, capsys):
     assert "world size 3 does not divide the global batch 8" in capsys.readouterr().err
     assert main(base + ["--positions", "6"]) == 1
     assert "--positions must be START:END, got '6'" in capsys.readouterr().err
+
+
+def test_which_reads_a_dataset_on_s3(small_dataset, s3_bucket, capsys):
+    from zephon_stream.storage import open_store
+
+    url = s3_bucket.url("datasets/which")
+    root = Path(small_dataset.url)
+    with open_store(url, s3_bucket.storage_options) as store:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            store.write_atomic(path.relative_to(root).as_posix(), path.read_bytes())
+    # NOTE: the AWS variables of the session's server reach it, as a user's would.
+    args = ["which", url, "--step", "2", "--seq-len", str(SEQ_LEN), "--global-batch", str(BATCH),
+            "--json", "--text"]  # fmt: skip
+    assert main(args) == 0
+    remote = json.loads(capsys.readouterr().out)["samples"]
+    local = [s.to_dict() for s in trace([small_dataset.url], 2, text=True)]
+    assert [s.pop("dataset") for s in remote] == [url] * BATCH
+    assert remote == [{k: v for k, v in s.items() if k != "dataset"} for s in local]
