@@ -210,21 +210,22 @@ class _Run:
         self.reject_counts: Counter[str] = Counter()
         self.rejected = [0] * len(readers)
         self.bytes_done = 0
-        self.progress = Progress(enabled=progress, total_bytes=_total_size(readers))
-        self.builder = ShardBuilder(
-            store=store,
-            layout=ShardLayout(
-                dtype=self.dtype,
-                block_tokens=config.block_tokens,
-                blocks_per_shard=config.blocks_per_shard,
-                zstd_level=config.zstd_level,
-            ),
-            sources=[r.url for r in readers],
-        )
+        self.show_progress = progress
 
     def execute(self) -> WriteSummary:
         start = time.monotonic()
         self._prepare_output()
+        self.progress = Progress(enabled=self.show_progress, total_bytes=_total_size(self.readers))
+        self.builder = ShardBuilder(
+            store=self.store,
+            layout=ShardLayout(
+                dtype=self.dtype,
+                block_tokens=self.config.block_tokens,
+                blocks_per_shard=self.config.blocks_per_shard,
+                zstd_level=self.config.zstd_level,
+            ),
+            sources=[r.url for r in self.readers],
+        )
         pool = TokenizePool(
             tokenizer=self.tokenizer,
             dtype=self.dtype,
@@ -316,7 +317,9 @@ class _Run:
         while len(pool):
             self._take(pool)
 
-    def _submit(self, pool: TokenizePool, texts: list[str], sources: list[int], records: list[int], bytes_read: int) -> None:
+    def _submit(
+        self, pool: TokenizePool, texts: list[str], sources: list[int], records: list[int], bytes_read: int
+    ) -> None:
         while pool.full:
             self._take(pool)
         tag = (np.asarray(sources, dtype=np.int64), np.asarray(records, dtype=np.int64), bytes_read)
