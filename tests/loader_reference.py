@@ -86,3 +86,29 @@ def run_step_hashes(loaders: Sequence, steps: int) -> list[str]:
             )
         )
     return hashes
+
+
+def resume_points(order, global_batch: int, manifest, *, max_steps: int = 2000) -> dict[str, int]:
+    """Steps (of ``global_batch`` samples, lanes = ``global_batch``) to resume at.
+
+    ``mid_block``: the steps just before and just after the cut read the same
+    blocks, so the cut is inside each of them.
+    ``mid_shard``: also, the first row's block is not its shard's first block.
+    ``epoch``: the first step of stream 0's second epoch.
+    """
+
+    def blocks(step):
+        piece = order.rank_slice(step * global_batch, global_batch, 1, 0)
+        return [(int(s), int(b)) for s, b in zip(piece.stream, piece.block)]
+
+    def inside_blocks(step):
+        return blocks(step - 1) == blocks(step)
+
+    assert order.lanes == global_batch
+    mid_block = next(k for k in range(2, max_steps) if inside_blocks(k))
+    mid_shard = next(
+        k
+        for k in range(mid_block + 1, max_steps)
+        if inside_blocks(k) and manifest.block_location(blocks(k)[0][1])[1] > 0
+    )
+    return {"mid_block": mid_block, "mid_shard": mid_shard, "epoch": order.streams[0].lane_length}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from loader_reference import DirectReader, reference_positions, run_step_hashes
+from loader_reference import DirectReader, reference_positions, resume_points, run_step_hashes
 from zephon_stream import Stream, StreamingLoader
 from zephon_stream.errors import ConfigError, CorruptBlockError, ObjectMissingError, StateMismatchError
 
@@ -65,26 +65,9 @@ def test_ranks_driven_from_one_process_cover_the_single_rank_run(small_dataset):
                 loader.close()
 
 
-def resume_points(small_dataset):
-    """Cursors (in steps of B = 8) at mid-block, mid-shard and an epoch boundary."""
-    with loader_for(small_dataset.url) as probe:
-        plan = probe.order.streams[0]
-        manifest = small_dataset.manifest
-        mid_block = plan.samples_per_block // 2 + 1
-        piece = probe.order.rank_slice(mid_block * 8, 8, 1, 0)
-        assert (piece.sample > 0).all()
-        # NOTE: a step whose first row is inside a block that is not the first of its shard.
-        mid_shard = next(
-            k for k in range(mid_block, 400)
-            if manifest.block_location(int(probe.order.rank_slice(k * 8, 8, 1, 0).block[0]))[1] > 0
-            and probe.order.rank_slice(k * 8, 8, 1, 0).sample[0] > 0
-        )
-        epoch = plan.lane_length  # with lanes = B, step m starts epoch 1
-        return {"mid_block": mid_block, "mid_shard": mid_shard, "epoch": epoch}
-
-
 def test_resume_at_mid_block_mid_shard_and_epoch_boundary_is_exact(small_dataset):
-    points = resume_points(small_dataset)
+    with loader_for(small_dataset.url) as probe:
+        points = resume_points(probe.order, 8, small_dataset.manifest)
     last = max(points.values()) + 6
     with loader_for(small_dataset.url, seed=11) as loader:
         full = run_step_hashes([loader], last)
@@ -181,14 +164,14 @@ def test_memory_bound_is_computed_and_a_config_over_the_cap_is_refused(small_dat
 
 
 def test_close_stops_every_thread_and_releases_file_handles(small_dataset):
-    threads, fds = threading.active_count(), open_fds()
+    threads, fds = set(threading.enumerate()), open_fds()
     loader = loader_for(small_dataset.url, num_fetch_threads=3, num_decode_threads=2)
     for _ in zip(range(10), loader):
         pass
-    assert threading.active_count() >= threads + 6
+    assert len(set(threading.enumerate()) - threads) == 3 + 2 + 1
     loader.close()
     loader.close()
-    assert threading.active_count() == threads
+    assert set(threading.enumerate()) - threads == set()
     assert open_fds() == fds
     with pytest.raises(RuntimeError, match="closed"):
         next(loader)

@@ -38,3 +38,53 @@ def test_store_used_in_a_child_process_reconnects(s3_bucket, method):
     assert reads_in_child >= 1
     assert store.read_range("obj", 0, 3) == b"012"  # the parent's store still works
     store.close()
+
+
+def _socket_count() -> int:
+    import os
+
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_closing_stores_releases_their_connections(s3_bucket):
+    import threading
+
+    with open_store(s3_bucket.url("sock"), s3_bucket.storage_options) as warm:
+        warm.write_atomic("obj", b"x" * 1000)  # starts fsspec's event loop, which lives on
+    before = _socket_count()
+    for _ in range(3):
+        store = open_store(s3_bucket.url("sock"), s3_bucket.storage_options)
+        readers = [threading.Thread(target=lambda: [store.read("obj") for _ in range(3)]) for _ in range(6)]
+        for thread in readers:
+            thread.start()
+        for thread in readers:
+            thread.join()
+        store.close()
+    assert _socket_count() <= before
+
+
+def test_concurrent_first_use_builds_one_s3_client(s3_bucket, caplog):
+    import logging
+    import threading
+
+    with open_store(s3_bucket.url("cold"), s3_bucket.storage_options) as writer:
+        writer.write_atomic("obj", b"cold start")
+    caplog.set_level(logging.DEBUG, logger="s3fs")
+    store = open_store(s3_bucket.url("cold"), s3_bucket.storage_options)
+    results: list[bytes] = []
+    threads = [threading.Thread(target=lambda: results.append(store.read("obj"))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    store.close()
+    assert results == [b"cold start"] * 8
+    setups = [r for r in caplog.records if r.name == "s3fs" and "Setting up s3fs instance" in r.getMessage()]
+    assert len(setups) == 1

@@ -293,11 +293,17 @@ class StreamingLoader:
     def stats(self) -> dict[str, Any]:
         """Counters since construction: steps, samples, bytes fetched, blocks
         fetched and decoded, cache hits and misses, retries, stall time (the
-        consumer waiting), and their per-step averages."""
+        consumer waiting), their per-step averages, and the block cache's
+        current and peak bytes (since the last start or seek)."""
         store_stats = [s.store.stats() for s in self._sources]
+        cache = self._pipeline.cache if self._pipeline is not None else None
         return self._stats.snapshot(
             retries=sum(s["retries"] for s in store_stats),
             storage_errors=sum(s["errors"] for s in store_stats),
+            cache_resident_bytes=cache.reserved_bytes if cache else 0,
+            cache_peak_bytes=cache.peak_bytes if cache else 0,
+            cache_capacity_bytes=cache.capacity_bytes if cache else 0,
+            cache_forced_reservations=cache.forced_reservations if cache else 0,
             memory_bound_bytes=self.memory_bound_bytes if hasattr(self, "_layout") else 0,
             position=self._position if hasattr(self, "_position") else 0,
         )

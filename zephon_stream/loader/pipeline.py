@@ -112,6 +112,11 @@ class Pipeline:
         self._thread = threading.Thread(target=self._run, name="zephon-assemble", daemon=True)
         self._thread.start()
 
+    @property
+    def cache(self) -> BlockCache:
+        """The block cache (for its byte counters)."""
+        return self._cache
+
     # -- producer thread ------------------------------------------------------
 
     def _run(self) -> None:

@@ -115,6 +115,8 @@ class FsspecStore(Store):
         self._fs: Any = None
         self._fs_pid = -1
         self._root = ""
+        self._first_call_lock = threading.Lock()
+        self._warm_pid = -1
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -141,13 +143,27 @@ class FsspecStore(Store):
         fs, root = self.filesystem()
         return fs, f"{root}/{path}" if root else path
 
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        fs, _ = self.filesystem()
+        if self._warm_pid == os.getpid():
+            return getattr(fs, method)(*args, **kwargs)
+        # NOTE: until its first request has opened an HTTP session, s3fs
+        # rebuilds its client on every call; concurrent first calls from the
+        # fetch threads then rebuild it over and over (10+ s for 8 threads).
+        # The first call of each process runs alone.
+        with self._first_call_lock:
+            try:
+                return getattr(fs, method)(*args, **kwargs)
+            finally:
+                self._warm_pid = os.getpid()
+
     def _read(self, path: str) -> bytes:
-        fs, full = self._full(path)
-        return fs.cat_file(full)
+        _, full = self._full(path)
+        return self._call("cat_file", full)
 
     def _read_range(self, path: str, start: int, end: int) -> bytes:
-        fs, full = self._full(path)
-        return fs.cat_file(full, start=start, end=end)
+        _, full = self._full(path)
+        return self._call("cat_file", full, start=start, end=end)
 
     def _write(self, path: str, data: bytes) -> None:
         fs, full = self._full(path)
@@ -155,11 +171,11 @@ class FsspecStore(Store):
             parent = full.rsplit("/", 1)[0]
             if parent and parent != full:
                 fs.makedirs(parent, exist_ok=True)
-        fs.pipe_file(full, data)
+        self._call("pipe_file", full, data)
 
     def _info(self, path: str) -> dict[str, Any]:
-        fs, full = self._full(path)
-        info = fs.info(full)
+        _, full = self._full(path)
+        info = self._call("info", full)
         if info.get("type") != "file":
             raise FileNotFoundError(f"not an object: {path}")
         return info
@@ -182,7 +198,7 @@ class FsspecStore(Store):
         if "/" in prefix:
             base = f"{root}/{prefix.rsplit('/', 1)[0]}" if root else prefix.rsplit("/", 1)[0]
         try:
-            paths = fs.find(base, withdirs=False)
+            paths = self._call("find", base, withdirs=False)
         except FileNotFoundError:
             return []
         skip = len(root) + 1 if root else 0
@@ -196,9 +212,9 @@ class FsspecStore(Store):
         return found
 
     def _delete(self, path: str) -> None:
-        fs, full = self._full(path)
+        _, full = self._full(path)
         try:
-            fs.rm_file(full)
+            self._call("rm_file", full)
         except FileNotFoundError:
             pass
 
@@ -206,6 +222,7 @@ class FsspecStore(Store):
         """Close this process's connections (S3); the store reconnects if used again."""
         with self._fs_lock:
             fs, self._fs = self._fs, None
+            self._warm_pid = -1
             if fs is None or self._fs_pid != os.getpid():
                 return
             client = getattr(fs, "_s3", None)

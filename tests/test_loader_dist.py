@@ -1,0 +1,73 @@
+"""Multi-rank runs under torchrun (gloo, CPU) with the data on S3 (moto):
+checkpoint at W = 4 through torch.distributed.checkpoint, kill, resume at
+W = 2 and W = 3 with the global batch held; every step's union of ranks equals
+the uninterrupted W = 1 run's, bit for bit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loader_reference import resume_points, run_step_hashes, step_union_sha256
+from zephon_stream import StreamingLoader
+from zephon_stream.storage import open_store
+
+WORKER = Path(__file__).parent / "dist" / "loader_worker.py"
+SEQ_LEN = 256
+GLOBAL_BATCH = 12
+RESUME_STEPS = 4
+SEED = 9
+
+
+def upload(local_root: str, url: str, storage_options: dict) -> None:
+    with open_store(url, storage_options) as store:
+        for path in sorted(Path(local_root).rglob("*")):
+            if path.is_file():
+                store.write_atomic(path.relative_to(local_root).as_posix(), path.read_bytes())
+
+
+def torchrun(nproc: int, args: list[str], env: dict[str, str], timeout_s: float = 240) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(WORKER), *args]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    assert result.returncode == 0, f"torchrun failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+
+
+def union_hashes(out: Path, tag: str, world: int) -> list[str]:
+    parts = [np.load(out / f"{tag}_rank{r}.npz") for r in range(world)]
+    steps = parts[0]["positions"].shape[0]
+    return [
+        step_union_sha256((p["positions"][k], p["input"][k], p["labels"][k]) for p in parts) for k in range(steps)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.torchrun
+def test_checkpoint_at_4_ranks_resumes_at_2_and_3_ranks_bit_identically(small_dataset, s3_bucket, tmp_path):
+    url = s3_bucket.url("data")
+    upload(small_dataset.url, url, s3_bucket.storage_options)
+    with StreamingLoader(url, seq_len=SEQ_LEN, local_batch_size=GLOBAL_BATCH, seed=SEED,
+                         storage_options=s3_bucket.storage_options) as single:
+        points = resume_points(single.order, GLOBAL_BATCH, small_dataset.manifest)
+        last = max(points.values())
+        expected = run_step_hashes([single], last + RESUME_STEPS)
+    with StreamingLoader(small_dataset.url, seq_len=SEQ_LEN, local_batch_size=GLOBAL_BATCH, seed=SEED) as local:
+        assert run_step_hashes([local], 3) == expected[:3]
+    save_steps = [str(points[name]) for name in ("mid_block", "mid_shard", "epoch")]
+    env = {**os.environ, **s3_bucket.env, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    common = ["--data", url, "--seq-len", str(SEQ_LEN), "--global-batch", str(GLOBAL_BATCH), "--seed", str(SEED),
+              "--save-steps", *save_steps, "--steps", str(RESUME_STEPS),
+              "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path)]
+
+    torchrun(4, ["--mode", "save", *common], env)
+    assert union_hashes(tmp_path, "save_w4", 4) == expected[:last]
+    for world in (2, 3):
+        torchrun(world, ["--mode", "resume", *common], env)
+        for name, step in points.items():
+            got = union_hashes(tmp_path, f"resume_w{world}_from{step}", world)
+            assert got == expected[step : step + RESUME_STEPS], f"resume at {name} (step {step}) on {world} ranks"
