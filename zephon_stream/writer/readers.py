@@ -23,7 +23,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from zephon_stream.errors import InputError
+import zstandard
+
+from zephon_stream.errors import InputError, ZephonError
 from zephon_stream.storage import open_input
 
 REJECT_REASONS = ("empty", "undecodable", "missing_field", "not_string", "bad_json")
@@ -132,12 +134,10 @@ class SourceReader:
                     yield from self._text_lines(stream)
                 else:
                     yield from self._text_whole(stream)
-            except (OSError, EOFError, zlib.error) as exc:
+            except ZephonError:
+                raise  # storage failures after retries name the object and range already
+            except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
                 raise self._corrupt(exc, stream) from None
-            except Exception as exc:
-                if type(exc).__name__ == "ZstdError":
-                    raise self._corrupt(exc, stream) from None
-                raise
         finally:
             self.final_bytes_read = self._raw.tell()
             self._raw.close()
@@ -287,8 +287,6 @@ class _ZstdFrames(io.RawIOBase):
 
     def __init__(self, raw: BinaryIO) -> None:
         super().__init__()
-        import zstandard
-
         self._raw = raw
         self._dctx = zstandard.ZstdDecompressor()
         self._dobj = self._dctx.decompressobj()
