@@ -281,6 +281,7 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
     )
     ref.wait()
     seconds["reference"] = time.monotonic() - start
+    print(f"  done in {seconds['reference']:.1f}s")
 
     kill_step = config.kill_step
     ckpt_dir = workdir / "ckpt"
@@ -304,7 +305,7 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
     job.kill()
     last_step = _last_step(_read_events(logs["interrupted"]))
     seconds["interrupted"] = time.monotonic() - start
-    print(f"  killed (SIGKILL, {first} workers + torchrun) with step {last_step} the last logged step")
+    print(f"  killed (SIGKILL, {first} workers + torchrun) after {seconds['interrupted']:.1f}s, with step {last_step} the last logged step")
 
     print(f"resumed run: W={second}, from the newest complete checkpoint in {ckpt_dir}")
     start = time.monotonic()
@@ -316,6 +317,7 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
     )
     resumed.wait()
     seconds["resumed"] = time.monotonic() - start
+    print(f"  done in {seconds['resumed']:.1f}s")
     return {"logs": logs, "seconds": seconds, "last_step_before_kill": last_step}
 
 

@@ -123,7 +123,7 @@ class _Log:
 
     def write(self, **record: Any) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(record, default=str) + "\n")
+            self._file.write(json.dumps({**record, "time": time.time()}, default=str) + "\n")
             self._file.flush()
 
     def close(self) -> None:
