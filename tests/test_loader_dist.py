@@ -17,7 +17,7 @@ from loader_reference import resume_points, run_step_hashes, step_union_sha256
 from zephon_stream import StreamingLoader
 from zephon_stream.storage import open_store
 
-WORKER = Path(__file__).parent / "dist" / "loader_worker.py"
+WORKER = Path(__file__).parent / "dist_loader" / "loader_worker.py"
 SEQ_LEN = 256
 GLOBAL_BATCH = 12
 RESUME_STEPS = 4

@@ -12,7 +12,7 @@ import pytest
 
 from zephon_stream import write_dataset
 
-PROBE = Path(__file__).parent / "dist" / "loader_memory_probe.py"
+PROBE = Path(__file__).parent / "dist_loader" / "loader_memory_probe.py"
 # NOTE: what the bound does not model: malloc arena slack, thread stacks
 # touched, numpy/torch temporaries and Python objects of the pipeline.
 RSS_SLACK_BYTES = 24 << 20

@@ -1,0 +1,55 @@
+"""Subprocess probe: peak RSS growth of a loader run against its memory bound.
+
+Prints one JSON object: ``growth_bytes`` (peak RSS during the run minus RSS
+before the first batch), ``bound_bytes``, ``cache_peak_bytes`` and
+``cache_capacity_bytes``, ``forced_reservations`` and ``blocks_fetched``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def rss_bytes(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--seq-len", type=int, required=True)
+    parser.add_argument("--local-batch", type=int, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--prefetch", type=int, default=4)
+    args = parser.parse_args()
+
+    from zephon_stream import StreamingLoader
+
+    loader = StreamingLoader(args.data, seq_len=args.seq_len, local_batch_size=args.local_batch,
+                             prefetch_steps=args.prefetch, num_fetch_threads=2, num_decode_threads=2)
+    baseline = rss_bytes("VmRSS")
+    # NOTE: writing 5 to clear_refs resets the peak (VmHWM) to the current RSS.
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    for _ in zip(range(args.steps), loader):
+        pass
+    peak = rss_bytes("VmHWM")
+    stats = loader.stats()
+    print(json.dumps({
+        "growth_bytes": peak - baseline,
+        "bound_bytes": loader.memory_bound_bytes,
+        "cache_peak_bytes": stats["cache_peak_bytes"],
+        "cache_capacity_bytes": stats["cache_capacity_bytes"],
+        "forced_reservations": stats["cache_forced_reservations"],
+        "blocks_fetched": stats["blocks_fetched"],
+    }))
+    loader.close()
+
+
+if __name__ == "__main__":
+    main()
