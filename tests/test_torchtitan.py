@@ -379,3 +379,19 @@ def test_training_losses_after_dp2_to_dp1_resume_match_the_uninterrupted_run(sma
     assert uninterrupted["1"] != uninterrupted["6"], "the model should be learning"
     for step, loss in resumed.items():
         assert loss == pytest.approx(uninterrupted[step], rel=1e-5), f"step {step}"
+
+
+def test_example_job_configs_select_the_zephon_loader(monkeypatch):
+    # NOTE: TorchTitan's model code imports triton, which CPU-only installs lack;
+    # tools/gpu_check.sh runs this on a GPU machine.
+    pytest.importorskip("triton", reason="torchtitan.models needs triton")
+    monkeypatch.setenv("ZEPHON_DATASET", "s3://bucket/zephon/web")
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "torchtitan"))
+    monkeypatch.delitem(sys.modules, "zephon_titan", raising=False)
+    import zephon_titan
+
+    for make_config in (zephon_titan.llama3_debugmodel_zephon, zephon_titan.llama3_8b_zephon):
+        config = make_config()
+        assert isinstance(config.dataloader, ZephonDataLoader.Config)
+        assert config.dataloader.dataset_path == "s3://bucket/zephon/web"
+        assert config.validator.enable is False
