@@ -3,7 +3,8 @@
 Corpus: every stdlib ``.py`` source on this machine that is valid UTF-8 (tens
 of MB). Tokenizer: a byte-level BPE (vocab 8000) trained here on a slice of
 it. Both runs use ``--workers`` spawned processes with
-``TOKENIZERS_PARALLELISM=false`` and the same chunk size:
+``TOKENIZERS_PARALLELISM=false`` and the same chunk size (with ``--workers 1``
+both tokenize in this process instead):
 
 - baseline: the texts already in memory, ``encode_batch`` on the workers, results
   taken back in order (nothing else);
@@ -107,8 +108,12 @@ def chunks(texts: list[str]) -> list[list[str]]:
 
 
 def baseline(tokenizer, texts: list[str], workers: int) -> tuple[int, float]:
-    """Tokens and seconds for the tokenizer alone on ``workers`` processes."""
+    """Tokens and seconds for the tokenizer alone on ``workers`` processes
+    (``workers=1``: in this process, as the writer does)."""
     start = time.perf_counter()
+    if workers == 1:
+        tokens = sum(len(ids) for chunk in chunks(texts) for ids in tokenizer.encode_batch(chunk))
+        return tokens, time.perf_counter() - start
     pool = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
