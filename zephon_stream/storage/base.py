@@ -73,16 +73,15 @@ class StoreStats:
 class Store(abc.ABC):
     """A key-value view of a folder or object-store prefix.
 
-    Subclasses set ``self._url`` (display form, no secrets) and implement the
-    primitives; callers use only the public methods.
+    Subclasses pass their root URL (scrubbed here) and secrets to ``__init__``
+    and implement the primitives; callers use only the public methods.
     """
 
     def __init__(self, *, url: str, retry: RetryPolicy | None, secrets: Sequence[str] = ()) -> None:
-        self._url = url.rstrip("/")
         self._retry = retry or RetryPolicy()
         self._secrets = tuple(sorted({s for s in secrets if s}, key=len, reverse=True))
         self._stats = StoreStats()
-        self._url = self.scrub(self._url)
+        self._url = self.scrub(url.rstrip("/"))
 
     # -- primitives -------------------------------------------------------
     @abc.abstractmethod
