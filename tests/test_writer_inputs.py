@@ -55,6 +55,12 @@ def test_jsonl_plain_gzip_zstd_give_the_same_records(tmp_path, suffix):
     assert got == [(i, f"doc {i}\x00 é") for i in range(50)]
 
 
+def test_jsonl_with_a_byte_order_mark_reads_its_first_line(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"text": "first"}\n{"text": "second"}\n')
+    assert records(path) == [(0, "first"), (1, "second")]
+
+
 def test_every_reject_reason_is_listed_with_its_place(tmp_path):
     path = tmp_path / "mixed.jsonl"
     good = json.dumps({"text": "fine"}).encode()

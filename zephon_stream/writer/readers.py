@@ -181,6 +181,8 @@ class SourceReader:
             except UnicodeDecodeError as exc:
                 yield number, self._reject(number, "undecodable", f"invalid UTF-8 at byte {offset + exc.start}")
                 continue
+            if number == 0 and decoded.startswith("\ufeff"):
+                decoded = decoded[1:]  # NOTE: a UTF-8 byte-order mark is not JSON
             try:
                 obj = json.loads(decoded)
             except json.JSONDecodeError as exc:
