@@ -44,7 +44,7 @@ from zephon_stream.writer.tokenizers import Tokenizer, load_tokenizer
 DEFAULT_CHUNK_CHARS = 256 * 1024
 REJECTS_SPOOL_BYTES = 16 * 2**20
 # NOTE: shards of about 64 Mi tokens whatever the block size: 128 MiB of uint16
-# before compression, which lands BPE-tokenized text near 64-128 MB a shard.
+# before compression, typically 40-130 MB after it, depending on the tokenizer.
 DEFAULT_SHARD_TOKENS = DEFAULT_BLOCKS_PER_SHARD * DEFAULT_BLOCK_TOKENS
 
 
