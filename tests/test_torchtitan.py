@@ -227,9 +227,14 @@ def test_finite_run_ends_with_dataloader_exhausted(small_bpe_dataset):
         half.close()
 
 
-def test_config_repr_hides_storage_option_values():
-    config = ZephonDataLoader.Config(dataset_path="s3://b/d", storage_options={"secret": "hunter2-key"})
-    assert "hunter2-key" not in repr(config)
+def test_config_repr_and_logged_dict_hide_storage_secrets():
+    options = {"key": "AKIAEXAMPLE1234", "secret": "hunter2-secret", "client_kwargs": {"endpoint_url": "http://s3:9000"}}
+    config = ZephonDataLoader.Config(dataset_path="s3://b/d", storage_options=options)
+    # NOTE: TorchTitan's trainer logs json.dumps(config.to_dict()) and saves it.
+    for text in (repr(config), json.dumps(config.to_dict())):
+        assert "AKIAEXAMPLE1234" not in text and "hunter2-secret" not in text
+        assert "http://s3:9000" in text
+    assert config.storage_options == options
 
 
 def test_torchtitan_config_manager_parses_the_loader_config(tmp_path, monkeypatch):

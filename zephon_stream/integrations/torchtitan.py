@@ -17,21 +17,26 @@ nothing else in zephon_stream imports it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from zephon_stream.errors import ConfigError, StateMismatchError, TokenizerError
+from zephon_stream.storage.redact import redact_options
+
+if TYPE_CHECKING:
+    from zephon_stream.loader.api import StreamingLoader
 
 INSTALL_HINT = "pip install 'zephon-stream[torchtitan]'"
 
 try:
     from torchtitan.components.dataloader import BaseDataLoader, DataloaderExhaustedError
-except ModuleNotFoundError as exc:  # pragma: no cover - exercised in a subprocess test
+except ModuleNotFoundError as exc:
     # NOTE: only a missing TorchTitan (or torchdata, which it needs) gets the
     # install hint; any other import failure is a real bug and surfaces as is.
     if (exc.name or "").split(".")[0] not in ("torchtitan", "torchdata"):
@@ -41,7 +46,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised in a subproce
         name=exc.name,
     ) from exc
 
-__all__ = ["STATE_KEY", "ZephonDataLoader", "parse_stream_spec"]
+__all__ = ["STATE_KEY", "ZephonDataLoader", "check_tokenizer", "parse_stream_spec"]
 
 STATE_KEY = "zephon"
 """The one key of :meth:`ZephonDataLoader.state_dict` (identical on every rank)."""
@@ -182,14 +187,21 @@ class ZephonDataLoader(BaseDataLoader):
             if self.max_steps is not None and self.max_steps < 0:
                 raise ConfigError(f"dataloader.max_steps must be >= 0 (got {self.max_steps})")
 
+        def to_dict(self) -> dict:
+            """The config as TorchTitan logs and saves it, secrets redacted."""
+            # NOTE: the trainer prints this dict and writes it to the dump
+            # folder and metric backends; storage options may hold keys.
+            # (No zero-argument super() in a slotted dataclass on Python 3.10/3.11.)
+            out = BaseDataLoader.Config.to_dict(self)
+            out["storage_options"] = redact_options(self.storage_options)
+            return out
+
         def __repr__(self) -> str:
-            # NOTE: storage options may hold keys; show their names only.
-            options = sorted(self.storage_options)
             shown = ", ".join(
-                f"{f}={getattr(self, f)!r}"
-                for f in ("dataset_path", "streams", "seed", "lanes", "window", "prefetch_steps", "device")
+                f"{f.name}={redact_options(self.storage_options) if f.name == 'storage_options' else getattr(self, f.name)!r}"
+                for f in dataclasses.fields(self)
             )
-            return f"ZephonDataLoader.Config({shown}, storage_options=<{len(options)} keys: {options}>)"
+            return f"ZephonDataLoader.Config({shown})"
 
     def __init__(
         self,
@@ -233,7 +245,11 @@ class ZephonDataLoader(BaseDataLoader):
         )
         self._last_sample_positions = torch.empty(0, dtype=torch.int64)
         if tokenizer is not None:
-            check_tokenizer(tokenizer, self._loader.manifests)
+            try:
+                check_tokenizer(tokenizer, self._loader.manifests)
+            except BaseException:
+                self._loader.close()
+                raise
 
     @property
     def global_batch_size(self) -> int:
@@ -241,7 +257,7 @@ class ZephonDataLoader(BaseDataLoader):
         return self.local_batch_size * self.dp_world_size
 
     @property
-    def streaming_loader(self) -> Any:
+    def streaming_loader(self) -> StreamingLoader:
         """The underlying :class:`zephon_stream.StreamingLoader` (stats, memory bound)."""
         return self._loader
 
@@ -281,8 +297,12 @@ class ZephonDataLoader(BaseDataLoader):
                 "was this checkpoint written by another dataloader?"
             )
         value = state_dict[STATE_KEY]
-        state = json.loads(value) if isinstance(value, (str, bytes)) else value
-        self._loader.load_state_dict(state)
+        if isinstance(value, (str, bytes)):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise StateMismatchError(f"dataloader state {STATE_KEY!r}: not the JSON of a loader state ({exc})") from exc
+        self._loader.load_state_dict(value)
 
     def close(self) -> None:
         """Stop the loader's threads (idempotent)."""
@@ -295,11 +315,16 @@ class ZephonDataLoader(BaseDataLoader):
         self.close()
 
 
-def check_tokenizer(tokenizer: Any, manifests: Any) -> None:
+def check_tokenizer(tokenizer: Any, manifests: Sequence[tuple[str, Any]]) -> None:
     """Refuse a TorchTitan tokenizer that did not produce the datasets.
 
     Compares the vocabulary size (``get_vocab_size()``) and the EOS id
     (``eos_id``, when the tokenizer knows it) with each manifest's tokenizer.
+
+    Args:
+        tokenizer: a TorchTitan ``BaseTokenizer`` (or anything with
+            ``get_vocab_size()`` and ``eos_id``).
+        manifests: ``(url, Manifest)`` per dataset.
 
     Raises:
         TokenizerError: naming the dataset and both values.
