@@ -5,13 +5,18 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import posixpath
+import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zephon_stream.errors import ConfigError, InputError, PathEscapeError
 from zephon_stream.storage import (
     FsspecStore,
     LocalStore,
+    check_relative_path,
     expand_inputs,
     join_url,
     open_input,
@@ -148,3 +153,21 @@ def test_storage_never_imports_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env={**os.environ})
     assert result.stdout.strip() == "ok", result.stderr
+
+
+_PATH_ALPHABET = st.sampled_from(list("ab.-_/:\\~ \x00%") + ["..", "s3://", "C:", "é"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_PATH_ALPHABET, max_size=12).map("".join))
+def test_a_path_is_either_refused_or_stays_inside_the_root(path):
+    try:
+        accepted = check_relative_path(path)
+    except PathEscapeError:
+        return
+    assert accepted == path
+    root = "/store/root"
+    joined = posixpath.normpath(posixpath.join(root, path))
+    assert joined.startswith(root + "/") and joined == posixpath.join(root, path)
+    assert "\\" not in path and "\x00" not in path
+    assert not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", path)  # no scheme or drive letter
