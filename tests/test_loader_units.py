@@ -187,7 +187,7 @@ def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, 
     address = lane_order(lanes, spb, window)
     rows = batch // world
 
-    def slice_fn(cursor):
+    def slice_one(cursor):
         positions = np.arange(cursor, cursor + batch)
         order = np.lexsort((positions // lanes, positions % lanes))
         mine = positions[order][rank * rows : (rank + 1) * rows]
@@ -195,10 +195,14 @@ def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, 
         streams = np.zeros(rows, np.int64)
         return mine, streams, addr[:, 0] * 100 + addr[:, 1], addr[:, 2]
 
+    def slice_fn(cursor, count):
+        parts = [slice_one(cursor + k * batch) for k in range(count)]
+        return tuple(np.stack([p[i] for p in parts]) for i in range(4))
+
     steps = 200
     planner = Planner(slice_fn=slice_fn, start=0, global_batch=batch, num_steps=steps, fetch_steps=fetch,
                       retention_steps=retention_steps(window=window, lanes=lanes, global_batch=batch, fetch_steps=fetch))
-    all_keys = [list(zip(*(a.tolist() for a in slice_fn(i * batch)[1:3]))) for i in range(steps)]
+    all_keys = [list(zip(*(a.tolist() for a in slice_one(i * batch)[1:3]))) for i in range(steps)]
     released_at = {}
     resident = set()
     peak = 0
@@ -215,7 +219,7 @@ def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, 
         peak = max(peak, len(resident))
     for key, index in released_at.items():
         assert all(key not in keys for keys in all_keys[index:]), f"{key} released at step {index} but used later"
-    lanes_read = len({p % lanes for i in range(steps) for p in slice_fn(i * batch)[0].tolist()})
+    lanes_read = len({p % lanes for i in range(steps) for p in slice_one(i * batch)[0].tolist()})
     bound = lanes_read * blocks_per_lane(window=window, samples_per_block=spb, lanes=lanes, global_batch=batch,
                                          fetch_steps=fetch)
     assert peak <= bound

@@ -123,10 +123,18 @@ class RankLayout:
         """Raise ConfigError if the bound exceeds ``max_memory_bytes``."""
         check_memory(self.memory_bound, max_memory_bytes)
 
-    def slice(self, cursor: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """This rank's ``(positions, streams, blocks, samples)`` of the step at ``cursor``."""
-        piece = self.order.rank_slice(cursor, self.global_batch, self.world_size, self.rank)
-        return piece.positions, piece.stream, piece.block, piece.sample
+    def slice(self, cursor: int, steps: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """This rank's ``(positions, streams, blocks, samples)`` for ``steps``
+        steps from ``cursor``, each ``[steps, rows]``."""
+        positions = np.stack(
+            [
+                rank_positions(cursor + k * self.global_batch, self.global_batch, self.world_size, self.rank, self.order.lanes)
+                for k in range(steps)
+            ]
+        )
+        # NOTE: one call for all the steps keeps the order on its vectorized path.
+        stream, block, sample = self.order.sample_at(positions)
+        return positions, stream, block, sample
 
     def planner(self, *, start: int, num_steps: int | None) -> Planner:
         """A planner for this rank from cursor ``start``."""

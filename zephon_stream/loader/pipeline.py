@@ -30,7 +30,7 @@ from zephon_stream.loader.streams import StreamSource
 _POLL_S = 0.1
 # NOTE: steps planned per producer iteration while the retention horizon fills;
 # small enough that the first batch is not delayed by planning far ahead.
-_PLAN_CHUNK_STEPS = 32
+_PLAN_CHUNK_STEPS = 128
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -143,7 +143,7 @@ class Pipeline:
     def _issue_fetches(self) -> None:
         next_index = self._planner.next_index
         for key, first_index in self._planner.fetch_order():
-            if key in self._cache:
+            if key in self._first_need:  # NOTE: issued and not released; no cache lock needed
                 continue
             source = self._sources[key[0]]
             nbytes = source.decoded_bytes(key[1])

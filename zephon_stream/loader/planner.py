@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 BlockKey = tuple[int, int]
-SliceFn = Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+# NOTE: (first cursor, steps) -> (positions, streams, blocks, samples), each
+# [steps, rows]: planning many steps per call lets the order run vectorized.
+SliceFn = Callable[[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,14 +52,15 @@ class Planner:
     """Sliding plan of the steps after cursor ``start``.
 
     Args:
-        slice_fn: cursor ``P`` -> this rank's ``(positions, streams, blocks,
-            samples)`` for the step covering ``[P, P + global_batch)``.
+        slice_fn: ``(P, n)`` -> this rank's ``(positions, streams, blocks,
+            samples)`` for the ``n`` steps from cursor ``P``, each ``[n, rows]``.
         start: the cursor of the first step.
         global_batch: ``B``, samples per step over all ranks.
         num_steps: steps to plan in total, or None for no end.
         fetch_steps: steps after the next one whose blocks are fetched ahead.
         retention_steps: steps planned ahead to decide block lifetimes
             (at least ``fetch_steps + 1``).
+        chunk_steps: steps planned past the horizon at each top-up.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class Planner:
         num_steps: int | None,
         fetch_steps: int,
         retention_steps: int,
+        chunk_steps: int = 64,
     ) -> None:
         assert global_batch > 0 and fetch_steps >= 0
         self._slice_fn = slice_fn
@@ -77,6 +81,7 @@ class Planner:
         self._num_steps = num_steps
         self._fetch_steps = fetch_steps
         self._retention_steps = max(retention_steps, fetch_steps + 1)
+        self._chunk_steps = max(1, chunk_steps)
         self._planned: collections.deque[StepPlan] = collections.deque()
         self._next_index = 0  # index of the next step to assemble
         self._refcounts: collections.Counter[BlockKey] = collections.Counter()
@@ -101,35 +106,52 @@ class Planner:
 
     def extend(self, max_new_steps: int | None = None) -> int:
         """Plan up to ``max_new_steps`` more steps of the horizon; returns how many."""
-        added = 0
-        while not self.horizon_complete() and (max_new_steps is None or added < max_new_steps):
-            self._planned.append(self._plan(self._next_index + len(self._planned)))
-            added += 1
-        return added
+        if self.horizon_complete():
+            return 0
+        first = self._next_index + len(self._planned)
+        # NOTE: top up past the horizon by a chunk, so planning runs in
+        # vectorized chunks rather than one step at a time.
+        end = self._next_index + self._retention_steps + self._chunk_steps
+        count = (end if self._num_steps is None else min(end, self._num_steps)) - first
+        if max_new_steps is not None:
+            count = min(count, max_new_steps)
+        if count <= 0:
+            return 0
+        self._plan_steps(count)
+        return count
 
-    def _plan(self, index: int) -> StepPlan:
-        cursor = self._start + index * self._global_batch
-        positions, streams, blocks, samples = self._slice_fn(cursor)
-        keys = tuple(zip(streams.tolist(), blocks.tolist()))
-        unique = tuple(dict.fromkeys(keys))
-        self._refcounts.update(keys)
-        self._unreferenced.difference_update(unique)
-        return StepPlan(
-            index=index,
-            cursor=cursor,
-            positions=np.asarray(positions, dtype=np.int64),
-            streams=np.asarray(streams, dtype=np.int64),
-            blocks=np.asarray(blocks, dtype=np.int64),
-            samples=np.asarray(samples, dtype=np.int64),
-            keys=keys,
-            unique_keys=unique,
-        )
+    def _plan_steps(self, count: int) -> None:
+        if self._num_steps is not None:
+            count = min(count, self._num_steps - self._next_index - len(self._planned))
+        if count <= 0:
+            return
+        first = self._next_index + len(self._planned)
+        cursor = self._start + first * self._global_batch
+        positions, streams, blocks, samples = (np.asarray(a, dtype=np.int64) for a in self._slice_fn(cursor, count))
+        stream_rows, block_rows = streams.tolist(), blocks.tolist()
+        for k in range(count):
+            keys = tuple(zip(stream_rows[k], block_rows[k]))
+            unique = tuple(dict.fromkeys(keys))
+            self._refcounts.update(keys)
+            self._unreferenced.difference_update(unique)
+            self._planned.append(
+                StepPlan(
+                    index=first + k,
+                    cursor=cursor + k * self._global_batch,
+                    positions=positions[k],
+                    streams=streams[k],
+                    blocks=blocks[k],
+                    samples=samples[k],
+                    keys=keys,
+                    unique_keys=unique,
+                )
+            )
 
     def next_step(self) -> StepPlan:
         """The plan of the next step to assemble (planned now if needed)."""
         assert not self.finished()
         if not self._planned:
-            self.extend(1)
+            self._plan_steps(self._fetch_steps + 1)
         return self._planned[0]
 
     def fetch_order(self) -> Iterator[tuple[BlockKey, int]]:
@@ -137,7 +159,9 @@ class Planner:
 
         Keys may repeat across steps; the caller skips those already cached.
         """
-        self.extend(self._fetch_steps + 1 - min(len(self._planned), self._fetch_steps + 1))
+        missing = self._fetch_steps + 1 - len(self._planned)
+        if missing > 0:
+            self._plan_steps(missing)
         for plan in list(self._planned)[: self._fetch_steps + 1]:
             for key in plan.unique_keys:
                 yield key, plan.index
@@ -149,11 +173,8 @@ class Planner:
         unreferenced blocks are remembered and returned by a later call.
         """
         plan = self.next_step()
-        was_complete = self.horizon_complete()
         self._planned.popleft()
         self._next_index += 1
-        if was_complete:
-            self.extend(1)
         self._refcounts.subtract(plan.keys)
         for key in plan.unique_keys:
             if self._refcounts[key] <= 0:

@@ -1,0 +1,213 @@
+"""Read throughput of StreamingLoader (one rank), local disk and S3 (moto).
+
+Dataset: the Python standard library sources on this machine (site-packages
+excluded), written with the ``bytes`` tokenizer: about 30 million tokens.
+
+Figures, each with its baseline measured in the same run:
+
+1. Loader tokens/s against (a) a tight loop that only zstd-decompresses the
+   same blocks (one thread, frames already in memory), and (b) plain s3fs
+   ``cat_file`` range reads of the same block bytes (one thread). Targets:
+   local >= 0.8 x (a); S3 >= 0.8 x min(a, b).
+2. Time to the first batch: a cold start against a start after
+   ``load_state_dict`` at a cursor 90% into the epoch. Target ratio <= 1.2.
+3. 50 ms of latency injected on every storage request (fault proxy), a
+   consumer that computes for ``--step-ms`` per step, prefetch 4: stall time
+   per step once warm. Target: no stalls.
+
+NOTE: moto reads the whole object for every ranged GET, so the dataset is
+written with small shards (``--blocks-per-shard``) to measure the loader and
+not moto's copying.
+
+The last printed line is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import zstandard  # noqa: E402
+
+from tools.fault_proxy import FaultProxy  # noqa: E402
+from zephon_stream import Manifest, StreamingLoader, write_dataset  # noqa: E402
+from zephon_stream.storage import open_store  # noqa: E402
+from zephon_stream.storage.embedded_s3 import EmbeddedS3  # noqa: E402
+
+
+def build_dataset(out: Path, blocks_per_shard: int) -> Manifest:
+    if not (out / "manifest").exists():
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = sorted(str(p) for p in root.rglob("*.py") if "site-packages" not in p.parts)
+        write_dataset(files, str(out), tokenizer="bytes", blocks_per_shard=blocks_per_shard, progress=False)
+    return Manifest.load(str(out))
+
+
+def upload(local_root: Path, url: str, options: dict) -> None:
+    with open_store(url, options) as store:
+        for path in sorted(local_root.rglob("*")):
+            if path.is_file():
+                store.write_atomic(path.relative_to(local_root).as_posix(), path.read_bytes())
+
+
+def decode_only_tokens_per_s(manifest: Manifest, root: Path, repeats: int) -> float:
+    with open_store(str(root)) as store:
+        frames = [store.read_range(*manifest.block_byte_range(b)) for b in range(manifest.num_blocks)]
+    decompressor = zstandard.ZstdDecompressor()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for frame in frames:
+            decompressor.decompress(frame)
+        best = min(best, time.perf_counter() - started)
+    return manifest.num_tokens / best
+
+
+def s3fs_range_tokens_per_s(manifest: Manifest, url: str, options: dict) -> float:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(
+        key=options["key"], secret=options["secret"], endpoint_url=options["endpoint_url"],
+        client_kwargs=options.get("client_kwargs", {}), skip_instance_cache=True,
+    )
+    base = url.removeprefix("s3://")
+    fs.cat_file(f"{base}/manifest")  # connect before timing
+    started = time.perf_counter()
+    for block in range(manifest.num_blocks):
+        path, start, end = manifest.block_byte_range(block)
+        fs.cat_file(f"{base}/{path}", start=start, end=end)
+    return manifest.num_tokens / (time.perf_counter() - started)
+
+
+def loader_tokens_per_s(url: str, options: dict | None, args: argparse.Namespace, steps: int) -> dict:
+    started = time.perf_counter()
+    with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, storage_options=options,
+                         prefetch_steps=4) as loader:
+        batches = iter(loader)
+        next(batches)
+        first = time.perf_counter()
+        for _ in range(steps - 1):
+            next(batches)
+        done = time.perf_counter()
+        stats = loader.stats()
+    tokens = args.local_batch * args.seq_len
+    return {
+        "tokens_per_s": tokens * (steps - 1) / (done - first),
+        "tokens_per_s_with_start": tokens * steps / (done - started),
+        "steps": steps,
+        "stall_s_per_step": stats["stall_s_per_step"],
+        "blocks_fetched": stats["blocks_fetched"],
+    }
+
+
+def first_batch_s(url: str, options: dict | None, args: argparse.Namespace, position: int) -> float:
+    started = time.perf_counter()
+    with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, storage_options=options) as loader:
+        if position:
+            loader.load_state_dict({**loader.state_dict(), "position": position})
+        next(loader)
+        return time.perf_counter() - started
+
+
+def latency_stalls(url: str, options: dict, args: argparse.Namespace) -> dict:
+    with StreamingLoader(url, seq_len=args.latency_seq_len, local_batch_size=args.local_batch, storage_options=options,
+                         prefetch_steps=4) as loader:
+        batches = iter(loader)
+        for _ in range(args.warm_steps):
+            next(batches)
+            time.sleep(args.step_ms / 1000)
+        warm = loader.stats()
+        stalls = []
+        for _ in range(args.latency_steps):
+            next(batches)
+            stalls.append(loader.stats()["last_step_stall_s"])
+            time.sleep(args.step_ms / 1000)
+        end = loader.stats()
+    return {
+        "stall_s_per_step": (end["stall_s"] - warm["stall_s"]) / args.latency_steps,
+        "stalled_steps": end["stalled_steps"] - warm["stalled_steps"],
+        "max_stall_s": max(stalls),
+        "steps": args.latency_steps,
+        "blocks_fetched": end["blocks_fetched"] - warm["blocks_fetched"],
+        "warmup_stall_s": warm["stall_s"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", help="reuse/keep the written dataset here (default: a temp folder)")
+    parser.add_argument("--blocks-per-shard", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--local-batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument("--latency-seq-len", type=int, default=8192)
+    parser.add_argument("--step-ms", type=float, default=25.0)
+    parser.add_argument("--warm-steps", type=int, default=10)
+    parser.add_argument("--latency-steps", type=int, default=200)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedS3(subprocess=True) as server:
+        root = Path(args.data_dir or tmp) / "stdlib-bytes"
+        manifest = build_dataset(root, args.blocks_per_shard)
+        print(f"dataset: {manifest.num_tokens} tokens, {manifest.num_blocks} blocks, {manifest.num_shards} shards, "
+              f"{manifest.compressed_bytes / 2**20:.1f} MiB compressed")
+        server.create_bucket("bench-read")
+        options = server.storage_options()
+        url = "s3://bench-read/stdlib"
+        upload(root, url, options)
+
+        epoch_steps = manifest.num_tokens // args.seq_len // args.local_batch - 2
+        decode = decode_only_tokens_per_s(manifest, root, args.repeats)
+        s3fs_rate = s3fs_range_tokens_per_s(manifest, url, options)
+        local = loader_tokens_per_s(str(root), None, args, epoch_steps)
+        remote = loader_tokens_per_s(url, options, args, epoch_steps)
+        print(f"(a) zstd decode only: {decode / 1e6:.1f} M tokens/s; (b) s3fs range reads: {s3fs_rate / 1e6:.1f} M tokens/s")
+        print(f"loader local: {local['tokens_per_s'] / 1e6:.1f} M tokens/s = {local['tokens_per_s'] / decode:.2f} x (a) "
+              f"(target >= 0.8)")
+        floor = min(decode, s3fs_rate)
+        print(f"loader S3:    {remote['tokens_per_s'] / 1e6:.1f} M tokens/s = {remote['tokens_per_s'] / floor:.2f} x "
+              f"min(a, b) (target >= 0.8)")
+
+        resume_at = int(0.9 * epoch_steps) * args.local_batch
+        ttfb = {}
+        for name, where, opts in (("local", str(root), None), ("s3", url, options)):
+            cold = statistics.median(first_batch_s(where, opts, args, 0) for _ in range(args.repeats))
+            warm = statistics.median(first_batch_s(where, opts, args, resume_at) for _ in range(args.repeats))
+            ttfb[name] = {"cold_s": cold, "resume_90pct_s": warm, "ratio": warm / cold}
+            print(f"first batch {name}: cold {cold * 1e3:.0f} ms, after load_state_dict at 90% {warm * 1e3:.0f} ms, "
+                  f"ratio {warm / cold:.2f} (target <= 1.2)")
+
+        with FaultProxy(upstream=server.endpoint_url, latency_s=args.latency_ms / 1000) as proxy:
+            slow = {**options, "endpoint_url": proxy.endpoint_url}
+            latency = latency_stalls(url, slow, args)
+        print(f"{args.latency_ms:.0f} ms per request, prefetch 4, {args.step_ms:.0f} ms compute per step: "
+              f"stall {latency['stall_s_per_step'] * 1e3:.2f} ms/step once warm, {latency['stalled_steps']} of "
+              f"{latency['steps']} steps stalled (max {latency['max_stall_s'] * 1e3:.1f} ms; "
+              f"{latency['blocks_fetched']} blocks fetched while measuring)")
+
+    print(json.dumps({
+        "tokens": manifest.num_tokens,
+        "seq_len": args.seq_len,
+        "local_batch": args.local_batch,
+        "decode_only_tokens_per_s": decode,
+        "s3fs_range_tokens_per_s": s3fs_rate,
+        "loader_local": local,
+        "loader_s3": remote,
+        "local_ratio_vs_decode": local["tokens_per_s"] / decode,
+        "s3_ratio_vs_min": remote["tokens_per_s"] / floor,
+        "first_batch": ttfb,
+        "latency": {"latency_ms": args.latency_ms, "step_ms": args.step_ms, **latency},
+    }))
+
+
+if __name__ == "__main__":
+    main()
