@@ -28,22 +28,28 @@ from zephon_stream.storage.retry import RetryPolicy
 S3_PROTOCOLS = ("s3", "s3a")
 _FSSPEC_KWARGS = frozenset({"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"})
 _session_lock = threading.Lock()
-_session: tuple[int, Any] | None = None
+_sessions: dict[tuple[Any, ...], Any] = {}
+_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                   "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
 
 
 def _shared_aio_session() -> Any:
-    """One aiobotocore session per process.
+    """One aiobotocore session per process and credential environment.
 
     NOTE: each session parses botocore's S3 service model on its first client
-    (about half a second); sharing it makes opening a store cheap.
+    (about half a second); sharing it makes opening a store cheap. A session
+    caches the credentials it found, so a changed AWS environment gets its own.
     """
-    global _session
+    key = (os.getpid(), *(os.environ.get(name) for name in _CREDENTIAL_ENV))
     with _session_lock:
-        if _session is None or _session[0] != os.getpid():
+        session = _sessions.get(key)
+        if session is None:
             import aiobotocore.session
 
-            _session = (os.getpid(), aiobotocore.session.AioSession())
-        return _session[1]
+            if any(k[0] != os.getpid() for k in _sessions):
+                _sessions.clear()
+            session = _sessions[key] = aiobotocore.session.AioSession()
+        return session
 
 
 def _s3fs_accepts(options: Mapping[str, Any]) -> bool:
