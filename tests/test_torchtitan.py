@@ -308,6 +308,14 @@ def torchrun(script: str, nproc: int, *args: str, env: dict[str, str] | None = N
     assert out.returncode == 0, f"{script} x{nproc} failed:\n{out.stdout[-4000:]}\n{out.stderr[-6000:]}"
 
 
+def dataloader_entries(base_folder: Path, step: int) -> list[str]:
+    """The ``dataloader.*`` keys of a checkpoint TorchTitan's manager wrote."""
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(str(base_folder / "checkpoint" / f"step-{step}")).read_metadata()
+    return sorted(key for key in metadata.state_dict_metadata if key.startswith("dataloader"))
+
+
 def step_hashes(out_dir: Path) -> dict[int, str]:
     """Per step: sha256 over the union of every rank's rows, ordered by global position."""
     rows: dict[int, list] = {}
@@ -357,6 +365,11 @@ def test_titan_checkpoint_at_dp4_resumes_at_dp2_and_dp3_bit_identically(
     last_position = max(row[0] for path in (tmp_path / "dp2").glob("rank*.json")
                         for rows in json.loads(path.read_text())["steps"].values() for row in rows)
     assert last_position >= samples_per_pass, "the resumed steps should cross the epoch boundary"
+
+    # One dataloader entry for all ranks; TorchTitan's own loader writes one per rank.
+    assert dataloader_entries(tmp_path / "ckpt", save_step) == ["dataloader.zephon"]
+    titan_entries = dataloader_entries(tmp_path / "titan_ckpt", save_step)
+    assert titan_entries == [f"dataloader.dp_rank_{r}" for r in range(4)] + ["dataloader.world_size"]
 
     # The same flow with TorchTitan's own loader stops at the load.
     for name in ("dp2", "dp3"):
