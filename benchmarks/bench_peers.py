@@ -1,0 +1,324 @@
+"""zephon_stream against MosaicML Streaming and LitData on the same tokens.
+
+The corpus is this machine's Python standard library sources, tokenized with
+the byte tokenizer by ``write_dataset``. The peers convert the very samples
+zephon_stream serves (``seq_len + 1`` tokens each, read back from the
+zephon dataset), so conversion time compares writers of the same tokens
+(zephon_stream's includes reading and tokenizing the text; the peers start
+from the token arrays in memory). Then one process reads a fixed number of
+samples, shuffled, from local disk and from a moto S3 server on loopback,
+and we report tokens/s and ratios. The resume check runs zephon_stream only:
+two ranks for some steps, then three ranks from the saved state, compared
+batch by batch with one rank.
+
+The peers are optional and are not installed by this project (their
+dependencies pin other torch builds). To include them, use a separate
+virtualenv that sees this environment's packages::
+
+    python -m venv --system-site-packages /tmp/peers-venv
+    /tmp/peers-venv/bin/pip install --no-deps mosaicml-streaming litdata ...
+    /tmp/peers-venv/bin/python benchmarks/bench_peers.py
+
+A peer that cannot be imported is reported as skipped. The last printed line
+is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def corpus_files(max_bytes: int) -> list[str]:
+    """Sorted stdlib ``.py`` files (no site-packages) up to ``max_bytes`` in total."""
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    files, total = [], 0
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.relative_to(root).parts or not path.is_file():
+            continue
+        size = path.stat().st_size
+        if size == 0:
+            continue
+        if total + size > max_bytes:
+            break
+        files.append(str(path))
+        total += size
+    return files
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+# -- zephon_stream -------------------------------------------------------------
+
+
+def zephon_convert(files: list[str], out: str, storage_options: dict | None = None) -> float:
+    from zephon_stream import write_dataset
+
+    seconds, _ = timed(
+        lambda: write_dataset(files, out, tokenizer="bytes", workers=2, blocks_per_shard=16, storage_options=storage_options, progress=False, overwrite=True)
+    )
+    return seconds
+
+
+def zephon_samples(url: str, seq_len: int) -> np.ndarray:
+    """Every sample of the dataset, ``[n, seq_len + 1]`` uint16, block by block."""
+    from zephon_stream.reader import DatasetReader
+
+    rows = []
+    with DatasetReader.open(url) as reader:
+        for block_id in range(reader.manifest.num_blocks):
+            tokens = reader.read_block(block_id)
+            count = (len(tokens) - 1) // seq_len
+            index = np.arange(count)[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
+            rows.append(tokens[index])
+    return np.concatenate(rows).astype(np.uint16)
+
+
+def zephon_read(url: str, seq_len: int, batch: int, num_samples: int, storage_options: dict | None = None) -> float:
+    from zephon_stream import StreamingLoader
+
+    def run() -> int:
+        with StreamingLoader(url, seq_len=seq_len, local_batch_size=batch, rank=0, world_size=1, storage_options=storage_options) as loader:
+            seen = 0
+            for step, item in zip(range(num_samples // batch), loader):
+                seen += item["input"].numel()
+            return seen
+
+    seconds, tokens = timed(run)
+    return tokens / seconds
+
+
+def zephon_resume(url: str, seq_len: int, steps: int) -> dict[str, Any]:
+    """Global batches of W=1 for ``2 * steps`` against W=2 for ``steps``, then W=3 from its state."""
+    from zephon_stream import StreamingLoader
+
+    global_batch = 6
+
+    def loaders(world_size: int) -> list[Any]:
+        return [
+            StreamingLoader(url, seq_len=seq_len, local_batch_size=global_batch // world_size, rank=r, world_size=world_size)
+            for r in range(world_size)
+        ]
+
+    def global_hashes(group: list[Any], count: int) -> list[str]:
+        iterators = [iter(loader) for loader in group]
+        out = []
+        for _ in range(count):
+            parts = [next(it)["input"].numpy() for it in iterators]
+            out.append(hashlib.sha256(np.concatenate(parts).tobytes()).hexdigest())
+        return out
+
+    reference = loaders(1)
+    want = global_hashes(reference, 2 * steps)
+    first = loaders(2)
+    got = global_hashes(first, steps)
+    state = first[0].state_dict()
+    second = loaders(3)
+    for loader in second:
+        loader.load_state_dict(state)
+    got += global_hashes(second, steps)
+    for loader in reference + first + second:
+        loader.close()
+    return {"resumed_2_to_3_bit_identical": got == want, "steps_compared": len(want)}
+
+
+# -- MosaicML Streaming --------------------------------------------------------
+
+
+def import_mosaic() -> Any:
+    """``streaming.base``, without ``streaming/__init__``, which imports torchvision
+    (whose PyPI wheels need a CUDA torch) for its vision datasets."""
+    spec = importlib.util.find_spec("streaming")
+    if spec is None:
+        raise ImportError("mosaicml-streaming is not installed")
+    package = types.ModuleType("streaming")
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__spec__ = spec
+    sys.modules.setdefault("streaming", package)
+    import streaming.base as base
+
+    return base
+
+
+def mosaic_convert(samples: np.ndarray, out: str) -> float:
+    base = import_mosaic()
+
+    def run() -> None:
+        with base.MDSWriter(columns={"tokens": "ndarray:uint16"}, out=out, compression="zstd", size_limit=64 * 2**20) as writer:
+            for row in samples:
+                writer.write({"tokens": row})
+
+    seconds, _ = timed(run)
+    return seconds
+
+
+def mosaic_read(remote: str | None, local: str, batch: int, num_samples: int) -> float:
+    base = import_mosaic()
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+
+    def run() -> int:
+        dataset = base.StreamingDataset(remote=remote, local=local, shuffle=True, batch_size=batch)
+        seen = 0
+        for i, item in zip(range(num_samples), dataset):
+            seen += len(item["tokens"]) - 1
+        # NOTE: stop its prefetch threads before the S3 server goes away
+        # (the dataset has no close(); this is what its own error path does).
+        dataset._event.set()
+        dataset._executor.shutdown(wait=True)
+        return seen
+
+    seconds, tokens = timed(run)
+    return tokens / seconds
+
+
+# -- LitData -----------------------------------------------------------------
+
+
+def _litdata_rows(bounds: tuple[int, int]) -> Any:
+    import torch
+
+    start, end = bounds
+    rows = np.load(os.environ["BENCH_PEERS_SAMPLES"], mmap_mode="r")
+    # NOTE: int16 holds byte-tokenizer ids and stores 2 bytes a token, as the others do.
+    yield torch.from_numpy(np.ascontiguousarray(rows[start:end]).reshape(-1).astype(np.int16))
+
+
+def litdata_convert(samples_path: str, num_samples: int, out: str) -> float:
+    from litdata import TokensLoader, optimize
+
+    os.environ["BENCH_PEERS_SAMPLES"] = samples_path
+    pieces = 16
+    bounds = [(i * num_samples // pieces, (i + 1) * num_samples // pieces) for i in range(pieces)]
+    seconds, _ = timed(
+        lambda: optimize(fn=_litdata_rows, inputs=bounds, output_dir=out, chunk_bytes="64MB", item_loader=TokensLoader(), num_workers=1, verbose=False)
+    )
+    return seconds
+
+
+def litdata_read(input_dir: str, seq_len: int, num_samples: int, cache_dir: str, storage_options: dict | None = None) -> float:
+    from litdata import StreamingDataset, TokensLoader
+
+    def run() -> int:
+        dataset = StreamingDataset(
+            input_dir, item_loader=TokensLoader(block_size=seq_len + 1), shuffle=True, cache_dir=cache_dir,
+            storage_options=storage_options or {},
+        )  # fmt: skip
+        seen = 0
+        for i, item in zip(range(num_samples), dataset):
+            seen += len(item) - 1
+        return seen
+
+    seconds, tokens = timed(run)
+    return tokens / seconds
+
+
+# -- driver ------------------------------------------------------------------
+
+
+def attempt(results: dict[str, Any], key: str, fn: Callable[[], Any]) -> Any:
+    """Run one measurement; a peer failure is recorded, not fatal."""
+    try:
+        value = fn()
+    except Exception as exc:  # noqa: BLE001 - a peer's failure is a result to report
+        results[key] = None
+        results.setdefault("errors", {})[key] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(f"{key}: failed ({type(exc).__name__}: {str(exc)[:200]})")
+        return None
+    results[key] = value
+    print(f"{key}: {value:,.2f}" if isinstance(value, float) else f"{key}: {value}")
+    return value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-bytes", type=float, default=16e6, help="stdlib source bytes to convert (default 16e6)")
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--read-samples", type=int, default=4096, help="samples each reader reads (default 4096)")
+    args = parser.parse_args()
+
+    from zephon_stream.storage.embedded_s3 import EmbeddedS3
+
+    work = pathlib.Path(tempfile.mkdtemp(prefix="bench-peers-"))
+    results: dict[str, Any] = {"seq_len": args.seq_len, "read_samples": args.read_samples}
+    try:
+        files = corpus_files(int(args.max_bytes))
+        zephon_local = str(work / "zephon")
+        attempt(results, "zephon_convert_s", lambda: zephon_convert(files, zephon_local))
+        samples = zephon_samples(zephon_local, args.seq_len)
+        samples_path = str(work / "samples.npy")
+        np.save(samples_path, samples)
+        results["tokens"] = int(samples.shape[0] * args.seq_len)
+        results["num_samples"] = int(samples.shape[0])
+        print(f"corpus: {len(files)} files, {samples.shape[0]:,} samples of {args.seq_len}+1 tokens")
+        mosaic_local = str(work / "mds")
+        lit_local = str(work / "litdata")
+        attempt(results, "mosaic_convert_s", lambda: mosaic_convert(samples, mosaic_local))
+        attempt(results, "litdata_convert_s", lambda: litdata_convert(samples_path, len(samples), lit_local))
+
+        for name, folder in (("zephon", zephon_local), ("mosaic", mosaic_local), ("litdata", lit_local)):
+            if os.path.isdir(folder):
+                size = sum(f.stat().st_size for f in pathlib.Path(folder).rglob("*") if f.is_file())
+                attempt(results, f"{name}_bytes_per_token", lambda: size / results["tokens"])
+        n = min(args.read_samples, len(samples))
+        attempt(results, "zephon_local_tokens_per_s", lambda: zephon_read(zephon_local, args.seq_len, args.batch, n))
+        attempt(results, "mosaic_local_tokens_per_s", lambda: mosaic_read(None, mosaic_local, args.batch, n))
+        attempt(results, "litdata_local_tokens_per_s", lambda: litdata_read(lit_local, args.seq_len, n, str(work / "lit-cache-local")))
+
+        with EmbeddedS3(subprocess=True) as server:
+            os.environ.update(server.env())
+            os.environ["S3_ENDPOINT_URL"] = server.endpoint_url  # NOTE: MosaicML Streaming's name for it.
+            bucket = server.create_bucket("bench-peers")
+            import fsspec
+
+            fs = fsspec.filesystem("s3", **server.storage_options())
+            for name in ("mds", "litdata"):
+                if (work / name).exists():
+                    fs.put(str(work / name), f"bench-peers/{name}", recursive=True)
+            zephon_s3 = f"{bucket}/zephon"
+            zephon_convert(files, zephon_s3)
+            attempt(results, "zephon_s3_tokens_per_s", lambda: zephon_read(zephon_s3, args.seq_len, args.batch, n))
+            attempt(results, "mosaic_s3_tokens_per_s", lambda: mosaic_read(f"{bucket}/mds", str(work / "mds-cache"), args.batch, n))
+            attempt(
+                results,
+                "litdata_s3_tokens_per_s",
+                lambda: litdata_read(f"{bucket}/litdata", args.seq_len, n, str(work / "lit-cache-s3"), {"endpoint_url": server.endpoint_url}),
+            )
+        attempt(results, "zephon_resume", lambda: zephon_resume(zephon_local, args.seq_len, steps=20))
+        results["peer_resume_at_other_world_size"] = "not measured"
+
+        for where in ("local", "s3"):
+            mine = results.get(f"zephon_{where}_tokens_per_s")
+            for peer in ("mosaic", "litdata"):
+                theirs = results.get(f"{peer}_{where}_tokens_per_s")
+                if mine and theirs:
+                    results[f"ratio_zephon_over_{peer}_{where}"] = mine / theirs
+                    print(f"ratio zephon/{peer} tokens/s, {where}: {mine / theirs:.2f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(results, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
