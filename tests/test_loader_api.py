@@ -252,3 +252,17 @@ def test_dcp_save_and_load_round_trip_in_one_process(small_dataset, tmp_path):
     finally:
         for loader in resumed:
             loader.close()
+
+
+def test_batches_the_consumer_keeps_are_never_overwritten(small_dataset):
+    with loader_for(small_dataset.url, prefetch_steps=2) as loader:
+        kept = [next(loader) for _ in range(3)]
+        views = [next(loader)["labels"][1:3]]  # a view alone keeps its batch alive
+        copies = [{k: v.clone() for k, v in b.items()} for b in kept]
+        view_copy = views[0].clone()
+        for _ in zip(range(30), loader):
+            pass
+        for batch, copy in zip(kept, copies):
+            for key in batch:
+                assert torch.equal(batch[key], copy[key])
+        assert torch.equal(views[0], view_copy)

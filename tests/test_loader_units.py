@@ -232,7 +232,7 @@ def test_memory_bound_refuses_a_config_over_the_cap_and_says_what_to_change():
     bound = compute_memory_bound(lanes_read=8, blocks_per_lane=3, block_bytes=2 << 20, max_compressed_block_bytes=1 << 20,
                                  num_fetch_threads=4, num_decode_threads=2, batch_bytes=1 << 20, prefetch_steps=4,
                                  ring_bytes=0)
-    assert bound.total_bytes == 24 * (2 << 20) + 8 * (1 << 20) + 5 * (1 << 20)
+    assert bound.total_bytes == 24 * (2 << 20) + 8 * (1 << 20) + 7 * (1 << 20)
     check_memory(bound, bound.total_bytes)
     with pytest.raises(ConfigError, match="max_memory_bytes=1000.*prefetch_steps"):
         check_memory(bound, 1000)

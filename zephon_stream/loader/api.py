@@ -32,6 +32,9 @@ __all__ = ["Stream", "StreamingLoader"]
 # NOTE: a pinned slot is free again once its copy has finished, so three keep
 # one copy in flight while the next batch is assembled.
 _RING_SLOTS = 3
+# NOTE: recycled CPU batches: the queue, the one being assembled, and this many
+# the consumer may still hold (the current step and the one before).
+_CONSUMER_HELD_BATCHES = 2
 
 
 def _default_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -135,7 +138,8 @@ class StreamingLoader:
                 self._sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options))
             self.device = resolve_device(device)
             self._layout = self._make_layout(lanes=lanes, window=window)
-            self._delivery = make_delivery(self.device, rows=local_batch_size, seq_len=seq_len, depth=_RING_SLOTS)
+            depth = _RING_SLOTS if self.device.type == "cuda" else prefetch_steps + _CONSUMER_HELD_BATCHES + 1
+            self._delivery = make_delivery(self.device, rows=local_batch_size, seq_len=seq_len, depth=depth)
             self._position = 0
             if audit_log is not None and self.rank == 0:
                 self._audit = AuditLog(audit_log, header=self._audit_header(), storage_options=storage_options)

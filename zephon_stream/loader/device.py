@@ -10,6 +10,7 @@ host never blocks on it. A ring slot is refilled only after its copy finished.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -37,20 +38,54 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 class CpuDelivery:
-    """Fresh host arrays per step, handed over as CPU tensors without a copy."""
+    """Host batches handed over as CPU tensors without a copy, from recycled slabs.
 
-    def __init__(self, *, rows: int, seq_len: int) -> None:
+    Each batch lives in one slab (``input``, ``labels``, ``positions`` and
+    ``sample_positions`` are views of it). A slab is reused only when nothing
+    but the pool refers to it any more, that is once the consumer has dropped
+    every tensor (or view) of that batch; until then the consumer may keep its
+    tensors as long as it likes. Reuse matters: a fresh multi-MiB array per
+    step costs more in page faults than assembling the batch.
+
+    Args:
+        rows: local batch size.
+        seq_len: ``L``.
+        max_slabs: slabs kept for reuse; a batch past that uses fresh memory.
+    """
+
+    def __init__(self, *, rows: int, seq_len: int, max_slabs: int) -> None:
         self._rows = rows
         self._seq_len = seq_len
+        self._max_slabs = max_slabs
+        self._slabs: list[np.ndarray] = []
 
     @property
     def ring_bytes(self) -> int:
         """Pinned host memory held by the delivery itself (none on CPU)."""
         return 0
 
+    def _slab(self) -> np.ndarray:
+        for index in range(len(self._slabs)):
+            # NOTE: 2 = the pool's list entry + getrefcount's argument; any view
+            # or tensor the consumer still holds keeps a reference to the slab.
+            if sys.getrefcount(self._slabs[index]) == 2:
+                return self._slabs[index]
+        slab = np.empty(3 * self._rows * self._seq_len + self._rows, np.int64)
+        if len(self._slabs) < self._max_slabs:
+            self._slabs.append(slab)
+        return slab
+
     def acquire(self) -> HostBatch:
         """Buffers for the next step (producer thread)."""
-        return HostBatch.empty(self._rows, self._seq_len)
+        slab = self._slab()
+        size = self._rows * self._seq_len
+        shape = (self._rows, self._seq_len)
+        return HostBatch(
+            input=slab[:size].reshape(shape),
+            labels=slab[size : 2 * size].reshape(shape),
+            positions=slab[2 * size : 3 * size].reshape(shape),
+            sample_positions=slab[3 * size :],
+        )
 
     def publish(self, batch: HostBatch) -> Any:
         """Turn assembled buffers into the item queued for the consumer."""
@@ -61,7 +96,8 @@ class CpuDelivery:
         return item
 
     def close(self) -> None:
-        """Nothing to release on CPU."""
+        """Forget the pool (batches the consumer still holds stay valid)."""
+        self._slabs = []
 
 
 class _PinnedSlot:
@@ -145,10 +181,14 @@ class CudaDelivery:
 
 
 def make_delivery(device: torch.device, *, rows: int, seq_len: int, depth: int) -> CpuDelivery | CudaDelivery:
-    """The delivery for ``device`` (from :func:`resolve_device`)."""
+    """The delivery for ``device`` (from :func:`resolve_device`).
+
+    Args:
+        depth: pinned ring slots (CUDA) or recycled slabs (CPU).
+    """
     if device.type == "cuda":
         return CudaDelivery(device=device, rows=rows, seq_len=seq_len, depth=depth)
-    return CpuDelivery(rows=rows, seq_len=seq_len)
+    return CpuDelivery(rows=rows, seq_len=seq_len, max_slabs=depth)
 
 
 def host_batch_bytes(rows: int, seq_len: int) -> int:

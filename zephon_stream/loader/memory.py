@@ -55,8 +55,8 @@ class MemoryBound:
         block_bytes: decoded bytes of the largest block.
         cache_bytes: ``resident_blocks * block_bytes``; also the cache capacity.
         compressed_bytes: compressed frames being fetched or waiting to decode.
-        batch_bytes: assembled batches queued ahead of the consumer, plus the
-            one being assembled.
+        batch_bytes: assembled batches queued ahead of the consumer, the one
+            being assembled, and two the consumer holds (recycled buffers).
         ring_bytes: pinned host ring for device delivery (0 on CPU).
     """
 
@@ -112,7 +112,7 @@ def compute_memory_bound(
         block_bytes=block_bytes,
         cache_bytes=resident * block_bytes,
         compressed_bytes=(num_fetch_threads + 2 * num_decode_threads) * max_compressed_block_bytes,
-        batch_bytes=(prefetch_steps + 1) * batch_bytes,
+        batch_bytes=(prefetch_steps + 3) * batch_bytes,
         ring_bytes=ring_bytes,
     )
 
