@@ -13,7 +13,7 @@ import time
 import pytest
 
 from zephon_stream.errors import ObjectMissingError, StorageError
-from zephon_stream.storage import RetryPolicy, open_input, open_store
+from zephon_stream.storage import RetryPolicy, expand_inputs, open_input, open_store
 
 FAST_RETRY = RetryPolicy(max_attempts=30, initial_backoff_s=0.005, max_backoff_s=0.05, timeout_s=60, read_timeout_s=5)
 MIXED_20 = {"error_500": 0.05, "error_503": 0.05, "reset": 0.04, "truncate": 0.04, "stall": 0.01, "slow_body": 0.01}
@@ -143,3 +143,18 @@ def test_access_errors_are_not_retried(s3_bucket):
         with pytest.raises(FileNotFoundError):
             store.read("a")
         assert store.stats()["retries"] == 0
+
+
+def test_expanding_s3_inputs_survives_faults(s3_bucket, fault_proxy):
+    with open_store(s3_bucket.url("raw"), s3_bucket.storage_options) as store:
+        for i in range(5):
+            store.write_atomic(f"part-{i}.jsonl", b"{}")
+    url = s3_bucket.url("raw")
+    expected = [f"{url}/part-{i}.jsonl" for i in range(5)]
+    proxy = fault_proxy(rates={"error_500": 0.1, "error_503": 0.1}, seed=9)
+    options = s3_bucket.options_via(proxy.endpoint_url)
+    for _ in range(4):
+        assert expand_inputs([f"{url}/*.jsonl"], options, retry=FAST_RETRY) == expected
+        got = expand_inputs([f"{url}/part-3.jsonl", url], options, retry=FAST_RETRY)
+        assert got == [expected[3], *expected[:3], expected[4]]  # listed once, where first matched
+    assert proxy.counts()["error_500"] + proxy.counts()["error_503"] > 0

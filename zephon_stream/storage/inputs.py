@@ -8,11 +8,11 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, BinaryIO
 
-from zephon_stream.errors import InputError
+from zephon_stream.errors import InputError, ObjectMissingError, ZephonError
 from zephon_stream.storage.base import Store
 from zephon_stream.storage.fsspec_store import S3_PROTOCOLS, s3_filesystem_options
 from zephon_stream.storage.redact import redact_text, redact_url, secret_values
-from zephon_stream.storage.retry import RetryPolicy
+from zephon_stream.storage.retry import RetryPolicy, call_with_retry
 from zephon_stream.storage.urls import is_local_url, local_path, open_store
 
 INPUT_BUFFER_BYTES = 8 * 2**20
@@ -111,31 +111,48 @@ def _expand_local(pattern: str) -> list[str]:
     return [path] if os.path.isfile(path) else []
 
 
-def _expand_remote(pattern: str, storage_options: Mapping[str, Any] | None) -> list[str]:
+def _expand_remote(pattern: str, storage_options: Mapping[str, Any] | None, policy: RetryPolicy) -> list[str]:
     import fsspec
     from fsspec.utils import get_protocol
 
     protocol = get_protocol(pattern)
     if protocol in S3_PROTOCOLS:
-        kwargs = s3_filesystem_options(storage_options, RetryPolicy())
+        kwargs = s3_filesystem_options(storage_options, policy)
     else:
         kwargs = {**(storage_options or {}), "skip_instance_cache": True}
     fs, path = fsspec.core.url_to_fs(pattern, **kwargs)
-    if _GLOB_CHARS & set(path):
-        matches = fs.glob(path, detail=True)
-        paths = [p for p, info in matches.items() if info.get("type") == "file"]
-    elif fs.isdir(path):
-        paths = fs.find(path, withdirs=False)
-    elif fs.isfile(path):
-        paths = [path]
-    else:
-        paths = []
+    if protocol in S3_PROTOCOLS:
+        fs.retries = 1  # NOTE: retries happen in call_with_retry below, counted once
+
+    def attempt() -> list[str]:
+        if _GLOB_CHARS & set(path):
+            matches = fs.glob(path, detail=True)
+            return [p for p, info in matches.items() if info.get("type") == "file"]
+        # NOTE: not fs.isfile()/isdir(): they answer False on any error, so a
+        # transient failure would read as "matches no file".
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            return []
+        if info.get("type") == "file":
+            return [path]
+        return list(fs.find(path, withdirs=False))
+
+    secrets = secret_values(storage_options)
+    paths = call_with_retry(
+        attempt,
+        policy=policy,
+        what=f"expand_inputs {redact_url(pattern)}",
+        scrub=lambda text: redact_text(text, secrets),
+    )
     return sorted(fs.unstrip_protocol(p) for p in paths)
 
 
 def expand_inputs(
     patterns: Iterable[str | os.PathLike[str]],
     storage_options: Mapping[str, Any] | None = None,
+    *,
+    retry: RetryPolicy | None = None,
 ) -> list[str]:
     """Expand input patterns into a deterministic list of files or object URLs.
 
@@ -146,15 +163,24 @@ def expand_inputs(
 
     Raises:
         InputError: a pattern that matches no file (named in the message).
+        StorageError: listing failed after every retry.
     """
+    policy = retry or RetryPolicy()
     secrets = secret_values(storage_options)
     result: list[str] = []
     seen: set[str] = set()
     for raw in patterns:
         pattern = os.fspath(raw)
         try:
-            matches = _expand_local(pattern) if is_local_url(pattern) else _expand_remote(pattern, storage_options)
+            if is_local_url(pattern):
+                matches = _expand_local(pattern)
+            else:
+                matches = _expand_remote(pattern, storage_options, policy)
+        except ObjectMissingError:
+            matches = []
         except (OSError, ValueError) as exc:
+            if isinstance(exc, ZephonError):
+                raise
             detail = redact_text(f"{type(exc).__name__}: {exc}", secrets)
             raise InputError(f"input {redact_url(pattern)}: cannot be listed ({detail})") from None
         if not matches:
