@@ -7,6 +7,7 @@ dataset on a moto S3 server on loopback; the workers live in tests/dist_titan.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.abc
 import importlib.util
@@ -225,6 +226,25 @@ def test_finite_run_ends_with_dataloader_exhausted(small_bpe_dataset):
         with pytest.raises(DataloaderExhaustedError, match="5 steps"):
             next(batches)
         half.close()
+
+
+def test_one_pass_as_torchtitans_validator_asks_for_it(small_bpe_dataset):
+    """TorchTitan's validator rebuilds its loader with ``replace(config,
+    infinite=...)`` and stops on ``StopIteration``; a plain loop must end too."""
+    seq_len, rows = 256, 4
+    samples_per_pass = sum((int(n) - 1) // seq_len for n in small_bpe_dataset.manifest.block_token_counts())
+    config = dataclasses.replace(ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url), infinite=False)
+    with build(config, seq_len=seq_len, local_batch_size=rows) as loader:
+        positions = []
+        for _ in loader:
+            positions.extend(loader.last_sample_positions.tolist())
+        with pytest.raises(StopIteration):
+            next(loader)
+        with pytest.raises(DataloaderExhaustedError):
+            next(loader)
+    # NOTE: the pass is cut into `rows` lanes (the first global batch); the
+    # remainder of the epoch, fewer than `rows` samples, is not read.
+    assert positions == list(range(samples_per_pass // rows * rows))
 
 
 def test_config_repr_and_logged_dict_hide_storage_secrets():

@@ -46,10 +46,20 @@ except ModuleNotFoundError as exc:
         name=exc.name,
     ) from exc
 
-__all__ = ["STATE_KEY", "ZephonDataLoader", "check_tokenizer", "parse_stream_spec"]
+__all__ = ["STATE_KEY", "DataloaderExhausted", "ZephonDataLoader", "check_tokenizer", "parse_stream_spec"]
 
 STATE_KEY = "zephon"
 """The one key of :meth:`ZephonDataLoader.state_dict` (identical on every rank)."""
+
+
+class DataloaderExhausted(DataloaderExhaustedError, StopIteration):
+    """The end of a finite run.
+
+    It is TorchTitan's ``DataloaderExhaustedError`` (its trainer stops on it)
+    and a ``StopIteration``, so ``for`` loops and TorchTitan's validator, which
+    catches ``StopIteration``, end cleanly too. ``ZephonDataLoader`` is a plain
+    iterator, not a generator, so PEP 479 does not turn it into a RuntimeError.
+    """
 
 
 def parse_stream_spec(spec: str) -> tuple[str, float]:
@@ -171,9 +181,14 @@ class ZephonDataLoader(BaseDataLoader):
         (non-blocking copies on a side stream); None: CPU tensors."""
 
         max_steps: int | None = None
-        """Finite run: iteration raises ``DataloaderExhaustedError`` after this
-        many global steps, counted from the start of the run (cursor 0), so a
-        resumed run ends at the same sample. None: endless (epochs repeat)."""
+        """Finite run: iteration ends (``DataloaderExhausted``) after this many
+        global steps, counted from the start of the run (cursor 0), so a
+        resumed run ends at the same sample. None: no step limit."""
+
+        infinite: bool = True
+        """False: one pass over the data, ending where the first stream's
+        first epoch ends (TorchTitan's validator asks for this when
+        ``validator.steps = -1``). True: epochs repeat."""
 
         def __post_init__(self) -> None:
             if self.dataset_path and self.streams:
@@ -271,15 +286,32 @@ class ZephonDataLoader(BaseDataLoader):
         return self._last_sample_positions
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-        # NOTE: the StreamingLoader is its own iterator and survives
-        # load_state_dict (it seeks and restarts its pipeline), so a generator
-        # made before a load keeps working after it.
-        for batch in self._loader:
-            self._last_sample_positions = batch["sample_positions"]
-            yield {"input": batch["input"], "positions": batch["positions"]}, batch["labels"]
-        raise DataloaderExhaustedError(
-            f"dataloader: the finite run of {self.config.max_steps} steps ended at global sample {self._loader.position}"
-        )
+        # NOTE: like the StreamingLoader, the loader is its own iterator: a
+        # load_state_dict seeks it, and iterating again continues from the
+        # cursor rather than restarting.
+        return self
+
+    def __next__(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        position = self._loader.position
+        if not self.config.infinite and position + self.global_batch_size > self._end_of_first_pass():
+            raise DataloaderExhausted(
+                f"dataloader: one pass over the data (infinite=False) ended at global sample {position}"
+            )
+        try:
+            batch = next(self._loader)
+        except StopIteration:
+            raise DataloaderExhausted(
+                f"dataloader: the finite run of {self.config.max_steps} steps ended at global sample {position}"
+            ) from None
+        self._last_sample_positions = batch["sample_positions"]
+        return {"input": batch["input"], "positions": batch["positions"]}, batch["labels"]
+
+    def _end_of_first_pass(self) -> int:
+        """The cursor where the first stream to finish its first epoch does."""
+        # NOTE: lane step q = P div C and a stream's epoch is q div its lane
+        # length, so its first epoch ends at P = lane_length * C.
+        lane_lengths = [p["epoch_samples"] // p["lanes"] for p in self._loader.progress() if p["lanes"]]
+        return min(lane_lengths) * self._loader.lanes
 
     def state_dict(self) -> dict[str, Any]:
         """``{"zephon": <JSON of the global loader state>}``, equal on every rank."""
