@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import io
 import os
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, BinaryIO
 
@@ -113,7 +114,7 @@ def _expand_local(pattern: str) -> list[str]:
 
 def _expand_remote(pattern: str, storage_options: Mapping[str, Any] | None, policy: RetryPolicy) -> list[str]:
     import fsspec
-    from fsspec.utils import get_protocol
+    from fsspec.utils import get_protocol, glob_translate
 
     protocol = get_protocol(pattern)
     if protocol in S3_PROTOCOLS:
@@ -125,11 +126,18 @@ def _expand_remote(pattern: str, storage_options: Mapping[str, Any] | None, poli
         fs.retries = 1  # NOTE: retries happen in call_with_retry below, counted once
 
     def attempt() -> list[str]:
+        # NOTE: not fs.glob(), fs.isfile() or fs.isdir(): along the way they
+        # answer "absent" on any error, so a transient failure would read as
+        # "matches no file". find() and info() raise, and are retried.
         if _GLOB_CHARS & set(path):
-            matches = fs.glob(path, detail=True)
-            return [p for p, info in matches.items() if info.get("type") == "file"]
-        # NOTE: not fs.isfile()/isdir(): they answer False on any error, so a
-        # transient failure would read as "matches no file".
+            literal = path[: min(path.index(c) for c in _GLOB_CHARS if c in path)]
+            base = literal.rsplit("/", 1)[0] if "/" in literal else literal
+            pattern = re.compile(glob_translate(path))
+            try:
+                candidates = fs.find(base, withdirs=False)
+            except FileNotFoundError:
+                return []
+            return [p for p in candidates if pattern.match(p)]
         try:
             info = fs.info(path)
         except FileNotFoundError:
