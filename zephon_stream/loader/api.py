@@ -161,6 +161,7 @@ class StreamingLoader:
             world_size=self.world_size,
             rank=self.rank,
             fetch_steps=self.prefetch_steps,
+            prefetch_steps=self.prefetch_steps,
             num_fetch_threads=self.num_fetch_threads,
             num_decode_threads=self.num_decode_threads,
             batch_bytes=host_batch_bytes(self.local_batch_size, self.seq_len),

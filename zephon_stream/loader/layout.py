@@ -27,6 +27,7 @@ from zephon_stream.plan import GlobalOrder, OrderConfig, StreamShape, rank_posit
 # NOTE: past this many (phase, step) pairs the lanes a rank reads are bounded
 # by the lane count instead of being enumerated.
 _MAX_LANE_SCAN_STEPS = 8192
+_MAX_PATTERNS = 4
 
 
 class RankLayout:
@@ -38,7 +39,9 @@ class RankLayout:
         global_batch: ``B``.
         world_size: ``W``.
         rank: ``r``.
-        fetch_steps: steps whose blocks are fetched ahead of the next step.
+        fetch_steps: steps whose blocks are fetched ahead of the next step
+            (raised to one block's worth of lane steps).
+        prefetch_steps: assembled batches queued ahead of the consumer.
         num_fetch_threads: concurrent reads (compressed bytes in flight).
         num_decode_threads: concurrent decodes.
         batch_bytes: bytes of one assembled batch.
@@ -58,6 +61,7 @@ class RankLayout:
         world_size: int,
         rank: int,
         fetch_steps: int,
+        prefetch_steps: int,
         num_fetch_threads: int,
         num_decode_threads: int,
         batch_bytes: int,
@@ -72,12 +76,17 @@ class RankLayout:
         self.global_batch = global_batch
         self.world_size = world_size
         self.rank = rank
-        self.fetch_steps = fetch_steps
+        self.period = period_steps(lanes=lanes, global_batch=global_batch)
+        self._patterns: dict[int, np.ndarray] = {}
         streams = self.order.streams
         self.window = max(p.window for p in streams if p.lanes)
         self.samples_per_block = max(1, min(p.samples_per_block for p in streams if p.lanes))
+        # NOTE: fetch at least one block's worth of lane steps ahead, so each
+        # lane's next block is decoded while it reads the current one, however
+        # fast the consumer is.
+        self.fetch_steps = max(fetch_steps, math.ceil(self.samples_per_block * lanes / global_batch))
         self.retention_steps = retention_steps(
-            window=self.window, lanes=lanes, global_batch=global_batch, fetch_steps=fetch_steps
+            window=self.window, lanes=lanes, global_batch=global_batch, fetch_steps=self.fetch_steps
         )
         self.lanes_read = self._count_lanes_read()
         self.memory_bound: MemoryBound = compute_memory_bound(
@@ -87,14 +96,14 @@ class RankLayout:
                 samples_per_block=self.samples_per_block,
                 lanes=lanes,
                 global_batch=global_batch,
-                fetch_steps=fetch_steps,
+                fetch_steps=self.fetch_steps,
             ),
             block_bytes=max(s.full_block_bytes for s in sources),
             max_compressed_block_bytes=max(s.max_compressed_block_bytes for s in sources),
             num_fetch_threads=num_fetch_threads,
             num_decode_threads=num_decode_threads,
             batch_bytes=batch_bytes,
-            prefetch_steps=fetch_steps,
+            prefetch_steps=prefetch_steps,
             ring_bytes=ring_bytes,
         )
 
@@ -126,15 +135,30 @@ class RankLayout:
     def slice(self, cursor: int, steps: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """This rank's ``(positions, streams, blocks, samples)`` for ``steps``
         steps from ``cursor``, each ``[steps, rows]``."""
-        positions = np.stack(
-            [
-                rank_positions(cursor + k * self.global_batch, self.global_batch, self.world_size, self.rank, self.order.lanes)
-                for k in range(steps)
-            ]
-        )
+        positions = self._positions(cursor, steps)
         # NOTE: one call for all the steps keeps the order on its vectorized path.
         stream, block, sample = self.order.sample_at(positions)
         return positions, stream, block, sample
+
+    def _positions(self, cursor: int, steps: int) -> np.ndarray:
+        # NOTE: a rank's positions depend on the cursor only through cursor mod
+        # C, up to a shift: moving the cursor by span = period * B (a multiple
+        # of C) moves every position by span. So one period of rank_positions
+        # per phase gives every step.
+        span = self.period * self.global_batch
+        phase = cursor % span
+        pattern = self._patterns.get(phase)
+        if pattern is None:
+            pattern = np.stack(
+                [
+                    rank_positions(phase + k * self.global_batch, self.global_batch, self.world_size, self.rank, self.order.lanes)
+                    for k in range(self.period)
+                ]
+            )
+            if len(self._patterns) < _MAX_PATTERNS:
+                self._patterns[phase] = pattern
+        ks = np.arange(steps, dtype=np.int64)
+        return pattern[ks % self.period] + (cursor - phase + (ks // self.period) * span)[:, None]
 
     def planner(self, *, start: int, num_steps: int | None) -> Planner:
         """A planner for this rank from cursor ``start``."""

@@ -12,6 +12,7 @@ never causes a re-fetch within an epoch.
 from __future__ import annotations
 
 import collections
+import itertools
 import dataclasses
 from collections.abc import Callable, Iterator
 
@@ -72,7 +73,7 @@ class Planner:
         num_steps: int | None,
         fetch_steps: int,
         retention_steps: int,
-        chunk_steps: int = 64,
+        chunk_steps: int = 256,
     ) -> None:
         assert global_batch > 0 and fetch_steps >= 0
         self._slice_fn = slice_fn
@@ -84,6 +85,7 @@ class Planner:
         self._chunk_steps = max(1, chunk_steps)
         self._planned: collections.deque[StepPlan] = collections.deque()
         self._next_index = 0  # index of the next step to assemble
+        self._fetch_cursor = 0  # first step whose blocks may not all be issued
         self._refcounts: collections.Counter[BlockKey] = collections.Counter()
         self._unreferenced: set[BlockKey] = set()
 
@@ -157,14 +159,22 @@ class Planner:
     def fetch_order(self) -> Iterator[tuple[BlockKey, int]]:
         """``(key, index of the first step needing it)`` for the fetch horizon, in need order.
 
-        Keys may repeat across steps; the caller skips those already cached.
+        Starts at the fetch cursor (see :meth:`fetched_through`), so steps
+        already issued are not scanned again. Keys may repeat across steps;
+        the caller skips those it has issued.
         """
         missing = self._fetch_steps + 1 - len(self._planned)
         if missing > 0:
             self._plan_steps(missing)
-        for plan in list(self._planned)[: self._fetch_steps + 1]:
+        first = max(self._fetch_cursor, self._next_index)
+        stop = min(self._next_index + self._fetch_steps + 1, self._next_index + len(self._planned))
+        for plan in itertools.islice(self._planned, first - self._next_index, stop - self._next_index):
             for key in plan.unique_keys:
                 yield key, plan.index
+
+    def fetched_through(self, index: int) -> None:
+        """Every block of steps up to ``index`` has been issued."""
+        self._fetch_cursor = max(self._fetch_cursor, index + 1)
 
     def advance(self) -> list[BlockKey]:
         """Mark the next step assembled; returns the blocks no planned step needs.
