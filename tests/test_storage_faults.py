@@ -118,7 +118,13 @@ def test_endpoint_dropping_out_for_two_seconds_is_survived(s3_bucket, fault_prox
         port = proxy.port
         outage = threading.Thread(target=proxy.outage, args=(2.0,))
         outage.start()
-        time.sleep(0.2)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # wait until the endpoint really refuses
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                time.sleep(0.02)
+            except ConnectionRefusedError:
+                break
         started = time.monotonic()
         chunk = 65536
         got = b"".join(store.read_range("blob.bin", i, i + chunk) for i in range(0, 8 * chunk, chunk))
