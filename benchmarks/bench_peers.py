@@ -16,7 +16,9 @@ dependencies pin other torch builds). To include them, use a separate
 virtualenv that sees this environment's packages::
 
     python -m venv --system-site-packages /tmp/peers-venv
-    /tmp/peers-venv/bin/pip install --no-deps mosaicml-streaming litdata ...
+    /tmp/peers-venv/bin/pip install --no-deps mosaicml-streaming==0.13.0 litdata==0.2.76 \
+        xxhash zstd brotli cramjam python-snappy catalogue lightning-utilities \
+        transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.2
     /tmp/peers-venv/bin/python benchmarks/bench_peers.py
 
 A peer that cannot be imported is reported as skipped. The last printed line

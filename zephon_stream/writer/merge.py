@@ -41,6 +41,11 @@ def part_path_under(output: str, part: str) -> str:
         )
 
     output_local, part_local = is_local_url(output), is_local_url(part)
+    if part_local and not output_local and not os.path.isabs(local_path(part)):
+        try:
+            return check_relative_path(part.strip("/"), root=output)
+        except PathEscapeError as exc:
+            raise refuse(str(exc)) from None
     if output_local != part_local:
         raise refuse("one is a local path and the other a URL")
     if output_local:
