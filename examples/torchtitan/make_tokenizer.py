@@ -20,11 +20,14 @@ EOS_TOKEN = "<|endoftext|>"
 
 
 def iter_texts(root: Path, max_files: int):
-    """UTF-8 text of up to ``max_files`` ``.py`` files under ``root`` (sorted)."""
+    """UTF-8 text of up to ``max_files`` ``.py`` files under ``root`` (sorted),
+    skipping installed packages (``site-packages``)."""
     count = 0
     for path in sorted(root.rglob("*.py")):
         if count >= max_files:
             return
+        if "site-packages" in path.relative_to(root).parts:
+            continue
         try:
             yield path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):

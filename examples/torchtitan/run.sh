@@ -17,8 +17,8 @@ STDLIB=$(python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 # 1. A tokenizer small enough for the debug model (vocab <= 2048).
 python make_tokenizer.py "$STDLIB" --output "$ZEPHON_ASSETS"
 
-# 2. Write the dataset straight to S3.
-zephon-stream write "$STDLIB/**/*.py" --output "$ZEPHON_DATASET" \
+# 2. Write the dataset straight to S3 (the standard library's top-level modules).
+zephon-stream write "$STDLIB/*.py" --output "$ZEPHON_DATASET" \
     --tokenizer "hf:$ZEPHON_ASSETS/tokenizer.json" --workers 4
 
 # 3. Train 20 steps on NGPU ranks (8 rows of 512 tokens per rank), checkpointing
