@@ -11,8 +11,10 @@ tokenizer, so N processes use N cores and no more.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
+import threading
 from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Sequence
@@ -26,8 +28,19 @@ _worker_tokenizer: Tokenizer | None = None
 _worker_dtype: np.dtype | None = None
 
 
+def _exit_with_parent() -> None:
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+
 def _init_worker(tokenizer_state: bytes, dtype: str) -> None:
     global _worker_tokenizer, _worker_dtype
+    # NOTE: a worker blocks on its task queue, whose pipe it holds both ends
+    # of, so it never sees EOF: if the parent is SIGKILLed (OOM killer, a
+    # scheduler), the workers and the resource tracker would live on forever.
+    threading.Thread(target=_exit_with_parent, name="zs-parent-watch", daemon=True).start()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker_tokenizer = pickle.loads(tokenizer_state)
     _worker_dtype = np.dtype(dtype)
