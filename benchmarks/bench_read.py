@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import sysconfig
@@ -62,13 +63,14 @@ def decode_only_tokens_per_s(manifest: Manifest, root: Path, repeats: int) -> fl
     with open_store(str(root)) as store:
         frames = [store.read_range(*manifest.block_byte_range(b)) for b in range(manifest.num_blocks)]
     decompressor = zstandard.ZstdDecompressor()
-    best = float("inf")
+    best, best_cpu = float("inf"), float("inf")
     for _ in range(repeats):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for frame in frames:
             decompressor.decompress(frame)
         best = min(best, time.perf_counter() - started)
-    return manifest.num_tokens / best
+        best_cpu = min(best_cpu, time.process_time() - cpu)
+    return manifest.num_tokens / best, manifest.num_tokens / best_cpu
 
 
 def s3fs_range_tokens_per_s(manifest: Manifest, url: str, options: dict) -> float:
@@ -93,14 +95,15 @@ def loader_tokens_per_s(url: str, options: dict | None, args: argparse.Namespace
                          prefetch_steps=4) as loader:
         batches = iter(loader)
         next(batches)
-        first = time.perf_counter()
+        first, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps - 1):
             next(batches)
-        done = time.perf_counter()
+        done, cpu = time.perf_counter(), time.process_time() - cpu
         stats = loader.stats()
     tokens = args.local_batch * args.seq_len
     return {
         "tokens_per_s": tokens * (steps - 1) / (done - first),
+        "tokens_per_cpu_s": tokens * (steps - 1) / cpu,
         "tokens_per_s_with_start": tokens * steps / (done - started),
         "steps": steps,
         "stall_s_per_step": stats["stall_s_per_step"],
@@ -118,7 +121,7 @@ def first_batch_s(url: str, options: dict | None, args: argparse.Namespace, posi
 
 
 def latency_stalls(url: str, options: dict, args: argparse.Namespace) -> dict:
-    with StreamingLoader(url, seq_len=args.latency_seq_len, local_batch_size=args.local_batch, storage_options=options,
+    with StreamingLoader(url, seq_len=args.latency_seq_len, local_batch_size=args.latency_batch, storage_options=options,
                          prefetch_steps=4) as loader:
         batches = iter(loader)
         for _ in range(args.warm_steps):
@@ -152,7 +155,8 @@ def main() -> None:
     parser.add_argument("--latency-seq-len", type=int, default=8192)
     parser.add_argument("--step-ms", type=float, default=25.0)
     parser.add_argument("--warm-steps", type=int, default=10)
-    parser.add_argument("--latency-steps", type=int, default=200)
+    parser.add_argument("--latency-steps", type=int, default=300)
+    parser.add_argument("--latency-batch", type=int, default=4)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp, EmbeddedS3(subprocess=True) as server:
@@ -166,13 +170,14 @@ def main() -> None:
         upload(root, url, options)
 
         epoch_steps = manifest.num_tokens // args.seq_len // args.local_batch - 2
-        decode = decode_only_tokens_per_s(manifest, root, args.repeats)
+        decode, decode_cpu = decode_only_tokens_per_s(manifest, root, args.repeats)
         s3fs_rate = s3fs_range_tokens_per_s(manifest, url, options)
         local = loader_tokens_per_s(str(root), None, args, epoch_steps)
         remote = loader_tokens_per_s(url, options, args, epoch_steps)
         print(f"(a) zstd decode only: {decode / 1e6:.1f} M tokens/s; (b) s3fs range reads: {s3fs_rate / 1e6:.1f} M tokens/s")
         print(f"loader local: {local['tokens_per_s'] / 1e6:.1f} M tokens/s = {local['tokens_per_s'] / decode:.2f} x (a) "
-              f"(target >= 0.8)")
+              f"(target >= 0.8); per CPU second: {local['tokens_per_cpu_s'] / 1e6:.1f} M vs {decode_cpu / 1e6:.1f} M "
+              f"= {local['tokens_per_cpu_s'] / decode_cpu:.2f}")
         floor = min(decode, s3fs_rate)
         print(f"loader S3:    {remote['tokens_per_s'] / 1e6:.1f} M tokens/s = {remote['tokens_per_s'] / floor:.2f} x "
               f"min(a, b) (target >= 0.8)")
@@ -199,6 +204,9 @@ def main() -> None:
         "seq_len": args.seq_len,
         "local_batch": args.local_batch,
         "decode_only_tokens_per_s": decode,
+        "decode_only_tokens_per_cpu_s": decode_cpu,
+        "cpu_count": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0],
         "s3fs_range_tokens_per_s": s3fs_rate,
         "loader_local": local,
         "loader_s3": remote,
