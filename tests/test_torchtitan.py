@@ -248,7 +248,8 @@ def test_one_pass_as_torchtitans_validator_asks_for_it(small_bpe_dataset):
 
 
 def test_config_repr_and_logged_dict_hide_storage_secrets():
-    options = {"key": "AKIAEXAMPLE1234", "secret": "hunter2-secret", "client_kwargs": {"endpoint_url": "http://s3:9000"}}
+    options = {"key": "AKIAEXAMPLE1234", "secret": "hunter2-secret",
+               "client_kwargs": {"endpoint_url": "http://s3:9000"}}
     config = ZephonDataLoader.Config(dataset_path="s3://b/d", storage_options=options)
     # NOTE: TorchTitan's trainer logs json.dumps(config.to_dict()) and saves it.
     for text in (repr(config), json.dumps(config.to_dict())):

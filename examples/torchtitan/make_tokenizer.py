@@ -58,7 +58,8 @@ def main() -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(args.output / "tokenizer.json"))
     (args.output / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS_TOKEN}, indent=2) + "\n")
-    print(f"{args.output}: vocab size {tokenizer.get_vocab_size()}, EOS {EOS_TOKEN!r} = id {tokenizer.token_to_id(EOS_TOKEN)}")
+    eos_id = tokenizer.token_to_id(EOS_TOKEN)
+    print(f"{args.output}: vocab size {tokenizer.get_vocab_size()}, EOS {EOS_TOKEN!r} = id {eos_id}")
 
 
 if __name__ == "__main__":

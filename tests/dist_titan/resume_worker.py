@@ -40,7 +40,8 @@ class PackedTokens(IterableDataset, Stateful):
 
     def __iter__(self):
         while True:
-            start = ((self._sample_idx * self._world + self._rank) * self._seq_len) % (len(self._tokens) - self._seq_len - 1)
+            row = self._sample_idx * self._world + self._rank
+            start = (row * self._seq_len) % (len(self._tokens) - self._seq_len - 1)
             window = torch.from_numpy(self._tokens[start : start + self._seq_len + 1])
             self._sample_idx += 1
             yield {"input": window[:-1]}, window[1:]

@@ -212,10 +212,9 @@ class ZephonDataLoader(BaseDataLoader):
             return out
 
         def __repr__(self) -> str:
-            shown = ", ".join(
-                f"{f.name}={redact_options(self.storage_options) if f.name == 'storage_options' else getattr(self, f.name)!r}"
-                for f in dataclasses.fields(self)
-            )
+            values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+            values["storage_options"] = redact_options(self.storage_options)
+            shown = ", ".join(f"{name}={value!r}" for name, value in values.items())
             return f"ZephonDataLoader.Config({shown})"
 
     def __init__(
@@ -323,7 +322,8 @@ class ZephonDataLoader(BaseDataLoader):
             return
         if STATE_KEY not in state_dict:
             found = ", ".join(sorted(map(str, state_dict)))
-            hint = " (a TorchTitan per-rank loader state)" if any(str(k).startswith("dp_rank_") for k in state_dict) else ""
+            per_rank = any(str(k).startswith("dp_rank_") for k in state_dict)
+            hint = " (a TorchTitan per-rank loader state)" if per_rank else ""
             raise StateMismatchError(
                 f"dataloader state: expected key {STATE_KEY!r}, found [{found}]{hint}; "
                 "was this checkpoint written by another dataloader?"
@@ -333,7 +333,9 @@ class ZephonDataLoader(BaseDataLoader):
             try:
                 value = json.loads(value)
             except ValueError as exc:
-                raise StateMismatchError(f"dataloader state {STATE_KEY!r}: not the JSON of a loader state ({exc})") from exc
+                raise StateMismatchError(
+                    f"dataloader state {STATE_KEY!r}: not the JSON of a loader state ({exc})"
+                ) from exc
         self._loader.load_state_dict(value)
 
     def close(self) -> None:
