@@ -156,6 +156,18 @@ def test_load_state_dict_refuses_a_per_rank_titan_state(small_bpe_dataset):
         loader.load_state_dict({})  # a fresh start, as TorchTitan's loaders allow
 
 
+def test_load_state_dict_refuses_another_seed_naming_both(small_bpe_dataset):
+    with build(ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=1), seq_len=32,
+               local_batch_size=2) as loader:
+        take(loader, 1)
+        state = loader.state_dict()
+    with build(ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=2), seq_len=32,
+               local_batch_size=2) as other:
+        with pytest.raises(StateMismatchError, match="seed") as info:
+            other.load_state_dict(state)
+    assert "1" in str(info.value) and "2" in str(info.value)
+
+
 def test_tokenizer_mismatch_names_both_values(small_dataset, titan_tokenizer):
     config = ZephonDataLoader.Config(dataset_path=small_dataset.url)
     with pytest.raises(TokenizerError) as info:
