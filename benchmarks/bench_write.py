@@ -27,6 +27,7 @@ import os
 import pickle
 import resource
 import shutil
+import statistics
 import sysconfig
 import tempfile
 import time
@@ -190,10 +191,13 @@ def main() -> None:
         # NOTE: on a shared machine wall time swings with other load; CPU time
         # per token shows the writer's own overhead regardless.
         cpu_ratio = min(base_cpu) / min(write_cpu)
+        pair_ratios = [(wt / ws) / (bt / bs) for (bt, bs), (wt, ws) in zip(base_runs, write_runs)]
         bytes_per_token = manifest.compressed_bytes / manifest.num_tokens
         print(f"tokenizer alone (best): {base_tps:,.0f} tokens/s")
         print(f"writer (best):          {write_tps:,.0f} tokens/s")
         print(f"ratio: {ratio:.3f} (target >= {TARGET_RATIO})  {'OK' if ratio >= TARGET_RATIO else 'BELOW TARGET'}")
+        print(f"ratio of each alternating pair: {', '.join(f'{r:.3f}' for r in pair_ratios)} "
+              f"(median {statistics.median(pair_ratios):.3f})")
         print(f"CPU seconds: tokenizer alone {min(base_cpu):.2f}, writer {min(write_cpu):.2f} "
               f"(CPU-time ratio {cpu_ratio:.3f}); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         print(f"compressed: {manifest.compressed_bytes:,} bytes in {manifest.num_shards} shards, "
@@ -210,6 +214,8 @@ def main() -> None:
             "ratio": round(ratio, 4),
             "target_ratio": TARGET_RATIO,
             "meets_target": ratio >= TARGET_RATIO,
+            "pair_ratios": [round(r, 4) for r in pair_ratios],
+            "median_pair_ratio": round(statistics.median(pair_ratios), 4),
             "cpu_ratio": round(cpu_ratio, 4),
             "baseline_cpu_s": [round(c, 3) for c in base_cpu],
             "writer_cpu_s": [round(c, 3) for c in write_cpu],
