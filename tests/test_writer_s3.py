@@ -75,7 +75,8 @@ def test_s3_inputs_and_output_match_a_local_run(stdlib_corpus, bpe_tokenizer_jso
 @pytest.mark.slow
 def test_cli_reads_credentials_and_endpoint_from_aws_variables(stdlib_corpus, s3_bucket, s3_url, tmp_path):
     upload(s3_url("src"), s3_bucket.storage_options, {p.name: p.read_bytes() for p in stdlib_corpus.files[:12]})
-    env = {**os.environ, **s3_bucket.env}
+    launcher_vars = ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")
+    env = {**{k: v for k, v in os.environ.items() if k not in launcher_vars}, **s3_bucket.env}
     proc = subprocess.run(
         [sys.executable, "-m", "zephon_stream", "write", s3_url("src/*.py"), "--output", s3_url("out"),
          "--tokenizer", "bytes", "--block-tokens", "4097", "--no-progress", "--json"],
