@@ -8,6 +8,7 @@ from zephon_stream.errors import StateMismatchError, VersionError
 from zephon_stream.plan.mixture import OrderConfig
 
 STATE_VERSION = 1
+MAX_POSITION = 2**62
 
 # NOTE: (field, what a mismatch means to the user) in the order errors list them.
 _CHECKED = (
@@ -92,6 +93,12 @@ class LoaderState:
                 raise StateMismatchError(
                     f"loader state key {name!r}: expected an int, got {data[name]!r}"
                 )
+        # NOTE: positions are planned in int64 arrays; a corrupt or hostile
+        # checkpoint must be refused here, not overflow inside the pipeline.
+        if not 0 <= data["position"] < MAX_POSITION:
+            raise StateMismatchError(
+                f"loader state key 'position': {data['position']} is outside [0, 2**62)"
+            )
         for name, kind in (("weights", str), ("lane_counts", int), ("fingerprints", str)):
             value = data[name]
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, kind) for v in value):
