@@ -32,19 +32,20 @@ from zephon_stream.errors import ConfigError, StateMismatchError, TokenizerError
 from zephon_stream.integrations.torchtitan import STATE_KEY, ZephonDataLoader, parse_stream_spec  # noqa: E402
 
 
+REPO = Path(__file__).resolve().parents[1]
+WORKERS = REPO / "tests" / "dist_titan"
+EOS_TOKEN = "<|endoftext|>"
+
+
 def _load_worker_module(name: str):
     """A module of tests/dist_titan (the workers import it as a sibling)."""
-    path = Path(__file__).resolve().parent / "dist_titan" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"dist_titan_{name}", path)
+    spec = importlib.util.spec_from_file_location(f"dist_titan_{name}", WORKERS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-REPO = Path(__file__).resolve().parents[1]
-WORKERS = REPO / "tests" / "dist_titan"
 titan_setup = _load_worker_module("titan_setup")
-EOS_TOKEN = "<|endoftext|>"
 
 
 @pytest.fixture(scope="module")
