@@ -267,3 +267,21 @@ def test_batches_the_consumer_keeps_are_never_overwritten(small_dataset):
             for key in batch:
                 assert torch.equal(batch[key], copy[key])
         assert torch.equal(views[0], view_copy)
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_one_epoch_fetches_each_block_once_per_lane_reading_it(small_dataset, window):
+    with loader_for(small_dataset.url, window=window) as probe:
+        steps = probe.order.streams[0].lane_length
+        readers = {}
+        for k in range(steps):
+            piece = probe.order.rank_slice(k * 8, 8, 1, 0)
+            for position, block in zip(piece.positions.tolist(), piece.block.tolist()):
+                readers.setdefault(block, set()).add(position % 8)
+    with loader_for(small_dataset.url, window=window, max_steps=steps) as loader:
+        assert len(list(loader)) == steps
+        stats = loader.stats()
+    # NOTE: a block cut by a lane boundary is read at the end of one lane and the
+    # start of the next, an epoch apart; it is fetched once for each.
+    assert stats["blocks_fetched"] == sum(len(lanes) for lanes in readers.values())
+    assert sum(len(lanes) > 1 for lanes in readers.values()) <= 7

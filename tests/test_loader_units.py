@@ -19,6 +19,7 @@ from zephon_stream.loader.memory import (
     check_memory,
     compute_memory_bound,
     retention_steps,
+    window_spread,
 )
 from zephon_stream.loader.planner import Planner
 from zephon_stream.loader.stats import LoaderStats
@@ -181,9 +182,10 @@ def lane_order(lanes, samples_per_block, window):
     return address
 
 
+@pytest.mark.parametrize("spb,window", [(5, 3), (6, 3), (4, 4)])
 @pytest.mark.parametrize("lanes,batch,world,rank", [(4, 4, 2, 1), (6, 4, 2, 0), (3, 6, 3, 2)])
-def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, world, rank):
-    spb, window, fetch = 5, 3, 2
+def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, world, rank, spb, window):
+    fetch = 2
     address = lane_order(lanes, spb, window)
     rows = batch // world
 
@@ -201,7 +203,7 @@ def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, 
 
     steps = 200
     planner = Planner(slice_fn=slice_fn, start=0, global_batch=batch, num_steps=steps, fetch_steps=fetch,
-                      retention_steps=retention_steps(window=window, lanes=lanes, global_batch=batch, fetch_steps=fetch))
+                      retention_steps=retention_steps(spread=window_spread(window=window, samples_per_block=spb), lanes=lanes, global_batch=batch, fetch_steps=fetch))
     all_keys = [list(zip(*(a.tolist() for a in slice_one(i * batch)[1:3]))) for i in range(steps)]
     released_at = {}
     resident = set()
@@ -220,7 +222,7 @@ def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, 
     for key, index in released_at.items():
         assert all(key not in keys for keys in all_keys[index:]), f"{key} released at step {index} but used later"
     lanes_read = len({p % lanes for i in range(steps) for p in slice_one(i * batch)[0].tolist()})
-    bound = lanes_read * blocks_per_lane(window=window, samples_per_block=spb, lanes=lanes, global_batch=batch,
+    bound = lanes_read * blocks_per_lane(spread=window_spread(window=window, samples_per_block=spb), samples_per_block=spb, lanes=lanes, global_batch=batch,
                                          fetch_steps=fetch)
     assert peak <= bound
 

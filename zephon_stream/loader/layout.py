@@ -19,6 +19,7 @@ from zephon_stream.loader.memory import (
     compute_memory_bound,
     period_steps,
     retention_steps,
+    window_spread,
 )
 from zephon_stream.loader.planner import Planner
 from zephon_stream.loader.streams import StreamSource
@@ -79,20 +80,22 @@ class RankLayout:
         self.period = period_steps(lanes=lanes, global_batch=global_batch)
         self._patterns: dict[int, np.ndarray] = {}
         streams = self.order.streams
-        self.window = max(p.window for p in streams if p.lanes)
+        self.spread = max(
+            window_spread(window=p.window, samples_per_block=max(1, p.samples_per_block)) for p in streams if p.lanes
+        )
         self.samples_per_block = max(1, min(p.samples_per_block for p in streams if p.lanes))
         # NOTE: fetch at least one block's worth of lane steps ahead, so each
         # lane's next block is decoded while it reads the current one, however
         # fast the consumer is.
         self.fetch_steps = max(fetch_steps, math.ceil(self.samples_per_block * lanes / global_batch))
         self.retention_steps = retention_steps(
-            window=self.window, lanes=lanes, global_batch=global_batch, fetch_steps=self.fetch_steps
+            spread=self.spread, lanes=lanes, global_batch=global_batch, fetch_steps=self.fetch_steps
         )
         self.lanes_read = self._count_lanes_read()
         self.memory_bound: MemoryBound = compute_memory_bound(
             lanes_read=self.lanes_read,
             blocks_per_lane=blocks_per_lane(
-                window=self.window,
+                spread=self.spread,
                 samples_per_block=self.samples_per_block,
                 lanes=lanes,
                 global_batch=global_batch,

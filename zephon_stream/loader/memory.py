@@ -1,13 +1,16 @@
 """The loader's memory bound, computed from its config before anything runs.
 
 Each lane walks its blocks in order; the window shuffle spreads a block's
-samples over the windows that overlap it, so a block is used within a range
-of ``samples_per_block + 2 * window`` lane steps, with gaps shorter than
-``2 * window``. A block is fetched when a step within the fetch horizon needs
-it and released when no step of the retention horizon does. So each lane the
-rank reads holds at most the blocks overlapping ``samples_per_block + 2 *
-window + fetch_lane_steps`` samples, plus one for a lane or epoch boundary and
-one for the short last block. The total is that, times the lanes the rank
+samples over the windows that overlap it (windows are aligned to the epoch
+sequence, docs/ORDER.md), so a block is used within a range of
+``samples_per_block + spread`` lane steps, with gaps shorter than ``spread``,
+where ``spread`` is ``2 * window``, or 0 when the window divides the block's
+samples (the default window is one block: a window is exactly one block). A
+block is fetched when a step within the fetch horizon needs it and released
+when no step of the retention horizon does. So each lane the rank reads holds
+at most the blocks overlapping ``samples_per_block + spread +
+fetch_lane_steps`` samples, plus one for a lane or epoch boundary and one for
+a short block. The total is that, times the lanes the rank
 reads, times the decoded bytes of a block, plus the compressed bytes in
 flight and the assembled batches.
 """
@@ -27,22 +30,35 @@ def period_steps(*, lanes: int, global_batch: int) -> int:
     return lanes // math.gcd(lanes, global_batch)
 
 
-def retention_steps(*, window: int, lanes: int, global_batch: int, fetch_steps: int) -> int:
+def window_spread(*, window: int, samples_per_block: int) -> int:
+    """Lane steps by which the window shuffle can spread a block's uses.
+
+    NOTE: with windows aligned to the epoch sequence and ``window`` dividing
+    the full block's samples, each full block is a union of whole windows, so
+    its uses are contiguous. A short block may still share a window with its
+    neighbour; its rare early release costs at most a re-fetch, never data.
+    """
+    window = max(1, window)
+    return 0 if samples_per_block % window == 0 else 2 * window
+
+
+def retention_steps(*, spread: int, lanes: int, global_batch: int, fetch_steps: int) -> int:
     """Steps planned ahead so that a block unused that long is done for its epoch.
 
     A lane advances ``global_batch / lanes`` samples a step; a block's uses
-    within one lane are never more than ``2 * window`` lane steps apart, and a
-    rank revisits a lane at least once per :func:`period_steps`.
+    within one lane are never more than ``spread`` lane steps apart (see
+    :func:`window_spread`), and a rank revisits a lane at least once per
+    :func:`period_steps`.
     """
-    lane_steps = 2 * max(1, window) + 2
+    lane_steps = spread + 2
     return math.ceil(lane_steps * lanes / global_batch) + period_steps(lanes=lanes, global_batch=global_batch) + fetch_steps + 1
 
 
-def blocks_per_lane(*, window: int, samples_per_block: int, lanes: int, global_batch: int, fetch_steps: int) -> int:
+def blocks_per_lane(*, spread: int, samples_per_block: int, lanes: int, global_batch: int, fetch_steps: int) -> int:
     """Most blocks one lane keeps resident at once (see the module docstring)."""
     assert samples_per_block >= 1
     fetch_lane_steps = math.ceil((fetch_steps + 1) * global_batch / lanes) + 1
-    span = samples_per_block + 2 * max(1, window) + fetch_lane_steps
+    span = samples_per_block + spread + fetch_lane_steps
     return math.ceil(span / samples_per_block) + 2
 
 
