@@ -39,8 +39,12 @@ class LocalStore(Store):
 
     def _read_range(self, path: str, start: int, end: int) -> bytes:
         with open(self._root / path, "rb") as f:
+            # NOTE: read() allocates the size asked for up front; a manifest
+            # claiming a 1 TiB block must end in a truncation error, not a
+            # MemoryError, so never ask for more than the file holds.
+            size = os.fstat(f.fileno()).st_size
             f.seek(start)
-            return f.read(end - start)
+            return f.read(max(0, min(end, size) - start))
 
     def _write(self, path: str, data: bytes) -> None:
         target = self._root / path
