@@ -148,7 +148,10 @@ def decode_block(data: bytes | memoryview, *, num_tokens: int, dtype: np.dtype |
     header = bytes(data[:18])
     if not header[4] & 0x04:
         raise CorruptBlockError(f"{where}: zstd frame has no content checksum")
-    declared = zstandard.frame_content_size(header)
+    try:
+        declared = zstandard.frame_content_size(header)
+    except zstandard.ZstdError as exc:
+        raise CorruptBlockError(f"{where}: bad zstd frame header: {exc}") from None
     if declared < 0:
         raise CorruptBlockError(f"{where}: zstd frame header does not declare its content size")
     if declared != expected_bytes:
