@@ -57,3 +57,6 @@ def test_killed_writer_leaves_no_manifest_and_rerun_is_identical(stdlib_corpus, 
     assert MANIFEST_NAME in resumed and len(resumed) > 20
     assert resumed.keys() == uninterrupted.keys()
     assert [p for p in resumed if resumed[p] != uninterrupted[p]] == []
+    assert sorted(p.name for p in (out / "shards").iterdir()) == sorted(
+        p.name for p in (clean / "shards").iterdir()
+    ), "the rerun left temporary files of the killed run"

@@ -34,7 +34,8 @@ from zephon_stream.format.spec import (
     SHARDS_DIR,
     token_dtype,
 )
-from zephon_stream.storage import Store, expand_inputs, is_local_url, local_path, open_store
+from zephon_stream.storage import LocalStore, Store, expand_inputs, is_local_url, local_path, open_store
+from zephon_stream.storage.local import TEMP_PREFIX
 from zephon_stream.writer.pool import TokenizePool
 from zephon_stream.writer.progress import Progress, WriteSummary
 from zephon_stream.writer.readers import Reject, SourceReader
@@ -287,6 +288,15 @@ class _Run:
         for path in self.store.list(SHARDS_DIR + "/"):
             if path not in keep:
                 self.store.delete(path)
+        if isinstance(self.store, LocalStore):
+            # NOTE: a killed run can leave a half-written temporary file, which
+            # the store never lists; nothing else writes into this folder now.
+            root = self.store.root
+            leftovers = [*(root / SHARDS_DIR).glob(TEMP_PREFIX + "*")]
+            for name in (REJECTS_NAME, MANIFEST_NAME):
+                leftovers += root.glob(f"{TEMP_PREFIX}{name}.*")
+            for leftover in leftovers:
+                leftover.unlink(missing_ok=True)
 
     def _stream(self, pool: TokenizePool) -> None:
         texts: list[str] = []
