@@ -195,3 +195,28 @@ def test_three_cli_ranks_and_merge_decode_like_one_process(stdlib_corpus, tmp_pa
 
     done = _cli(["verify", str(out)], base_env)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_merged_dataset_streams_the_samples_of_every_part(stdlib_corpus, tmp_path):
+    from zephon_stream import StreamingLoader
+
+    seq_len, batch = 64, 4
+    _write_parts([str(p) for p in stdlib_corpus.files[:12]], tmp_path, 3)
+    manifest = merge_parts([], str(tmp_path))
+    samples_per_block = (manifest.block_token_counts() - 1) // seq_len
+    # NOTE: every part ends in a short block, so the merged dataset has short blocks mid-stream.
+    short_inside = {int(manifest.shard_first_block[i + 1]) - 1 for i, s in enumerate(manifest.shards[:-1]) if s.num_tokens % BLOCK_TOKENS}
+    assert short_inside
+
+    seen = set()
+    with StreamingLoader(str(tmp_path), seq_len=seq_len, local_batch_size=batch, rank=0, world_size=1) as loader, DatasetReader.open(str(tmp_path)) as reader:
+        steps = int(samples_per_block.sum()) // loader.lanes * loader.lanes // batch
+        for step, got in zip(range(steps), loader):
+            _, blocks, samples = loader.order.sample_at(np.arange(step * batch, (step + 1) * batch))
+            for row, (block, sample) in enumerate(zip(blocks.tolist(), samples.tolist())):
+                tokens = reader.read_block(block)[sample * seq_len : sample * seq_len + seq_len + 1].astype(np.int64)
+                np.testing.assert_array_equal(got["input"][row].numpy(), tokens[:-1])
+                np.testing.assert_array_equal(got["labels"][row].numpy(), tokens[1:])
+                seen.add((block, sample))
+    assert len(seen) == steps * batch
+    assert {block for block, _ in seen} & short_inside
