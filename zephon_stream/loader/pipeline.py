@@ -30,7 +30,7 @@ from zephon_stream.loader.streams import StreamSource
 _POLL_S = 0.1
 # NOTE: steps planned per producer iteration while the retention horizon fills;
 # small enough that the first batch is not delayed by planning far ahead.
-_PLAN_CHUNK_STEPS = 128
+_PLAN_CHUNK_STEPS = 512
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,6 +109,9 @@ class Pipeline:
             num_decode_threads=num_decode_threads,
         )
         self._first_need: dict[BlockKey, int] = {}
+        # NOTE: the producer's own references to blocks it has already waited
+        # for, released with the cache entry; spares a locked lookup per row.
+        self._resident: dict[BlockKey, np.ndarray] = {}
         self._thread = threading.Thread(target=self._run, name="zephon-assemble", daemon=True)
         self._thread.start()
 
@@ -135,6 +138,7 @@ class Pipeline:
                 for key in self._planner.advance():
                     self._cache.drop(key)
                     self._first_need.pop(key, None)
+                    self._resident.pop(key, None)
         except CacheClosedError:
             return
         except BaseException as exc:  # noqa: BLE001 - raised again in the consumer
@@ -169,13 +173,16 @@ class Pipeline:
 
     def _assemble_next(self) -> ReadyStep | None:
         plan = self._planner.next_step()
-        tokens = {key: self._wait_block(key) for key in plan.unique_keys}
+        resident = self._resident
+        new_keys = [key for key in plan.unique_keys if key not in resident]
+        for key in new_keys:
+            resident[key] = self._wait_block(key)
         if self._stop.is_set():
             return None
         started = time.perf_counter()
         batch = self._delivery.acquire()
         gather_rows(
-            [tokens[key] for key in plan.keys],
+            [resident[key] for key in plan.keys],
             plan.samples,
             seq_len=self._seq_len,
             out_input=batch.input,
@@ -186,7 +193,7 @@ class Pipeline:
         batch.sample_positions[:] = plan.positions
         digest = batch_sha256(plan.positions, batch.input, batch.labels) if self._hash_data else ""
         item = self._delivery.publish(batch)
-        hits = sum(1 for key in plan.keys if self._first_need.get(key, plan.index) < plan.index)
+        hits = len(plan.keys) - (sum(plan.keys.count(key) for key in new_keys) if new_keys else 0)
         self._stats.add(cache_hits=hits, assemble_s=time.perf_counter() - started)
         return ReadyStep(index=plan.index, cursor=plan.cursor, item=item, data_sha256=digest)
 

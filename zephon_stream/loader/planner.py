@@ -73,7 +73,7 @@ class Planner:
         num_steps: int | None,
         fetch_steps: int,
         retention_steps: int,
-        chunk_steps: int = 256,
+        chunk_steps: int = 512,
     ) -> None:
         assert global_batch > 0 and fetch_steps >= 0
         self._slice_fn = slice_fn
