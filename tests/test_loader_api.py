@@ -281,7 +281,8 @@ def test_one_epoch_fetches_each_block_once_per_lane_reading_it(small_dataset, wi
     with loader_for(small_dataset.url, window=window, max_steps=steps) as loader:
         assert len(list(loader)) == steps
         stats = loader.stats()
-    # NOTE: a block cut by a lane boundary is read at the end of one lane and the
-    # start of the next, an epoch apart; it is fetched once for each.
-    assert stats["blocks_fetched"] == sum(len(lanes) for lanes in readers.values())
+    # NOTE: a block cut by a lane boundary is read at the start of one lane and
+    # the end of the previous one; it is fetched once for each unless the
+    # planned horizon still covers its second use.
+    assert len(readers) <= stats["blocks_fetched"] <= sum(len(lanes) for lanes in readers.values())
     assert sum(len(lanes) > 1 for lanes in readers.values()) <= 7
