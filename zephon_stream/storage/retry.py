@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import functools
 import logging
 import random
 import socket
@@ -107,6 +108,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
+@functools.cache
 def _transient_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = [TimeoutError, asyncio.TimeoutError, socket.timeout, ConnectionError]
     try:
@@ -140,9 +142,6 @@ def _transient_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
-_TRANSIENT_TYPES: tuple[type[BaseException], ...] | None = None
-
-
 def is_missing(exc: BaseException) -> bool:
     """Whether ``exc`` says the object does not exist."""
     return isinstance(exc, FileNotFoundError)
@@ -150,13 +149,11 @@ def is_missing(exc: BaseException) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it was raised from) is worth retrying."""
-    global _TRANSIENT_TYPES
-    if _TRANSIENT_TYPES is None:
-        _TRANSIENT_TYPES = _transient_types()
+    transient_types = _transient_types()
     for item in _chain(exc):
         if isinstance(item, FileNotFoundError):
             return False
-        if isinstance(item, _TRANSIENT_TYPES):
+        if isinstance(item, transient_types):
             return True
         response = getattr(item, "response", None)
         if isinstance(response, dict):
