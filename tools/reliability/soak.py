@@ -1,0 +1,112 @@
+"""Long runs and churn: RSS stays flat over many epochs, and loaders opened and
+closed over and over leave no thread, socket or file descriptor behind."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from typing import Any
+
+from tools.reliability.common import check, open_fds, rss_bytes
+
+
+def long_run(
+    *, url: str, epochs: int, storage_options: dict[str, Any] | None = None, seq_len: int = 256,
+    local_batch_size: int = 8, samples: int = 40, growth_bound_bytes: int = 32 << 20,
+) -> dict[str, Any]:
+    """Stream ``epochs`` epochs, sampling RSS ``samples`` times; after the first
+    epoch (warm-up) RSS may grow by at most ``growth_bound_bytes``.
+
+    Returns:
+        ``{"epochs", "steps", "rss_start_mib", "rss_warm_mib", "rss_max_mib",
+        "growth_after_warmup_mib", "memory_bound_mib", "seconds", "rss_mib": [...]}``.
+    """
+    from zephon_stream import StreamingLoader
+
+    started = time.perf_counter()
+    rss_start = rss_bytes()
+    with StreamingLoader(url, seq_len=seq_len, local_batch_size=local_batch_size,
+                         storage_options=storage_options, num_fetch_threads=2) as loader:
+        epoch_steps = loader.order.streams[0].lane_length * loader.lanes // loader.global_batch_size
+        steps = epoch_steps * epochs
+        every = max(1, steps // samples)
+        trace = []
+        rss_warm = None
+        for step in range(1, steps + 1):
+            next(loader)
+            if step == epoch_steps:
+                gc.collect()
+                rss_warm = rss_bytes()
+            if step % every == 0:
+                trace.append(rss_bytes())
+        memory_bound = loader.memory_bound_bytes
+    assert rss_warm is not None
+    after = [r for i, r in enumerate(trace) if (i + 1) * every > epoch_steps]
+    growth = max(after, default=rss_warm) - rss_warm
+    result = {
+        "epochs": epochs,
+        "steps": steps,
+        "rss_start_mib": round(rss_start / 2**20, 1),
+        "rss_warm_mib": round(rss_warm / 2**20, 1),
+        "rss_max_mib": round(max(trace) / 2**20, 1),
+        "growth_after_warmup_mib": round(growth / 2**20, 2),
+        "growth_bound_mib": growth_bound_bytes / 2**20,
+        "memory_bound_mib": round(memory_bound / 2**20, 1),
+        "seconds": round(time.perf_counter() - started, 2),
+        "rss_mib": [round(r / 2**20, 1) for r in trace],
+    }
+    check(growth <= growth_bound_bytes,
+          f"RSS grew {growth / 2**20:.1f} MiB after warm-up over {epochs} epochs (bound {growth_bound_bytes / 2**20} MiB)")
+    return result
+
+
+def churn(
+    *, url: str, cycles: int, steps: int = 20, storage_options: dict[str, Any] | None = None,
+    seq_len: int = 256, local_batch_size: int = 8,
+) -> dict[str, Any]:
+    """Open a loader, read ``steps`` steps, close it, ``cycles`` times; threads
+    and descriptors must be back at their baseline after every close.
+
+    Returns:
+        ``{"cycles", "threads_before", "threads_after", "fds_before",
+        "fds_after", "max_threads_open", "max_sockets_open", "rss_growth_mib"}``.
+    """
+    from zephon_stream import StreamingLoader
+    from zephon_stream.storage import open_store
+
+    # NOTE: fsspec keeps one event-loop thread per process, shared by every
+    # filesystem; start it before the baseline, it is not the loader's.
+    if storage_options is not None:
+        with open_store(url, storage_options) as store:
+            store.read("manifest")
+    gc.collect()
+    threads_before, fds_before = threading.active_count(), open_fds()
+    rss_after_first = None
+    max_threads = max_sockets = 0
+    for cycle in range(cycles):
+        loader = StreamingLoader(url, seq_len=seq_len, local_batch_size=local_batch_size,
+                                 storage_options=storage_options)
+        for _ in range(steps):
+            next(loader)
+        max_threads = max(max_threads, threading.active_count())
+        max_sockets = max(max_sockets, open_fds()["socket"])
+        loader.close()
+        del loader
+        gc.collect()
+        threads, fds = threading.active_count(), open_fds()
+        check(threads == threads_before, f"cycle {cycle}: {threads - threads_before} threads outlived close()")
+        check(fds == fds_before, f"cycle {cycle}: descriptors after close() {fds}, before {fds_before}")
+        if cycle == 0:
+            rss_after_first = rss_bytes()
+    assert rss_after_first is not None
+    return {
+        "cycles": cycles,
+        "threads_before": threads_before,
+        "threads_after": threading.active_count(),
+        "fds_before": fds_before,
+        "fds_after": open_fds(),
+        "max_threads_open": max_threads,
+        "max_sockets_open": max_sockets,
+        "rss_growth_mib": round((rss_bytes() - rss_after_first) / 2**20, 2),
+    }
