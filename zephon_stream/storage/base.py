@@ -81,6 +81,7 @@ class Store(abc.ABC):
         self._retry = retry or RetryPolicy()
         self._secrets = tuple(sorted({s for s in secrets if s}, key=len, reverse=True))
         self._stats = StoreStats()
+        self._closing = threading.Event()
         self._url = self.scrub(url.rstrip("/"))
 
     # -- primitives -------------------------------------------------------
@@ -189,7 +190,14 @@ class Store(abc.ABC):
         return self._stats.snapshot()
 
     def close(self) -> None:
-        """Release connections; the store must not be used afterwards."""
+        """Release connections and cut short operations waiting to retry.
+
+        An operation sleeping between retries fails at once with StorageError,
+        so a consumer shutting down during an outage does not wait out the
+        retry policy. Operations started after ``close()`` run normally.
+        """
+        closing, self._closing = self._closing, threading.Event()
+        closing.set()
 
     def __enter__(self) -> "Store":
         return self
@@ -215,6 +223,7 @@ class Store(abc.ABC):
                 what=f"{op} {self._name(rel)}{detail}",
                 scrub=self.scrub,
                 on_retry=lambda: self._stats.add(retries=1),
+                stop=self._closing,
             )
         except Exception:
             self._stats.add(errors=1)

@@ -226,6 +226,7 @@ class FsspecStore(Store):
 
     def close(self) -> None:
         """Close this process's connections (S3); the store reconnects if used again."""
+        super().close()
         with self._fs_lock:
             fs, self._fs = self._fs, None
             self._warm_pid = -1

@@ -17,6 +17,7 @@ import functools
 import logging
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -186,6 +187,7 @@ def call_with_retry(
     what: str,
     scrub: Callable[[str], str],
     on_retry: Callable[[], None] = lambda: None,
+    stop: threading.Event | None = None,
 ) -> T:
     """Run ``attempt`` until it succeeds, retrying transient failures.
 
@@ -196,6 +198,8 @@ def call_with_retry(
             already free of secrets; it starts every error message.
         scrub: removes secrets from an error text before it is logged or raised.
         on_retry: called once per retry (stats).
+        stop: when set, a backoff sleep ends at once and the operation fails
+            (the store was closed while retrying).
 
     Raises:
         ObjectMissingError: the object does not exist (never retried).
@@ -225,4 +229,9 @@ def call_with_retry(
                 ) from None
             logger.info("%s: attempt %d failed (%s); retrying in %.2fs", what, attempts, detail, sleep_s)
             on_retry()
-            time.sleep(sleep_s)
+            if stop is None:
+                time.sleep(sleep_s)
+            elif stop.wait(sleep_s):
+                raise StorageError(
+                    f"{what}: abandoned after {attempts} attempts, the store was closed (last error: {detail})"
+                ) from None
