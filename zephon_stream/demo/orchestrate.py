@@ -140,7 +140,13 @@ def open_demo_store(config: DemoConfig) -> Iterator[str]:
     from zephon_stream.storage.embedded_s3 import EmbeddedS3
 
     server = EmbeddedS3(port=config.s3_port)
-    server.start()
+    try:
+        server.start()
+    except ImportError as exc:
+        raise ConfigError(
+            f"the embedded S3 server needs moto[server] ({exc}): pip install -e '.[demo]', "
+            "or pass --store with a local folder or an s3:// URL"
+        ) from None
     try:
         if config.s3_port and server.port != config.s3_port:
             print(f"port {config.s3_port} on 127.0.0.1 is taken; the embedded S3 server uses port {server.port} instead")
@@ -327,6 +333,8 @@ def run_demo(config: DemoConfig, *, plot: str | None = None) -> int:
     from zephon_stream.format.manifest import Manifest
 
     config = config.checked()
+    if plot:
+        report.check_plot_support()
     started = time.monotonic()
     workdir = pathlib.Path(config.workdir) if config.workdir else pathlib.Path(tempfile.mkdtemp(prefix="zephon-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)

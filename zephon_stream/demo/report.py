@@ -186,6 +186,16 @@ def build(
     )
 
 
+def check_plot_support() -> None:
+    """Raise ConfigError now, not after the runs, if matplotlib is missing."""
+    from zephon_stream.errors import ConfigError
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install -e '.[demo]'") from None
+
+
 def write_plot(report: DemoReport, path: str) -> None:
     """PNG of loss and tokens/s per step, reference against the resized job, resize marked."""
     import matplotlib

@@ -26,8 +26,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
 from zephon_stream.demo.model import ModelConfig, TinyTransformer
@@ -51,6 +49,33 @@ def latest_checkpoint(root: pathlib.Path) -> tuple[int, pathlib.Path] | None:
         if (path / CHECKPOINT_COMPLETE).exists():
             found.append((int(path.name[len(CHECKPOINT_PREFIX):]), path))
     return max(found) if found else None
+
+
+def save_checkpoint(
+    path: pathlib.Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: StreamingLoader, *, step: int
+) -> None:
+    """Save model, optimizer, loader state and step with torch.distributed.checkpoint (all ranks)."""
+    # NOTE: imported here so a run that never checkpoints does not pay for it at start-up.
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state, "loader": loader, "progress": {"step": step}}
+    dcp.save(state, checkpoint_id=str(path))
+
+
+def load_checkpoint(
+    path: pathlib.Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: StreamingLoader
+) -> int:
+    """Load a checkpoint saved at any world size into this rank; return its step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state, "loader": loader, "progress": {"step": -1}}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return int(state["progress"]["step"])
 
 
 def batch_hash(inputs: torch.Tensor, labels: torch.Tensor) -> str:
@@ -169,11 +194,8 @@ def train(args: argparse.Namespace) -> None:
     found = latest_checkpoint(args.ckpt_dir)
     if found is not None:
         start_step, path = found
-        model_state, optim_state = get_state_dict(ddp_model, optimizer)
-        state = {"model": model_state, "optim": optim_state, "loader": loader, "progress": {"step": 0}}
-        dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(ddp_model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        assert state["progress"]["step"] == start_step, (state["progress"], start_step)
+        loaded_step = load_checkpoint(path, ddp_model, optimizer, loader)
+        assert loaded_step == start_step, (loaded_step, start_step)
     log.write(event="start", world_size=world_size, start_step=start_step, resumed=found is not None)
 
     batches = iter(loader)
@@ -207,9 +229,7 @@ def train(args: argparse.Namespace) -> None:
                 progress=loader.progress(),
             )
         if args.ckpt_every and step % args.ckpt_every == 0:
-            model_state, optim_state = get_state_dict(ddp_model, optimizer)
-            state = {"model": model_state, "optim": optim_state, "loader": loader, "progress": {"step": step}}
-            dcp.save(state, checkpoint_id=str(checkpoint_dir(args.ckpt_dir, step)))
+            save_checkpoint(checkpoint_dir(args.ckpt_dir, step), ddp_model, optimizer, loader, step=step)
             dist.barrier()
             log.write(event="checkpoint", step=step, world_size=world_size, resume_at=resume_point(loader))
             last = time.perf_counter()
