@@ -286,3 +286,18 @@ def test_one_epoch_fetches_each_block_once_per_lane_reading_it(small_dataset, wi
     # planned horizon still covers its second use.
     assert len(readers) <= stats["blocks_fetched"] <= sum(len(lanes) for lanes in readers.values())
     assert sum(len(lanes) > 1 for lanes in readers.values()) <= 7
+
+
+def test_large_steps_assembled_by_two_threads_equal_the_direct_read(small_dataset):
+    # NOTE: 8 rows of 4096 tokens cross the size where half the rows go to the helper thread.
+    reader = DirectReader([small_dataset.url])
+    eos = small_dataset.manifest.tokenizer.eos_id
+    with loader_for(small_dataset.url, seq_len=4096, local_batch_size=8) as loader:
+        for step, batch in zip(range(6), loader):
+            piece = loader.order.rank_slice(step * 8, 8, 1, 0)
+            for row in range(8):
+                tokens = reader.sample(int(piece.stream[row]), int(piece.block[row]), int(piece.sample[row]), 4096)
+                np.testing.assert_array_equal(batch["input"][row].numpy(), tokens[:-1])
+                np.testing.assert_array_equal(batch["labels"][row].numpy(), tokens[1:])
+            np.testing.assert_array_equal(batch["positions"].numpy(), reference_positions(batch["input"].numpy(), eos))
+    reader.close()

@@ -15,6 +15,7 @@ import hashlib
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +32,9 @@ _POLL_S = 0.1
 # NOTE: steps planned per producer iteration while the retention horizon fills;
 # small enough that the first batch is not delayed by planning far ahead.
 _PLAN_CHUNK_STEPS = 512
+# NOTE: below this many tokens a step is assembled by one thread; handing half
+# of it to the helper costs more than it saves.
+_SPLIT_TOKENS = 1 << 15
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,6 +116,7 @@ class Pipeline:
         # NOTE: the producer's own references to blocks it has already waited
         # for, released with the cache entry; spares a locked lookup per row.
         self._resident: dict[BlockKey, np.ndarray] = {}
+        self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zephon-assemble-helper")
         self._thread = threading.Thread(target=self._run, name="zephon-assemble", daemon=True)
         self._thread.start()
 
@@ -181,21 +186,34 @@ class Pipeline:
             return None
         started = time.perf_counter()
         batch = self._delivery.acquire()
-        gather_rows(
-            [resident[key] for key in plan.keys],
-            plan.samples,
-            seq_len=self._seq_len,
-            out_input=batch.input,
-            out_labels=batch.labels,
-        )
-        eos = self._eos_ids[plan.streams] if len(self._eos_ids) > 1 else int(self._eos_ids[0])
-        positions_from_eos(batch.input, eos, out=batch.positions)
+        blocks = [resident[key] for key in plan.keys]
+        eos = self._eos_ids[plan.streams] if len(self._eos_ids) > 1 else self._eos_ids[:1].repeat(len(blocks))
+        rows = len(blocks)
+        # NOTE: numpy releases the GIL in these copies, so a helper thread
+        # assembling half the rows runs truly in parallel on large steps.
+        half = rows // 2 if rows > 1 and rows * self._seq_len >= _SPLIT_TOKENS else rows
+        helper = self._helper.submit(self._fill_rows, batch, blocks, plan.samples, eos, half, rows) if half < rows else None
+        self._fill_rows(batch, blocks, plan.samples, eos, 0, half)
+        if helper is not None:
+            helper.result()
         batch.sample_positions[:] = plan.positions
         digest = batch_sha256(plan.positions, batch.input, batch.labels) if self._hash_data else ""
         item = self._delivery.publish(batch)
         hits = len(plan.keys) - (sum(plan.keys.count(key) for key in new_keys) if new_keys else 0)
         self._stats.add(cache_hits=hits, assemble_s=time.perf_counter() - started)
         return ReadyStep(index=plan.index, cursor=plan.cursor, item=item, data_sha256=digest)
+
+    def _fill_rows(
+        self, batch: Any, blocks: list[np.ndarray], samples: np.ndarray, eos: np.ndarray, lo: int, hi: int
+    ) -> None:
+        gather_rows(
+            blocks[lo:hi],
+            samples[lo:hi],
+            seq_len=self._seq_len,
+            out_input=batch.input[lo:hi],
+            out_labels=batch.labels[lo:hi],
+        )
+        positions_from_eos(batch.input[lo:hi], eos[lo:hi], out=batch.positions[lo:hi])
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -236,6 +254,7 @@ class Pipeline:
         self._stop.set()
         self._cache.close()
         self._thread.join()
+        self._helper.shutdown(wait=True)
         self._pool.close()
         while True:
             try:
