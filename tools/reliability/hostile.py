@@ -212,15 +212,17 @@ def _nested(depth: int) -> Any:
 
 
 def case_huge_block_range(dataset: Path, work: Path, tries: int, rng: random.Random) -> Outcome:
-    """A self-consistent manifest whose last block claims 1 TiB of a small shard."""
+    """A self-consistent manifest whose block claims 1 TiB of a small shard."""
     from zephon_stream.errors import TruncatedObjectError
     from zephon_stream.format.manifest import Manifest
 
     outcome = Outcome()
     root = copy_dataset(dataset, work / "huge")
     manifest = Manifest.load(str(root))
-    index = manifest.num_shards - 1
+    # NOTE: the last block of the first (full) shard: a full block, read in epoch 1.
+    index = 0
     shard = manifest.shards[index]
+    check(shard.num_blocks == manifest.blocks_per_shard, "the first shard is not full")
     data = (root / shard.path).read_bytes()
     offsets = list(shard.block_offsets)
     offsets[-1] = 2**40
