@@ -301,3 +301,15 @@ def test_large_steps_assembled_by_two_threads_equal_the_direct_read(small_datase
                 np.testing.assert_array_equal(batch["labels"][row].numpy(), tokens[1:])
             np.testing.assert_array_equal(batch["positions"].numpy(), reference_positions(batch["input"].numpy(), eos))
     reader.close()
+
+
+def test_a_loader_dropped_without_close_stops_its_threads(small_dataset):
+    import gc
+
+    threads = set(threading.enumerate())
+    loader = loader_for(small_dataset.url)
+    next(loader)
+    assert set(threading.enumerate()) - threads
+    del loader
+    gc.collect()
+    assert set(threading.enumerate()) - threads == set()

@@ -61,3 +61,32 @@ def test_remote_audit_log_is_rewritten_whole_on_s3(s3_bucket):
     log.close()
     records = read_audit_log(url, s3_bucket.storage_options)
     assert [r.get("step") for r in records] == [None, 0, 1, 2, 3, 4]
+
+
+def test_loader_audit_logs_agree_across_world_sizes_and_name_a_divergence(small_dataset, tmp_path, capsys):
+    from zephon_stream import StreamingLoader
+
+    def run(path, *, world, seed=0, steps=8, resume_at=None):
+        loaders = [StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8 // world, world_size=world,
+                                   rank=r, seed=seed, audit_log=str(path)) for r in range(world)]
+        try:
+            if resume_at is not None:
+                for loader in loaders:
+                    loader.load_state_dict({**loader.state_dict(), "position": resume_at * 8})
+            for _ in range(steps):
+                for loader in loaders:
+                    next(loader)
+        finally:
+            for loader in loaders:
+                loader.close()
+
+    run(tmp_path / "w1.jsonl", world=1)
+    run(tmp_path / "w2.jsonl", world=2, steps=5)
+    run(tmp_path / "w2.jsonl", world=4, resume_at=5, steps=3)  # resumed at another world size, same log
+    run(tmp_path / "seed.jsonl", world=1, seed=1)
+    records = read_audit_log(str(tmp_path / "w2.jsonl"))
+    assert [r["step"] for r in records if r["kind"] == "step"] == list(range(8))
+    assert cli_main(["diff-log", str(tmp_path / "w1.jsonl"), str(tmp_path / "w2.jsonl")]) == 0
+    assert "identical over 8 common steps" in capsys.readouterr().out
+    assert cli_main(["diff-log", str(tmp_path / "w1.jsonl"), str(tmp_path / "seed.jsonl")]) == 1
+    assert "diverged at step 0: addresses_sha256 differs" in capsys.readouterr().out

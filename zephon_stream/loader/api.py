@@ -328,6 +328,14 @@ class StreamingLoader:
         for source in self._sources:
             source.close()
 
+    def __del__(self) -> None:
+        # NOTE: a loader dropped without close() must not leave its threads
+        # polling forever; they hold no reference back to it.
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing useful to do at collection time
+            pass
+
     def __enter__(self) -> StreamingLoader:
         return self
 
