@@ -105,7 +105,7 @@ class _PinnedSlot:
 
     def __init__(self, rows: int, seq_len: int) -> None:
         self.tensors = {
-            key: torch.empty((rows,) if key == "sample_positions" else (rows, seq_len), dtype=torch.int64).pin_memory()
+            key: torch.empty((rows,) if key == "sample_positions" else (rows, seq_len), dtype=torch.int64, pin_memory=True)
             for key in BATCH_KEYS
         }
         self.batch = HostBatch(**{key: tensor.numpy() for key, tensor in self.tensors.items()})
