@@ -60,6 +60,7 @@ def test_closing_stores_releases_their_connections(s3_bucket):
     with open_store(s3_bucket.url("sock"), s3_bucket.storage_options) as warm:
         warm.write_atomic("obj", b"x" * 1000)  # starts fsspec's event loop, which lives on
     before = _socket_count()
+    in_use = 0
     for _ in range(3):
         store = open_store(s3_bucket.url("sock"), s3_bucket.storage_options)
         readers = [threading.Thread(target=lambda: [store.read("obj") for _ in range(3)]) for _ in range(6)]
@@ -67,7 +68,9 @@ def test_closing_stores_releases_their_connections(s3_bucket):
             thread.start()
         for thread in readers:
             thread.join()
+        in_use = max(in_use, _socket_count())
         store.close()
+    assert in_use > before, "no connection was ever open; the check below proves nothing"
     # NOTE: moto runs in this process; its side of each connection closes a moment later.
     deadline = time.monotonic() + 5
     while _socket_count() > before and time.monotonic() < deadline:
