@@ -32,6 +32,9 @@ _POLL_S = 0.1
 # NOTE: steps planned per producer iteration while the retention horizon fills;
 # small enough that the first batch is not delayed by planning far ahead.
 _PLAN_CHUNK_STEPS = 512
+# NOTE: the first batch waits only for a few planned steps; the rest of the
+# horizon is planned while its blocks decode.
+_FIRST_PLAN_STEPS = 8
 # NOTE: below this many tokens a step is assembled by one thread; handing half
 # of it to the helper costs more than it saves.
 _SPLIT_TOKENS = 1 << 15
@@ -128,12 +131,14 @@ class Pipeline:
     # -- producer thread ------------------------------------------------------
 
     def _run(self) -> None:
+        chunk = _FIRST_PLAN_STEPS
         try:
             while not self._stop.is_set():
                 if self._planner.finished():
                     self._put(EndOfData())
                     return
-                self._planner.extend(_PLAN_CHUNK_STEPS)
+                self._planner.extend(chunk)
+                chunk = _PLAN_CHUNK_STEPS
                 self._issue_fetches()
                 ready = self._assemble_next()
                 if ready is None:

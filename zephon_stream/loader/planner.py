@@ -159,13 +159,13 @@ class Planner:
     def fetch_order(self) -> Iterator[tuple[BlockKey, int]]:
         """``(key, index of the first step needing it)`` for the fetch horizon, in need order.
 
-        Starts at the fetch cursor (see :meth:`fetched_through`), so steps
-        already issued are not scanned again. Keys may repeat across steps;
+        Covers the steps planned so far (:meth:`extend` plans more); starts at
+        the fetch cursor (see :meth:`fetched_through`), so steps already
+        issued are not scanned again. Keys may repeat across steps;
         the caller skips those it has issued.
         """
-        missing = self._fetch_steps + 1 - len(self._planned)
-        if missing > 0:
-            self._plan_steps(missing)
+        if not self._planned and not self.finished():
+            self._plan_steps(1)
         first = max(self._fetch_cursor, self._next_index)
         stop = min(self._next_index + self._fetch_steps + 1, self._next_index + len(self._planned))
         for plan in itertools.islice(self._planned, first - self._next_index, stop - self._next_index):
