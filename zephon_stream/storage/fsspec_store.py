@@ -5,9 +5,10 @@ on fsspec's event-loop thread, so concurrent ``read_range`` calls from many
 threads overlap on the network.
 
 Fork: an s3fs instance (its event loop, its connections) must not be used in a
-child process. The store remembers the pid that built its filesystem and builds
-a fresh one on first use in another process; pickling a store carries only its
-URL, options and retry policy, and the copy reconnects on first use.
+child process. The store remembers which process built its filesystem (a
+counter bumped in every forked child) and builds a fresh one, with fresh locks,
+on first use in a child; pickling a store carries only its URL, options and
+retry policy, and the copy reconnects on first use.
 """
 
 from __future__ import annotations
@@ -27,6 +28,17 @@ from zephon_stream.storage.retry import RetryPolicy
 
 S3_PROTOCOLS = ("s3", "s3a")
 _FSSPEC_KWARGS = frozenset({"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"})
+_process = [0]
+
+
+def _count_fork() -> None:
+    _process[0] += 1
+
+
+# NOTE: a counter bumped in each forked child tells a store it runs in a new
+# process; os.getpid() on every call cost more than the rest of a read_range.
+os.register_at_fork(after_in_child=_count_fork)
+
 _session_lock = threading.Lock()
 _sessions: dict[tuple[Any, ...], Any] = {}
 _CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
@@ -118,11 +130,12 @@ class FsspecStore(Store):
         secrets = [*secret_values(self._options), *(part for part in userinfo.split(":") if part)]
         super().__init__(url=redact_url(url), retry=policy, secrets=secrets)
         self._fs_lock = threading.Lock()
+        self._locks_process = _process[0]
         self._fs: Any = None
-        self._fs_pid = -1
+        self._fs_process = -1
         self._root = ""
         self._first_call_lock = threading.Lock()
-        self._warm_pid = -1
+        self._warm_process = -1
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -131,8 +144,16 @@ class FsspecStore(Store):
 
     def filesystem(self) -> tuple[Any, str]:
         """The fsspec filesystem of this process and the root path inside it."""
+        fs = self._fs
+        if fs is not None and self._fs_process == _process[0]:
+            return fs, self._root
+        if self._locks_process != _process[0]:
+            # NOTE: a lock held by another thread at fork time stays held in
+            # the child forever; a child starts with locks of its own.
+            self._fs_lock, self._first_call_lock = threading.Lock(), threading.Lock()
+            self._locks_process = _process[0]
         with self._fs_lock:
-            if self._fs is None or self._fs_pid != os.getpid():
+            if self._fs is None or self._fs_process != _process[0]:
                 if self._protocol in S3_PROTOCOLS:
                     kwargs = s3_filesystem_options(self._options, self._retry)
                 else:
@@ -142,7 +163,7 @@ class FsspecStore(Store):
                     # NOTE: s3fs's own retry loop (class default 5) is on top of
                     # botocore's; one attempt here, retries happen in RetryPolicy.
                     fs.retries = 1
-                self._fs, self._root, self._fs_pid = fs, root.rstrip("/"), os.getpid()
+                self._root, self._fs_process, self._fs = root.rstrip("/"), _process[0], fs
             return self._fs, self._root
 
     def _full(self, path: str) -> tuple[Any, str]:
@@ -151,7 +172,7 @@ class FsspecStore(Store):
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         fs, _ = self.filesystem()
-        if self._warm_pid == os.getpid():
+        if self._warm_process == _process[0]:
             return getattr(fs, method)(*args, **kwargs)
         # NOTE: until its first request has opened an HTTP session, s3fs
         # rebuilds its client on every call; concurrent first calls from the
@@ -161,7 +182,7 @@ class FsspecStore(Store):
             try:
                 return getattr(fs, method)(*args, **kwargs)
             finally:
-                self._warm_pid = os.getpid()
+                self._warm_process = _process[0]
 
     def _read(self, path: str) -> bytes:
         _, full = self._full(path)
@@ -229,8 +250,8 @@ class FsspecStore(Store):
         super().close()
         with self._fs_lock:
             fs, self._fs = self._fs, None
-            self._warm_pid = -1
-            if fs is None or self._fs_pid != os.getpid():
+            self._warm_process = -1
+            if fs is None or self._fs_process != _process[0]:
                 return
             client = getattr(fs, "_s3", None)
             if client is not None and hasattr(type(fs), "close_session"):
