@@ -108,6 +108,18 @@ def s3_filesystem_options(storage_options: Mapping[str, Any] | None, policy: Ret
     return opts
 
 
+def close_filesystem(fs: Any) -> None:
+    """Close an s3fs filesystem's connections now (other filesystems: nothing to do).
+
+    NOTE: s3fs only closes its aiohttp session at interpreter exit; closing
+    here means no socket outlives the store or listing that opened it.
+    """
+    client = getattr(fs, "_s3", None)
+    if client is not None and hasattr(type(fs), "close_session"):
+        type(fs).close_session(fs.loop, client)
+        fs._s3 = None
+
+
 class FsspecStore(Store):
     """Objects under an fsspec URL (``s3://bucket/prefix``, ``memory://x``, ...).
 
@@ -253,12 +265,7 @@ class FsspecStore(Store):
             self._warm_process = -1
             if fs is None or self._fs_process != _process[0]:
                 return
-            client = getattr(fs, "_s3", None)
-            if client is not None and hasattr(type(fs), "close_session"):
-                # NOTE: s3fs only closes its aiohttp session at interpreter exit;
-                # closing here means no socket outlives the store.
-                type(fs).close_session(fs.loop, client)
-                fs._s3 = None
+            close_filesystem(fs)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FsspecStore, (self._raw_url, self._options), {"_retry": self._retry})

@@ -11,7 +11,7 @@ from typing import Any, BinaryIO
 
 from zephon_stream.errors import InputError, ObjectMissingError, ZephonError
 from zephon_stream.storage.base import Store
-from zephon_stream.storage.fsspec_store import S3_PROTOCOLS, s3_filesystem_options
+from zephon_stream.storage.fsspec_store import S3_PROTOCOLS, close_filesystem, s3_filesystem_options
 from zephon_stream.storage.redact import redact_text, redact_url, secret_values
 from zephon_stream.storage.retry import RetryPolicy, call_with_retry
 from zephon_stream.storage.urls import is_local_url, local_path, open_store
@@ -147,12 +147,15 @@ def _expand_remote(pattern: str, storage_options: Mapping[str, Any] | None, poli
         return list(fs.find(path, withdirs=False))
 
     secrets = secret_values(storage_options)
-    paths = call_with_retry(
-        attempt,
-        policy=policy,
-        what=f"expand_inputs {redact_url(pattern)}",
-        scrub=lambda text: redact_text(text, secrets),
-    )
+    try:
+        paths = call_with_retry(
+            attempt,
+            policy=policy,
+            what=f"expand_inputs {redact_url(pattern)}",
+            scrub=lambda text: redact_text(text, secrets),
+        )
+    finally:
+        close_filesystem(fs)
     return sorted(fs.unstrip_protocol(p) for p in paths)
 
 
