@@ -313,3 +313,14 @@ def test_a_loader_dropped_without_close_stops_its_threads(small_dataset):
     del loader
     gc.collect()
     assert set(threading.enumerate()) - threads == set()
+
+
+def test_lanes_that_do_not_divide_the_batch_stay_within_the_cache_bound(small_dataset):
+    # NOTE: C = 12, B = 8: the lanes each rank reads rotate from step to step.
+    with loader_for(small_dataset.url, lanes=12, local_batch_size=4, world_size=2, rank=1) as loader:
+        assert loader.memory_bound.resident_blocks >= 4
+        for _ in zip(range(150), loader):
+            pass
+        stats = loader.stats()
+    assert stats["cache_forced_reservations"] == 0
+    assert 0 < stats["cache_peak_bytes"] <= stats["cache_capacity_bytes"]

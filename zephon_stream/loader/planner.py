@@ -87,6 +87,7 @@ class Planner:
         self._next_index = 0  # index of the next step to assemble
         self._fetch_cursor = 0  # first step whose blocks may not all be issued
         self._refcounts: collections.Counter[BlockKey] = collections.Counter()
+        self._counted_until = 0  # steps before this one are in the refcounts
         self._unreferenced: set[BlockKey] = set()
 
     @property
@@ -103,8 +104,8 @@ class Planner:
         return end if self._num_steps is None else min(end, self._num_steps)
 
     def horizon_complete(self) -> bool:
-        """Whether every step of the retention horizon is planned."""
-        return self._next_index + len(self._planned) >= self._horizon_end()
+        """Whether every step of the retention horizon is planned (and counted)."""
+        return self._counted_until >= self._horizon_end()
 
     def extend(self, max_new_steps: int | None = None) -> int:
         """Plan up to ``max_new_steps`` more steps of the horizon; returns how many."""
@@ -134,8 +135,6 @@ class Planner:
         for k in range(count):
             keys = tuple(zip(stream_rows[k], block_rows[k]))
             unique = tuple(dict.fromkeys(keys))
-            self._refcounts.update(keys)
-            self._unreferenced.difference_update(unique)
             self._planned.append(
                 StepPlan(
                     index=first + k,
@@ -148,6 +147,18 @@ class Planner:
                     unique_keys=unique,
                 )
             )
+        self._count_window()
+
+    def _count_window(self) -> None:
+        # NOTE: only steps inside the retention horizon hold blocks; steps
+        # planned past it (the top-up chunk) must not, or a block read again
+        # next epoch would never be released.
+        end = self._next_index + min(self._retention_steps, len(self._planned))
+        while self._counted_until < end:
+            plan = self._planned[self._counted_until - self._next_index]
+            self._refcounts.update(plan.keys)
+            self._unreferenced.difference_update(plan.unique_keys)
+            self._counted_until += 1
 
     def next_step(self) -> StepPlan:
         """The plan of the next step to assemble (planned now if needed)."""
@@ -183,9 +194,11 @@ class Planner:
         unreferenced blocks are remembered and returned by a later call.
         """
         plan = self.next_step()
+        assert self._counted_until > plan.index
         self._planned.popleft()
         self._next_index += 1
         self._refcounts.subtract(plan.keys)
+        self._count_window()
         for key in plan.unique_keys:
             if self._refcounts[key] <= 0:
                 del self._refcounts[key]
@@ -197,5 +210,5 @@ class Planner:
         return released
 
     def needed(self, key: BlockKey) -> bool:
-        """Whether a planned step still uses ``key``."""
+        """Whether a step of the retention horizon still uses ``key``."""
         return self._refcounts.get(key, 0) > 0
