@@ -186,7 +186,13 @@ class Store(abc.ABC):
         self._run("delete", rel, "", lambda: self._delete(rel))
 
     def stats(self) -> dict[str, int]:
-        """Counters: reads, bytes_read, writes, bytes_written, retries, errors."""
+        """Counters since the store was opened.
+
+        ``reads``/``bytes_read`` and ``writes``/``bytes_written`` count completed
+        operations; ``retries`` counts attempts repeated after a transient
+        failure; ``errors`` counts operations that raised (missing objects,
+        truncation and exhaustion included; refused paths excluded).
+        """
         return self._stats.snapshot()
 
     def close(self) -> None:
