@@ -29,9 +29,9 @@ from tools.reliability.common import stdlib_corpus, upload, write_local_dataset 
 
 FULL = {
     "corpus_files": 200, "chaos_rates": (0.01, 0.05, 0.2), "chaos_epochs": 1, "writer_chaos_files": 40,
-    "writer_kill_runs": 10, "writer_kill_files": 80, "loader_kill_runs": 10, "loader_kill_steps": 20,
+    "writer_kill_runs": 10, "writer_kill_files": 80, "loader_kill_runs": 10, "loader_kill_steps": 16,
     "mutations": 200, "bit_flips": 150, "frames_past": 20, "truncations": 20,
-    "soak_epochs": 100, "soak_s3_epochs": 10, "churn_cycles": 20,
+    "soak_epochs": 100, "soak_s3_epochs": 4, "churn_cycles": 20,
 }
 QUICK = {
     "corpus_files": 60, "chaos_rates": (0.01, 0.05, 0.2), "chaos_epochs": 1, "writer_chaos_files": 10,

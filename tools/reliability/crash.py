@@ -86,6 +86,7 @@ def writer_kills(
     kills, partial_shards, orphans, finished = 0, [], 0, 0
     for run in range(runs):
         out = out_root / f"run{run}"
+        completed = False
         for _ in range(rng.choice((1, 2))):
             # NOTE: the kill point is drawn over the shard sequence (kill once
             # `target` shards are committed; 0: at a random time during
@@ -103,9 +104,10 @@ def writer_kills(
                     break
                 time.sleep(0.002)
             if proc.poll() is not None:
-                finished += 1  # ended before the kill point; the rerun below must still match
+                finished += 1  # ended before the kill point; its output must still match
                 check(proc.returncode == 0, f"writer run {run} failed before its kill point")
-                continue
+                completed = True
+                break
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=60)
             wait_until = time.monotonic() + 10
@@ -118,8 +120,9 @@ def writer_kills(
             present = committed_objects(str(out)) if out.exists() else {}
             check("manifest" not in present, f"writer run {run}: a killed run left a manifest")
             partial_shards.append(sum(p.endswith(".zst") for p in present))
-        rerun = subprocess.run(command(out), env=env, capture_output=True, text=True, timeout=600)
-        check(rerun.returncode == 0, f"writer run {run}: rerun failed: {rerun.stderr[-2000:]}")
+        if not completed:
+            rerun = subprocess.run(command(out), env=env, capture_output=True, text=True, timeout=600)
+            check(rerun.returncode == 0, f"writer run {run}: rerun failed: {rerun.stderr[-2000:]}")
         got = committed_objects(str(out))
         differing = sorted(p for p in expected.keys() | got.keys() if expected.get(p) != got.get(p))
         check(not differing, f"writer run {run}: rerun after a kill differs: {differing[:5]}")
