@@ -188,3 +188,12 @@ def test_local_store_leaves_no_temp_files(tmp_path):
     for i in range(5):
         store.write_atomic("d/x.bin", bytes([i]) * 1000)
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["x.bin"]
+
+
+def test_local_store_files_follow_the_umask_not_mkstemp_0600(tmp_path):
+    store = LocalStore(tmp_path)
+    store.write_atomic("shards/00000000.zst", b"abc")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    mode = os.stat(tmp_path / "shards/00000000.zst").st_mode & 0o777
+    assert mode == 0o666 & ~mask

@@ -10,6 +10,17 @@ from typing import Any
 from zephon_stream.storage.base import Store
 from zephon_stream.storage.retry import RetryPolicy
 
+
+def _read_umask() -> int:
+    # NOTE: os.umask can only be read by setting it; do it once, at import,
+    # before any writer thread exists.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
 TEMP_PREFIX = ".tmp-"
 
 
@@ -51,6 +62,9 @@ class LocalStore(Store):
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=TEMP_PREFIX + target.name + ".")
         try:
+            # NOTE: mkstemp creates 0600; a dataset must be readable like any
+            # file the user writes, so apply the usual 0666 minus the umask.
+            os.fchmod(fd, 0o666 & ~_UMASK)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
