@@ -521,9 +521,11 @@ def case_frame_header_flips(dataset: Path, work: Path, tries: int, rng: random.R
     sees it); never different tokens."""
     import numpy as np
 
+    from tools.reliability.common import stdlib_corpus
     from zephon_stream import read_block, write_dataset
     from zephon_stream.format.manifest import Manifest
-    from tools.reliability.common import stdlib_corpus
+    from zephon_stream.reader import DatasetReader
+    from zephon_stream.verify import verify_dataset
 
     outcome = Outcome()
     files = stdlib_corpus(work / "corpus", num_files=400, stride=2)
@@ -548,6 +550,10 @@ def case_frame_header_flips(dataset: Path, work: Path, tries: int, rng: random.R
                 check(bool(np.array_equal(got, clean)), f"{path} header byte {byte - start} bit {bit}: WRONG tokens")
                 outcome.tries += 1
                 outcome.accepted += 1
+                with DatasetReader.open(str(root)) as reader:
+                    problems = verify_dataset(reader, workers=1).problems
+                check({p.path for p in problems} == {path}, f"verify missed header byte {byte - start} bit {bit}")
+                outcome.verify_detected += 1
     (root / path).write_bytes(data)
     return outcome
 
