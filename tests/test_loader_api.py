@@ -288,8 +288,8 @@ def test_one_epoch_fetches_each_block_once_per_lane_reading_it(small_dataset, wi
     assert sum(len(lanes) > 1 for lanes in readers.values()) <= 7
 
 
-def test_large_steps_assembled_by_two_threads_equal_the_direct_read(small_dataset):
-    # NOTE: 8 rows of 4096 tokens cross the size where half the rows go to the helper thread.
+def test_rows_of_a_whole_block_equal_the_direct_read(small_dataset):
+    # NOTE: seq_len 4096 of 4097-token blocks: each sample is a whole block.
     reader = DirectReader([small_dataset.url])
     eos = small_dataset.manifest.tokenizer.eos_id
     with loader_for(small_dataset.url, seq_len=4096, local_batch_size=8) as loader:

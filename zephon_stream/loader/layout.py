@@ -29,6 +29,10 @@ from zephon_stream.plan import GlobalOrder, OrderConfig, StreamShape, rank_posit
 # by the lane count instead of being enumerated.
 _MAX_LANE_SCAN_STEPS = 8192
 _MAX_PATTERNS = 4
+# NOTE: a cap on the block look-ahead in steps: with short samples a block
+# spans tens of thousands of steps, and planning that far ahead costs memory
+# and time for nothing.
+_MAX_BLOCK_AHEAD_STEPS = 256
 
 
 class RankLayout:
@@ -84,10 +88,11 @@ class RankLayout:
             window_spread(window=p.window, samples_per_block=max(1, p.samples_per_block)) for p in streams if p.lanes
         )
         self.samples_per_block = max(1, min(p.samples_per_block for p in streams if p.lanes))
-        # NOTE: fetch at least one block's worth of lane steps ahead, so each
-        # lane's next block is decoded while it reads the current one, however
-        # fast the consumer is.
-        self.fetch_steps = max(fetch_steps, math.ceil(self.samples_per_block * lanes / global_batch))
+        # NOTE: fetch up to one block's worth of lane steps ahead (capped), so
+        # each lane's next block is decoded while it reads the current one
+        # even when the consumer is fast.
+        block_steps = math.ceil(self.samples_per_block * lanes / global_batch)
+        self.fetch_steps = max(fetch_steps, min(block_steps, _MAX_BLOCK_AHEAD_STEPS))
         self.retention_steps = retention_steps(
             spread=self.spread, lanes=lanes, global_batch=global_batch, fetch_steps=self.fetch_steps
         )

@@ -15,7 +15,6 @@ import hashlib
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,9 +34,6 @@ _PLAN_CHUNK_STEPS = 512
 # NOTE: the first batch waits only for a few planned steps; the rest of the
 # horizon is planned while its blocks decode.
 _FIRST_PLAN_STEPS = 8
-# NOTE: below this many tokens a step is assembled by one thread; handing half
-# of it to the helper costs more than it saves.
-_SPLIT_TOKENS = 1 << 15
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,7 +115,6 @@ class Pipeline:
         # NOTE: the producer's own references to blocks it has already waited
         # for, released with the cache entry; spares a locked lookup per row.
         self._resident: dict[BlockKey, np.ndarray] = {}
-        self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zephon-assemble-helper")
         self._thread = threading.Thread(target=self._run, name="zephon-assemble", daemon=True)
         self._thread.start()
 
@@ -193,14 +188,9 @@ class Pipeline:
         batch = self._delivery.acquire()
         blocks = [resident[key] for key in plan.keys]
         eos = self._eos_ids[plan.streams] if len(self._eos_ids) > 1 else self._eos_ids[:1].repeat(len(blocks))
-        rows = len(blocks)
-        # NOTE: numpy releases the GIL in these copies, so a helper thread
-        # assembling half the rows runs truly in parallel on large steps.
-        half = rows // 2 if rows > 1 and rows * self._seq_len >= _SPLIT_TOKENS else rows
-        helper = self._helper.submit(self._fill_rows, batch, blocks, plan.samples, eos, half, rows) if half < rows else None
-        self._fill_rows(batch, blocks, plan.samples, eos, 0, half)
-        if helper is not None:
-            helper.result()
+        # NOTE: one thread assembles the whole step: handing half the rows to
+        # a helper thread measured slower here (2 cores shared with decoding).
+        self._fill_rows(batch, blocks, plan.samples, eos, 0, len(blocks))
         batch.sample_positions[:] = plan.positions
         digest = batch_sha256(plan.positions, batch.input, batch.labels) if self._hash_data else ""
         item = self._delivery.publish(batch)
@@ -259,7 +249,6 @@ class Pipeline:
         self._stop.set()
         self._cache.close()
         self._thread.join()
-        self._helper.shutdown(wait=True)
         self._pool.close()
         while True:
             try:
