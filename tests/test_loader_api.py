@@ -269,6 +269,15 @@ def test_batches_the_consumer_keeps_are_never_overwritten(small_dataset):
         assert torch.equal(views[0], view_copy)
 
 
+def test_delivery_is_exposed_read_only_and_matches_the_device(small_dataset):
+    with loader_for(small_dataset.url) as loader:
+        assert loader.delivery.ring_bytes == 0  # CPU delivery: no pinned ring
+        with pytest.raises(AttributeError):
+            loader.delivery = None
+        batch = next(loader)
+        assert batch["input"].device.type == loader.device.type == "cpu"
+
+
 @pytest.mark.parametrize("window", [0, 5])
 def test_one_epoch_fetches_each_block_once_per_lane_reading_it(small_dataset, window):
     with loader_for(small_dataset.url, window=window) as probe:

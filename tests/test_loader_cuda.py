@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 def test_cuda_batches_equal_cpu_batches_and_come_from_a_pinned_ring(small_dataset):
     with StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8) as cpu, \
             StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8, device="cuda") as gpu:
-        delivery = gpu._delivery  # noqa: SLF001 - the test inspects the ring itself
+        delivery = gpu.delivery
         assert delivery.slots_pinned()
         assert delivery.copy_stream != torch.cuda.current_stream()
         for _ in range(10):
@@ -36,7 +36,7 @@ def test_copies_overlap_compute_on_the_consumer_stream(small_dataset):
         # the queue holds 4 batches, so at least 2 of these 6 were copied after the sleep began
         batches = [next(gpu) for _ in range(6)]
         copied = torch.cuda.Event()
-        copied.record(gpu._delivery.copy_stream)  # noqa: SLF001 - the test inspects the side stream
+        copied.record(gpu.delivery.copy_stream)
         copied.synchronize()
         assert not busy.query(), "a copy waited for compute on the consumer stream"
         torch.cuda.synchronize()

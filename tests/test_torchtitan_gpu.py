@@ -31,8 +31,7 @@ def test_cuda_batches_come_from_pinned_buffers_over_a_side_stream(small_bpe_data
 
     gpu_config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=1, device="cuda", prefetch_steps=3)
     with build(gpu_config) as loader:
-        # NOTE: the delivery is the loader's own; it has no public accessor yet.
-        delivery = loader.streaming_loader._delivery
+        delivery = loader.streaming_loader.delivery
         assert delivery.slots_pinned(), "host staging buffers must be page-locked"
         consumer = torch.cuda.current_stream()
         assert delivery.copy_stream != consumer, "copies must run on a side stream"

@@ -19,7 +19,7 @@ import torch
 from zephon_stream.errors import ConfigError
 from zephon_stream.loader.audit import AuditLog, addresses_sha256
 from zephon_stream.loader.cache import BlockCache
-from zephon_stream.loader.device import host_batch_bytes, make_delivery, resolve_device
+from zephon_stream.loader.device import CpuDelivery, CudaDelivery, host_batch_bytes, make_delivery, resolve_device
 from zephon_stream.loader.layout import RankLayout
 from zephon_stream.loader.memory import MemoryBound
 from zephon_stream.loader.pipeline import EndOfData, Pipeline
@@ -179,6 +179,15 @@ class StreamingLoader:
     def memory_bound(self) -> MemoryBound:
         """The memory bound by part."""
         return self._layout.memory_bound
+
+    @property
+    def delivery(self) -> CpuDelivery | CudaDelivery:
+        """The delivery that hands batches over (read-only; for inspection).
+
+        On CUDA it owns the pinned host ring and the copy stream
+        (``slots_pinned()``, ``copy_stream``).
+        """
+        return self._delivery
 
     @property
     def manifests(self) -> list[tuple[str, Any]]:
