@@ -11,7 +11,7 @@ import pytest
 
 from zephon_stream.errors import ConfigError, CorruptBlockError
 from zephon_stream.format.block import encode_block
-from zephon_stream.loader.assembler import gather_rows, positions_from_eos
+from zephon_stream.loader.assembler import HostBatch, StepAssembler, gather_rows, positions_from_eos
 from zephon_stream.loader.cache import BlockCache, CacheClosedError
 from zephon_stream.loader.fetcher import BlockJob, FetchDecodePool
 from zephon_stream.loader.memory import (
@@ -163,6 +163,34 @@ def test_positions_restart_after_each_eos(density, shape):
     np.testing.assert_array_equal(positions_from_eos(inputs, eos, out=out), reference_positions(inputs, eos))
     same = np.full(shape[0], 7)
     np.testing.assert_array_equal(positions_from_eos(inputs, 7, out=out), reference_positions(inputs, same))
+
+
+@pytest.mark.parametrize("density", [0.0, 0.01, 0.3])
+@pytest.mark.parametrize("per_row_eos", [False, True])
+def test_step_assembler_equals_row_gather_and_positions(density, per_row_eos):
+    seq_len, rows = 16, 6
+    rng = np.random.default_rng(int(density * 100) + per_row_eos)
+    blocks = []
+    for dtype in (np.uint16, np.uint32):
+        tokens = np.where(rng.random(4 * seq_len + 1) < density, rng.choice([7, 9], 4 * seq_len + 1), 3)
+        blocks.append(tokens.astype(dtype))
+    # NOTE: EOS on a window's last input token and on its label-only token
+    # start nothing inside the row.
+    blocks[0][seq_len - 1] = 7
+    blocks[0][2 * seq_len] = 7
+    row_blocks = [blocks[i % 2] for i in range(rows)]
+    samples = np.array([0, 3, 1, 0, 3, 2])
+    eos = np.array([7, 9, 7, 9, 7, 9]) if per_row_eos else 7
+    assembler = StepAssembler(rows=rows, seq_len=seq_len, dtype=np.dtype(np.uint32))
+    batch = HostBatch.empty(rows, seq_len)
+    for _ in range(2):  # NOTE: the second pass reuses the scratch buffers
+        assembler.assemble(row_blocks, samples, eos, batch)
+    want = HostBatch.empty(rows, seq_len)
+    gather_rows(row_blocks, samples, seq_len=seq_len, out_input=want.input, out_labels=want.labels)
+    np.testing.assert_array_equal(batch.input, want.input)
+    np.testing.assert_array_equal(batch.labels, want.labels)
+    eos_rows = np.broadcast_to(np.asarray(eos), (rows,))
+    np.testing.assert_array_equal(batch.positions, reference_positions(want.input, eos_rows))
 
 
 # -- planner -----------------------------------------------------------------

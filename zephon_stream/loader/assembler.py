@@ -93,35 +93,85 @@ def positions_from_eos(inputs: np.ndarray, eos_ids: np.ndarray | int, *, out: np
     Returns:
         ``out``.
     """
-    rows, seq_len = inputs.shape
-    out[:] = np.arange(seq_len, dtype=np.int64)
-    if seq_len < 2:
-        return out
-    eos = np.asarray(eos_ids, dtype=inputs.dtype)
-    if eos.ndim == 1:
-        eos = eos[:, None]
     # NOTE: flatnonzero on the whole contiguous array is far faster than a 2-D
-    # np.nonzero; hits on a row's last token start nothing inside the row.
-    hits = np.flatnonzero(inputs == eos)
-    hit_rows, hit_cols = np.divmod(hits, seq_len)
-    keep = hit_cols != seq_len - 1
-    if not keep.all():
-        hit_rows, hit_cols = hit_rows[keep], hit_cols[keep]
-    if hit_rows.size == 0:
+    # np.nonzero.
+    hits = np.flatnonzero(inputs == _eos_column(eos_ids, inputs.dtype))
+    return _positions_from_hits(hits, row_width=inputs.shape[1], out=out)
+
+
+def _eos_column(eos_ids: np.ndarray | int, dtype: np.dtype) -> np.ndarray:
+    eos = np.asarray(eos_ids, dtype=dtype)
+    return eos[:, None] if eos.ndim == 1 else eos
+
+
+def _positions_from_hits(hits: np.ndarray, *, row_width: int, out: np.ndarray) -> np.ndarray:
+    """``out`` from the flat indices of EOS tokens in a ``[rows, row_width]``
+    array whose first ``L`` columns are the inputs (``row_width >= L``)."""
+    rows, seq_len = out.shape
+    ramp = np.arange(seq_len, dtype=np.int64)
+    out[:] = ramp
+    if seq_len < 2 or hits.size == 0:
         return out
-    starts = hit_cols + 1
-    if hit_rows.size <= _SPARSE_EOS_PER_ROW * rows:
-        # NOTE: np.nonzero yields hits in row-major order, so each hit's segment
-        # runs to the next hit on the same row (or the row's end).
-        next_same_row = np.empty_like(starts)
-        next_same_row[:-1] = np.where(hit_rows[1:] == hit_rows[:-1], starts[1:], seq_len)
-        next_same_row[-1] = seq_len
-        ramp = np.arange(seq_len, dtype=np.int64)
-        for row, start, stop in zip(hit_rows.tolist(), starts.tolist(), next_same_row.tolist()):
-            out[row, start:stop] = ramp[: stop - start]
+    if hits.size <= _SPARSE_EOS_PER_ROW * rows:
+        # NOTE: a plain loop over few hits beats a dozen numpy calls on tiny
+        # arrays. Flat indices come in row-major order, so a hit's document
+        # runs to the next hit on the same row or to the row's end; a hit on
+        # the last input token (or a label-only column) starts nothing.
+        cells = [divmod(hit, row_width) for hit in hits.tolist()]
+        cells.append((rows, 0))
+        for (row, col), (next_row, next_col) in zip(cells, cells[1:]):
+            start = col + 1
+            stop = min(next_col + 1, seq_len) if next_row == row else seq_len
+            if start < stop:
+                out[row, start:stop] = ramp[: stop - start]
         return out
+    hit_rows, hit_cols = np.divmod(hits, row_width)
+    keep = hit_cols < seq_len - 1
+    hit_rows, starts = hit_rows[keep], hit_cols[keep] + 1
     marks = np.zeros((rows, seq_len), np.int64)
     marks[hit_rows, starts] = starts
     np.maximum.accumulate(marks, axis=1, out=marks)
     out -= marks
     return out
+
+
+class StepAssembler:
+    """Fills a HostBatch from decoded blocks, reusing its scratch buffers.
+
+    Each row's ``L + 1`` token window is copied into a staging array of the
+    token dtype first; the ``int64`` conversions into ``input`` and ``labels``
+    and the EOS search then run once over the whole batch, and the search
+    reads the narrow tokens rather than the ``int64`` inputs.
+
+    Args:
+        rows: rows per step.
+        seq_len: ``L``.
+        dtype: the widest token dtype of the streams read.
+    """
+
+    def __init__(self, *, rows: int, seq_len: int, dtype: np.dtype) -> None:
+        self.seq_len = seq_len
+        self._staging = np.empty((rows, seq_len + 1), dtype)
+        self._is_eos = np.empty((rows, seq_len + 1), np.bool_)
+
+    def assemble(
+        self, blocks: Sequence[np.ndarray], samples: np.ndarray, eos_ids: np.ndarray | int, batch: HostBatch
+    ) -> None:
+        """Write ``input``, ``labels`` and ``positions`` of ``batch``.
+
+        Args:
+            blocks: the decoded block of each row (the same array may repeat).
+            samples: sample index within its block, per row.
+            eos_ids: the EOS id, one for all rows or one per row.
+            batch: the output; ``sample_positions`` is left to the caller.
+        """
+        staging, width = self._staging, self.seq_len + 1
+        assert len(blocks) == len(samples) == len(staging)
+        for row, (tokens, sample) in enumerate(zip(blocks, samples.tolist())):
+            start = sample * self.seq_len
+            assert start + width <= len(tokens), f"sample {sample} past the end of a block of {len(tokens)} tokens"
+            staging[row] = tokens[start : start + width]
+        np.copyto(batch.input, staging[:, :-1])
+        np.copyto(batch.labels, staging[:, 1:])
+        np.equal(staging, _eos_column(eos_ids, staging.dtype), out=self._is_eos)
+        _positions_from_hits(np.flatnonzero(self._is_eos), row_width=width, out=batch.positions)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_stream.loader.assembler import gather_rows, positions_from_eos
+from zephon_stream.loader.assembler import StepAssembler
 from zephon_stream.loader.cache import BlockCache, CacheClosedError
 from zephon_stream.loader.fetcher import BlockJob, FetchDecodePool
 from zephon_stream.loader.planner import BlockKey, Planner
@@ -98,6 +98,8 @@ class Pipeline:
         self._planner = planner
         self._sources = list(sources)
         self._eos_ids = np.array([s.eos_id for s in self._sources], dtype=np.int64)
+        self._token_dtype = np.result_type(*(s.dtype for s in self._sources))
+        self._assembler: StepAssembler | None = None  # sized by the first step's rows
         self._cache = cache
         self._delivery = delivery
         self._stats = stats
@@ -187,28 +189,18 @@ class Pipeline:
         started = time.perf_counter()
         batch = self._delivery.acquire()
         blocks = [resident[key] for key in plan.keys]
-        eos = self._eos_ids[plan.streams] if len(self._eos_ids) > 1 else self._eos_ids[:1].repeat(len(blocks))
+        if self._assembler is None:
+            self._assembler = StepAssembler(rows=len(blocks), seq_len=self._seq_len, dtype=self._token_dtype)
+        eos = self._eos_ids[plan.streams] if len(self._eos_ids) > 1 else int(self._eos_ids[0])
         # NOTE: one thread assembles the whole step: handing half the rows to
         # a helper thread measured slower here (2 cores shared with decoding).
-        self._fill_rows(batch, blocks, plan.samples, eos, 0, len(blocks))
+        self._assembler.assemble(blocks, plan.samples, eos, batch)
         batch.sample_positions[:] = plan.positions
         digest = batch_sha256(plan.positions, batch.input, batch.labels) if self._hash_data else ""
         item = self._delivery.publish(batch)
         hits = len(plan.keys) - (sum(plan.keys.count(key) for key in new_keys) if new_keys else 0)
         self._stats.add(cache_hits=hits, assemble_s=time.perf_counter() - started)
         return ReadyStep(index=plan.index, cursor=plan.cursor, item=item, data_sha256=digest)
-
-    def _fill_rows(
-        self, batch: Any, blocks: list[np.ndarray], samples: np.ndarray, eos: np.ndarray, lo: int, hi: int
-    ) -> None:
-        gather_rows(
-            blocks[lo:hi],
-            samples[lo:hi],
-            seq_len=self._seq_len,
-            out_input=batch.input[lo:hi],
-            out_labels=batch.labels[lo:hi],
-        )
-        positions_from_eos(batch.input[lo:hi], eos[lo:hi], out=batch.positions[lo:hi])
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
