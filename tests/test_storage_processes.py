@@ -60,16 +60,30 @@ def test_closing_stores_releases_their_connections(s3_bucket):
     with open_store(s3_bucket.url("sock"), s3_bucket.storage_options) as warm:
         warm.write_atomic("obj", b"x" * 1000)  # starts fsspec's event loop, which lives on
     before = _socket_count()
-    in_use = 0
+    peak = [0]
+    reading = threading.Event()
+
+    def watch() -> None:
+        # NOTE: the in-process server may close each connection right after its
+        # response, so connections are counted while the reads run, not after.
+        while reading.is_set():
+            peak[0] = max(peak[0], _socket_count())
+            time.sleep(0.001)
+
     for _ in range(3):
         store = open_store(s3_bucket.url("sock"), s3_bucket.storage_options)
-        readers = [threading.Thread(target=lambda: [store.read("obj") for _ in range(3)]) for _ in range(6)]
+        readers = [threading.Thread(target=lambda: [store.read("obj") for _ in range(10)]) for _ in range(6)]
+        reading.set()
+        watcher = threading.Thread(target=watch)
+        watcher.start()
         for thread in readers:
             thread.start()
         for thread in readers:
             thread.join()
-        in_use = max(in_use, _socket_count())
+        reading.clear()
+        watcher.join()
         store.close()
+    in_use = peak[0]
     assert in_use > before, "no connection was ever open; the check below proves nothing"
     # NOTE: moto runs in this process; its side of each connection closes a moment later.
     deadline = time.monotonic() + 5
