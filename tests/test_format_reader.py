@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from zephon_stream.errors import TokenizerError, ConfigError, CorruptBlockError, FormatError, ObjectMissingError, TruncatedObjectError
-from zephon_stream.format.manifest import Manifest, TokenizerInfo
+from zephon_stream.format.manifest import Manifest
 from zephon_stream.reader import DatasetReader, read_block
 from zephon_stream.storage import open_store
 from test_format_dataset import byte_docs, make_dataset, stdlib_documents
@@ -66,9 +66,7 @@ def test_documents_of_a_block_include_the_one_started_in_an_earlier_shard(datase
 def test_dataset_tokenizer_decodes_document_text(tmp_path: Path) -> None:
     from zephon_stream.writer.tokenizers import BytesTokenizer
 
-    identity = BytesTokenizer().identity()
-    tokenizer = TokenizerInfo(**{f: getattr(identity, f) for f in ("kind", "name", "vocab_size", "eos_id", "bos_id", "fingerprint")})
-    make_dataset(tmp_path, byte_docs(3), tokenizer=tokenizer)
+    make_dataset(tmp_path, byte_docs(3), tokenizer=BytesTokenizer().identity())
     with DatasetReader.open(str(tmp_path)) as reader:
         spans = reader.documents(0, reader.manifest.num_tokens)
         texts = [reader.decode_text(reader.document_tokens(span)[:-1]) for span in spans]

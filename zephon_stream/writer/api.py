@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from zephon_stream.errors import ConfigError
-from zephon_stream.format.manifest import Manifest, SourceInfo, TokenizerInfo
+from zephon_stream.format.manifest import Manifest, SourceInfo
 from zephon_stream.format.spec import (
     DEFAULT_BLOCK_TOKENS,
     DEFAULT_BLOCKS_PER_SHARD,
@@ -247,7 +247,7 @@ class _Run:
         records_in, written = sum(self.records), sum(self.documents)
         assert records_in == written + self.num_rejects, (records_in, written, self.num_rejects)
         manifest = Manifest.create(
-            tokenizer=TokenizerInfo(**_identity(self.tokenizer)),
+            tokenizer=self.tokenizer.identity(),
             block_tokens=self.config.block_tokens,
             blocks_per_shard=self.config.blocks_per_shard,
             shards=shards,
@@ -340,18 +340,6 @@ class _Run:
         assert len(lengths) == len(sources)
         self.builder.add(tokens, lengths, sources, records)
         self.progress.update(bytes_read=bytes_read, tokens=self.builder.num_tokens)
-
-
-def _identity(tokenizer: Tokenizer) -> dict[str, Any]:
-    ident = tokenizer.identity()
-    return {
-        "kind": ident.kind,
-        "name": ident.name,
-        "vocab_size": ident.vocab_size,
-        "eos_id": ident.eos_id,
-        "bos_id": ident.bos_id,
-        "fingerprint": ident.fingerprint,
-    }
 
 
 def _total_size(readers: list[SourceReader]) -> int | None:

@@ -20,13 +20,13 @@ then uses every core.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from zephon_stream.errors import TokenizerError
+from zephon_stream.format.manifest import TokenizerInfo
 
 BYTES_VOCAB_SIZE = 257
 BYTES_EOS_ID = 256
@@ -41,18 +41,6 @@ EOS_CANDIDATES = (
     "[EOS]",
     "<|end|>",
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TokenizerIdentity:
-    """What the manifest records about a tokenizer."""
-
-    kind: str
-    name: str
-    vocab_size: int
-    eos_id: int
-    bos_id: int | None
-    fingerprint: str
 
 
 class Tokenizer:
@@ -96,9 +84,9 @@ class Tokenizer:
             pos += 1
         return flat, lengths
 
-    def identity(self) -> TokenizerIdentity:
+    def identity(self) -> TokenizerInfo:
         """The identity the manifest records."""
-        return TokenizerIdentity(
+        return TokenizerInfo(
             kind=self.kind,
             name=self.name,
             vocab_size=self.vocab_size,
