@@ -22,7 +22,7 @@ def test_local_loaders_opened_and_closed_leave_nothing_behind(small_dataset):
     result = soak.churn(url=small_dataset.url, cycles=8)
     assert result["max_threads_open"] > result["threads_before"], "the loader ran no thread; nothing was checked"
     assert result["threads_after"] == result["threads_before"]
-    assert result["fds_after"] == result["fds_before"]
+    assert all(result["fds_after"][k] <= result["fds_before"][k] for k in result["fds_before"])
 
 
 @pytest.mark.slow
@@ -31,5 +31,5 @@ def test_s3_loaders_opened_and_closed_leave_no_socket_behind(small_dataset, s3_b
     upload(small_dataset.url, url, s3_bucket.storage_options)
     result = soak.churn(url=url, cycles=4, storage_options=s3_bucket.storage_options)
     assert result["max_sockets_open"] > result["fds_before"]["socket"], "no socket was opened; nothing was checked"
-    assert result["fds_after"] == result["fds_before"]
+    assert all(result["fds_after"][k] <= result["fds_before"][k] for k in result["fds_before"])
     assert result["threads_after"] == result["threads_before"]

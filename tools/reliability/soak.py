@@ -96,7 +96,10 @@ def churn(
         gc.collect()
         threads, fds = threading.active_count(), open_fds()
         check(threads == threads_before, f"cycle {cycle}: {threads - threads_before} threads outlived close()")
-        check(fds == fds_before, f"cycle {cycle}: descriptors after close() {fds}, before {fds_before}")
+        # NOTE: counts may drop (idle keep-alive connections of other S3
+        # clients in the process time out); a leak is a count that grows.
+        grown = {kind: fds[kind] - fds_before[kind] for kind in fds if fds[kind] > fds_before[kind]}
+        check(not grown, f"cycle {cycle}: descriptors left open after close(): {grown} (before {fds_before}, after {fds})")
         if cycle == 0:
             rss_after_first = rss_bytes()
     assert rss_after_first is not None
