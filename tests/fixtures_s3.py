@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -69,17 +68,8 @@ class S3Env:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[EmbeddedS3]:
     """The session's moto server; AWS_* variables point at it while it runs."""
-    with EmbeddedS3() as server:
-        saved = {name: os.environ.get(name) for name in server.env()}
-        os.environ.update(server.env())
-        try:
-            yield server
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    with EmbeddedS3() as server, server.exported_env():
+        yield server
 
 
 @pytest.fixture

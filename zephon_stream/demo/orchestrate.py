@@ -114,20 +114,6 @@ def default_inputs() -> list[str]:
 
 
 @contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-@contextlib.contextmanager
 def open_demo_store(config: DemoConfig) -> Iterator[str]:
     """Yield the dataset URL: below ``--store``, or in a bucket of an embedded S3 server.
 
@@ -152,7 +138,7 @@ def open_demo_store(config: DemoConfig) -> Iterator[str]:
             print(f"port {config.s3_port} on 127.0.0.1 is taken; the embedded S3 server uses port {server.port} instead")
         print(f"embedded S3 (moto) serving on {server.endpoint_url}")
         bucket = server.create_bucket(DEFAULT_BUCKET)
-        with _environment(server.env()):
+        with server.exported_env():
             yield f"{bucket}/{DATASET_NAME}"
     finally:
         server.stop()

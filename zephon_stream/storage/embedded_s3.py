@@ -13,6 +13,7 @@ compare against a baseline that pays the same cost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 logger = logging.getLogger("zephon_stream.storage")
@@ -95,6 +97,22 @@ class EmbeddedS3:
             "AWS_DEFAULT_REGION": DEFAULT_REGION,
             "AWS_EC2_METADATA_DISABLED": "true",
         }
+
+    @contextlib.contextmanager
+    def exported_env(self) -> Iterator[None]:
+        """Point this process's AWS variables at the server while the block
+        runs (child processes inherit them), then restore the old values."""
+        values = self.env()
+        saved = {name: os.environ.get(name) for name in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def _pick_port(self) -> int:
         port = self._requested_port
