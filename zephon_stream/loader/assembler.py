@@ -1,8 +1,9 @@
 """Assembler: decoded blocks + one step's sample addresses -> one host batch.
 
 Sample ``j`` of a block is its tokens ``[j*L, j*L + L + 1)``: ``input`` is the
-first ``L``, ``labels`` the last ``L``. Rows are copied straight from the
-decoded block into the batch arrays; the copy is the ``int64`` conversion.
+first ``L``, ``labels`` the last ``L``. The pipeline's StepAssembler copies
+each row's window into one narrow staging array and converts the whole step
+to ``int64`` at once; ``gather_rows`` is the plain row-by-row form.
 ``positions`` restart at 0 on the token after each EOS, so document-aware
 attention can tell where documents start inside a row.
 """
