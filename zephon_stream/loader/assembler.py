@@ -11,6 +11,7 @@ attention can tell where documents start inside a row.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -120,7 +121,7 @@ def _positions_from_hits(hits: np.ndarray, *, row_width: int, out: np.ndarray) -
         # the last input token (or a label-only column) starts nothing.
         cells = [divmod(hit, row_width) for hit in hits.tolist()]
         cells.append((rows, 0))
-        for (row, col), (next_row, next_col) in zip(cells, cells[1:]):
+        for (row, col), (next_row, next_col) in itertools.pairwise(cells):
             start = col + 1
             stop = min(next_col + 1, seq_len) if next_row == row else seq_len
             if start < stop:

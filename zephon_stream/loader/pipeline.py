@@ -22,7 +22,7 @@ import numpy as np
 
 from zephon_stream.loader.assembler import StepAssembler
 from zephon_stream.loader.cache import BlockCache, CacheClosedError
-from zephon_stream.loader.fetcher import BlockJob, FetchDecodePool
+from zephon_stream.loader.fetcher import FetchDecodePool
 from zephon_stream.loader.planner import BlockKey, Planner
 from zephon_stream.loader.stats import LoaderStats
 from zephon_stream.loader.streams import StreamSource
