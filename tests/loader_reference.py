@@ -2,19 +2,19 @@
 
 ``DirectReader`` decodes blocks straight from the manifest's byte ranges, so a
 loader row can be checked against the tokens at its plan address.
-``step_union_sha256`` hashes one global step from every rank's rows, sorted by
+``zephon_stream.loader.audit.union_sha256`` hashes one global step from every rank's rows, sorted by
 global position, so runs at different world sizes compare bit for bit.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from zephon_stream.format.block import decode_block
 from zephon_stream.format.manifest import Manifest
+from zephon_stream.loader.audit import union_sha256
 from zephon_stream.storage import open_store
 
 
@@ -57,23 +57,6 @@ def reference_positions(inputs: np.ndarray, eos_id: int) -> np.ndarray:
     return out
 
 
-def step_union_sha256(rows: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> str:
-    """sha256 of one step's ``(position, input, labels)`` rows from all ranks, sorted by position."""
-    positions, inputs, labels = [], [], []
-    for pos, inp, lab in rows:
-        positions.append(np.asarray(pos, dtype="<i8"))
-        inputs.append(np.asarray(inp, dtype="<i8"))
-        labels.append(np.asarray(lab, dtype="<i8"))
-    pos = np.concatenate(positions)
-    order = np.argsort(pos, kind="stable")
-    assert np.unique(pos).size == pos.size, "two ranks returned the same global position"
-    digest = hashlib.sha256()
-    digest.update(pos[order].tobytes())
-    digest.update(np.concatenate(inputs)[order].tobytes())
-    digest.update(np.concatenate(labels)[order].tobytes())
-    return digest.hexdigest()
-
-
 def run_step_hashes(loaders: Sequence, steps: int) -> list[str]:
     """Per-step union hashes of several loaders driven in lockstep (one per rank)."""
     hashes = []
@@ -81,7 +64,7 @@ def run_step_hashes(loaders: Sequence, steps: int) -> list[str]:
     for _ in range(steps):
         batches = [next(it) for it in iterators]
         hashes.append(
-            step_union_sha256(
+            union_sha256(
                 (b["sample_positions"].numpy(), b["input"].numpy(), b["labels"].numpy()) for b in batches
             )
         )

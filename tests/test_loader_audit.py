@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from zephon_stream.cli import main as cli_main
 from zephon_stream.loader.audit import AuditLog, addresses_sha256, first_divergence, read_audit_log
@@ -90,3 +91,21 @@ def test_loader_audit_logs_agree_across_world_sizes_and_name_a_divergence(small_
     assert "identical over 8 common steps" in capsys.readouterr().out
     assert cli_main(["diff-log", str(tmp_path / "w1.jsonl"), str(tmp_path / "seed.jsonl")]) == 1
     assert "diverged at step 0: addresses_sha256 differs" in capsys.readouterr().out
+
+
+def test_union_sha256_is_independent_of_how_rows_are_split_between_ranks():
+    from zephon_stream.loader.audit import union_sha256
+
+    rng = np.random.default_rng(3)
+    positions = np.arange(12, dtype=np.int64)
+    inputs = rng.integers(0, 257, size=(12, 8))
+    labels = rng.integers(0, 257, size=(12, 8))
+    one_rank = union_sha256([(positions, inputs, labels)])
+    swapped = [(positions[6:], inputs[6:], labels[6:]), (positions[:6], inputs[:6], labels[:6])]
+    three = [(positions[k::3], inputs[k::3], labels[k::3]) for k in range(3)]
+    assert union_sha256(swapped) == one_rank == union_sha256(three)
+    changed = labels.copy()
+    changed[5, 7] ^= 1
+    assert union_sha256([(positions, inputs, changed)]) != one_rank
+    with pytest.raises(ValueError, match="same global sample position"):
+        union_sha256([(positions, inputs, labels), (positions[:1], inputs[:1], labels[:1])])

@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader_reference import resume_points, run_step_hashes, step_union_sha256
+from loader_reference import resume_points, run_step_hashes
+
+from zephon_stream.loader.audit import union_sha256
 from zephon_stream import StreamingLoader
 from zephon_stream.storage import open_store
 
@@ -41,7 +43,7 @@ def union_hashes(out: Path, tag: str, world: int) -> list[str]:
     parts = [np.load(out / f"{tag}_rank{r}.npz") for r in range(world)]
     steps = parts[0]["positions"].shape[0]
     return [
-        step_union_sha256((p["positions"][k], p["input"][k], p["labels"][k]) for p in parts) for k in range(steps)
+        union_sha256((p["positions"][k], p["input"][k], p["labels"][k]) for p in parts) for k in range(steps)
     ]
 
 

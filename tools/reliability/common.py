@@ -4,7 +4,6 @@ hashes, process counters and a subprocess runner with a time and memory cap."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import resource
 import shutil
@@ -12,11 +11,13 @@ import signal
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from zephon_stream.loader.audit import union_sha256
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BLOCK_TOKENS = 4097
@@ -100,24 +101,6 @@ def copy_dataset(src: Path, dst: Path) -> Path:
         shutil.rmtree(dst)
     shutil.copytree(src, dst)
     return dst
-
-
-def union_sha256(rows: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> str:
-    """sha256 of one global step from every rank's ``(position, input, labels)``
-    rows, sorted by global position, so any world size compares bit for bit."""
-    positions, inputs, labels = [], [], []
-    for pos, inp, lab in rows:
-        positions.append(np.asarray(pos, dtype="<i8"))
-        inputs.append(np.asarray(inp, dtype="<i8"))
-        labels.append(np.asarray(lab, dtype="<i8"))
-    pos = np.concatenate(positions)
-    order = np.argsort(pos, kind="stable")
-    check(np.unique(pos).size == pos.size, "two ranks returned the same global position")
-    digest = hashlib.sha256()
-    digest.update(pos[order].tobytes())
-    digest.update(np.concatenate(inputs)[order].tobytes())
-    digest.update(np.concatenate(labels)[order].tobytes())
-    return digest.hexdigest()
 
 
 def batch_rows(batch: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,34 @@ from zephon_stream.storage import is_local_url, local_path, open_store
 
 AUDIT_FORMAT = "zephon-stream audit log"
 AUDIT_VERSION = 1
+
+
+def union_sha256(rows: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> str:
+    """sha256 of one global step from every rank's rows.
+
+    Args:
+        rows: per rank, ``(sample_positions, input, labels)`` as arrays.
+
+    The rows are sorted by global sample position before hashing, so runs at
+    different world sizes or local batch sizes compare bit for bit.
+
+    Raises:
+        ValueError: two ranks returned the same global position.
+    """
+    positions, inputs, labels = [], [], []
+    for pos, inp, lab in rows:
+        positions.append(np.asarray(pos, dtype="<i8"))
+        inputs.append(np.asarray(inp, dtype="<i8"))
+        labels.append(np.asarray(lab, dtype="<i8"))
+    pos = np.concatenate(positions)
+    order = np.argsort(pos, kind="stable")
+    if np.unique(pos).size != pos.size:
+        raise ValueError("two ranks returned the same global sample position")
+    digest = hashlib.sha256()
+    digest.update(pos[order].tobytes())
+    digest.update(np.concatenate(inputs)[order].tobytes())
+    digest.update(np.concatenate(labels)[order].tobytes())
+    return digest.hexdigest()
 
 
 def addresses_sha256(positions: np.ndarray, streams: np.ndarray, blocks: np.ndarray, samples: np.ndarray) -> str:
