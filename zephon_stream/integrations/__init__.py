@@ -1,1 +1,1 @@
-"""integrations"""
+"""Framework integrations; each module imports its framework only when used."""
