@@ -44,7 +44,7 @@ import zstandard  # noqa: E402
 
 from tools.fault_proxy import FaultProxy  # noqa: E402
 from zephon_stream import Manifest, StreamingLoader, write_dataset  # noqa: E402
-from zephon_stream.storage import open_store  # noqa: E402
+from zephon_stream.storage import copy_dataset, open_store  # noqa: E402
 from zephon_stream.storage.embedded_s3 import EmbeddedS3  # noqa: E402
 
 
@@ -54,13 +54,6 @@ def build_dataset(out: Path, blocks_per_shard: int) -> Manifest:
         files = sorted(str(p) for p in root.rglob("*.py") if "site-packages" not in p.parts)
         write_dataset(files, str(out), tokenizer="bytes", blocks_per_shard=blocks_per_shard, progress=False)
     return Manifest.load(str(out))
-
-
-def upload(local_root: Path, url: str, options: dict) -> None:
-    with open_store(url, options) as store:
-        for path in sorted(local_root.rglob("*")):
-            if path.is_file():
-                store.write_atomic(path.relative_to(local_root).as_posix(), path.read_bytes())
 
 
 def decode_only_tokens_per_s(manifest: Manifest, root: Path, repeats: int) -> float:
@@ -200,7 +193,7 @@ def main() -> None:
         server.create_bucket("bench-read")
         options = server.storage_options()
         url = "s3://bench-read/stdlib"
-        upload(root, url, options)
+        copy_dataset(root, url, dst_options=options)
 
         epoch_steps = manifest.num_tokens // args.seq_len // args.local_batch - 2
         decode, decode_cpu = decode_only_tokens_per_s(manifest, root, args.repeats)

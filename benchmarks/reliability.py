@@ -25,7 +25,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tools.reliability import chaos, crash, hostile, secrets, soak  # noqa: E402
-from tools.reliability.common import stdlib_corpus, upload, write_local_dataset  # noqa: E402
+from tools.reliability.common import stdlib_corpus, write_local_dataset  # noqa: E402
 
 FULL = {
     "corpus_files": 200, "chaos_rates": (0.01, 0.05, 0.2), "chaos_epochs": 1, "writer_chaos_files": 40,
@@ -58,7 +58,7 @@ def section(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
 
 
 def run(scale: dict[str, Any], work: Path, seed: int) -> dict[str, Any]:
-    from zephon_stream.storage import open_store
+    from zephon_stream.storage import copy_dataset, open_store
     from zephon_stream.storage.embedded_s3 import EmbeddedS3
 
     results: dict[str, Any] = {}
@@ -72,7 +72,7 @@ def run(scale: dict[str, Any], work: Path, seed: int) -> dict[str, Any]:
         s3.create_bucket(bucket)
         options = s3.storage_options()
         url = f"s3://{bucket}/dataset"
-        upload(dataset, url, options)
+        copy_dataset(dataset, url, dst_options=options)
         steps = summary.num_blocks * (4096 // 256) // 8 * scale["chaos_epochs"]
         section(results, "loader_faults", lambda: chaos.loader_under_faults(
             url=url, endpoint_url=s3.endpoint_url, storage_options=options, rates=scale["chaos_rates"], steps=steps))

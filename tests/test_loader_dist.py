@@ -17,20 +17,13 @@ from loader_reference import resume_points, run_step_hashes
 
 from zephon_stream.loader.audit import union_sha256
 from zephon_stream import StreamingLoader
-from zephon_stream.storage import open_store
+from zephon_stream.storage import copy_dataset, open_store
 
 WORKER = Path(__file__).parent / "dist_loader" / "loader_worker.py"
 SEQ_LEN = 256
 GLOBAL_BATCH = 12
 RESUME_STEPS = 4
 SEED = 9
-
-
-def upload(local_root: str, url: str, storage_options: dict) -> None:
-    with open_store(url, storage_options) as store:
-        for path in sorted(Path(local_root).rglob("*")):
-            if path.is_file():
-                store.write_atomic(path.relative_to(local_root).as_posix(), path.read_bytes())
 
 
 def torchrun(nproc: int, args: list[str], env: dict[str, str], timeout_s: float = 240) -> None:
@@ -51,7 +44,7 @@ def union_hashes(out: Path, tag: str, world: int) -> list[str]:
 @pytest.mark.torchrun
 def test_checkpoint_at_4_ranks_resumes_at_2_and_3_ranks_bit_identically(small_dataset, s3_bucket, tmp_path):
     url = s3_bucket.url("data")
-    upload(small_dataset.url, url, s3_bucket.storage_options)
+    copy_dataset(small_dataset.url, url, dst_options=s3_bucket.storage_options)
     with StreamingLoader(url, seq_len=SEQ_LEN, local_batch_size=GLOBAL_BATCH, seed=SEED,
                          storage_options=s3_bucket.storage_options) as single:
         points = resume_points(single.order, GLOBAL_BATCH, small_dataset.manifest)

@@ -13,17 +13,10 @@ import pytest
 
 from loader_reference import run_step_hashes
 from zephon_stream import StreamingLoader
-from zephon_stream.storage import open_store
+from zephon_stream.storage import copy_dataset, open_store
 
 SEQ_LEN = 256
 STEPS = 60
-
-
-def upload(local_root: str, url: str, storage_options: dict) -> None:
-    with open_store(url, storage_options) as store:
-        for path in sorted(Path(local_root).rglob("*")):
-            if path.is_file():
-                store.write_atomic(path.relative_to(local_root).as_posix(), path.read_bytes())
 
 
 def sockets() -> int:
@@ -39,7 +32,7 @@ def sockets() -> int:
 @pytest.mark.slow
 def test_an_endpoint_outage_mid_run_is_survived_with_the_same_data(small_dataset, s3_bucket, fault_proxy):
     url = s3_bucket.url("data")
-    upload(small_dataset.url, url, s3_bucket.storage_options)
+    copy_dataset(small_dataset.url, url, dst_options=s3_bucket.storage_options)
     with StreamingLoader(small_dataset.url, seq_len=SEQ_LEN, local_batch_size=8) as local:
         expected = run_step_hashes([local], STEPS)
     proxy = fault_proxy()
@@ -62,7 +55,7 @@ def test_an_endpoint_outage_mid_run_is_survived_with_the_same_data(small_dataset
 @pytest.mark.slow
 def test_close_on_s3_leaves_no_thread_or_socket(small_dataset, s3_bucket):
     url = s3_bucket.url("data")
-    upload(small_dataset.url, url, s3_bucket.storage_options)
+    copy_dataset(small_dataset.url, url, dst_options=s3_bucket.storage_options)
     # NOTE: warm fsspec's process-wide event-loop thread first; it is shared by
     # every fsspec filesystem of the process and is not the loader's.
     with open_store(url, s3_bucket.storage_options) as store:

@@ -7,14 +7,13 @@ from __future__ import annotations
 import pytest
 
 from tools.reliability import chaos
-from tools.reliability.common import upload
-from zephon_stream.storage import open_store
+from zephon_stream.storage import copy_dataset, open_store
 
 
 @pytest.mark.slow
 def test_loader_through_20_percent_faults_delivers_the_clean_steps(small_dataset, s3_bucket):
     url = s3_bucket.url("data")
-    upload(small_dataset.url, url, s3_bucket.storage_options)
+    copy_dataset(small_dataset.url, url, dst_options=s3_bucket.storage_options)
     result = chaos.loader_under_faults(url=url, endpoint_url=s3_bucket.endpoint_url,
                                        storage_options=s3_bucket.storage_options, rates=(0.2,), steps=80)
     run = result["runs"][0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tools.reliability import soak
-from tools.reliability.common import upload
+from zephon_stream.storage import copy_dataset
 
 
 @pytest.mark.slow
@@ -28,7 +28,7 @@ def test_local_loaders_opened_and_closed_leave_nothing_behind(small_dataset):
 @pytest.mark.slow
 def test_s3_loaders_opened_and_closed_leave_no_socket_behind(small_dataset, s3_bucket):
     url = s3_bucket.url("data")
-    upload(small_dataset.url, url, s3_bucket.storage_options)
+    copy_dataset(small_dataset.url, url, dst_options=s3_bucket.storage_options)
     result = soak.churn(url=url, cycles=4, storage_options=s3_bucket.storage_options)
     assert result["max_sockets_open"] > result["fds_before"]["socket"], "no socket was opened; nothing was checked"
     assert all(result["fds_after"][k] <= result["fds_before"][k] for k in result["fds_before"])

@@ -197,3 +197,15 @@ def test_local_store_files_follow_the_umask_not_mkstemp_0600(tmp_path):
     os.umask(mask)
     mode = os.stat(tmp_path / "shards/00000000.zst").st_mode & 0o777
     assert mode == 0o666 & ~mask
+
+
+def test_copy_dataset_copies_every_object_to_s3(small_dataset, s3_bucket):
+    from zephon_stream import Manifest
+    from zephon_stream.storage import copy_dataset
+
+    url = s3_bucket.url("copied")
+    count = copy_dataset(small_dataset.url, url, dst_options=s3_bucket.storage_options)
+    with open_store(small_dataset.url) as src, open_store(url, s3_bucket.storage_options) as dst:
+        assert dst.list() == src.list() and count == len(src.list())
+        assert all(dst.read(path) == src.read(path) for path in src.list())
+    assert Manifest.load(url, s3_bucket.storage_options).fingerprint == small_dataset.manifest.fingerprint

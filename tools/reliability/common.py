@@ -77,16 +77,6 @@ def write_local_dataset(inputs: Sequence[Path], out: Path, *, tokenizer: str = "
     )
 
 
-def upload(local_root: str | Path, url: str, storage_options: dict[str, Any] | None) -> None:
-    """Copy every file of a local dataset folder to ``url``."""
-    from zephon_stream.storage import open_store
-
-    with open_store(url, storage_options) as store:
-        for path in sorted(Path(local_root).rglob("*")):
-            if path.is_file():
-                store.write_atomic(path.relative_to(local_root).as_posix(), path.read_bytes())
-
-
 def committed_objects(url: str, storage_options: dict[str, Any] | None = None) -> dict[str, bytes]:
     """Every object under a dataset root, by relative path."""
     from zephon_stream.storage import open_store

@@ -5,6 +5,7 @@ fsspec (S3) URLs, with retries, counters and secret redaction.
 """
 
 from zephon_stream.storage.base import STAT_KEYS, Store, check_relative_path
+from zephon_stream.storage.copy import copy_dataset
 from zephon_stream.storage.fsspec_store import FsspecStore
 from zephon_stream.storage.inputs import expand_inputs, open_input
 from zephon_stream.storage.local import LocalStore
@@ -19,6 +20,7 @@ __all__ = [
     "RetryPolicy",
     "Store",
     "check_relative_path",
+    "copy_dataset",
     "expand_inputs",
     "is_local_url",
     "join_url",
