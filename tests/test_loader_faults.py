@@ -4,29 +4,18 @@ S3 leaves no thread or socket behind after close()."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
-
 from loader_reference import run_step_hashes
+
+from tools.reliability.common import open_fds
 from zephon_stream import StreamingLoader
 from zephon_stream.storage import copy_dataset, open_store
 
 SEQ_LEN = 256
 STEPS = 60
-
-
-def sockets() -> int:
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
-    return count
 
 
 @pytest.mark.slow
@@ -60,15 +49,15 @@ def test_close_on_s3_leaves_no_thread_or_socket(small_dataset, s3_bucket):
     # every fsspec filesystem of the process and is not the loader's.
     with open_store(url, s3_bucket.storage_options) as store:
         store.read("manifest")
-    threads, socks = set(threading.enumerate()), sockets()
+    threads, socks = set(threading.enumerate()), open_fds()["socket"]
     loader = StreamingLoader(url, seq_len=SEQ_LEN, local_batch_size=8, storage_options=s3_bucket.storage_options)
     for _ in zip(range(20), loader):
         pass
-    assert sockets() > socks
+    assert open_fds()["socket"] > socks
     loader.close()
     assert set(threading.enumerate()) - threads == set()
     # NOTE: moto runs in this process; give its side of each connection a moment to close.
     deadline = time.monotonic() + 5
-    while sockets() > socks and time.monotonic() < deadline:
+    while open_fds()["socket"] > socks and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert sockets() <= socks
+    assert open_fds()["socket"] <= socks

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tools.reliability.common import open_fds
 from zephon_stream.storage import open_store
 
 
@@ -41,25 +42,13 @@ def test_store_used_in_a_child_process_reconnects(s3_bucket, method):
     store.close()
 
 
-def _socket_count() -> int:
-    import os
-
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
-    return count
-
-
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/fd"), reason="needs /proc")
 def test_closing_stores_releases_their_connections(s3_bucket):
     import threading
 
     with open_store(s3_bucket.url("sock"), s3_bucket.storage_options) as warm:
         warm.write_atomic("obj", b"x" * 1000)  # starts fsspec's event loop, which lives on
-    before = _socket_count()
+    before = open_fds()["socket"]
     peak = [0]
     reading = threading.Event()
 
@@ -67,7 +56,7 @@ def test_closing_stores_releases_their_connections(s3_bucket):
         # NOTE: the in-process server may close each connection right after its
         # response, so connections are counted while the reads run, not after.
         while reading.is_set():
-            peak[0] = max(peak[0], _socket_count())
+            peak[0] = max(peak[0], open_fds()["socket"])
             time.sleep(0.001)
 
     for _ in range(3):
@@ -87,9 +76,9 @@ def test_closing_stores_releases_their_connections(s3_bucket):
     assert in_use > before, "no connection was ever open; the check below proves nothing"
     # NOTE: moto runs in this process; its side of each connection closes a moment later.
     deadline = time.monotonic() + 5
-    while _socket_count() > before and time.monotonic() < deadline:
+    while open_fds()["socket"] > before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _socket_count() <= before
+    assert open_fds()["socket"] <= before
 
 
 def test_concurrent_first_use_builds_one_s3_client(s3_bucket, caplog):
