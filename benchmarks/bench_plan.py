@@ -38,7 +38,8 @@ BLOCK_TOKENS = 2**20 + 1
 SEQ_LEN = 2048
 
 
-def make_order(num_blocks: int, lanes: int) -> GlobalOrder:
+def make_order(num_blocks: int, lanes: int, *, seed: int = 1234) -> GlobalOrder:
+    """The order of one synthetic stream of ``num_blocks`` full blocks."""
     shape = StreamShape(
         fingerprint=f"synthetic-{num_blocks}",
         block_tokens=BLOCK_TOKENS,
@@ -46,7 +47,7 @@ def make_order(num_blocks: int, lanes: int) -> GlobalOrder:
         short_ids=[],
         short_counts=[],
     )
-    return GlobalOrder([shape], OrderConfig(seed=1234, seq_len=SEQ_LEN, lanes=lanes))
+    return GlobalOrder([shape], OrderConfig(seed=seed, seq_len=SEQ_LEN, lanes=lanes))
 
 
 def per_call_us(fn, calls: int, repeats: int) -> float:

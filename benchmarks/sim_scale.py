@@ -33,28 +33,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from zephon_stream.plan import GlobalOrder, OrderConfig, StreamShape, rank_positions
-from zephon_stream.plan.slicing import step_positions
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-BLOCK_TOKENS = 2**20 + 1
-SEQ_LEN = 2048
+from benchmarks import bench_plan  # noqa: E402
+from benchmarks.bench_plan import BLOCK_TOKENS  # noqa: E402
+from zephon_stream.plan import GlobalOrder, rank_positions  # noqa: E402
+from zephon_stream.plan.slicing import step_positions  # noqa: E402
+
 LOCAL_BATCH = 4
 BLOCK_MIB = BLOCK_TOKENS * 2 / 2**20
 
 
 def make_order(num_blocks: int, lanes: int) -> GlobalOrder:
-    shape = StreamShape(
-        fingerprint=f"synthetic-{num_blocks}",
-        block_tokens=BLOCK_TOKENS,
-        num_blocks=num_blocks,
-        short_ids=[],
-        short_counts=[],
-    )
-    return GlobalOrder([shape], OrderConfig(seed=7, seq_len=SEQ_LEN, lanes=lanes))
+    return bench_plan.make_order(num_blocks, lanes, seed=7)
 
 
 def rank_blocks(order, start, batch, world, rank, steps):
