@@ -34,6 +34,7 @@ def _size(num_bytes: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from zephon_stream.format.manifest import Manifest
     from zephon_stream.storage import open_store, parse_storage_options
+    from zephon_stream.writer.progress import name_value_table
 
     with open_store(args.url, parse_storage_options(args.storage_option)) as store:
         manifest = Manifest.read(store)
@@ -65,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
         ("tokenizer fp", tok.fingerprint),
         ("fingerprint", manifest.fingerprint),
     ]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    print(name_value_table(rows))
     if args.shards:
         print()
         print(f"{'shard':<40} {'tokens':>14} {'blocks':>7} {'bytes':>14} {'docs':>10}")

@@ -32,6 +32,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from zephon_stream.storage import parse_storage_options
     from zephon_stream.writer.merge import merge_parts
+    from zephon_stream.writer.progress import name_value_table
 
     manifest = merge_parts(args.parts, args.output, storage_options=parse_storage_options(args.storage_option))
     parts = sorted({shard.path.split("/", 1)[0] for shard in manifest.shards})
@@ -46,7 +47,5 @@ def run(args: argparse.Namespace) -> int:
         ("compressed bytes", f"{manifest.compressed_bytes:,}"),
         ("fingerprint", manifest.fingerprint),
     ]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"  {name:<{width}}  {value}")
+    print(name_value_table(rows, indent="  "))
     return 0

@@ -10,6 +10,12 @@ from typing import Any
 PROGRESS_REFRESH_S = 0.5
 
 
+def name_value_table(rows: list[tuple[str, str]], *, indent: str = "") -> str:
+    """``(name, value)`` rows as lines, the values aligned after the longest name."""
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{indent}{name:<{width}}  {value}" for name, value in rows)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WriteSummary:
     """The accounting of one ``write_dataset`` run.
@@ -83,8 +89,7 @@ class WriteSummary:
             ("seconds", f"{self.seconds:.2f}"),
             ("fingerprint", self.fingerprint),
         ]
-        width = max(len(name) for name, _ in rows)
-        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+        return name_value_table(rows)
 
 
 class Progress:
