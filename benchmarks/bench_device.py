@@ -33,28 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_read import build_dataset, decode_only_tokens_per_s
+from benchmarks.bench_read import build_dataset, decode_only_tokens_per_s, loader_tokens_per_s
 from zephon_stream import StreamingLoader
-
-
-def loader_tokens_per_s(url: str, args: argparse.Namespace, device: str, steps: int) -> dict:
-    with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, device=device,
-                         prefetch_steps=4) as loader:
-        batches = iter(loader)
-        next(batches)
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        for _ in range(steps - 1):
-            batch = next(batches)
-        torch.cuda.synchronize()
-        elapsed = time.perf_counter() - started
-        assert batch["input"].device.type == device
-        stats = loader.stats()
-    return {
-        "tokens_per_s": args.local_batch * args.seq_len * (steps - 1) / elapsed,
-        "steps": steps,
-        "stall_s_per_step": stats["stall_s_per_step"],
-    }
 
 
 def pinned_copy_tokens_per_s(args: argparse.Namespace, steps: int) -> float:
@@ -106,7 +86,7 @@ def main() -> None:
         manifest = build_dataset(root, blocks_per_shard=2)
         steps = manifest.num_tokens // args.seq_len // args.local_batch - 2
         decode, _ = decode_only_tokens_per_s(manifest, root, args.repeats)
-        runs = {device: [loader_tokens_per_s(str(root), args, device, steps) for _ in range(args.repeats)]
+        runs = {device: [loader_tokens_per_s(str(root), None, args, steps, device) for _ in range(args.repeats)]
                 for device in ("cpu", "cuda")}
         best = {device: max(r["tokens_per_s"] for r in rs) for device, rs in runs.items()}
         copies = pinned_copy_tokens_per_s(args, steps)

@@ -40,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import torch
 import zstandard
 
 from tools.fault_proxy import FaultProxy
@@ -115,16 +116,26 @@ def s3fs_range_tokens_per_s(manifest: Manifest, url: str, options: dict) -> floa
     return manifest.num_tokens / (time.perf_counter() - started)
 
 
-def loader_tokens_per_s(url: str, options: dict | None, args: argparse.Namespace, steps: int) -> dict:
+def loader_tokens_per_s(url: str, options: dict | None, args: argparse.Namespace, steps: int,
+                        device: str = "cpu") -> dict:
+    """One pass of ``steps`` steps; with ``device="cuda"`` the clock waits for
+    the copies to the GPU."""
+    def synchronize() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
     started = time.perf_counter()
     with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, storage_options=options,
-                         prefetch_steps=4) as loader:
+                         prefetch_steps=4, device=device) as loader:
         batches = iter(loader)
         next(batches)
+        synchronize()
         first, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps - 1):
-            next(batches)
+            batch = next(batches)
+        synchronize()
         done, cpu = time.perf_counter(), time.process_time() - cpu
+        assert batch["input"].device.type == device
         stats = loader.stats()
     tokens = args.local_batch * args.seq_len
     return {
@@ -215,15 +226,14 @@ def main() -> None:
             "local_ratio_vs_decode": local["tokens_per_s"] / decode,
         }
         if not args.local_only:
-            figures.update(s3_figures(manifest, root, args, decode))
+            figures.update(s3_figures(manifest, root, args, decode, epoch_steps))
     figures["load_average_1min"] = os.getloadavg()[0]
     print(json.dumps(figures))
 
 
-def s3_figures(manifest: Manifest, root: Path, args: argparse.Namespace, decode: float) -> dict:
+def s3_figures(manifest: Manifest, root: Path, args: argparse.Namespace, decode: float, epoch_steps: int) -> dict:
     """S3 throughput against min(decode, s3fs), first-batch times (local and
     S3), and stalls with latency injected in front of the S3 server."""
-    epoch_steps = manifest.num_tokens // args.seq_len // args.local_batch - 2
     with EmbeddedS3(subprocess=True) as server:
         server.create_bucket("bench-read")
         options = server.storage_options()
