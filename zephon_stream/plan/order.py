@@ -110,6 +110,11 @@ class GlobalOrder:
         self._block_permutation_cached = functools.lru_cache(maxsize=64)(self._block_permutation)
         self._block_of_slot = functools.lru_cache(maxsize=_BLOCK_CACHE)(self._compute_block)
 
+    def __reduce__(self) -> tuple[type, tuple[list[StreamShape], OrderConfig]]:
+        # NOTE: the order is a pure function of its shapes and config; a copy
+        # (the loader's helper process gets one) rebuilds its caches.
+        return (GlobalOrder, (self.shapes, self.config))
+
     def _plan_stream(self, s: int) -> StreamPlan:
         shape, lanes, seq_len = self.shapes[s], self.lane_counts[s], self.config.seq_len
         epoch_samples = shape.epoch_samples(seq_len)
