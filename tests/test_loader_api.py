@@ -163,18 +163,46 @@ def test_memory_bound_is_computed_and_a_config_over_the_cap_is_refused(small_dat
         next(fits)
 
 
+def process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_close_stops_every_thread_and_releases_file_handles(small_dataset):
     threads, fds = set(threading.enumerate()), open_fds()
-    loader = loader_for(small_dataset.url, num_fetch_threads=3, num_decode_threads=2)
+    loader = loader_for(small_dataset.url, num_fetch_threads=3, num_decode_threads=2, pipeline="threads")
     for _ in zip(range(10), loader):
         pass
     assert len(set(threading.enumerate()) - threads) == 3 + 2 + 1
     loader.close()
     loader.close()
     assert set(threading.enumerate()) - threads == set()
+    # NOTE: a batch still held keeps the ring's mapping (and its descriptor)
+    # alive, as it must: its tensors are views of the ring.
+    del _
     assert open_fds() == fds
     with pytest.raises(RuntimeError, match="closed"):
         next(loader)
+
+
+def test_the_helper_process_runs_the_pipeline_and_close_ends_it(small_dataset):
+    threads, fds = set(threading.enumerate()), open_fds()
+    loader = loader_for(small_dataset.url, num_fetch_threads=3, num_decode_threads=2)
+    assert loader.pipeline_mode == "process" and loader.helper_pid is None  # NOTE: started by the first step
+    for _ in zip(range(10), loader):
+        pass
+    pid = loader.helper_pid
+    assert process_alive(pid)
+    # NOTE: fetch, decode and assembly run in the helper: no thread of this process.
+    assert set(threading.enumerate()) - threads == set()
+    loader.close()
+    loader.close()
+    assert not process_alive(pid)
+    del _  # NOTE: the last batch is a view of the ring
+    assert open_fds() == fds
 
 
 def test_stats_count_fetches_decodes_hits_and_stalls(small_dataset):
@@ -271,7 +299,7 @@ def test_batches_the_consumer_keeps_are_never_overwritten(small_dataset):
 
 def test_delivery_is_exposed_read_only_and_matches_the_device(small_dataset):
     with loader_for(small_dataset.url) as loader:
-        assert loader.delivery.ring_bytes == 0  # CPU delivery: no pinned ring
+        assert loader.memory_bound.ring_bytes == loader.ring.nbytes > 0
         with pytest.raises(AttributeError):
             loader.delivery = None
         batch = next(loader)
@@ -312,16 +340,22 @@ def test_rows_of_a_whole_block_equal_the_direct_read(small_dataset):
     reader.close()
 
 
-def test_a_loader_dropped_without_close_stops_its_threads(small_dataset):
+def test_a_loader_dropped_without_close_stops_its_threads_and_helper(small_dataset):
     import gc
 
     threads = set(threading.enumerate())
-    loader = loader_for(small_dataset.url)
+    loader = loader_for(small_dataset.url, pipeline="threads")
     next(loader)
     assert set(threading.enumerate()) - threads
     del loader
     gc.collect()
     assert set(threading.enumerate()) - threads == set()
+    loader = loader_for(small_dataset.url)
+    next(loader)
+    pid = loader.helper_pid
+    del loader
+    gc.collect()
+    assert not process_alive(pid)
 
 
 def test_lanes_that_do_not_divide_the_batch_stay_within_the_cache_bound(small_dataset):

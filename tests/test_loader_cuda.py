@@ -1,5 +1,6 @@
-"""Device delivery on CUDA: pinned host ring, copies on a side stream that
-overlap compute on the consumer's stream. Skipped without CUDA."""
+"""Device delivery on CUDA: the pinned ring, narrow copies on a side stream that
+overlap compute on the consumer's stream, widened on the device, and nothing
+left registered after close(). Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -41,3 +42,26 @@ def test_copies_overlap_compute_on_the_consumer_stream(small_dataset):
         assert not busy.query(), "a copy waited for compute on the consumer stream"
         torch.cuda.synchronize()
         assert all(b["input"].is_cuda and b["input"].shape == (8, 256) for b in batches)
+
+
+@pytest.mark.parametrize("pipeline", ["process", "threads"])
+def test_ids_cross_at_their_stored_width_and_close_unregisters_the_ring(small_dataset, pipeline):
+    with StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8, device="cuda",
+                         pipeline=pipeline) as gpu:
+        layout = gpu.ring.layout
+        # NOTE: uint16 ids of 8 rows of 257 tokens, the EOS ids and positions:
+        # about a quarter of the int64 input, labels and positions.
+        assert layout.wide_keys == () and layout.device_bytes < 8 * 257 * 2 + 64 + 16 * 8
+        batch = next(gpu)
+        assert batch["input"].dtype == torch.int64 and batch["labels"].is_cuda
+        address = gpu.ring.address()
+    # NOTE: unregistering again fails once close() has unregistered it.
+    assert int(torch.cuda.cudart().cudaHostUnregister(address)) != 0
+
+
+def test_host_labels_stay_on_the_cpu_and_equal_the_device_rows(small_dataset):
+    with StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8, device="cuda", host_labels=True) as gpu:
+        for _ in range(5):
+            batch = next(gpu)
+            assert batch["labels"].device.type == "cpu" and batch["labels"].is_pinned()
+            assert torch.equal(batch["labels"][:, :-1], batch["input"][:, 1:].cpu())

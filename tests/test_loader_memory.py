@@ -28,10 +28,11 @@ def big_block_dataset(stdlib_corpus, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_peak_rss_stays_within_the_memory_bound_plus_a_constant(big_block_dataset):
+@pytest.mark.parametrize("pipeline", ["process", "threads"])
+def test_peak_rss_stays_within_the_memory_bound_plus_a_constant(big_block_dataset, pipeline):
     result = subprocess.run(
         [sys.executable, str(PROBE), "--data", big_block_dataset, "--seq-len", "1024", "--local-batch", "4",
-         "--steps", "600"],
+         "--steps", "600", "--pipeline", pipeline],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -40,3 +41,4 @@ def test_peak_rss_stays_within_the_memory_bound_plus_a_constant(big_block_datase
     assert figures["forced_reservations"] == 0, figures
     assert figures["cache_peak_bytes"] <= figures["cache_capacity_bytes"], figures
     assert figures["growth_bytes"] <= figures["bound_bytes"] + RSS_SLACK_BYTES, figures
+    assert (figures["helper_peak_bytes"] > 0) == (pipeline == "process"), figures

@@ -11,7 +11,8 @@ import pytest
 
 from zephon_stream.errors import ConfigError, CorruptBlockError
 from zephon_stream.format.block import encode_block
-from zephon_stream.loader.assembler import HostBatch, StepAssembler, gather_rows, positions_from_eos
+from zephon_stream.loader.assembler import StepAssembler, gather_rows, positions_from_eos
+from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
 from zephon_stream.loader.cache import BlockCache, CacheClosedError
 from zephon_stream.loader.fetcher import BlockJob, FetchDecodePool
 from zephon_stream.loader.memory import (
@@ -181,16 +182,23 @@ def test_step_assembler_equals_row_gather_and_positions(density, per_row_eos):
     row_blocks = [blocks[i % 2] for i in range(rows)]
     samples = np.array([0, 3, 1, 0, 3, 2])
     eos = np.array([7, 9, 7, 9, 7, 9]) if per_row_eos else 7
-    assembler = StepAssembler(rows=rows, seq_len=seq_len, dtype=np.dtype(np.uint32))
-    batch = HostBatch.empty(rows, seq_len)
-    for _ in range(2):  # NOTE: the second pass reuses the scratch buffers
-        assembler.assemble(row_blocks, samples, eos, batch)
-    want = HostBatch.empty(rows, seq_len)
-    gather_rows(row_blocks, samples, seq_len=seq_len, out_input=want.input, out_labels=want.labels)
-    np.testing.assert_array_equal(batch.input, want.input)
-    np.testing.assert_array_equal(batch.labels, want.labels)
+    assembler = StepAssembler(seq_len=seq_len)
+    ring = SharedRing.create(num_slots=2, layout=SlotLayout(rows=rows, seq_len=seq_len, token_dtype="<u4",
+                                                            wide_keys=WIDE_KEYS))
+    for index in range(2):  # NOTE: the second pass reuses the scratch buffers
+        assembler.assemble(row_blocks, samples, eos, ring.slot(index))
+    slot = ring.slot(1)
+    want_input, want_labels = np.empty((rows, seq_len), np.int64), np.empty((rows, seq_len), np.int64)
+    gather_rows(row_blocks, samples, seq_len=seq_len, out_input=want_input, out_labels=want_labels)
+    np.testing.assert_array_equal(slot.wide["input"], want_input)
+    np.testing.assert_array_equal(slot.wide["labels"], want_labels)
+    np.testing.assert_array_equal(slot.tokens[:, :-1], want_input)
+    np.testing.assert_array_equal(slot.tokens[:, 1:], want_labels)
     eos_rows = np.broadcast_to(np.asarray(eos), (rows,))
-    np.testing.assert_array_equal(batch.positions, reference_positions(want.input, eos_rows))
+    np.testing.assert_array_equal(slot.eos, eos_rows)
+    np.testing.assert_array_equal(slot.wide["positions"], reference_positions(want_input, eos_rows))
+    del slot
+    ring.close()
 
 
 # -- planner -----------------------------------------------------------------
@@ -260,9 +268,9 @@ def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, 
 
 def test_memory_bound_refuses_a_config_over_the_cap_and_says_what_to_change():
     bound = compute_memory_bound(lanes_read=8, blocks_per_lane=3, block_bytes=2 << 20, max_compressed_block_bytes=1 << 20,
-                                 num_fetch_threads=4, num_decode_threads=2, batch_bytes=1 << 20, prefetch_steps=4,
-                                 ring_bytes=0)
-    assert bound.total_bytes == 24 * (2 << 20) + 8 * (1 << 20) + 7 * (1 << 20)
+                                 num_fetch_threads=4, num_decode_threads=2, ring_bytes=7 << 20,
+                                 helper_bytes=96 << 20)
+    assert bound.total_bytes == 24 * (2 << 20) + 8 * (1 << 20) + (7 << 20) + (96 << 20)
     check_memory(bound, bound.total_bytes)
     with pytest.raises(ConfigError, match="max_memory_bytes=1000.*prefetch_steps"):
         check_memory(bound, 1000)

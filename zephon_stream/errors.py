@@ -54,3 +54,7 @@ class StateMismatchError(ZephonError, ValueError):
 
 class TokenizerError(ZephonError, ValueError):
     """A tokenizer spec that cannot be loaded, or one that disagrees with a manifest."""
+
+
+class HelperProcessError(ZephonError, RuntimeError):
+    """The loader's helper process ended, or could not start, while the loader needed it."""

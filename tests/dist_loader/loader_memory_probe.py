@@ -1,7 +1,8 @@
 """Subprocess probe: peak RSS growth of a loader run against its memory bound.
 
 Prints one JSON object: ``growth_bytes`` (peak RSS during the run minus RSS
-before the first batch), ``bound_bytes``, ``cache_peak_bytes`` and
+before the first batch, plus the helper process's peak RSS when the pipeline
+runs in one), ``helper_peak_bytes``, ``bound_bytes``, ``cache_peak_bytes`` and
 ``cache_capacity_bytes``, ``forced_reservations`` and ``blocks_fetched``.
 """
 
@@ -11,8 +12,8 @@ import argparse
 import json
 
 
-def rss_bytes(field: str) -> int:
-    with open("/proc/self/status") as status:
+def rss_bytes(field: str, pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as status:
         for line in status:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
@@ -26,12 +27,14 @@ def main() -> None:
     parser.add_argument("--local-batch", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--prefetch", type=int, default=4)
+    parser.add_argument("--pipeline", default="process")
     args = parser.parse_args()
 
     from zephon_stream import StreamingLoader
 
     loader = StreamingLoader(args.data, seq_len=args.seq_len, local_batch_size=args.local_batch,
-                             prefetch_steps=args.prefetch, num_fetch_threads=2, num_decode_threads=2)
+                             prefetch_steps=args.prefetch, num_fetch_threads=2, num_decode_threads=2,
+                             pipeline=args.pipeline)
     baseline = rss_bytes("VmRSS")
     # NOTE: writing 5 to clear_refs resets the peak (VmHWM) to the current RSS.
     with open("/proc/self/clear_refs", "w") as refs:
@@ -39,9 +42,13 @@ def main() -> None:
     for _ in zip(range(args.steps), loader):
         pass
     peak = rss_bytes("VmHWM")
+    # NOTE: the helper's whole footprint counts: the bound holds its
+    # interpreter as well as the cache it fills.
+    helper_peak = rss_bytes("VmHWM", loader.helper_pid) if loader.helper_pid else 0
     stats = loader.stats()
     print(json.dumps({
-        "growth_bytes": peak - baseline,
+        "growth_bytes": peak - baseline + helper_peak,
+        "helper_peak_bytes": helper_peak,
         "bound_bytes": loader.memory_bound_bytes,
         "cache_peak_bytes": stats["cache_peak_bytes"],
         "cache_capacity_bytes": stats["cache_capacity_bytes"],

@@ -4,6 +4,7 @@ closed over and over leave no thread, socket or file descriptor behind."""
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from typing import Any
@@ -68,16 +69,35 @@ def _own_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if "process_request_thread" not in t.name}
 
 
+def live_children() -> set[int]:
+    """Pids of this process's children that are alive (zombies excluded)."""
+    found = set()
+    me = str(os.getpid())
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
 def churn(
     *, url: str, cycles: int, steps: int = 20, storage_options: dict[str, Any] | None = None,
-    seq_len: int = 256, local_batch_size: int = 8,
+    seq_len: int = 256, local_batch_size: int = 8, pipeline: str = "process",
 ) -> dict[str, Any]:
     """Open a loader, read ``steps`` steps, close it, ``cycles`` times; threads
     and descriptors must be back at their baseline after every close.
 
     Returns:
         ``{"cycles", "threads_before", "threads_after", "fds_before",
-        "fds_after", "max_threads_open", "max_sockets_open", "rss_growth_mib"}``.
+        "fds_after", "max_threads_open", "max_sockets_open", "max_children_open",
+        "children_after", "rss_growth_mib"}``; children are this process's
+        live child processes (the loader's helper).
     """
     from zephon_stream import StreamingLoader
     from zephon_stream.storage import open_store
@@ -91,14 +111,16 @@ def churn(
     baseline = _own_threads()
     threads_before, fds_before = len(baseline), open_fds()
     rss_after_first = None
-    max_threads = max_sockets = 0
+    children_before = live_children()
+    max_threads = max_sockets = max_children = 0
     for cycle in range(cycles):
         loader = StreamingLoader(url, seq_len=seq_len, local_batch_size=local_batch_size,
-                                 storage_options=storage_options)
+                                 storage_options=storage_options, pipeline=pipeline)
         for _ in range(steps):
             next(loader)
         max_threads = max(max_threads, threading.active_count())
         max_sockets = max(max_sockets, open_fds()["socket"])
+        max_children = max(max_children, len(live_children() - children_before))
         loader.close()
         del loader
         gc.collect()
@@ -111,6 +133,8 @@ def churn(
         # clients in the process time out); a leak is a count that grows.
         grown = {kind: fds[kind] - fds_before[kind] for kind in fds if fds[kind] > fds_before[kind]}
         check(not grown, f"cycle {cycle}: descriptors left open after close(): {grown} (before {fds_before}, after {fds})")
+        left = sorted(live_children() - children_before)
+        check(not left, f"cycle {cycle}: child processes outlived close(): {left}")
         if cycle == 0:
             rss_after_first = rss_bytes()
     assert rss_after_first is not None
@@ -122,5 +146,7 @@ def churn(
         "fds_after": open_fds(),
         "max_threads_open": max_threads,
         "max_sockets_open": max_sockets,
+        "max_children_open": max_children,
+        "children_after": len(live_children() - children_before),
         "rss_growth_mib": round((rss_bytes() - rss_after_first) / 2**20, 2),
     }

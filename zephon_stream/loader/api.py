@@ -3,38 +3,42 @@
 The loader's whole state is the global cursor ``P`` (samples the consumers of
 all ranks have received) plus the frozen order config; ``state_dict()`` is the
 same on every rank and ``load_state_dict()`` seeks in O(1) at any world size.
-Batches come from a thread pipeline (loader/pipeline.py) that runs ahead by
-``prefetch_steps`` steps within a computed memory bound.
+Batches come from a pipeline (loader/pipeline.py) that runs ahead by
+``prefetch_steps`` steps within a computed memory bound, in a helper process
+(loader/process.py, loader/helper.py) that writes finished rows into a
+shared-memory ring (loader/ring.py); this process only takes a slot and hands
+its tensors over (loader/device.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from zephon_stream.errors import ConfigError
 from zephon_stream.loader.audit import AuditLog, addresses_sha256
-from zephon_stream.loader.cache import BlockCache
-from zephon_stream.loader.device import CpuDelivery, CudaDelivery, host_batch_bytes, make_delivery, resolve_device
+from zephon_stream.loader.device import CpuDelivery, CudaDelivery, make_delivery, resolve_device, ring_slots, ring_wide_keys
 from zephon_stream.loader.layout import RankLayout
-from zephon_stream.loader.memory import MemoryBound
-from zephon_stream.loader.pipeline import EndOfData, Pipeline
-from zephon_stream.loader.stats import LoaderStats
+from zephon_stream.loader.memory import MIB, MemoryBound
+from zephon_stream.loader.pipeline import EndOfData, hand_back, reset_returned
+from zephon_stream.loader.process import ProcessProducer
+from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
+from zephon_stream.loader.ring import SharedRing, SlotLayout
+from zephon_stream.loader.stats import LoaderStats, read_counters
 from zephon_stream.loader.streams import Stream, StreamSource, as_streams
 from zephon_stream.plan import GlobalOrder, LoaderState
 
-__all__ = ["Stream", "StreamingLoader"]
+__all__ = ["PIPELINE_MODES", "Stream", "StreamingLoader"]
 
-# NOTE: a pinned slot is free again once its copy has finished, so three keep
-# one copy in flight while the next batch is assembled.
-_RING_SLOTS = 3
-# NOTE: recycled CPU batches: the queue, the one being assembled, and this many
-# the consumer may still hold (the current step and the one before).
-_CONSUMER_HELD_BATCHES = 2
+PIPELINE_MODES = ("process", "threads")
+# NOTE: the helper process's own resident memory (interpreter, numpy,
+# zstandard, fsspec/s3fs and their imports), measured at 45-60 MiB on
+# CPython 3.11 (tests/test_loader_process.py checks it stays under this).
+HELPER_PROCESS_BYTES = 96 * MIB
 
 
 def _default_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -67,8 +71,15 @@ class StreamingLoader:
         window: window-shuffle samples (default 0: one block's samples; a
             loaded state's window wins when left unset).
         storage_options: fsspec options (credentials, endpoint); never shown.
-        device: ``"cpu"`` (default) or ``"cuda[:i]"`` for pinned, overlapped
-            device delivery; CUDA falls back to CPU when absent.
+        device: ``"cpu"`` (default) or ``"cuda[:i]"``: token ids cross to the
+            device at their stored width from the pinned ring, on a side
+            stream, and are widened there; CUDA falls back to CPU when absent.
+        host_labels: with CUDA, deliver ``labels`` as a CPU ``int64`` tensor
+            (TorchTitan's trainer counts valid labels on the CPU and moves
+            them itself); the other tensors go to the device.
+        pipeline: ``"process"`` (default): fetch, decode and assembly run in
+            a helper process writing into a shared-memory ring, outside this
+            interpreter; ``"threads"``: on threads of this process (debugging).
         prefetch_steps: batches assembled ahead of the consumer; blocks are
             fetched that many steps further ahead.
         max_memory_bytes: refuse configs whose memory bound exceeds this.
@@ -94,6 +105,8 @@ class StreamingLoader:
         window: int | None = None,
         storage_options: dict[str, Any] | None = None,
         device: str | torch.device | None = None,
+        host_labels: bool = False,
+        pipeline: str = "process",
         prefetch_steps: int = 4,
         max_memory_bytes: int | None = None,
         num_fetch_threads: int = 8,
@@ -116,6 +129,9 @@ class StreamingLoader:
             raise ConfigError(f"rank {self.rank} is outside world_size {self.world_size}")
         if max_steps is not None and max_steps < 0:
             raise ConfigError(f"max_steps must be >= 0 (got {max_steps})")
+        if pipeline not in PIPELINE_MODES:
+            raise ConfigError(f"pipeline must be one of {PIPELINE_MODES} (got {pipeline!r})")
+        self.pipeline_mode = pipeline
         self.seq_len = seq_len
         self.local_batch_size = local_batch_size
         self.global_batch_size = local_batch_size * self.world_size
@@ -128,18 +144,30 @@ class StreamingLoader:
         self._explicit_window = window
         self._seed = seed
         self._streams = as_streams(streams)
+        self._storage_options = storage_options
         self._stats = LoaderStats()
-        self._pipeline: Pipeline | None = None
+        self._producer: ProcessProducer | ThreadProducer | None = None
         self._audit: AuditLog | None = None
+        self._ring: SharedRing | None = None
         self._closed = False
         self._sources: list[StreamSource] = []
         try:
             for index, stream in enumerate(self._streams):
                 self._sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options))
             self.device = resolve_device(device)
+            host_keys = ("labels",) if host_labels and self.device.type == "cuda" else ()
+            token_dtype = np.result_type(*(s.dtype for s in self._sources)).newbyteorder("<")
+            self._ring = SharedRing.create(
+                num_slots=ring_slots(self.device, prefetch_steps),
+                layout=SlotLayout(
+                    rows=local_batch_size,
+                    seq_len=seq_len,
+                    token_dtype=token_dtype.str,
+                    wide_keys=ring_wide_keys(self.device, host_keys),
+                ),
+            )
             self._layout = self._make_layout(lanes=lanes, window=window)
-            depth = _RING_SLOTS if self.device.type == "cuda" else prefetch_steps + _CONSUMER_HELD_BATCHES + 1
-            self._delivery = make_delivery(self.device, rows=local_batch_size, seq_len=seq_len, depth=depth)
+            self._delivery = make_delivery(self.device, ring=self._ring, host_keys=host_keys)
             self._position = 0
             if audit_log is not None and self.rank == 0:
                 self._audit = AuditLog(audit_log, header=self._audit_header(), storage_options=storage_options)
@@ -161,11 +189,10 @@ class StreamingLoader:
             world_size=self.world_size,
             rank=self.rank,
             fetch_steps=self.prefetch_steps,
-            prefetch_steps=self.prefetch_steps,
             num_fetch_threads=self.num_fetch_threads,
             num_decode_threads=self.num_decode_threads,
-            batch_bytes=host_batch_bytes(self.local_batch_size, self.seq_len),
-            ring_bytes=0 if self.device.type == "cpu" else _RING_SLOTS * host_batch_bytes(self.local_batch_size, self.seq_len),
+            ring_bytes=self._ring.nbytes,
+            helper_bytes=HELPER_PROCESS_BYTES if self.pipeline_mode == "process" else 0,
         )
         layout.check_memory(self.max_memory_bytes)
         return layout
@@ -184,10 +211,21 @@ class StreamingLoader:
     def delivery(self) -> CpuDelivery | CudaDelivery:
         """The delivery that hands batches over (read-only; for inspection).
 
-        On CUDA it owns the pinned host ring and the copy stream
+        On CUDA it holds the ring's pinned registration and the copy stream
         (``slots_pinned()``, ``copy_stream``).
         """
         return self._delivery
+
+    @property
+    def ring(self) -> SharedRing:
+        """The batch ring shared with the producer (read-only; for inspection)."""
+        assert self._ring is not None
+        return self._ring
+
+    @property
+    def helper_pid(self) -> int | None:
+        """The helper process's id while one runs, else None."""
+        return self._producer.pid if self._producer is not None else None
 
     @property
     def manifests(self) -> list[tuple[str, Any]]:
@@ -240,7 +278,7 @@ class StreamingLoader:
         if (lanes, window) != (self._layout.order.lanes, self._layout.order.config.window):
             self._layout = self._make_layout(lanes=lanes, window=window)
         state.validate(self._layout.order.state(0))
-        self._stop_pipeline()
+        self._stop_producer()
         self._position = state.position
 
     # -- iteration -------------------------------------------------------------
@@ -251,13 +289,15 @@ class StreamingLoader:
     def __next__(self) -> dict[str, torch.Tensor]:
         if self._closed:
             raise RuntimeError("StreamingLoader is closed")
-        if self._pipeline is None:
-            self._pipeline = self._start_pipeline()
+        if self._producer is None:
+            self._producer = self._start_producer()
+        for slot in self._delivery.reclaim():
+            hand_back(self._ring, slot)
         started = time.perf_counter()
-        ready = self._pipeline.get()
+        ready = self._producer.get()
         if isinstance(ready, EndOfData):
             raise StopIteration
-        batch = self._delivery.receive(ready.item)
+        batch = self._delivery.deliver(ready.slot)
         stall_s = time.perf_counter() - started
         assert ready.cursor == self._position, (ready.cursor, self._position)
         self._position += self.global_batch_size
@@ -278,68 +318,79 @@ class StreamingLoader:
             "local_batch_size": self.local_batch_size,
         }
 
-    def _start_pipeline(self) -> Pipeline:
-        layout = self._layout
+    def _start_producer(self) -> ProcessProducer | ThreadProducer:
         num_steps = None
         if self.max_steps is not None:
             end = self.max_steps * self.global_batch_size
             num_steps = max(0, -(-(end - self._position) // self.global_batch_size))
-        return Pipeline(
-            planner=layout.planner(start=self._position, num_steps=num_steps),
-            sources=self._sources,
-            cache=BlockCache(capacity_bytes=layout.memory_bound.cache_bytes),
-            delivery=self._delivery,
-            stats=self._stats,
+        assert self._ring is not None
+        spec = ProducerSpec(
+            layout=self._layout,
+            streams=tuple(self._streams),
+            manifests=tuple(s.manifest for s in self._sources),
+            storage_options=self._storage_options,
+            start=self._position,
+            num_steps=num_steps,
             seq_len=self.seq_len,
             prefetch_steps=self.prefetch_steps,
             num_fetch_threads=self.num_fetch_threads,
             num_decode_threads=self.num_decode_threads,
             hash_data=self._audit is not None,
+            num_slots=self._ring.num_slots,
+            slot_layout=self._ring.layout,
         )
+        reset_returned(self._ring, self._delivery.settle())
+        if self.pipeline_mode == "threads":
+            return ThreadProducer(spec, sources=self._sources, ring=self._ring)
+        return ProcessProducer(spec, ring=self._ring)
 
-    def _stop_pipeline(self) -> None:
-        if self._pipeline is not None:
-            self._pipeline.close()
-            self._pipeline = None
+    def _stop_producer(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
 
     # -- counters and shutdown ---------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters since construction: steps, samples, bytes fetched, blocks
-        fetched and decoded, cache hits and misses, retries, stall time (the
-        consumer waiting), their per-step averages, and the block cache's
-        current and peak bytes (since the last start or seek)."""
-        store_stats = [s.store.stats() for s in self._sources]
-        cache = self._pipeline.cache if self._pipeline is not None else None
-        return self._stats.snapshot(
-            retries=sum(s["retries"] for s in store_stats),
-            storage_errors=sum(s["errors"] for s in store_stats),
-            cache_resident_bytes=cache.reserved_bytes if cache else 0,
-            cache_peak_bytes=cache.peak_bytes if cache else 0,
-            cache_capacity_bytes=cache.capacity_bytes if cache else 0,
-            cache_forced_reservations=cache.forced_reservations if cache else 0,
+        """Counters since construction: steps, samples, stall time (the
+        consumer waiting) and their per-step averages; and, from the producer
+        since its last start or seek: bytes and blocks fetched and decoded,
+        cache hits and misses, retries, fetch/decode/assemble time, and the
+        block cache's current and peak bytes."""
+        producer = read_counters(self._ring.counters) if self._ring is not None else {}
+        producer.pop("producer_steps", None)
+        snapshot = self._stats.snapshot(
             memory_bound_bytes=self.memory_bound_bytes if hasattr(self, "_layout") else 0,
             position=self._position if hasattr(self, "_position") else 0,
         )
+        snapshot.update(producer)
+        steps = max(1, snapshot["steps"])
+        snapshot["bytes_fetched_per_step"] = snapshot.get("bytes_fetched", 0) / steps
+        return snapshot
 
     def close(self) -> None:
-        """Stop every thread and release stores, files and pinned memory (idempotent)."""
+        """Stop the helper process (or threads) and release stores, files,
+        the ring and its pinned registration (idempotent). CPU batches the
+        consumer still holds stay valid: they keep the ring's memory mapped
+        until the last of them is dropped."""
         if self._closed:
             return
         self._closed = True
-        self._stop_pipeline()
+        self._stop_producer()
         if self._audit is not None:
             self._audit.close()
             self._audit = None
         delivery = getattr(self, "_delivery", None)
         if delivery is not None:
             delivery.close()
+        if self._ring is not None:
+            self._ring.close()
         for source in self._sources:
             source.close()
 
     def __del__(self) -> None:
-        # NOTE: a loader dropped without close() must not leave its threads
-        # polling forever; they hold no reference back to it.
+        # NOTE: a loader dropped without close() must not leave its helper or
+        # threads running; they hold no reference back to it.
         try:
             self.close()
         except Exception:  # noqa: BLE001 - nothing useful to do at collection time

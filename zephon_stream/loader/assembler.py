@@ -2,54 +2,25 @@
 
 Sample ``j`` of a block is its tokens ``[j*L, j*L + L + 1)``: ``input`` is the
 first ``L``, ``labels`` the last ``L``. The pipeline's StepAssembler copies
-each row's window into one narrow staging array and converts the whole step
-to ``int64`` at once; ``gather_rows`` is the plain row-by-row form.
+each row's window into a ring slot at the stored width and widens the whole
+step to ``int64`` at once where the consumer wants host tensors;
+``gather_rows`` is the plain row-by-row form.
 ``positions`` restart at 0 on the token after each EOS, so document-aware
 attention can tell where documents start inside a row.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Sequence
 
 import numpy as np
 
+from zephon_stream.loader.ring import Slot
+
 # NOTE: below this many EOS tokens per row on average, writing each document
 # segment's positions is cheaper than the full-array running maximum.
 _SPARSE_EOS_PER_ROW = 8
-
-
-@dataclasses.dataclass(slots=True)
-class HostBatch:
-    """One rank's share of one step, in host memory.
-
-    Attributes:
-        input: ``int64 [rows, L]``.
-        labels: ``int64 [rows, L]``, ``input`` shifted left by one token.
-        positions: ``int64 [rows, L]``, position of each token in its document.
-        sample_positions: ``int64 [rows]``, the global position ``p`` of each row.
-    """
-
-    input: np.ndarray
-    labels: np.ndarray
-    positions: np.ndarray
-    sample_positions: np.ndarray
-
-    @classmethod
-    def empty(cls, rows: int, seq_len: int) -> HostBatch:
-        """Fresh, uninitialised arrays for ``rows`` samples of ``seq_len`` tokens."""
-        return cls(
-            input=np.empty((rows, seq_len), np.int64),
-            labels=np.empty((rows, seq_len), np.int64),
-            positions=np.empty((rows, seq_len), np.int64),
-            sample_positions=np.empty(rows, np.int64),
-        )
-
-    def nbytes(self) -> int:
-        """Bytes held by the four arrays."""
-        return self.input.nbytes + self.labels.nbytes + self.positions.nbytes + self.sample_positions.nbytes
 
 
 def gather_rows(
@@ -138,42 +109,45 @@ def _positions_from_hits(hits: np.ndarray, *, row_width: int, out: np.ndarray) -
 
 
 class StepAssembler:
-    """Fills a HostBatch from decoded blocks, reusing its scratch buffers.
+    """Fills a ring slot from decoded blocks.
 
-    Each row's ``L + 1`` token window is copied into a staging array of the
-    token dtype first; the ``int64`` conversions into ``input`` and ``labels``
-    and the EOS search then run once over the whole batch, and the search
-    reads the narrow tokens rather than the ``int64`` inputs.
+    Each row's ``L + 1`` token window is copied into the slot's narrow
+    ``tokens`` array (one memcpy per row, at the stored width). The ``int64``
+    arrays the slot's layout asks for (``input``, ``labels``, ``positions``)
+    are then written once over the whole step, and the EOS search reads the
+    narrow tokens rather than ``int64`` inputs.
 
     Args:
-        rows: rows per step.
         seq_len: ``L``.
-        dtype: the widest token dtype of the streams read.
     """
 
-    def __init__(self, *, rows: int, seq_len: int, dtype: np.dtype) -> None:
+    def __init__(self, *, seq_len: int) -> None:
         self.seq_len = seq_len
-        self._staging = np.empty((rows, seq_len + 1), dtype)
-        self._is_eos = np.empty((rows, seq_len + 1), np.bool_)
+        self._is_eos: np.ndarray | None = None
 
-    def assemble(
-        self, blocks: Sequence[np.ndarray], samples: np.ndarray, eos_ids: np.ndarray | int, batch: HostBatch
-    ) -> None:
-        """Write ``input``, ``labels`` and ``positions`` of ``batch``.
+    def assemble(self, blocks: Sequence[np.ndarray], samples: np.ndarray, eos_ids: np.ndarray | int, slot: Slot) -> None:
+        """Write the slot's ``tokens``, ``eos`` and wide arrays.
 
         Args:
             blocks: the decoded block of each row (the same array may repeat).
             samples: sample index within its block, per row.
             eos_ids: the EOS id, one for all rows or one per row.
-            batch: the output; ``sample_positions`` is left to the caller.
+            slot: the output; ``sample_positions`` is left to the caller.
         """
-        staging, width = self._staging, self.seq_len + 1
+        staging, width = slot.tokens, self.seq_len + 1
         assert len(blocks) == len(samples) == len(staging)
         for row, (tokens, sample) in enumerate(zip(blocks, samples.tolist())):
             start = sample * self.seq_len
             assert start + width <= len(tokens), f"sample {sample} past the end of a block of {len(tokens)} tokens"
             staging[row] = tokens[start : start + width]
-        np.copyto(batch.input, staging[:, :-1])
-        np.copyto(batch.labels, staging[:, 1:])
-        np.equal(staging, _eos_column(eos_ids, staging.dtype), out=self._is_eos)
-        _positions_from_hits(np.flatnonzero(self._is_eos), row_width=width, out=batch.positions)
+        slot.eos[:] = eos_ids
+        wide = slot.wide
+        if "input" in wide:
+            np.copyto(wide["input"], staging[:, :-1])
+        if "labels" in wide:
+            np.copyto(wide["labels"], staging[:, 1:])
+        if "positions" in wide:
+            if self._is_eos is None or self._is_eos.shape != staging.shape:
+                self._is_eos = np.empty(staging.shape, np.bool_)
+            np.equal(staging, _eos_column(eos_ids, staging.dtype), out=self._is_eos)
+            _positions_from_hits(np.flatnonzero(self._is_eos), row_width=width, out=wide["positions"])

@@ -1,25 +1,36 @@
-"""Delivery: host batches -> the tensors the consumer receives.
+"""Delivery: ring slots -> the tensors the consumer receives, in the trainer's process.
 
-On CPU each step gets fresh arrays that become the consumer's tensors without
-a copy (the consumer may keep them as long as it likes). With CUDA, batches are
-assembled into a ring of pinned host buffers; the producer thread starts a
-non-blocking copy to the device on a side stream and records an event; the
-consumer's stream waits on that event, so the copy overlaps compute and the
-host never blocks on it. A ring slot is refilled only after its copy finished.
+What the trainer does per step is kept to: take a slot, start its copy (CUDA)
+or wrap it (CPU), hand the tensors over.
+
+On CPU the consumer gets ``int64`` tensors that are views of the slot, without
+a copy. A slot goes back to the producer once nothing refers to it any more,
+that is once the consumer has dropped every tensor (or view) of that batch. A
+consumer that keeps more than ``max_held`` batches gets copies of the further
+ones, so it can keep batches as long as it likes without stalling the ring.
+
+With CUDA the ring is registered as pinned memory. Per step one transfer moves
+the slot's narrow part (token windows at the stored width, EOS ids, sample
+positions) on a side stream, kernels on that stream widen it to ``input``,
+``labels`` and ``positions``, and the consumer's stream waits on an event:
+the copy overlaps compute and the host never waits for it. A slot goes back
+to the producer once its transfer has finished.
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any
-
 import numpy as np
 import torch
 
-from zephon_stream.loader.assembler import HostBatch
+from zephon_stream.loader.ring import WIDE_KEYS, SharedRing
+from zephon_stream.loader.widen import widen
 
 BATCH_KEYS = ("input", "labels", "positions", "sample_positions")
+# NOTE: batches a CPU consumer may keep without a copy: the current step and
+# the one before.
+MAX_HELD_BATCHES = 2
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -37,160 +48,173 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return resolved
 
 
-class CpuDelivery:
-    """Host batches handed over as CPU tensors without a copy, from recycled slabs.
+def _unreferenced(slab: np.ndarray) -> bool:
+    # NOTE: 3 = the ring's own entry, this function's parameter and
+    # getrefcount's argument; every view or tensor of the slot the consumer
+    # still holds adds one.
+    return sys.getrefcount(slab) <= 3
 
-    Each batch lives in one slab (``input``, ``labels``, ``positions`` and
-    ``sample_positions`` are views of it). A slab is reused only when nothing
-    but the pool refers to it any more, that is once the consumer has dropped
-    every tensor (or view) of that batch; until then the consumer may keep its
-    tensors as long as it likes. Reuse matters: a fresh multi-MiB array per
-    step costs more in page faults than assembling the batch.
+
+class CpuDelivery:
+    """Slots handed over as CPU tensors without a copy.
 
     Args:
-        rows: local batch size.
-        seq_len: ``L``.
-        max_slabs: slabs kept for reuse; a batch past that uses fresh memory.
+        ring: the batch ring (its layout holds all three wide arrays).
+        max_held: batches the consumer may keep before it gets copies.
     """
 
-    def __init__(self, *, rows: int, seq_len: int, max_slabs: int) -> None:
-        self._rows = rows
-        self._seq_len = seq_len
-        self._max_slabs = max_slabs
-        self._slabs: list[np.ndarray] = []
+    def __init__(self, *, ring: SharedRing, max_held: int = MAX_HELD_BATCHES) -> None:
+        assert ring.layout.wide_keys == WIDE_KEYS
+        self._ring = ring
+        self._max_held = max_held
+        self._held: list[int] = []
+        self._done: list[int] = []
 
-    @property
-    def ring_bytes(self) -> int:
-        """Pinned host memory held by the delivery itself (none on CPU)."""
-        return 0
+    def deliver(self, index: int) -> dict[str, torch.Tensor]:
+        """The consumer's tensors for slot ``index``."""
+        slot = self._ring.slot(index)
+        batch = {key: torch.from_numpy(slot.wide[key]) for key in WIDE_KEYS}
+        batch["sample_positions"] = torch.from_numpy(slot.sample_positions)
+        if len(self._held) < self._max_held:
+            self._held.append(index)
+            return batch
+        # NOTE: the consumer keeps earlier batches; this one is copied so the
+        # slot can go back to the producer.
+        batch = {key: tensor.clone() for key, tensor in batch.items()}
+        self._done.append(index)
+        return batch
 
-    def _slab(self) -> np.ndarray:
-        for index in range(len(self._slabs)):
-            # NOTE: 2 = the pool's list entry + getrefcount's argument; any view
-            # or tensor the consumer still holds keeps a reference to the slab.
-            if sys.getrefcount(self._slabs[index]) == 2:
-                return self._slabs[index]
-        slab = np.empty(3 * self._rows * self._seq_len + self._rows, np.int64)
-        if len(self._slabs) < self._max_slabs:
-            self._slabs.append(slab)
-        return slab
+    def reclaim(self) -> list[int]:
+        """Slots the consumer no longer refers to, handed back once each."""
+        free, self._done = self._done, []
+        for index in list(self._held):
+            if _unreferenced(self._ring.slab(index)):
+                self._held.remove(index)
+                free.append(index)
+        return free
 
-    def acquire(self) -> HostBatch:
-        """Buffers for the next step (producer thread)."""
-        slab = self._slab()
-        size = self._rows * self._seq_len
-        shape = (self._rows, self._seq_len)
-        return HostBatch(
-            input=slab[:size].reshape(shape),
-            labels=slab[size : 2 * size].reshape(shape),
-            positions=slab[2 * size : 3 * size].reshape(shape),
-            sample_positions=slab[3 * size :],
-        )
-
-    def publish(self, batch: HostBatch) -> Any:
-        """Turn assembled buffers into the item queued for the consumer."""
-        return {key: torch.from_numpy(getattr(batch, key)) for key in BATCH_KEYS}
-
-    def receive(self, item: Any) -> dict[str, torch.Tensor]:
-        """The consumer-side batch (consumer thread)."""
-        return item
+    def settle(self) -> tuple[int, ...]:
+        """Before a new producer starts: the slots still held (the rest are
+        free for it, including those not yet handed back)."""
+        self._done = []
+        return tuple(self._held)
 
     def close(self) -> None:
-        """Forget the pool (batches the consumer still holds stay valid)."""
-        self._slabs = []
-
-
-class _PinnedSlot:
-    __slots__ = ("tensors", "batch", "copied")
-
-    def __init__(self, rows: int, seq_len: int) -> None:
-        self.tensors = {
-            key: torch.empty((rows,) if key == "sample_positions" else (rows, seq_len), dtype=torch.int64, pin_memory=True)
-            for key in BATCH_KEYS
-        }
-        self.batch = HostBatch(**{key: tensor.numpy() for key, tensor in self.tensors.items()})
-        self.copied: torch.cuda.Event | None = None
+        """Nothing to release (batches the consumer holds stay valid)."""
+        self._held, self._done = [], []
 
 
 class CudaDelivery:
-    """Pinned host ring plus side-stream copies to one CUDA device.
+    """Narrow copies from the pinned ring to one CUDA device, widened there.
 
     Args:
+        ring: the batch ring; registered as pinned memory here.
         device: the target CUDA device.
-        rows: local batch size.
-        seq_len: ``L``.
-        depth: ring slots. A slot is reusable once its copy has finished
-            (the device tensors are separate), so 2-3 slots keep the copy
-            of one step overlapped with the assembly of the next.
+        host_keys: keys delivered as CPU tensors instead (TorchTitan's trainer
+            counts valid ``labels`` on the CPU); the ring's layout holds them wide.
     """
 
-    def __init__(self, *, device: torch.device, rows: int, seq_len: int, depth: int) -> None:
+    def __init__(self, *, ring: SharedRing, device: torch.device, host_keys: tuple[str, ...] = ()) -> None:
         assert device.type == "cuda" and device.index is not None
+        assert set(host_keys) <= set(ring.layout.wide_keys)
         self.device = device
+        self._ring = ring
+        self._host_keys = host_keys
+        self._registered = False
         with torch.cuda.device(device):
             self.copy_stream = torch.cuda.Stream(device=device)
-        self._slots = [_PinnedSlot(rows, seq_len) for _ in range(depth)]
-        self._next = 0
-
-    @property
-    def ring_bytes(self) -> int:
-        """Pinned host bytes held by the ring."""
-        return sum(t.numel() * t.element_size() for slot in self._slots for t in slot.tensors.values())
+            array = ring.as_array()
+            status = torch.cuda.cudart().cudaHostRegister(array.ctypes.data, array.nbytes, 0)
+            if int(status) != 0:
+                raise RuntimeError(f"cudaHostRegister of the {array.nbytes}-byte batch ring failed (status {int(status)})")
+        self._registered = True
+        self._ring_tensor = torch.from_numpy(array)
+        self._in_flight: list[tuple[int, torch.cuda.Event]] = []
 
     def slots_pinned(self) -> bool:
-        """Whether every host buffer of the ring is page-locked."""
-        return all(t.is_pinned() for slot in self._slots for t in slot.tensors.values())
+        """Whether the ring is page-locked memory as CUDA sees it."""
+        return bool(self._ring_tensor.is_pinned())
 
-    def acquire(self) -> HostBatch:
-        """The next ring slot, once the copy that last read it has finished."""
-        slot = self._slots[self._next]
-        if slot.copied is not None:
-            slot.copied.synchronize()
-            slot.copied = None
-        return slot.batch
-
-    def publish(self, batch: HostBatch) -> Any:
-        """Start the non-blocking host-to-device copy of the current slot."""
-        slot = self._slots[self._next]
-        assert slot.batch is batch, "publish() must follow acquire() for the same slot"
-        self._next = (self._next + 1) % len(self._slots)
+    def deliver(self, index: int) -> dict[str, torch.Tensor]:
+        """Start slot ``index``'s copy and widening; the consumer's stream waits for them."""
+        start, _ = self._ring.slot_range(index)
+        host = self._ring_tensor[start : start + self._ring.layout.device_bytes]
         with torch.cuda.device(self.device), torch.cuda.stream(self.copy_stream):
-            on_device = {key: t.to(self.device, non_blocking=True) for key, t in slot.tensors.items()}
-            event = torch.cuda.Event()
-            event.record(self.copy_stream)
-        slot.copied = event
-        return on_device, event
-
-    def receive(self, item: Any) -> dict[str, torch.Tensor]:
-        """Make the consumer's current stream wait for the copy, then hand over."""
-        on_device, event = item
+            raw = host.to(self.device, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(self.copy_stream)
+            batch = widen(raw, self._ring.layout)
+            ready = torch.cuda.Event()
+            ready.record(self.copy_stream)
         consumer = torch.cuda.current_stream(self.device)
-        consumer.wait_event(event)
-        for tensor in on_device.values():
-            # NOTE: the tensors were allocated on the copy stream; tell the
-            # caching allocator the consumer's stream uses them too.
+        consumer.wait_event(ready)
+        for tensor in batch.values():
+            # NOTE: allocated on the copy stream; the caching allocator must
+            # know the consumer's stream uses them too.
             tensor.record_stream(consumer)
-        return on_device
+        if self._host_keys:
+            slot = self._ring.slot(index)
+            for key in self._host_keys:
+                batch[key] = torch.from_numpy(slot.wide[key])
+        self._in_flight.append((index, copied))
+        return batch
+
+    def reclaim(self) -> list[int]:
+        """Slots whose copy has finished (and, with host keys, that the
+        consumer no longer refers to). All but the last delivered slot are
+        waited for, so the producer always has slots to fill."""
+        free, keep = [], []
+        last = len(self._in_flight) - 1
+        for position, (index, copied) in enumerate(self._in_flight):
+            done = copied.query()
+            if not done and position < last:
+                copied.synchronize()
+                done = True
+            if done and (not self._host_keys or _unreferenced(self._ring.slab(index))):
+                free.append(index)
+            else:
+                keep.append((index, copied))
+        self._in_flight = keep
+        return free
+
+    def settle(self) -> tuple[int, ...]:
+        """Before a new producer starts: wait for copies in flight; the slots
+        still held (host keys the consumer keeps)."""
+        for _, copied in self._in_flight:
+            copied.synchronize()
+        self.reclaim()  # NOTE: what it frees starts free for the new producer
+        return tuple(index for index, _ in self._in_flight)
 
     def close(self) -> None:
-        """Wait for copies in flight, then release the pinned ring."""
-        for slot in self._slots:
-            if slot.copied is not None:
-                slot.copied.synchronize()
-        self._slots = []
+        """Wait for copies in flight, then unregister the ring."""
+        for _, copied in self._in_flight:
+            copied.synchronize()
+        self._in_flight = []
+        if self._registered:
+            torch.cuda.cudart().cudaHostUnregister(self._ring.as_array().ctypes.data)
+            self._registered = False
+        self._ring_tensor = None  # type: ignore[assignment]
 
 
-def make_delivery(device: torch.device, *, rows: int, seq_len: int, depth: int) -> CpuDelivery | CudaDelivery:
-    """The delivery for ``device`` (from :func:`resolve_device`).
-
-    Args:
-        depth: pinned ring slots (CUDA) or recycled slabs (CPU).
-    """
+def make_delivery(
+    device: torch.device, *, ring: SharedRing, host_keys: tuple[str, ...] = ()
+) -> CpuDelivery | CudaDelivery:
+    """The delivery for ``device`` (from :func:`resolve_device`)."""
     if device.type == "cuda":
-        return CudaDelivery(device=device, rows=rows, seq_len=seq_len, depth=depth)
-    return CpuDelivery(rows=rows, seq_len=seq_len, max_slabs=depth)
+        return CudaDelivery(ring=ring, device=device, host_keys=host_keys)
+    return CpuDelivery(ring=ring)
 
 
-def host_batch_bytes(rows: int, seq_len: int) -> int:
-    """Bytes of one HostBatch."""
-    return 3 * rows * seq_len * np.dtype(np.int64).itemsize + rows * np.dtype(np.int64).itemsize
+def ring_wide_keys(device: torch.device, host_keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The int64 arrays the producer widens on the host for ``device``."""
+    if device.type == "cpu":
+        return WIDE_KEYS
+    return tuple(key for key in WIDE_KEYS if key in host_keys)
+
+
+def ring_slots(device: torch.device, prefetch_steps: int) -> int:
+    """Slots the ring needs: the steps queued ahead, the one being assembled,
+    and the ones the consumer holds (CPU) or whose copy is in flight (CUDA)."""
+    held = MAX_HELD_BATCHES if device.type == "cpu" else 2
+    return prefetch_steps + 1 + held + 1
+

@@ -46,11 +46,10 @@ class RankLayout:
         rank: ``r``.
         fetch_steps: steps whose blocks are fetched ahead of the next step
             (raised to one block's worth of lane steps).
-        prefetch_steps: assembled batches queued ahead of the consumer.
         num_fetch_threads: concurrent reads (compressed bytes in flight).
         num_decode_threads: concurrent decodes.
-        batch_bytes: bytes of one assembled batch.
-        ring_bytes: pinned host ring bytes (0 on CPU).
+        ring_bytes: bytes of the batch ring.
+        helper_bytes: the helper process's own footprint (0 without one).
     """
 
     def __init__(
@@ -66,11 +65,10 @@ class RankLayout:
         world_size: int,
         rank: int,
         fetch_steps: int,
-        prefetch_steps: int,
         num_fetch_threads: int,
         num_decode_threads: int,
-        batch_bytes: int,
         ring_bytes: int,
+        helper_bytes: int,
     ) -> None:
         shapes = [
             StreamShape.from_counts(s.fingerprint, s.manifest.block_tokens, s.block_token_counts) for s in sources
@@ -110,9 +108,8 @@ class RankLayout:
             max_compressed_block_bytes=max(s.max_compressed_block_bytes for s in sources),
             num_fetch_threads=num_fetch_threads,
             num_decode_threads=num_decode_threads,
-            batch_bytes=batch_bytes,
-            prefetch_steps=prefetch_steps,
             ring_bytes=ring_bytes,
+            helper_bytes=helper_bytes,
         )
 
     def _count_lanes_read(self) -> int:

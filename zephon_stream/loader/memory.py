@@ -12,7 +12,8 @@ at most the blocks overlapping ``samples_per_block + spread +
 fetch_lane_steps`` samples, plus one for a lane or epoch boundary and one for
 a short block. The total is that, times the lanes the rank
 reads, times the decoded bytes of a block, plus the compressed bytes in
-flight and the assembled batches.
+flight, the batch ring shared by the trainer and the helper process, and
+the helper process itself (its interpreter and libraries).
 """
 
 from __future__ import annotations
@@ -71,29 +72,31 @@ class MemoryBound:
         block_bytes: decoded bytes of the largest block.
         cache_bytes: ``resident_blocks * block_bytes``; also the cache capacity.
         compressed_bytes: compressed frames being fetched or waiting to decode.
-        batch_bytes: assembled batches queued ahead of the consumer, the one
-            being assembled, and two the consumer holds (recycled buffers).
-        ring_bytes: pinned host ring for device delivery (0 on CPU).
+        ring_bytes: the batch ring: steps queued ahead of the consumer, the
+            one being assembled, and those the consumer holds or copies
+            (shared memory, pinned where CUDA is the device).
+        helper_bytes: the helper process's own interpreter and libraries
+            (0 with ``pipeline="threads"``).
     """
 
     resident_blocks: int
     block_bytes: int
     cache_bytes: int
     compressed_bytes: int
-    batch_bytes: int
     ring_bytes: int
+    helper_bytes: int
 
     @property
     def total_bytes(self) -> int:
         """The bound: the sum of the parts."""
-        return self.cache_bytes + self.compressed_bytes + self.batch_bytes + self.ring_bytes
+        return self.cache_bytes + self.compressed_bytes + self.ring_bytes + self.helper_bytes
 
     def describe(self) -> str:
         """One line: the total and each part, in MiB."""
         return (
             f"{self.total_bytes / MIB:.1f} MiB = {self.resident_blocks} decoded blocks x "
             f"{self.block_bytes / MIB:.2f} MiB + {self.compressed_bytes / MIB:.1f} MiB compressed in flight + "
-            f"{self.batch_bytes / MIB:.1f} MiB queued batches + {self.ring_bytes / MIB:.1f} MiB pinned ring"
+            f"{self.ring_bytes / MIB:.1f} MiB batch ring + {self.helper_bytes / MIB:.1f} MiB helper process"
         )
 
 
@@ -105,9 +108,8 @@ def compute_memory_bound(
     max_compressed_block_bytes: int,
     num_fetch_threads: int,
     num_decode_threads: int,
-    batch_bytes: int,
-    prefetch_steps: int,
     ring_bytes: int,
+    helper_bytes: int,
 ) -> MemoryBound:
     """The bound for one rank's loader.
 
@@ -118,9 +120,8 @@ def compute_memory_bound(
         max_compressed_block_bytes: the largest compressed frame of any stream.
         num_fetch_threads: each holds one compressed frame while it reads.
         num_decode_threads: each holds one, and as many wait in the queue.
-        batch_bytes: bytes of one assembled batch.
-        prefetch_steps: batches queued ahead of the consumer.
-        ring_bytes: pinned host ring bytes (device delivery), else 0.
+        ring_bytes: bytes of the batch ring.
+        helper_bytes: the helper process's own footprint, or 0.
     """
     resident = lanes_read * blocks_per_lane
     return MemoryBound(
@@ -128,8 +129,8 @@ def compute_memory_bound(
         block_bytes=block_bytes,
         cache_bytes=resident * block_bytes,
         compressed_bytes=(num_fetch_threads + 2 * num_decode_threads) * max_compressed_block_bytes,
-        batch_bytes=(prefetch_steps + 3) * batch_bytes,
         ring_bytes=ring_bytes,
+        helper_bytes=helper_bytes,
     )
 
 

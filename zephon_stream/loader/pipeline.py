@@ -1,11 +1,13 @@
-"""The producer: plans, fetches ahead, assembles steps in order, queues them.
+"""The producer: plans, fetches ahead, assembles steps in order into ring slots.
 
 One thread drives the planner, issues block fetches in order of need within
 the cache's byte budget, waits for the next step's blocks, assembles the step
-and queues it for the consumer. The queue holds ``prefetch_steps`` batches,
-which bounds how far ahead it runs. An error (a corrupt block, storage that
-stayed down) is queued in place of the step that needed the block, so the
-consumer raises it at that step and never receives bad data.
+into a free slot of the batch ring and queues the slot's index. The queue
+holds ``prefetch_steps`` steps and the ring's free slots bound how far ahead
+it runs. An error (a corrupt block, storage that stayed down) is queued in
+place of the step that needed the block, so the consumer raises it at that
+step and never receives bad data. The pipeline runs in the loader's helper
+process (loader/helper.py) or, for debugging, in the consumer's process.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from zephon_stream.loader.assembler import StepAssembler
 from zephon_stream.loader.cache import BlockCache, CacheClosedError
 from zephon_stream.loader.fetcher import FetchDecodePool
 from zephon_stream.loader.planner import BlockKey, Planner
-from zephon_stream.loader.stats import LoaderStats
+from zephon_stream.loader.ring import SharedRing, Slot
+from zephon_stream.loader.stats import LoaderStats, write_counters
 from zephon_stream.loader.streams import StreamSource
 
 _POLL_S = 0.1
+_FREE_POLL_MIN_S = 0.0002
+_FREE_POLL_MAX_S = 0.002
 # NOTE: steps planned per producer iteration while the retention horizon fills;
 # small enough that the first batch is not delayed by planning far ahead.
 _PLAN_CHUNK_STEPS = 512
@@ -43,13 +48,13 @@ class ReadyStep:
     Attributes:
         index: steps since the pipeline started.
         cursor: the global cursor before this step.
-        item: what the delivery published (tensors, or tensors and an event).
+        slot: the ring slot holding the step.
         data_sha256: hash of this rank's rows, when requested, else "".
     """
 
     index: int
     cursor: int
-    item: Any
+    slot: int
     data_sha256: str
 
 
@@ -65,6 +70,48 @@ def batch_sha256(sample_positions: np.ndarray, inputs: np.ndarray, labels: np.nd
     return digest.hexdigest()
 
 
+class FreeSlots:
+    """The ring slots the producer may fill: those whose ``returned`` flag the
+    consumer has set (loader/ring.py).
+
+    Args:
+        ring: the batch ring.
+    """
+
+    def __init__(self, ring: SharedRing) -> None:
+        # NOTE: the ring, not a view of its flags: a view left behind would
+        # keep the mapping (and its descriptor) open after the ring's close().
+        self._ring = ring
+
+    def acquire(self, stop: threading.Event) -> int | None:
+        """A returned slot (its flag cleared), waiting for one; None once ``stop`` is set."""
+        wait_s = _FREE_POLL_MIN_S
+        while not stop.is_set():
+            returned = self._ring.returned
+            ready = np.flatnonzero(returned)
+            if ready.size:
+                index = int(ready[0])
+                returned[index] = 0
+                return index
+            # NOTE: the producer waits here only when it is a whole ring ahead
+            # of the consumer, so a short poll costs the consumer nothing.
+            time.sleep(wait_s)
+            wait_s = min(2 * wait_s, _FREE_POLL_MAX_S)
+        return None
+
+
+def hand_back(ring: SharedRing, slot: int) -> None:
+    """The consumer is done with ``slot``: the producer may fill it again."""
+    ring.returned[slot] = 1
+
+
+def reset_returned(ring: SharedRing, busy: Sequence[int]) -> None:
+    """Before a producer starts: every slot returned but those in ``busy``."""
+    ring.returned[:] = 1
+    for index in busy:
+        ring.returned[index] = 0
+
+
 class Pipeline:
     """Planner -> fetch/decode pool -> cache -> assembler -> bounded queue.
 
@@ -72,7 +119,8 @@ class Pipeline:
         planner: the rank's plan, starting at the loader's cursor.
         sources: one per stream, indexed like the plan's stream ids.
         cache: decoded blocks, its capacity the memory bound's cache part.
-        delivery: turns host batches into consumer items (CPU or CUDA).
+        ring: the batch ring the steps are written into; its ``returned``
+            flags say which slots may be filled.
         stats: shared counters.
         seq_len: ``L``.
         prefetch_steps: batches queued ahead of the consumer.
@@ -87,7 +135,7 @@ class Pipeline:
         planner: Planner,
         sources: Sequence[StreamSource],
         cache: BlockCache,
-        delivery: Any,
+        ring: SharedRing,
         stats: LoaderStats,
         seq_len: int,
         prefetch_steps: int,
@@ -101,7 +149,8 @@ class Pipeline:
         self._token_dtype = np.result_type(*(s.dtype for s in self._sources))
         self._assembler: StepAssembler | None = None  # sized by the first step's rows
         self._cache = cache
-        self._delivery = delivery
+        self._ring = ring
+        self._free_slots = FreeSlots(ring)
         self._stats = stats
         self._seq_len = seq_len
         self._hash_data = hash_data
@@ -184,23 +233,43 @@ class Pipeline:
         new_keys = [key for key in plan.unique_keys if key not in resident]
         for key in new_keys:
             resident[key] = self._wait_block(key)
-        if self._stop.is_set():
+        index = self._free_slots.acquire(self._stop)
+        if index is None:
             return None
         started = time.perf_counter()
-        batch = self._delivery.acquire()
+        slot = self._ring.slot(index)
         blocks = [resident[key] for key in plan.keys]
         if self._assembler is None:
-            self._assembler = StepAssembler(rows=len(blocks), seq_len=self._seq_len, dtype=self._token_dtype)
+            self._assembler = StepAssembler(seq_len=self._seq_len)
         eos = self._eos_ids[plan.streams] if len(self._eos_ids) > 1 else int(self._eos_ids[0])
         # NOTE: one thread assembles the whole step: handing half the rows to
         # a helper thread measured slower here (2 cores shared with decoding).
-        self._assembler.assemble(blocks, plan.samples, eos, batch)
-        batch.sample_positions[:] = plan.positions
-        digest = batch_sha256(plan.positions, batch.input, batch.labels) if self._hash_data else ""
-        item = self._delivery.publish(batch)
+        self._assembler.assemble(blocks, plan.samples, eos, slot)
+        slot.sample_positions[:] = plan.positions
+        digest = self._digest(slot) if self._hash_data else ""
         hits = len(plan.keys) - (sum(plan.keys.count(key) for key in new_keys) if new_keys else 0)
         self._stats.add(cache_hits=hits, assemble_s=time.perf_counter() - started)
-        return ReadyStep(index=plan.index, cursor=plan.cursor, item=item, data_sha256=digest)
+        self._publish_counters(plan.index + 1)
+        return ReadyStep(index=plan.index, cursor=plan.cursor, slot=index, data_sha256=digest)
+
+    def _digest(self, slot: Slot) -> str:
+        tokens = slot.tokens.astype(np.int64)
+        return batch_sha256(slot.sample_positions, tokens[:, :-1], tokens[:, 1:])
+
+    def _publish_counters(self, steps: int) -> None:
+        counts = self._stats.snapshot()
+        store_stats = [s.store.stats() for s in self._sources]
+        cache = self._cache
+        counts.update(
+            retries=sum(s["retries"] for s in store_stats),
+            storage_errors=sum(s["errors"] for s in store_stats),
+            cache_resident_bytes=cache.reserved_bytes,
+            cache_peak_bytes=cache.peak_bytes,
+            cache_capacity_bytes=cache.capacity_bytes,
+            cache_forced_reservations=cache.forced_reservations,
+            producer_steps=steps,
+        )
+        write_counters(self._ring.counters, counts)
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -236,7 +305,7 @@ class Pipeline:
     def close(self) -> None:
         """Stop the producer, the fetch and decode threads; wait for all of them.
 
-        The delivery belongs to the caller, which may reuse it.
+        The ring belongs to the caller, which may reuse it.
         """
         self._stop.set()
         self._cache.close()

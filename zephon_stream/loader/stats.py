@@ -61,3 +61,36 @@ class LoaderStats:
         out["bytes_fetched_per_step"] = out["bytes_fetched"] / steps
         out.update(extra)
         return out
+
+
+# NOTE: what the producer (helper process or thread) publishes in the ring's
+# header after each step, in this order; the consumer counts steps, samples
+# and stalls itself.
+PRODUCER_KEYS = (
+    "bytes_fetched",
+    "blocks_fetched",
+    "blocks_decoded",
+    "cache_hits",
+    "cache_misses",
+    "fetch_s",
+    "decode_s",
+    "assemble_s",
+    "retries",
+    "storage_errors",
+    "cache_resident_bytes",
+    "cache_peak_bytes",
+    "cache_capacity_bytes",
+    "cache_forced_reservations",
+    "producer_steps",
+)
+
+
+def write_counters(area: Any, values: dict[str, float]) -> None:
+    """Write ``values`` (every PRODUCER_KEYS entry) into a float64 array."""
+    area[: len(PRODUCER_KEYS)] = [values[key] for key in PRODUCER_KEYS]
+
+
+def read_counters(area: Any) -> dict[str, Any]:
+    """The producer's counters from a float64 array, as plain numbers."""
+    raw = area[: len(PRODUCER_KEYS)].tolist()
+    return {key: (float(v) if key.endswith("_s") else int(v)) for key, v in zip(PRODUCER_KEYS, raw)}

@@ -56,14 +56,18 @@ class StreamSource:
         index: the stream's index in the mixture.
         stream: the user's Stream.
         storage_options: fsspec options (credentials, endpoint); never shown.
+        manifest: the manifest, when already read (the helper process gets
+            the consumer's); None reads it from the store.
     """
 
-    def __init__(self, *, index: int, stream: Stream, storage_options: dict[str, Any] | None) -> None:
+    def __init__(
+        self, *, index: int, stream: Stream, storage_options: dict[str, Any] | None, manifest: Manifest | None = None
+    ) -> None:
         self.index = index
         self.stream = stream
         self.store = open_store(stream.url, storage_options)
         try:
-            self.manifest = Manifest.read(self.store)
+            self.manifest = Manifest.read(self.store) if manifest is None else manifest
         except BaseException:
             self.store.close()
             raise

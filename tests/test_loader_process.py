@@ -1,0 +1,175 @@
+"""The helper process and the batch ring: the same batches as the in-process
+pipeline, the narrow rows widened by torch equal the host assembly, and no
+way of ending (close, SIGKILL of the helper, SIGKILL of the trainer) leaves a
+process, a /dev/shm segment or a thread behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from loader_reference import run_step_hashes
+from zephon_stream import StreamingLoader
+from zephon_stream.errors import HelperProcessError
+from zephon_stream.loader.api import HELPER_PROCESS_BYTES
+from zephon_stream.loader.assembler import StepAssembler
+from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
+from zephon_stream.loader.widen import widen
+
+
+def process_state(pid: int) -> str | None:
+    """The process's state letter (``Z`` for a zombie), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process_state(pid) in (None, "Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def helpers_running() -> set[int]:
+    """Pids of every zephon helper process alive on this machine."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if b"zephon_stream.loader.helper" in cmdline.read() and process_state(int(entry)) not in ("Z", None):
+                    found.add(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_the_helper_process_reads_what_the_in_process_pipeline_reads(small_dataset, world_size):
+    def loaders(pipeline):
+        return [StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=6 // world_size * 2,
+                                world_size=world_size, rank=r, seed=4, pipeline=pipeline) for r in range(world_size)]
+
+    hashes = {}
+    for pipeline in ("threads", "process"):
+        group = loaders(pipeline)
+        try:
+            hashes[pipeline] = run_step_hashes(group, 40)
+        finally:
+            for loader in group:
+                loader.close()
+    assert hashes["process"] == hashes["threads"]
+
+
+@pytest.mark.parametrize("token_dtype", ["<u2", "<u4"])
+def test_narrow_rows_widened_by_torch_equal_the_host_assembly(token_dtype):
+    rows, seq_len = 5, 64
+    rng = np.random.default_rng(7)
+    vocab = 300 if token_dtype == "<u2" else 2**32 - 1
+    block = rng.integers(0, vocab, size=8 * seq_len + 1).astype(token_dtype)
+    block[rng.choice(block.size, 40, replace=False)] = 17  # EOS of even rows
+    block[rng.choice(block.size, 40, replace=False)] = 29  # EOS of odd rows
+    block[seq_len - 1] = 17  # NOTE: EOS as a row's last input token starts nothing inside it
+    eos = np.array([17, 29, 17, 29, 17])
+    ring = SharedRing.create(num_slots=1, layout=SlotLayout(rows=rows, seq_len=seq_len, token_dtype=token_dtype,
+                                                            wide_keys=WIDE_KEYS))
+    slot = ring.slot(0)
+    StepAssembler(seq_len=seq_len).assemble([block] * rows, np.array([0, 3, 7, 1, 0]), eos, slot)
+    slot.sample_positions[:] = np.arange(100, 100 + rows)
+    raw = torch.from_numpy(ring.slab(0)[: ring.layout.device_bytes])
+    got = widen(raw, ring.layout)
+    for key in WIDE_KEYS:
+        assert got[key].dtype == torch.int64
+        np.testing.assert_array_equal(got[key].numpy(), slot.wide[key], err_msg=key)
+    np.testing.assert_array_equal(got["sample_positions"].numpy(), np.arange(100, 100 + rows))
+    assert (got["positions"] == 0).sum() > rows, "the rows should hold document starts"
+    del slot, raw, got
+    ring.close()
+
+
+def test_a_killed_helper_raises_at_the_next_step_naming_it(small_dataset):
+    shm = shm_entries()
+    loader = StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, prefetch_steps=4)
+    kept = [next(loader) for _ in range(3)]
+    pid = loader.helper_pid
+    os.kill(pid, signal.SIGKILL)
+    assert wait_gone(pid)
+    with pytest.raises(HelperProcessError, match=rf"helper process \(pid {pid}\) was killed by SIGKILL while step 3 "):
+        next(loader)
+    with pytest.raises(HelperProcessError):  # NOTE: and at every later step
+        next(loader)
+    assert loader.position == 3 * 4
+    assert all(batch["input"].shape == (4, 128) for batch in kept)
+    loader.close()
+    assert pid not in helpers_running() and shm_entries() == shm
+
+
+def test_a_killed_trainer_takes_its_helper_with_it(small_dataset, tmp_path):
+    shm = shm_entries()
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from zephon_stream import StreamingLoader
+        loader = StreamingLoader({small_dataset.url!r}, seq_len=128, local_batch_size=4)
+        next(loader)
+        print(loader.helper_pid, flush=True)
+        time.sleep(120)
+    """))
+    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        helper = int(trainer.stdout.readline())
+        assert process_state(helper) not in (None, "Z")
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=30)
+        assert wait_gone(helper), f"helper {helper} outlived its trainer"
+    finally:
+        trainer.kill()
+        trainer.wait()
+        trainer.stdout.close()
+    assert helper not in helpers_running()
+    assert shm_entries() == shm
+
+
+def test_the_helper_imports_no_torch_and_fits_its_memory_allowance(small_dataset):
+    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4) as loader:
+        next(loader)
+        pid = loader.helper_pid
+        with open(f"/proc/{pid}/status") as status:
+            rss = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+        with open(f"/proc/{pid}/maps") as maps:
+            mapped = maps.read()
+    assert "libtorch" not in mapped, "the helper imported torch"
+    assert rss < HELPER_PROCESS_BYTES, (rss, HELPER_PROCESS_BYTES)
+
+
+@pytest.mark.parametrize("pipeline", ["process", "threads"])
+def test_batches_are_views_of_the_ring_unless_the_consumer_hoards_them(small_dataset, pipeline):
+    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, pipeline=pipeline) as loader:
+        low, high = loader.ring.address(), loader.ring.address() + loader.ring.nbytes
+
+        def in_ring(batch):
+            return all(low <= tensor.data_ptr() < high for tensor in batch.values())
+
+        for _ in range(20):
+            batch = next(loader)  # NOTE: the step before this one is dropped here
+            assert in_ring(batch)
+        kept = [next(loader) for _ in range(6)]
+        assert [in_ring(b) for b in kept] == [True, False, False, False, False, False]

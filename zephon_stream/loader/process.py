@@ -1,0 +1,145 @@
+"""The trainer's side of the helper process: start it, take its steps, stop it.
+
+The helper is a fresh interpreter (``subprocess``, not ``fork``: a forked
+trainer would copy CUDA state, locks held by other threads and gigabytes of
+address space). It inherits two descriptors and nothing else: one end of a
+socket pair for control messages and the anonymous batch ring. Per step the
+trainer receives one small pickled tuple (slots go back through the ring's
+``returned`` flags); the bytes of the batch never pass through a socket.
+
+A helper that dies (killed, out of memory) closes its socket end: the next
+``get`` raises :class:`HelperProcessError` naming the process, how it ended
+and the step that was due, and every later call raises it again. Slots it
+had not announced are never read.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from zephon_stream.errors import HelperProcessError
+from zephon_stream.loader.pipeline import EndOfData, ReadyStep
+from zephon_stream.loader.producer import ProducerSpec
+from zephon_stream.loader.ring import SharedRing
+
+# NOTE: how long close() waits for the helper to exit on its own after the
+# control socket closes, before it is killed.
+_EXIT_WAIT_S = 5.0
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _how_it_ended(returncode: int | None) -> str:
+    if returncode is None:
+        return "closed its control socket but is still running"
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class ProcessProducer:
+    """Runs ``spec``'s pipeline in a helper process writing into ``ring``.
+
+    Args:
+        spec: what to produce.
+        ring: the batch ring (its descriptor is passed to the helper).
+
+    Raises:
+        HelperProcessError: the helper could not be started.
+    """
+
+    def __init__(self, spec: ProducerSpec, *, ring: SharedRing) -> None:
+        self._next_cursor = spec.start
+        self._global_batch = spec.layout.global_batch
+        self._error: BaseException | None = None
+        self._ended = False
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        # NOTE: the helper imports this very copy of zephon_stream, installed or not.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "zephon_stream.loader.helper", str(theirs.fileno()), str(ring.fd)],
+                pass_fds=(theirs.fileno(), ring.fd),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        except OSError as exc:
+            ours.close()
+            raise HelperProcessError(f"could not start the loader's helper process ({sys.executable}): {exc}") from exc
+        finally:
+            theirs.close()
+        self._conn = Connection(ours.detach())
+        try:
+            self._conn.send(spec)
+        except OSError:
+            self._fail("before it received its configuration")
+
+    @property
+    def pid(self) -> int:
+        """The helper's process id."""
+        return self._process.pid
+
+    def _fail(self, when: str) -> None:
+        try:
+            returncode = self._process.wait(timeout=_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        self._error = HelperProcessError(
+            f"the loader's helper process (pid {self._process.pid}) {_how_it_ended(returncode)} {when}; "
+            "no batch was taken from a slot it had not finished"
+        )
+        raise self._error
+
+    def get(self) -> ReadyStep | EndOfData:
+        """The next step the helper finished, waiting for it.
+
+        Raises:
+            HelperProcessError: the helper is gone.
+            Exception: the error the helper's pipeline hit at this step.
+        """
+        if self._error is not None:
+            raise self._error
+        if self._ended:
+            return EndOfData()
+        step = self._next_cursor // self._global_batch
+        due = f"while step {step} (global cursor {self._next_cursor}) was due"
+        # NOTE: a dead helper raises at the next step even when steps it
+        # finished before it died are still queued (one waitpid, no wait).
+        if self._process.poll() is not None:
+            self._fail(due)
+        try:
+            message = self._conn.recv()
+        except (EOFError, OSError):
+            self._fail(due)
+        kind = message[0]
+        if kind == "step":
+            _, index, cursor, slot, digest = message
+            self._next_cursor = cursor + self._global_batch
+            return ReadyStep(index=index, cursor=cursor, slot=slot, data_sha256=digest)
+        if kind == "end":
+            self._ended = True
+            return EndOfData()
+        assert kind == "error", message
+        self._error = message[1]
+        raise self._error
+
+    def close(self) -> None:
+        """Close the control socket, which ends the helper; reap it (idempotent)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None  # type: ignore[assignment]
+        if self._process.returncode is None:
+            try:
+                self._process.wait(timeout=_EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()

@@ -1,0 +1,121 @@
+"""What one rank's producer needs to run, and the in-process way to run it.
+
+A ``ProducerSpec`` is everything the pipeline needs, in plain picklable
+values: the rank's layout of the order, the streams with the manifests the
+consumer already read (so both sides read the same dataset, and the helper
+reads no manifest twice), the storage options, where to start, and the ring.
+``ThreadProducer`` runs the pipeline on threads of the consumer's own process,
+the debugging switch (``pipeline="threads"``); ``ProcessProducer`` in
+loader/process.py runs it in a helper process. Both hand out ring slot
+indices through the same two calls, ``get`` and ``close``; the consumer hands
+slots back through the ring's ``returned`` flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from zephon_stream.format.manifest import Manifest
+from zephon_stream.loader.cache import BlockCache
+from zephon_stream.loader.layout import RankLayout
+from zephon_stream.loader.pipeline import EndOfData, Pipeline, ReadyStep
+from zephon_stream.loader.ring import SharedRing, SlotLayout
+from zephon_stream.loader.stats import LoaderStats
+from zephon_stream.loader.streams import Stream, StreamSource
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ProducerSpec:
+    """One run of the pipeline, from a cursor on.
+
+    Attributes:
+        layout: this rank's view of the order (holds the memory bound).
+        streams: the user's streams, in order.
+        manifests: each stream's manifest, as the consumer read it.
+        storage_options: fsspec options; they travel to the helper over its
+            private socket, never on a command line or in the environment.
+        start: the global cursor of the first step.
+        num_steps: steps to produce, or None for no end.
+        seq_len: ``L``.
+        prefetch_steps: steps assembled ahead of the consumer.
+        num_fetch_threads: concurrent storage reads.
+        num_decode_threads: concurrent zstd decodes.
+        hash_data: compute each step's data sha256 (audit log).
+        num_slots: slots in the ring.
+        slot_layout: the ring's slot layout.
+    """
+
+    layout: RankLayout
+    streams: tuple[Stream, ...]
+    manifests: tuple[Manifest, ...]
+    storage_options: dict[str, Any] | None
+    start: int
+    num_steps: int | None
+    seq_len: int
+    prefetch_steps: int
+    num_fetch_threads: int
+    num_decode_threads: int
+    hash_data: bool
+    num_slots: int
+    slot_layout: SlotLayout
+
+    def __repr__(self) -> str:
+        # NOTE: storage options may hold keys; they are never shown.
+        return f"ProducerSpec(start={self.start}, num_steps={self.num_steps}, streams={len(self.streams)})"
+
+    def open_sources(self) -> list[StreamSource]:
+        """Open each stream's store with the manifest already read."""
+        sources: list[StreamSource] = []
+        try:
+            for index, (stream, manifest) in enumerate(zip(self.streams, self.manifests)):
+                sources.append(
+                    StreamSource(index=index, stream=stream, storage_options=self.storage_options, manifest=manifest)
+                )
+        except BaseException:
+            for source in sources:
+                source.close()
+            raise
+        return sources
+
+
+def start_pipeline(spec: ProducerSpec, *, sources: Sequence[StreamSource], ring: SharedRing) -> Pipeline:
+    """Start the pipeline ``spec`` describes, writing into ``ring``."""
+    layout = spec.layout
+    return Pipeline(
+        planner=layout.planner(start=spec.start, num_steps=spec.num_steps),
+        sources=sources,
+        cache=BlockCache(capacity_bytes=layout.memory_bound.cache_bytes),
+        ring=ring,
+        stats=LoaderStats(),
+        seq_len=spec.seq_len,
+        prefetch_steps=spec.prefetch_steps,
+        num_fetch_threads=spec.num_fetch_threads,
+        num_decode_threads=spec.num_decode_threads,
+        hash_data=spec.hash_data,
+    )
+
+
+class ThreadProducer:
+    """The pipeline on threads of this process, over the consumer's open streams.
+
+    Args:
+        spec: what to produce.
+        sources: the consumer's open streams (shared, not closed here).
+        ring: the batch ring.
+    """
+
+    pid = None
+    """No helper process."""
+
+    def __init__(self, spec: ProducerSpec, *, sources: Sequence[StreamSource], ring: SharedRing) -> None:
+        self._pipeline = start_pipeline(spec, sources=sources, ring=ring)
+
+    def get(self) -> ReadyStep | EndOfData:
+        """The next ready step (raises the pipeline's error at the step it hit)."""
+        return self._pipeline.get()
+
+    def close(self) -> None:
+        """Stop every pipeline thread and wait for them."""
+        self._pipeline.close()

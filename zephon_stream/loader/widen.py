@@ -1,0 +1,77 @@
+"""Narrow token rows -> the int64 tensors a model takes, on whatever device
+they are (the GPU, after one narrow copy; CPU tensors in tests).
+
+One slot's first part (``SlotLayout.device_bytes``) holds the ``L + 1``-token
+window of each row at the stored width, each row's EOS id and each row's
+global position. From it: ``input`` = the first ``L`` tokens, ``labels`` = the
+last ``L``, ``positions`` = each input token's position in its document
+(0 on a row's first token and on every token after an EOS), the same values
+the host assembler computes (loader/assembler.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zephon_stream.loader.ring import SlotLayout
+
+_TORCH_DTYPES = {"<u2": torch.uint16, "<u4": torch.uint32}
+
+
+def slot_parts(raw: torch.Tensor, layout: SlotLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views of a slot's first part: ``(tokens [rows, L+1], eos [rows], sample_positions [rows])``.
+
+    Args:
+        raw: ``uint8`` tensor of at least ``layout.device_bytes`` bytes, starting at the slot.
+        layout: the ring's slot layout.
+    """
+    offsets = layout.offsets()
+    rows = layout.rows
+    tokens = raw[: layout.tokens_bytes].view(_TORCH_DTYPES[layout.token_dtype]).view(rows, layout.seq_len + 1)
+    eos = raw[offsets["eos"] : offsets["eos"] + rows * 8].view(torch.int64)
+    sample_positions = raw[offsets["sample_positions"] : offsets["sample_positions"] + rows * 8].view(torch.int64)
+    return tokens, eos, sample_positions
+
+
+def document_positions(inputs: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """Position of each input token in its document.
+
+    Args:
+        inputs: ``int64 [rows, L]`` token ids.
+        eos: ``int64 [rows]`` the EOS id of each row.
+
+    Returns:
+        ``int64 [rows, L]`` on ``inputs``' device.
+    """
+    rows, seq_len = inputs.shape
+    ramp = torch.arange(seq_len, dtype=torch.int64, device=inputs.device)
+    out = torch.empty_like(inputs)
+    out[:, 0] = 0
+    if seq_len > 1:
+        # NOTE: a document starts on the token after an EOS; the running
+        # maximum of those start columns is each token's document start.
+        starts = (inputs[:, :-1] == eos[:, None]) * ramp[1:]
+        torch.sub(ramp[1:], torch.cummax(starts, dim=1).values, out=out[:, 1:])
+    return out
+
+
+def widen(raw: torch.Tensor, layout: SlotLayout) -> dict[str, torch.Tensor]:
+    """``input``, ``labels``, ``positions`` and ``sample_positions`` (int64)
+    from a slot's first part, on ``raw``'s device.
+
+    Args:
+        raw: ``uint8`` tensor of ``layout.device_bytes`` bytes.
+        layout: the ring's slot layout.
+    """
+    tokens, eos, sample_positions = slot_parts(raw, layout)
+    shape = (layout.rows, layout.seq_len)
+    inputs = torch.empty(shape, dtype=torch.int64, device=raw.device)
+    labels = torch.empty(shape, dtype=torch.int64, device=raw.device)
+    inputs.copy_(tokens[:, :-1])
+    labels.copy_(tokens[:, 1:])
+    return {
+        "input": inputs,
+        "labels": labels,
+        "positions": document_positions(inputs, eos),
+        "sample_positions": sample_positions,
+    }
