@@ -177,8 +177,16 @@ class ZephonDataLoader(BaseDataLoader):
         """fsspec options (S3 endpoint, keys...); never logged."""
 
         device: str | None = None
-        """``"cuda"``: deliver on the current CUDA device from pinned buffers
-        (non-blocking copies on a side stream); None: CPU tensors."""
+        """``"cuda"``: token ids cross to the current CUDA device at their
+        stored width from the pinned ring and are widened there: ``input`` and
+        ``positions`` arrive on the device, ``labels`` as a pinned CPU tensor,
+        because TorchTitan 0.3.0's trainer counts valid labels into a CPU
+        tensor before it moves the batch itself. None: CPU tensors."""
+
+        pipeline: str = "process"
+        """``"process"``: fetch, decode and assembly run in a helper process,
+        outside the trainer's interpreter; ``"threads"``: in the trainer's
+        process (debugging)."""
 
         max_steps: int | None = None
         """Finite run: iteration ends (``DataloaderExhausted``) after this many
@@ -253,6 +261,10 @@ class ZephonDataLoader(BaseDataLoader):
             window=config.window,
             storage_options=dict(config.storage_options) or None,
             device=config.device,
+            # NOTE: TorchTitan 0.3.0's train_step does ``cpu_count +=
+            # (labels != IGNORE_INDEX).sum()``: CUDA labels would fail there.
+            host_labels=True,
+            pipeline=config.pipeline,
             prefetch_steps=config.prefetch_steps,
             max_memory_bytes=config.max_memory_bytes,
             max_steps=config.max_steps,
