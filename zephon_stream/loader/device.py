@@ -69,12 +69,17 @@ class CpuDelivery:
         self._max_held = max_held
         self._held: list[int] = []
         self._done: list[int] = []
+        # NOTE: the arrays each slot hands over, made once. A tensor the
+        # consumer holds (or any view of it) keeps one reference to its array,
+        # so the arrays' reference counts say when a slot is free again.
+        self._arrays: list[dict[str, np.ndarray]] = []
+        for index in range(ring.num_slots):
+            slot = ring.slot(index)
+            self._arrays.append({**slot.wide, "sample_positions": slot.sample_positions})
 
     def deliver(self, index: int) -> dict[str, torch.Tensor]:
         """The consumer's tensors for slot ``index``."""
-        slot = self._ring.slot(index)
-        batch = {key: torch.from_numpy(slot.wide[key]) for key in WIDE_KEYS}
-        batch["sample_positions"] = torch.from_numpy(slot.sample_positions)
+        batch = {key: torch.from_numpy(array) for key, array in self._arrays[index].items()}
         if len(self._held) < self._max_held:
             self._held.append(index)
             return batch
@@ -84,11 +89,15 @@ class CpuDelivery:
         self._done.append(index)
         return batch
 
+    def _in_use(self, index: int) -> bool:
+        # NOTE: 3 = the dict's entry, the loop variable and getrefcount's argument.
+        return any(sys.getrefcount(array) > 3 for array in self._arrays[index].values())
+
     def reclaim(self) -> list[int]:
         """Slots the consumer no longer refers to, handed back once each."""
         free, self._done = self._done, []
         for index in list(self._held):
-            if _unreferenced(self._ring.slab(index)):
+            if not self._in_use(index):
                 self._held.remove(index)
                 free.append(index)
         return free
@@ -100,8 +109,8 @@ class CpuDelivery:
         return tuple(self._held)
 
     def close(self) -> None:
-        """Nothing to release (batches the consumer holds stay valid)."""
-        self._held, self._done = [], []
+        """Drop this delivery's arrays (batches the consumer holds stay valid)."""
+        self._held, self._done, self._arrays = [], [], []
 
 
 class CudaDelivery:
