@@ -8,7 +8,9 @@ Figures, each with its baseline measured in the same run:
 1. Loader tokens/s against (a) a tight loop that only zstd-decompresses the
    same blocks (one thread, frames already in memory), and (b) plain s3fs
    ``cat_file`` range reads of the same block bytes (one thread). Targets:
-   local >= 0.8 x (a); S3 >= 0.8 x min(a, b). Printed beside them, not a
+   local (int64 CPU delivery) >= 0.6 x (a) at 2048 x 16; local batch 1 >=
+   0.3 x (a); S3 >= 0.8 x min(a, b). The local figure is given for the
+   helper process (the default) and the in-process threads. Printed beside them, not a
    baseline: one thread that decodes and writes the 24 bytes per token of
    int64 output, the least work behind any batch. NOTE: one epoch of steps
    also decodes the next epoch's first blocks ahead (``blocks_fetched`` vs
@@ -117,16 +119,17 @@ def s3fs_range_tokens_per_s(manifest: Manifest, url: str, options: dict) -> floa
 
 
 def loader_tokens_per_s(url: str, options: dict | None, args: argparse.Namespace, steps: int,
-                        device: str = "cpu") -> dict:
+                        device: str = "cpu", pipeline: str = "process", local_batch: int | None = None) -> dict:
     """One pass of ``steps`` steps; with ``device="cuda"`` the clock waits for
     the copies to the GPU."""
     def synchronize() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
+    rows = local_batch or args.local_batch
     started = time.perf_counter()
-    with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, storage_options=options,
-                         prefetch_steps=4, device=device) as loader:
+    with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=rows, storage_options=options,
+                         prefetch_steps=4, device=device, pipeline=pipeline) as loader:
         batches = iter(loader)
         next(batches)
         synchronize()
@@ -137,7 +140,7 @@ def loader_tokens_per_s(url: str, options: dict | None, args: argparse.Namespace
         done, cpu = time.perf_counter(), time.process_time() - cpu
         assert batch["input"].device.type == device
         stats = loader.stats()
-    tokens = args.local_batch * args.seq_len
+    tokens = rows * args.seq_len
     return {
         "tokens_per_s": tokens * (steps - 1) / (done - first),
         "tokens_per_cpu_s": tokens * (steps - 1) / cpu,
@@ -207,12 +210,18 @@ def main() -> None:
         decode, decode_cpu = decode_only_tokens_per_s(manifest, root, args.repeats)
         decode_write = decode_and_write_tokens_per_s(manifest, root, args, args.repeats)
         local = loader_tokens_per_s(str(root), None, args, epoch_steps)
+        local_threads = loader_tokens_per_s(str(root), None, args, epoch_steps, pipeline="threads")
+        batch1 = loader_tokens_per_s(str(root), None, args, min(epoch_steps * args.local_batch, 4000), local_batch=1)
         print(f"(a) zstd decode only: {decode / 1e6:.1f} M tokens/s")
         print(f"(floor, one thread) decode + write the int64 batch: {decode_write / 1e6:.1f} M tokens/s = "
               f"{decode_write / decode:.2f} x (a)")
         print(f"loader local: {local['tokens_per_s'] / 1e6:.1f} M tokens/s = {local['tokens_per_s'] / decode:.2f} x (a) "
-              f"(target >= 0.8); per CPU second: {local['tokens_per_cpu_s'] / 1e6:.1f} M vs {decode_cpu / 1e6:.1f} M "
-              f"= {local['tokens_per_cpu_s'] / decode_cpu:.2f}")
+              f"(target >= 0.6); per CPU second: {local['tokens_per_cpu_s'] / 1e6:.1f} M vs {decode_cpu / 1e6:.1f} M "
+              f"= {local['tokens_per_cpu_s'] / decode_cpu:.2f} (target >= 0.6)")
+        print(f"loader local, in-process threads: {local_threads['tokens_per_s'] / 1e6:.1f} M tokens/s = "
+              f"{local_threads['tokens_per_s'] / decode:.2f} x (a)")
+        print(f"loader local, batch 1: {batch1['tokens_per_s'] / 1e6:.1f} M tokens/s = "
+              f"{batch1['tokens_per_s'] / decode:.2f} x (a) (target >= 0.3)")
         figures = {
             "tokens": manifest.num_tokens,
             "seq_len": args.seq_len,
@@ -224,6 +233,10 @@ def main() -> None:
             "cpu_count": os.cpu_count(),
             "loader_local": local,
             "local_ratio_vs_decode": local["tokens_per_s"] / decode,
+            "loader_local_threads": local_threads,
+            "local_threads_ratio_vs_decode": local_threads["tokens_per_s"] / decode,
+            "loader_local_batch1": batch1,
+            "local_batch1_ratio_vs_decode": batch1["tokens_per_s"] / decode,
         }
         if not args.local_only:
             figures.update(s3_figures(manifest, root, args, decode, epoch_steps))
