@@ -4,12 +4,13 @@ loader on CPU and against bare pinned host-to-device copies. Needs a GPU.
 Figures, each with its baseline measured in the same run (one rank, a local
 dataset, a consumer that takes batches as fast as they come):
 
-1. Loader tokens/s with ``device="cuda"`` (pinned ring, non-blocking copies on
-   a side stream) against the same loader delivering CPU tensors. Target: the
-   CUDA delivery costs the producer nothing it would notice, ratio >= 0.9.
-2. The copies alone: a tight loop of non-blocking copies of one pinned batch
-   (input, labels, positions) to the device, as tokens/s. The loader's CUDA
-   rate over this is the share of the link the loader leaves unused.
+1. Loader tokens/s with ``device="cuda"`` (the pinned ring, token ids copied
+   at their stored width on a side stream and widened on the device) against
+   the same loader delivering CPU tensors, and against zstd decode only.
+   Targets: >= 1.0 x CPU delivery and >= 0.8 x decode-only.
+2. The copies alone: a tight loop of non-blocking copies of one pinned int64
+   batch (input, labels, positions) to the device, as tokens/s; the loader's
+   CUDA rate over this is the share of that rate it reaches.
 3. Overlap: with the consumer's stream busy (``torch.cuda._sleep``), the
    batches published meanwhile are already on the device when it frees up.
 
@@ -96,7 +97,7 @@ def main() -> None:
     print(f"zstd decode only (one thread): {decode / 1e6:.0f} M tokens/s")
     print(f"loader, CPU delivery:  {best['cpu'] / 1e6:.0f} M tokens/s = {best['cpu'] / decode:.2f} x decode")
     print(f"loader, CUDA delivery: {best['cuda'] / 1e6:.0f} M tokens/s = {best['cuda'] / best['cpu']:.2f} x CPU "
-          f"delivery (target >= 0.9)")
+          f"delivery (target >= 1.0), {best['cuda'] / decode:.2f} x decode (target >= 0.8)")
     print(f"pinned copies alone:   {copies / 1e6:.0f} M tokens/s; the loader uses {best['cuda'] / copies:.3f} of it")
     print(f"consumer stream busy: 4 batches taken in {overlapped['host_s_for_4_batches'] * 1e3:.1f} ms, copies done "
           f"while it was busy: {overlapped['copies_done_while_consumer_busy']}")
@@ -109,6 +110,7 @@ def main() -> None:
         "loader_cpu_tokens_per_s": best["cpu"],
         "loader_cuda_tokens_per_s": best["cuda"],
         "cuda_vs_cpu_delivery": best["cuda"] / best["cpu"],
+        "cuda_vs_decode": best["cuda"] / decode,
         "pinned_copy_tokens_per_s": copies,
         "runs": runs,
         **overlapped,

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU check of the TorchTitan integration, for a machine with an NVIDIA GPU and
 # the project's test environment (pip install -e '.[dev,torchtitan]'):
-#   1. tests/test_loader_cuda.py and tests/test_torchtitan_gpu.py: batches
-#      arrive on the GPU from pinned host buffers, copied non-blocking on a
-#      side stream that overlaps compute;
+#   1. tests/test_loader_cuda.py, tests/test_torchtitan_gpu.py and
+#      tests/test_torchtitan_trainer.py: token ids cross from the pinned ring
+#      at their stored width on a side stream that overlaps compute, widened
+#      on the GPU; TorchTitan's train_step batch handling takes them;
 #   2. a real TorchTitan training run (llama3 debug model, 2 steps, checkpoint
 #      each step) with ZephonDataLoader(device="cuda") on a dataset written here,
 #      then a look at the checkpoint's dataloader entry.
@@ -31,6 +32,7 @@ EOF
 
 echo "== 1/2 CUDA delivery test"
 "$PYTHON" -m pytest -q -rA -p no:cacheprovider tests/test_loader_cuda.py tests/test_torchtitan_gpu.py \
+    tests/test_torchtitan_trainer.py tests/test_loader_process.py \
     tests/test_torchtitan.py::test_example_job_configs_select_the_zephon_loader
 
 echo "== 2/2 TorchTitan training with ZephonDataLoader (work dir $WORK)"
