@@ -148,9 +148,18 @@ def test_a_killed_trainer_takes_its_helper_with_it(small_dataset, tmp_path):
     assert shm_entries() == shm
 
 
-def test_the_helper_imports_no_torch_and_fits_its_memory_allowance(small_dataset):
-    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4) as loader:
-        next(loader)
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_the_helper_imports_no_torch_and_fits_its_memory_allowance(small_dataset, where, request):
+    url, options = small_dataset.url, None
+    if where == "s3":
+        from zephon_stream.storage import copy_dataset
+
+        bucket = request.getfixturevalue("s3_bucket")
+        url, options = bucket.url("data"), bucket.storage_options
+        copy_dataset(small_dataset.url, url, dst_options=options)
+    with StreamingLoader(url, seq_len=128, local_batch_size=4, storage_options=options) as loader:
+        for _ in range(20):
+            next(loader)
         pid = loader.helper_pid
         with open(f"/proc/{pid}/status") as status:
             rss = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
