@@ -1,0 +1,248 @@
+"""The rest of a stream's epoch in progress at a schedule boundary, and how it is read.
+
+docs/ORDER.md ("Schedules") specifies it. At a boundary a stream's lanes have
+read the same number of lane steps of its current epoch, give or take one. What
+they have not read yet is a list of index ranges into a *base* sequence:
+
+- ``LaneBase``: the epoch as one phase cut it into lanes. Index ``u`` is lane
+  step ``u mod m`` of the stream's lane ``u div m``, so ``u`` is also the
+  unshuffled epoch index, and it is read through that phase's window shuffle.
+- ``BlockBase``: after a seq_len change, a list of block-slot ranges of the
+  epoch's block order, their samples read in order at the new seq_len.
+
+The next phase reads the ranges concatenated, cut into its own lanes; a later
+boundary inside the same epoch only selects sub-ranges again, so the base never
+nests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from zephon_stream.plan.order import GlobalOrder
+from zephon_stream.plan.permutation import TAG_BLOCKS, derive_key_int, permute
+from zephon_stream.plan.shape import StreamShape
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EpochSlots:
+    """Epoch index <-> (block slot, sample) of one stream at one seq_len.
+
+    Slots ``[0, F)`` are the permuted full blocks, slots ``[F, N)`` the short
+    blocks in id order, as in step 1 of the order of one stream.
+    """
+
+    shape: StreamShape
+    seq_len: int
+
+    @property
+    def samples_per_block(self) -> int:
+        return self.shape.samples_per_full_block(self.seq_len)
+
+    def short_cum(self) -> np.ndarray:
+        counts = self.shape.short_block_samples(self.seq_len)
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def slot_start(self, slots: np.ndarray) -> np.ndarray:
+        """Epoch index of the first sample of each slot (``S`` for slot ``N``)."""
+        slots = np.asarray(slots, dtype=np.int64)
+        full = self.shape.num_full_blocks
+        short = self.short_cum()[np.maximum(slots - full, 0)]
+        return np.minimum(slots, full) * self.samples_per_block + short
+
+    def slot_of(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(slot, sample in block)`` of epoch indices."""
+        index = np.asarray(index, dtype=np.int64)
+        spb, full = self.samples_per_block, self.shape.num_full_blocks
+        in_full = index < full * spb
+        slot = np.where(in_full, index // max(spb, 1), 0)
+        sample = np.where(in_full, index % max(spb, 1), 0)
+        if not in_full.all():
+            cum = self.short_cum()
+            rest = index - full * spb
+            k = np.searchsorted(cum, rest, side="right") - 1
+            slot = np.where(in_full, slot, full + k)
+            sample = np.where(in_full, sample, rest - cum[np.minimum(k, cum.size - 1)])
+        return slot, sample
+
+    def ceil_slot(self, index: np.ndarray) -> np.ndarray:
+        """The first slot starting at or after each epoch index."""
+        slot, sample = self.slot_of(index)
+        return slot + (sample > 0)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LaneBase:
+    """Epoch ``epoch`` of stream ``stream`` as ``order`` cut it into lanes.
+
+    Attributes:
+        order: the phase's order (its seq_len, lanes and window).
+        stream: stream index.
+        epoch: the stream's epoch.
+        global_lanes: the global lane of each of the stream's lanes in ``order``.
+    """
+
+    order: GlobalOrder
+    stream: int
+    epoch: int
+    global_lanes: np.ndarray
+
+    @property
+    def seq_len(self) -> int:
+        return self.order.config.seq_len
+
+    def addresses(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(block, sample)`` read at base indices (lane ``u div m``, step ``u mod m``)."""
+        m = self.order.streams[self.stream].lane_length
+        lane, step = np.divmod(np.asarray(index, dtype=np.int64), m)
+        positions = (self.epoch * m + step) * self.order.lanes + self.global_lanes[lane]
+        _, block, sample = self.order.sample_at(positions)
+        return block, sample
+
+    def epoch_index(self, index: np.ndarray) -> np.ndarray:
+        """Unshuffled epoch index at ``seq_len``: the base index itself."""
+        return np.asarray(index, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BlockBase:
+    """Block-slot ranges of epoch ``epoch``, their samples in order at ``seq_len``.
+
+    Attributes:
+        slots: ``EpochSlots`` at ``seq_len``.
+        seed: order seed.
+        stream: stream index.
+        epoch: the stream's epoch (its block permutation).
+        lo, hi: slot ranges ``[lo, hi)``, disjoint, each holding samples.
+        cum: base index of each range's first sample, then the total.
+    """
+
+    slots: EpochSlots
+    seed: int
+    stream: int
+    epoch: int
+    lo: np.ndarray
+    hi: np.ndarray
+    cum: np.ndarray
+
+    @classmethod
+    def from_ranges(
+        cls, slots: EpochSlots, *, seed: int, stream: int, epoch: int, lo: np.ndarray, hi: np.ndarray
+    ) -> BlockBase:
+        counts = slots.slot_start(hi) - slots.slot_start(lo)
+        keep = counts > 0
+        lo, hi, counts = lo[keep], hi[keep], counts[keep]
+        cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return cls(slots=slots, seed=seed, stream=stream, epoch=epoch, lo=lo, hi=hi, cum=cum)
+
+    @property
+    def seq_len(self) -> int:
+        return self.slots.seq_len
+
+    def epoch_index(self, index: np.ndarray) -> np.ndarray:
+        index = np.asarray(index, dtype=np.int64)
+        k = np.searchsorted(self.cum, index, side="right") - 1
+        return self.slots.slot_start(self.lo[k]) + index - self.cum[k]
+
+    def addresses(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        slot, sample = self.slots.slot_of(self.epoch_index(index))
+        shape = self.slots.shape
+        full = shape.num_full_blocks
+        block = np.empty_like(slot)
+        in_full = slot < full
+        if in_full.any():
+            key = derive_key_int(TAG_BLOCKS, self.seed, self.stream, self.epoch)
+            ids = permute(slot[in_full], full, key)
+            adjusted = shape.short_ids - np.arange(shape.short_ids.size)
+            block[in_full] = ids + np.searchsorted(adjusted, ids, side="right")
+        if not in_full.all():
+            block[~in_full] = shape.short_ids[slot[~in_full] - full]
+        return block, sample
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EpochRest:
+    """The unread rest of one stream's epoch: ranges of a base, read concatenated.
+
+    Attributes:
+        base: a ``LaneBase`` or ``BlockBase``.
+        starts: base index of each range.
+        cum: index in the concatenation of each range's start, then the total.
+    """
+
+    base: LaneBase | BlockBase
+    starts: np.ndarray
+    cum: np.ndarray
+
+    @classmethod
+    def from_ranges(cls, base: LaneBase | BlockBase, lo: np.ndarray, hi: np.ndarray) -> EpochRest:
+        lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+        keep = hi > lo
+        lo, hi = lo[keep], hi[keep]
+        cum = np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64)
+        return cls(base=base, starts=lo, cum=cum)
+
+    @property
+    def epoch(self) -> int:
+        return self.base.epoch
+
+    @property
+    def seq_len(self) -> int:
+        return self.base.seq_len
+
+    @property
+    def total(self) -> int:
+        """Samples left in the rest."""
+        return int(self.cum[-1])
+
+    def base_index(self, index: np.ndarray) -> np.ndarray:
+        """Base index of concatenation indices."""
+        index = np.asarray(index, dtype=np.int64)
+        k = np.searchsorted(self.cum, index, side="right") - 1
+        return self.starts[k] + index - self.cum[k]
+
+    def addresses(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(block, sample)`` at concatenation indices."""
+        return self.base.addresses(self.base_index(index))
+
+    def select(self, lo: np.ndarray, hi: np.ndarray) -> EpochRest:
+        """The sub-ranges ``[lo, hi)`` of the concatenation, in that order, as a new rest."""
+        base_lo, base_hi = self._split(lo, hi)
+        return EpochRest.from_ranges(self.base, base_lo, base_hi)
+
+    def _split(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Concatenation ranges -> base ranges, split where the concatenation jumps."""
+        lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+        keep = hi > lo
+        lo, hi = lo[keep], hi[keep]
+        first = np.searchsorted(self.cum, lo, side="right") - 1
+        last = np.searchsorted(self.cum, hi - 1, side="right") - 1
+        pieces = last - first + 1
+        owner = np.repeat(np.arange(lo.size), pieces)
+        k = np.repeat(first, pieces) + (np.arange(owner.size) - np.repeat(np.cumsum(pieces) - pieces, pieces))
+        a = np.maximum(lo[owner], self.cum[k])
+        b = np.minimum(hi[owner], self.cum[k + 1])
+        return self.starts[k] + a - self.cum[k], self.starts[k] + b - self.cum[k]
+
+    def at_seq_len(self, slots: EpochSlots, *, seed: int, stream: int) -> EpochRest:
+        """This rest in whole blocks at another seq_len (docs/ORDER.md, "seq_len changes").
+
+        Each range ``[a, b)`` of unshuffled epoch indices becomes the slots
+        ``[ceil_slot(a), ceil_slot(b))``: a block a range starts inside is
+        skipped, a block it ends inside is read whole.
+        """
+        base_lo, base_hi = self.starts, self.starts + np.diff(self.cum)
+        old = self.base.slots if isinstance(self.base, BlockBase) else EpochSlots(
+            shape=slots.shape, seq_len=self.seq_len
+        )
+        epoch_lo = self.base.epoch_index(base_lo)
+        # NOTE: base_hi - 1 is inside the range; + 1 gives its exclusive end.
+        epoch_hi = self.base.epoch_index(base_hi - 1) + 1
+        lo, hi = old.ceil_slot(epoch_lo), old.ceil_slot(epoch_hi)
+        keep = hi > lo
+        block_base = BlockBase.from_ranges(
+            slots, seed=seed, stream=stream, epoch=self.epoch, lo=lo[keep], hi=hi[keep]
+        )
+        return EpochRest.from_ranges(block_base, block_base.cum[:-1], block_base.cum[1:])
