@@ -47,6 +47,20 @@ def phase_fingerprint(record: dict, stream_fingerprints: list[str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _json(value: dict) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _parse(text: str, where: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise StateMismatchError(f"loader state {where}: not a JSON object: {text!r}") from exc
+    if not isinstance(value, dict):
+        raise StateMismatchError(f"loader state {where}: not a JSON object: {text!r}")
+    return value
+
+
 def stream_record(progress: dict) -> dict:
     """One stream's progress entry of the state."""
     return {name: progress[name] for name in _STREAM_FIELDS}
@@ -62,11 +76,11 @@ class ScheduleState:
         step: the global step at ``P`` (None when read from version 1).
         seed: order seed.
         fingerprints: one dataset fingerprint per stream of the schedule.
-        phases: the phases begun (``start_step, global_batch, seq_len, lanes,
-            window, weights, lane_counts, fingerprint``); a phase has begun
-            once a sample of it was consumed (phase 0 always has).
-        streams: per stream ``fingerprint, epoch, samples, samples_in_epoch``
-            (empty when read from version 1).
+        phases: the phases begun, as dicts (``start_step, global_batch,
+            seq_len, lanes, window, weights, lane_counts, fingerprint``); a
+            phase has begun once a sample of it was consumed (phase 0 always has).
+        streams: per stream a dict ``fingerprint, epoch, samples,
+            samples_in_epoch`` (empty when read from version 1).
     """
 
     version: int = SCHEDULE_STATE_VERSION
@@ -78,15 +92,22 @@ class ScheduleState:
     streams: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        """The state as a dict of ints, strings and lists and dicts of them."""
+        """The state as a dict of ints, strings and lists of strings.
+
+        ``phases`` and ``streams`` hold one JSON object per entry, as a string.
+        NOTE: torch.distributed.checkpoint walks into lists that hold dicts and
+        stores one value per path; a phase that begins later would add paths
+        that a template state from step 0 lacks, and be dropped on load. A
+        list of strings is one value, whatever its length.
+        """
         return {
             "version": SCHEDULE_STATE_VERSION,
             "position": int(self.position),
             "step": self.step,
             "seed": int(self.seed),
             "fingerprints": list(self.fingerprints),
-            "phases": [dict(p) for p in self.phases],
-            "streams": [dict(s) for s in self.streams],
+            "phases": [_json(p) for p in self.phases],
+            "streams": [_json(s) for s in self.streams],
         }
 
     @classmethod
@@ -123,25 +144,30 @@ class ScheduleState:
                 f"loader state version {version}: missing keys {missing}, unknown keys {unknown}"
             )
         for name in ("position", "step", "seed"):
+            if name == "step" and data[name] is None:
+                continue  # NOTE: a version 1 state read and written again
             if not isinstance(data[name], int) or isinstance(data[name], bool):
                 raise StateMismatchError(f"loader state key {name!r}: expected an int, got {data[name]!r}")
         if not 0 <= data["position"] < MAX_POSITION:
             raise StateMismatchError(
                 f"loader state key 'position': {data['position']} is outside [0, 2**62)"
             )
-        for name, kind in (("fingerprints", str), ("phases", dict), ("streams", dict)):
+        for name in ("fingerprints", "phases", "streams"):
             value = data[name]
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, kind) for v in value):
-                raise StateMismatchError(
-                    f"loader state key {name!r}: expected a list of {kind.__name__}, got {value!r}"
-                )
-        if not data["phases"]:
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise StateMismatchError(f"loader state key {name!r}: expected a list of str, got {value!r}")
+        phases = [_parse(text, f"phase {k}") for k, text in enumerate(data["phases"])]
+        streams = [_parse(text, f"stream {k}") for k, text in enumerate(data["streams"])]
+        if not phases:
             raise StateMismatchError("loader state key 'phases': no phase has begun")
-        for k, phase in enumerate(data["phases"]):
+        for k, phase in enumerate(phases):
             absent = sorted(set(PHASE_FIELDS) - set(phase))
             if absent:
                 raise StateMismatchError(f"loader state phase {k}: missing keys {absent}")
-        return cls(**{name: list(v) if isinstance(v, tuple) else v for name, v in data.items()})
+        return cls(
+            position=data["position"], step=data["step"], seed=data["seed"],
+            fingerprints=list(data["fingerprints"]), phases=phases, streams=streams,
+        )  # fmt: skip
 
     def validate(self, order: ScheduleOrder) -> None:
         """Check this (loaded) state can resume ``order``: no begun phase changed.
