@@ -20,6 +20,7 @@ A sample ``(stream, block, sample)`` is tokens
 ``[sample * seq_len, sample * seq_len + seq_len + 1)`` of that block.
 """
 
+from zephon_stream.plan.evaluation import EvalOrder, EvalSlice
 from zephon_stream.plan.mixture import OrderConfig, canonical_weights, lane_map, split_lanes
 from zephon_stream.plan.order import GlobalOrder, StreamPlan
 from zephon_stream.plan.permutation import derive_key, derive_key_int, permute, permute_int
@@ -34,6 +35,8 @@ __all__ = [
     "SCHEDULE_STATE_VERSION",
     "STATE_VERSION",
     "BlockPlan",
+    "EvalOrder",
+    "EvalSlice",
     "GlobalOrder",
     "LoaderState",
     "OrderConfig",
