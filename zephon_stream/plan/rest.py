@@ -17,12 +17,20 @@ nests.
 
 from __future__ import annotations
 
+import bisect
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from zephon_stream.plan.order import GlobalOrder
-from zephon_stream.plan.permutation import TAG_BLOCKS, derive_key_int, permute
+from zephon_stream.plan.permutation import TAG_BLOCKS, KeyedPermutation, derive_key_int, permute
+
+# NOTE: below this many samples numpy's per-call overhead dominates a block
+# lookup; one step of one rank is a handful of samples.
+_SMALL = 64
+_BLOCK_CACHE = 65536
 from zephon_stream.plan.shape import StreamShape
 
 
@@ -36,14 +44,19 @@ class EpochSlots:
 
     shape: StreamShape
     seq_len: int
+    samples_per_block: int
+    cum: np.ndarray
 
-    @property
-    def samples_per_block(self) -> int:
-        return self.shape.samples_per_full_block(self.seq_len)
+    @classmethod
+    def of(cls, shape: StreamShape, seq_len: int) -> EpochSlots:
+        """The slots of ``shape`` at ``seq_len``."""
+        counts = shape.short_block_samples(seq_len)
+        cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return cls(shape=shape, seq_len=seq_len, samples_per_block=shape.samples_per_full_block(seq_len), cum=cum)
 
     def short_cum(self) -> np.ndarray:
-        counts = self.shape.short_block_samples(self.seq_len)
-        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        """Samples of the short blocks before each short block, then their total."""
+        return self.cum
 
     def slot_start(self, slots: np.ndarray) -> np.ndarray:
         """Epoch index of the first sample of each slot (``S`` for slot ``N``)."""
@@ -117,6 +130,7 @@ class BlockBase:
         epoch: the stream's epoch (its block permutation).
         lo, hi: slot ranges ``[lo, hi)``, disjoint, each holding samples.
         cum: base index of each range's first sample, then the total.
+        block_of_slot: slot -> block id (cached; full slots permuted by the epoch's key).
     """
 
     slots: EpochSlots
@@ -126,6 +140,7 @@ class BlockBase:
     lo: np.ndarray
     hi: np.ndarray
     cum: np.ndarray
+    block_of_slot: Callable[[int], int]
 
     @classmethod
     def from_ranges(
@@ -135,7 +150,22 @@ class BlockBase:
         keep = counts > 0
         lo, hi, counts = lo[keep], hi[keep], counts[keep]
         cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        return cls(slots=slots, seed=seed, stream=stream, epoch=epoch, lo=lo, hi=hi, cum=cum)
+        shape = slots.shape
+        full = shape.num_full_blocks
+        permutation = KeyedPermutation(max(full, 1), derive_key_int(TAG_BLOCKS, seed, stream, epoch))
+        adjusted = (shape.short_ids - np.arange(shape.short_ids.size)).tolist()
+        short_ids = shape.short_ids.tolist()
+
+        def block_of_slot(slot: int) -> int:
+            if slot >= full:
+                return short_ids[slot - full]
+            block = permutation(slot)
+            return block + bisect.bisect_right(adjusted, block)
+
+        return cls(
+            slots=slots, seed=seed, stream=stream, epoch=epoch, lo=lo, hi=hi, cum=cum,
+            block_of_slot=functools.lru_cache(maxsize=_BLOCK_CACHE)(block_of_slot),
+        )  # fmt: skip
 
     @property
     def seq_len(self) -> int:
@@ -148,6 +178,9 @@ class BlockBase:
 
     def addresses(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         slot, sample = self.slots.slot_of(self.epoch_index(index))
+        if slot.size <= _SMALL:
+            block = np.array([self.block_of_slot(x) for x in slot.tolist()], dtype=np.int64)
+            return block.reshape(slot.shape), sample
         shape = self.slots.shape
         full = shape.num_full_blocks
         block = np.empty_like(slot)
@@ -234,9 +267,7 @@ class EpochRest:
         skipped, a block it ends inside is read whole.
         """
         base_lo, base_hi = self.starts, self.starts + np.diff(self.cum)
-        old = self.base.slots if isinstance(self.base, BlockBase) else EpochSlots(
-            shape=slots.shape, seq_len=self.seq_len
-        )
+        old = self.base.slots if isinstance(self.base, BlockBase) else EpochSlots.of(slots.shape, self.seq_len)
         epoch_lo = self.base.epoch_index(base_lo)
         # NOTE: base_hi - 1 is inside the range; + 1 gives its exclusive end.
         epoch_hi = self.base.epoch_index(base_hi - 1) + 1

@@ -144,7 +144,7 @@ def enter_phase(
     """How a stream that stands at ``carry`` is read in a phase with ``order``."""
     rest, lanes = carry.rest, global_lanes.size
     if rest is not None and rest.seq_len != order.config.seq_len:
-        slots = EpochSlots(shape=order.shapes[stream], seq_len=order.config.seq_len)
+        slots = EpochSlots.of(order.shapes[stream], order.config.seq_len)
         rest = rest.at_seq_len(slots, seed=order.config.seed, stream=stream)
     if rest is None:
         return PhaseStream(
