@@ -42,6 +42,29 @@ class SchedulePhase:
     window: int = 0
     weights: tuple[Weight, ...] = ()
 
+    @classmethod
+    def from_dict(cls, data: dict, *, where: str = "phase") -> SchedulePhase:
+        """Read a phase from plain values (a JSON schedule file, a config).
+
+        Raises:
+            ConfigError: not a dict, an unknown or missing key, or a non-int size.
+        """
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected an object with the phase's fields, got {data!r}")
+        known = {"start_step", "global_batch", "seq_len", "lanes", "window", "weights"}
+        unknown = sorted(set(data) - known)
+        missing = sorted({"start_step", "global_batch", "seq_len"} - set(data))
+        if unknown or missing:
+            raise ConfigError(f"{where}: unknown keys {unknown}, missing keys {missing}")
+        for name in ("start_step", "global_batch", "seq_len", "lanes", "window"):
+            value = data.get(name, 0)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(f"{where}: {name} must be an int, got {value!r}")
+        weights = data.get("weights", ())
+        if not isinstance(weights, (list, tuple)):
+            raise ConfigError(f"{where}: weights must be a list, got {weights!r}")
+        return cls(**(data | {"weights": tuple(weights)}))
+
     def order_config(self, seed: int) -> OrderConfig:
         """The ``OrderConfig`` of this phase's ``GlobalOrder``."""
         return OrderConfig(
