@@ -8,7 +8,8 @@ they have not read yet is a list of index ranges into a *base* sequence:
   step ``u mod m`` of the stream's lane ``u div m``, so ``u`` is also the
   unshuffled epoch index, and it is read through that phase's window shuffle.
 - ``BlockBase``: after a seq_len change, a list of block-slot ranges of the
-  epoch's block order, their samples read in order at the new seq_len.
+  epoch's block order, each block's samples at the new seq_len permuted within
+  the block (key ``TAG_REST_BLOCK, seed, stream, epoch, slot, seq_len``).
 
 The next phase reads the ranges concatenated, cut into its own lanes; a later
 boundary inside the same epoch only selects sub-ranges again, so the base never
@@ -25,7 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from zephon_stream.plan.order import GlobalOrder
-from zephon_stream.plan.permutation import TAG_BLOCKS, KeyedPermutation, derive_key_int, permute
+from zephon_stream.plan.permutation import (
+    TAG_BLOCKS,
+    TAG_REST_BLOCK,
+    KeyedPermutation,
+    derive_key,
+    derive_key_int,
+    permute,
+)
 
 # NOTE: below this many samples numpy's per-call overhead dominates a block
 # lookup; one step of one rank is a handful of samples.
@@ -121,7 +129,12 @@ class LaneBase:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class BlockBase:
-    """Block-slot ranges of epoch ``epoch``, their samples in order at ``seq_len``.
+    """Block-slot ranges of epoch ``epoch``, each block's samples permuted at ``seq_len``.
+
+    NOTE: the permutation maps each block's base indices onto themselves, so
+    the unread part of the base stays a list of index ranges at any later
+    boundary; within a block the samples are read in shuffled order, as the
+    window shuffle of an ordinary epoch would.
 
     Attributes:
         slots: ``EpochSlots`` at ``seq_len``.
@@ -131,6 +144,7 @@ class BlockBase:
         lo, hi: slot ranges ``[lo, hi)``, disjoint, each holding samples.
         cum: base index of each range's first sample, then the total.
         block_of_slot: slot -> block id (cached; full slots permuted by the epoch's key).
+        sample_permutation: slot -> the ``KeyedPermutation`` of its samples (cached).
     """
 
     slots: EpochSlots
@@ -141,6 +155,7 @@ class BlockBase:
     hi: np.ndarray
     cum: np.ndarray
     block_of_slot: Callable[[int], int]
+    sample_permutation: Callable[[int], KeyedPermutation]
 
     @classmethod
     def from_ranges(
@@ -162,9 +177,18 @@ class BlockBase:
             block = permutation(slot)
             return block + bisect.bisect_right(adjusted, block)
 
+        spb = slots.samples_per_block
+        short_samples = shape.short_block_samples(slots.seq_len).tolist()
+
+        def sample_permutation(slot: int) -> KeyedPermutation:
+            count = spb if slot < full else short_samples[slot - full]
+            key = derive_key_int(TAG_REST_BLOCK, seed, stream, epoch, slot, slots.seq_len)
+            return KeyedPermutation(max(count, 1), key)
+
         return cls(
             slots=slots, seed=seed, stream=stream, epoch=epoch, lo=lo, hi=hi, cum=cum,
             block_of_slot=functools.lru_cache(maxsize=_BLOCK_CACHE)(block_of_slot),
+            sample_permutation=functools.lru_cache(maxsize=_BLOCK_CACHE)(sample_permutation),
         )  # fmt: skip
 
     @property
@@ -179,9 +203,19 @@ class BlockBase:
     def addresses(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         slot, sample = self.slots.slot_of(self.epoch_index(index))
         if slot.size <= _SMALL:
-            block = np.array([self.block_of_slot(x) for x in slot.tolist()], dtype=np.int64)
-            return block.reshape(slot.shape), sample
+            pairs = [
+                (self.block_of_slot(x), self.sample_permutation(x)(j))
+                for x, j in zip(slot.tolist(), sample.tolist())
+            ]
+            out = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+            return out[:, 0].reshape(slot.shape), out[:, 1].reshape(slot.shape)
         shape = self.slots.shape
+        counts = np.full(slot.shape, self.slots.samples_per_block, dtype=np.int64)
+        short = slot >= shape.num_full_blocks
+        if short.any():
+            counts[short] = shape.short_block_samples(self.seq_len)[slot[short] - shape.num_full_blocks]
+        key = derive_key(TAG_REST_BLOCK, self.seed, self.stream, self.epoch, slot, self.seq_len)
+        sample = permute(sample, counts, key)
         full = shape.num_full_blocks
         block = np.empty_like(slot)
         in_full = slot < full
