@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -54,6 +54,10 @@ class EpochSlots:
     seq_len: int
     samples_per_block: int
     cum: np.ndarray
+    cum_list: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cum_list", self.cum.tolist())
 
     @classmethod
     def of(cls, shape: StreamShape, seq_len: int) -> EpochSlots:
@@ -88,6 +92,20 @@ class EpochSlots:
             sample = np.where(in_full, sample, rest - cum[np.minimum(k, cum.size - 1)])
         return slot, sample
 
+    def slot_start_int(self, slot: int) -> int:
+        """``slot_start`` of one slot, on Python ints."""
+        full = self.shape.num_full_blocks
+        return min(slot, full) * self.samples_per_block + self.cum_list[max(slot - full, 0)]
+
+    def slot_of_int(self, index: int) -> tuple[int, int]:
+        """``slot_of`` one epoch index, on Python ints."""
+        spb, full = self.samples_per_block, self.shape.num_full_blocks
+        if index < full * spb:
+            return divmod(index, spb)
+        rest = index - full * spb
+        k = bisect.bisect_right(self.cum_list, rest) - 1
+        return full + k, rest - self.cum_list[k]
+
     def ceil_slot(self, index: np.ndarray) -> np.ndarray:
         """The first slot starting at or after each epoch index."""
         slot, sample = self.slot_of(index)
@@ -109,10 +127,21 @@ class LaneBase:
     stream: int
     epoch: int
     global_lanes: np.ndarray
+    lane_list: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lane_list", self.global_lanes.tolist())
 
     @property
     def seq_len(self) -> int:
         return self.order.config.seq_len
+
+    def addresses_small(self, index: list[int]) -> list[tuple[int, int]]:
+        """``addresses`` of a few base indices, with one call into the order."""
+        m, lanes = self.order.streams[self.stream].lane_length, self.order.lanes
+        positions = [(self.epoch * m + u % m) * lanes + self.lane_list[u // m] for u in index]
+        _, block, sample = self.order.sample_at(np.array(positions, dtype=np.int64))
+        return list(zip(block.tolist(), sample.tolist()))
 
     def addresses(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(block, sample)`` read at base indices (lane ``u div m``, step ``u mod m``)."""
@@ -156,6 +185,12 @@ class BlockBase:
     cum: np.ndarray
     block_of_slot: Callable[[int], int]
     sample_permutation: Callable[[int], KeyedPermutation]
+    lo_list: list[int] = field(init=False)
+    cum_list: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lo_list", self.lo.tolist())
+        object.__setattr__(self, "cum_list", self.cum.tolist())
 
     @classmethod
     def from_ranges(
@@ -200,15 +235,21 @@ class BlockBase:
         k = np.searchsorted(self.cum, index, side="right") - 1
         return self.slots.slot_start(self.lo[k]) + index - self.cum[k]
 
+    def addresses_small(self, index: list[int]) -> list[tuple[int, int]]:
+        """``addresses`` of a few base indices, on Python ints and cached permutations."""
+        out = []
+        for u in index:
+            k = bisect.bisect_right(self.cum_list, u) - 1
+            slot, j = self.slots.slot_of_int(self.slots.slot_start_int(self.lo_list[k]) + u - self.cum_list[k])
+            out.append((self.block_of_slot(slot), self.sample_permutation(slot)(j)))
+        return out
+
     def addresses(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        index = np.asarray(index, dtype=np.int64)
+        if index.size <= _SMALL:
+            out = np.array(self.addresses_small(index.ravel().tolist()), dtype=np.int64).reshape(-1, 2)
+            return out[:, 0].reshape(index.shape), out[:, 1].reshape(index.shape)
         slot, sample = self.slots.slot_of(self.epoch_index(index))
-        if slot.size <= _SMALL:
-            pairs = [
-                (self.block_of_slot(x), self.sample_permutation(x)(j))
-                for x, j in zip(slot.tolist(), sample.tolist())
-            ]
-            out = np.array(pairs, dtype=np.int64).reshape(-1, 2)
-            return out[:, 0].reshape(slot.shape), out[:, 1].reshape(slot.shape)
         shape = self.slots.shape
         counts = np.full(slot.shape, self.slots.samples_per_block, dtype=np.int64)
         short = slot >= shape.num_full_blocks
@@ -242,6 +283,12 @@ class EpochRest:
     base: LaneBase | BlockBase
     starts: np.ndarray
     cum: np.ndarray
+    starts_list: list[int] = field(init=False)
+    cum_list: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "starts_list", self.starts.tolist())
+        object.__setattr__(self, "cum_list", self.cum.tolist())
 
     @classmethod
     def from_ranges(cls, base: LaneBase | BlockBase, lo: np.ndarray, hi: np.ndarray) -> EpochRest:
@@ -269,6 +316,14 @@ class EpochRest:
         index = np.asarray(index, dtype=np.int64)
         k = np.searchsorted(self.cum, index, side="right") - 1
         return self.starts[k] + index - self.cum[k]
+
+    def addresses_small(self, index: list[int]) -> list[tuple[int, int]]:
+        """``(block, sample)`` at a few concatenation indices, on Python ints."""
+        base = []
+        for t in index:
+            k = bisect.bisect_right(self.cum_list, t) - 1
+            base.append(self.starts_list[k] + t - self.cum_list[k])
+        return self.base.addresses_small(base)
 
     def addresses(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(block, sample)`` at concatenation indices."""

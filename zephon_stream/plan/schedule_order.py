@@ -22,6 +22,7 @@ import numpy as np
 
 from zephon_stream.errors import ConfigError
 from zephon_stream.plan.mixture import OrderConfig
+from zephon_stream.plan.order import SMALL_BATCH
 from zephon_stream.plan.schedule import (
     Phase,
     SchedulePhase,
@@ -77,11 +78,15 @@ class ScheduleOrder:
         # NOTE: per phase, per stream: head lane steps, first epoch of its own
         # cut, lane length; arrays so a query indexes them by stream.
         self._per_stream = []
+        self._per_stream_lists = []
         for phase in self.phases:
             h = np.array([e.head_steps if e else 0 for e in phase.streams], dtype=np.int64)
             first = np.array([e.first_epoch if e else 0 for e in phase.streams], dtype=np.int64)
             m = np.array([p.lane_length for p in phase.order.streams], dtype=np.int64)
             self._per_stream.append((h, first, m))
+            lists = (h.tolist(), first.tolist(), m.tolist(), phase.order.lane_stream.tolist(),
+                     phase.order.lane_index.tolist())  # fmt: skip
+            self._per_stream_lists.append(lists)
 
     @classmethod
     def single(cls, shapes: list[StreamShape], config: OrderConfig, global_batch: int) -> ScheduleOrder:
@@ -143,6 +148,8 @@ class ScheduleOrder:
         return stream.reshape(positions.shape), block.reshape(positions.shape), sample.reshape(positions.shape)
 
     def _phase_addresses(self, phase: Phase, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if positions.size <= SMALL_BATCH:
+            return self._phase_addresses_small(phase, positions)
         order = phase.order
         heads, first, lane_length = self._per_stream[phase.index]
         lanes = order.lanes
@@ -182,6 +189,38 @@ class ScheduleOrder:
             standard = first[stream] + (q - h) // np.maximum(lane_length[stream], 1)
             out[sel] = np.where(q < h, carried[stream], standard)
         return out.reshape(positions.shape)
+
+    def _phase_addresses_small(
+        self, phase: Phase, positions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # NOTE: one rank's step is a few samples; Python ints beat numpy's
+        # per-call overhead there (same results as the vectorized path).
+        heads, first, lane_length, lane_stream, lane_index = self._per_stream_lists[phase.index]
+        lanes, start = phase.order.lanes, phase.start_position
+        stream, standard, standard_rows = [], [], []
+        in_head: dict[int, tuple[list[int], list[int]]] = {}
+        for row, p in enumerate(positions.tolist()):
+            q, lane = divmod(p - start, lanes)
+            s = lane_stream[lane]
+            stream.append(s)
+            h = heads[s]
+            if q >= h:
+                standard.append((q - h + first[s] * lane_length[s]) * lanes + lane)
+                standard_rows.append(row)
+            else:
+                rows, index = in_head.setdefault(s, ([], []))
+                rows.append(row)
+                index.append(lane_index[lane] * h + q)
+        block = [0] * len(stream)
+        sample = [0] * len(stream)
+        if standard:
+            _, b, j = phase.order.sample_at(np.array(standard, dtype=np.int64))
+            for row, bb, jj in zip(standard_rows, b.tolist(), j.tolist()):
+                block[row], sample[row] = bb, jj
+        for s, (rows, index) in in_head.items():
+            for row, (bb, jj) in zip(rows, phase.streams[s].head.addresses_small(index)):
+                block[row], sample[row] = bb, jj
+        return tuple(np.array(a, dtype=np.int64) for a in (stream, block, sample))
 
     def rank_slice(self, step: int, world_size: int, rank: int) -> PhaseSlice:
         """Rank ``rank``'s share of global step ``step``, with its phase.
