@@ -256,3 +256,43 @@ def test_bad_schedules_are_refused_with_the_phase_named():
     with pytest.raises(ConfigError, match=r"phase 1 \(start step 5\): seq_len must be >= 1, got 0"):
         ScheduleOrder(shapes, [SchedulePhase(start_step=0, global_batch=4, seq_len=8),
                                SchedulePhase(start_step=5, global_batch=4, seq_len=0)])  # fmt: skip
+
+
+# NOTE: docs/ORDER.md ("Golden vectors: a three-phase schedule") lists the same
+# steps; a change here is a change of the order and needs a new state version.
+GOLDEN_STEPS = {
+    0: "0:6.5 0:0.4 0:3.0 0:2.6",
+    1: "0:6.2 0:0.6 0:3.6 0:2.7",
+    2: "0:6.0 0:0.7 0:3.5 0:2.4",
+    3: "0:6.7 1:0.6 0:4.2 1:4.6 0:9.1 1:5.5",
+    4: "0:6.6 1:0.7 0:4.0 1:4.3 0:9.5 1:5.4",
+    5: "0:6.3 1:0.2 0:4.7 1:4.7 0:9.2 1:5.6",
+    6: "0:8.1 1:6.2 0:9.2 1:5.0",
+    7: "0:8.3 1:6.1 0:9.1 1:5.2",
+    8: "0:8.2 1:6.3 0:9.3 1:5.3",
+    9: "0:8.0 1:6.0 0:9.0 1:5.1",
+}
+
+
+def golden_schedule() -> ScheduleOrder:
+    shapes = [StreamShape.from_counts("golden-a", 65, [65] * 10 + [20]),
+              StreamShape.from_counts("golden-b", 65, [65] * 7)]  # fmt: skip
+    phases = [
+        SchedulePhase(start_step=0, global_batch=4, seq_len=8, lanes=4, weights=(1, 0)),
+        SchedulePhase(start_step=3, global_batch=6, seq_len=8, lanes=6, weights=(1, 1)),
+        SchedulePhase(start_step=6, global_batch=4, seq_len=16, lanes=4, weights=(1, 1)),
+    ]
+    return ScheduleOrder(shapes, phases, seed=42)
+
+
+def test_three_phase_schedule_golden_vectors():
+    order = golden_schedule()
+    for step, expected in GOLDEN_STEPS.items():
+        piece = order.rank_slice(step, 1, 0)
+        got = " ".join(f"{s}:{b}.{j}" for s, b, j in zip(piece.stream, piece.block, piece.sample))
+        assert got == expected, step
+    assert [order.position_of_step(s) for s in (3, 6, 10)] == [12, 30, 46]
+    heads = [[(e.head_steps, e.first_epoch) if e else None for e in p.streams] for p in order.phases]
+    assert heads == [[(0, 0), None], [(22, 1), (0, 0)], [(16, 1), (12, 1)]]
+    progress = order.progress(46)
+    assert [(p["epoch"], p["samples"], p["samples_in_epoch"]) for p in progress] == [(0, 29, 29), (0, 17, 17)]
