@@ -319,3 +319,17 @@ def test_three_phase_schedule_golden_vectors():
     assert heads == [[(0, 0), None], [(22, 1), (0, 0)], [(16, 1), (12, 1)]]
     progress = order.progress(46)
     assert [(p["epoch"], p["samples"], p["samples_in_epoch"]) for p in progress] == [(0, 29, 29), (0, 17, 17)]
+
+
+def test_rank_steps_across_boundaries_give_one_piece_per_phase():
+    order = golden_schedule()
+    pieces = order.rank_steps(1, 7, 2, 1)
+    assert [(p.phase, p.first_step, p.positions.shape, p.seq_len) for p in pieces] == [
+        (0, 1, (2, 2), 8), (1, 3, (3, 3), 8), (2, 6, (2, 2), 16),
+    ]  # fmt: skip
+    for piece in pieces:
+        for k in range(piece.positions.shape[0]):
+            one = order.rank_slice(piece.first_step + k, 2, 1)
+            assert np.array_equal(one.positions, piece.positions[k]) and np.array_equal(one.sample, piece.sample[k])
+    with pytest.raises(ConfigError, match=r"phase 1 \(start step 3\): world size 4 does not divide the global micro-batch 6"):
+        order.rank_steps(2, 2, 4, 0)

@@ -19,7 +19,7 @@ from zephon_stream.plan.shape import StreamShape
 from zephon_stream.plan.slicing import check_slice_args
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class EvalSlice:
     """One rank's rows of one evaluation step.
 

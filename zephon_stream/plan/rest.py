@@ -42,7 +42,7 @@ _BLOCK_CACHE = 65536
 from zephon_stream.plan.shape import StreamShape
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class EpochSlots:
     """Epoch index <-> (block slot, sample) of one stream at one seq_len.
 
@@ -112,7 +112,7 @@ class EpochSlots:
         return slot + (sample > 0)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class LaneBase:
     """Epoch ``epoch`` of stream ``stream`` as ``order`` cut it into lanes.
 
@@ -156,7 +156,7 @@ class LaneBase:
         return np.asarray(index, dtype=np.int64)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class BlockBase:
     """Block-slot ranges of epoch ``epoch``, each block's samples permuted at ``seq_len``.
 
@@ -270,7 +270,7 @@ class BlockBase:
         return block, sample
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class EpochRest:
     """The unread rest of one stream's epoch: ranges of a base, read concatenated.
 

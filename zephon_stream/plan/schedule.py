@@ -93,7 +93,7 @@ class StreamCarry:
     samples_in_epoch: int = 0
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class PhaseStream:
     """How one stream is read in one phase.
 
@@ -113,7 +113,7 @@ class PhaseStream:
     carry: StreamCarry
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Phase:
     """A built phase: its order and where it starts.
 

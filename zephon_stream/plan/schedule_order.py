@@ -35,7 +35,7 @@ from zephon_stream.plan.shape import StreamShape
 from zephon_stream.plan.slicing import check_slice_args, rank_positions
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class PhaseSlice:
     """One rank's share of one or more consecutive steps of one phase.
 
@@ -54,6 +54,14 @@ class PhaseSlice:
     block: np.ndarray
     sample: np.ndarray
     seq_len: int
+
+
+def check_phase_slice(phase: Phase, local: int, world_size: int, rank: int) -> None:
+    """``check_slice_args`` for a step of ``phase``, naming the phase on error."""
+    try:
+        check_slice_args(local, phase.global_batch, world_size, rank)
+    except ConfigError as exc:
+        raise ConfigError(f"phase {phase.index} (start step {phase.start_step}): {exc}") from exc
 
 
 class ScheduleOrder:
@@ -231,7 +239,7 @@ class ScheduleOrder:
         phase = self.phase_at_step(step)
         batch, lanes = phase.global_batch, phase.order.lanes
         local = (step - phase.start_step) * batch
-        check_slice_args(local, batch, world_size, rank)
+        check_phase_slice(phase, local, world_size, rank)
         positions = rank_positions(local, batch, world_size, rank, lanes) + phase.start_position
         stream, block, sample = self._phase_addresses(phase, positions)
         return PhaseSlice(
@@ -262,7 +270,7 @@ class ScheduleOrder:
             rows = []
             for t in range(step, stop):
                 local = (t - phase.start_step) * batch
-                check_slice_args(local, batch, world_size, rank)
+                check_phase_slice(phase, local, world_size, rank)
                 rows.append(rank_positions(local, batch, world_size, rank, lanes))
             positions = np.stack(rows) + phase.start_position
             stream, block, sample = self._phase_addresses(phase, positions.ravel())
