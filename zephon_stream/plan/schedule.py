@@ -84,7 +84,8 @@ class StreamCarry:
         epoch: the epoch in progress (the next one when ``rest`` is None).
         rest: the unread part of ``epoch`` when it is partly read, else None.
         samples: samples of this stream read so far, in total.
-        samples_in_epoch: samples of ``epoch`` read so far.
+        samples_in_epoch: samples of ``epoch`` read so far (each counted at
+            the seq_len it was read at, when the epoch spans a seq_len change).
     """
 
     epoch: int = 0
