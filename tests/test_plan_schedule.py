@@ -203,6 +203,23 @@ def test_a_seq_len_change_rereads_or_skips_at_most_one_block_per_lane():
     assert stream_samples == 40 * 8
 
 
+@settings(max_examples=30, deadline=None)
+@given(sizes=st.lists(st.integers(3, 20), min_size=1, max_size=3), seq_len=st.sampled_from([4, 8, 16]),
+       lanes=st.integers(1, 9), window=st.sampled_from([0, 1, 5]), seed=st.integers(0, 2**64 - 1),
+       start=st.integers(0, 5000))  # fmt: skip
+def test_any_one_phase_schedule_is_the_global_order(sizes, seq_len, lanes, window, seed, start):
+    shapes = make_shapes(sizes, short=[1] * len(sizes))
+    config = OrderConfig(seed=seed, seq_len=seq_len, lanes=max(lanes, len(sizes)), window=window)
+    try:
+        order = GlobalOrder(shapes, config)
+    except ConfigError:
+        assume(False)
+    schedule = ScheduleOrder.single(shapes, config, global_batch=config.lanes)
+    for positions in (np.arange(start, start + 300), np.array([start]), np.arange(start, start + 7)):
+        for a, b in zip(order.sample_at(positions), schedule.sample_at(positions)):
+            assert np.array_equal(a, b)
+
+
 def test_one_phase_schedule_reads_exactly_the_global_order():
     shapes = make_shapes([20, 13], short=[1, 2])
     config = OrderConfig(seed=9, seq_len=8, lanes=6, window=0, weights=(2, 1))
