@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from test_plan_schedule import schedules
 
-from zephon_stream.errors import StateMismatchError, VersionError
+from zephon_stream.errors import ConfigError, StateMismatchError, VersionError
 from zephon_stream.plan import (
     GlobalOrder,
     OrderConfig,
@@ -145,3 +149,27 @@ def test_recorded_progress_is_checked_against_the_progress_this_code_computes():
     data["streams"][1] = json.dumps(stream)
     with pytest.raises(StateMismatchError, match="stream 1 progress: checkpoint has"):
         ScheduleState.from_dict(data).validate(order)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(order=schedules(), data=st.data())
+def test_a_resume_may_edit_only_phases_not_begun_and_reads_the_same_until_them(order, data):
+    shapes = order.shapes
+    specs = [p.spec for p in order.phases]
+    k = data.draw(st.integers(1, len(specs) - 1))
+    cut = order.phases[k].start_position
+    position = data.draw(st.integers(0, cut))
+    saved = ScheduleState.from_dict(order.state(position).to_dict())
+    edited = list(specs)
+    edited[k] = dataclasses.replace(specs[k], seq_len=specs[k].seq_len * 2, global_batch=specs[k].global_batch + 1)
+    try:
+        resumed = ScheduleOrder(shapes, edited, seed=order.seed)
+    except ConfigError:
+        assume(False)
+    saved.validate(resumed)
+    positions = np.arange(cut)
+    for a, b in zip(order.sample_at(positions), resumed.sample_at(positions)):
+        assert np.array_equal(a, b)
+    later = ScheduleState.from_dict(order.state(cut + 1).to_dict())
+    with pytest.raises(StateMismatchError, match=f"phase {k} \\(start step {specs[k].start_step}\\): seq_len: checkpoint has"):
+        later.validate(resumed)
