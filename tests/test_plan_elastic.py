@@ -133,7 +133,7 @@ def test_when_world_divides_lanes_each_lane_has_one_reader(lanes, world, local):
     lane_readers = defaultdict(set)
     block_readers = defaultdict(set)
     block_lanes = defaultdict(set)
-    used = order.streams[0].used_samples
+    used = order.streams[0].samples_read_per_epoch
     for step in range(3 * used // batch):
         for rank in range(world):
             piece = order.rank_slice(step * batch, batch, world, rank)
@@ -170,7 +170,7 @@ def test_resume_checklist(where):
     shapes = make_shapes([20])
     config = OrderConfig(seed=8, seq_len=16, lanes=4)
     order = GlobalOrder(shapes, config)
-    used = order.streams[0].used_samples
+    used = order.streams[0].samples_read_per_epoch
     batch = 4
     total_steps = 2 * used // batch
     step = {"start": 0, "mid-epoch": used // batch // 2 + 1, "epoch boundary": used // batch,

@@ -74,9 +74,9 @@ def test_each_epoch_reads_every_sample_once_minus_a_remainder_below_lanes(
         assume(False)
     plan = order.streams[0]
     universe = all_samples(shape, seq_len)
-    assert len(universe) == plan.epoch_samples
+    assert len(universe) == plan.stream_samples
     for epoch in range(2):
-        positions = np.arange(epoch * plan.used_samples, (epoch + 1) * plan.used_samples)
+        positions = np.arange(epoch * plan.samples_read_per_epoch, (epoch + 1) * plan.samples_read_per_epoch)
         stream, block, sample = order.sample_at(positions)
         read = list(zip(block.tolist(), sample.tolist()))
         assert len(set(read)) == len(read), "a sample was read twice in one epoch"
@@ -88,7 +88,7 @@ def test_each_epoch_reads_every_sample_once_minus_a_remainder_below_lanes(
 def test_short_blocks_come_after_the_permuted_full_blocks():
     shape = merged_shape("m", 33, [4, 3, 5], [20, 33, 9])
     order = GlobalOrder([shape], OrderConfig(seq_len=8, lanes=1, window=1, seed=4))
-    _, block, _ = order.sample_at(np.arange(order.streams[0].used_samples))
+    _, block, _ = order.sample_at(np.arange(order.streams[0].samples_read_per_epoch))
     first_use = list(dict.fromkeys(block.tolist()))
     short = shape.short_ids.tolist()
     assert short == [4, 14]
@@ -112,7 +112,7 @@ def test_each_lane_has_one_block_in_use_at_a_time(lanes):
     order = GlobalOrder([shape], OrderConfig(seq_len=8, lanes=lanes, seed=1))
     plan = order.streams[0]
     assert plan.samples_per_block == 16 and plan.window == 16
-    positions = np.arange(2 * plan.used_samples)
+    positions = np.arange(2 * plan.samples_read_per_epoch)
     _, block, sample = order.sample_at(positions)
     for lane in range(lanes):
         for epoch in range(2):
@@ -241,8 +241,8 @@ def spec_order(shapes, seq_len, lanes, seed, window, weights, positions):
         full = [b for b, n in enumerate(token_counts) if n == shape.block_tokens]
         short = [b for b, n in enumerate(token_counts) if n < shape.block_tokens]
         spb = (shape.block_tokens - 1) // seq_len
-        epoch_samples = len(full) * spb + sum((token_counts[b] - 1) // seq_len for b in short)
-        m = epoch_samples // counts[s]
+        stream_samples = len(full) * spb + sum((token_counts[b] - 1) // seq_len for b in short)
+        m = stream_samples // counts[s]
         w = max(1, min(window or spb, m))
         e, r = divmod(q, m)
         key_b = spec_key(0x5A450001, seed, s, e)
@@ -271,3 +271,14 @@ def test_order_matches_the_spec_read_literally(shapes, seq_len, lanes, seed, win
     stream, block, sample = order.sample_at(np.array(positions))
     got = list(zip(stream.tolist(), block.tolist(), sample.tolist()))
     assert got == spec_order(shapes, seq_len, lanes, seed, window, weights, positions)
+
+
+def test_old_epoch_size_names_remain_aliases():
+    shape = StreamShape.from_counts("alias", 65, [65] * 9 + [30])
+    order = GlobalOrder([shape], OrderConfig(seq_len=8, lanes=4))
+    plan, progress = order.streams[0], order.progress(0)[0]
+    assert (plan.stream_samples, plan.samples_read_per_epoch) == (9 * 8 + 3, 4 * 18)
+    assert plan.epoch_samples == plan.stream_samples == shape.epoch_samples(8) == shape.stream_samples(8)
+    assert plan.used_samples == plan.samples_read_per_epoch
+    assert progress["epoch_samples"] == progress["samples_read_per_epoch"] == 72
+    assert progress["stream_samples"] == 75 and progress["lane_steps_per_epoch"] == 18

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from zephon_stream.errors import ConfigError
-from zephon_stream.plan import GlobalOrder, OrderConfig, StreamShape, step_positions
+from zephon_stream.plan import (
+    GlobalOrder,
+    OrderConfig,
+    ScheduleOrder,
+    SchedulePhase,
+    StreamShape,
+    rank_positions,
+    step_positions,
+)
 from zephon_stream.reader import DatasetReader
 
 
@@ -77,15 +85,26 @@ class SampleProvenance:
         return out
 
 
-def order_for(readers: Sequence[DatasetReader], config: OrderConfig) -> GlobalOrder:
-    """The global order over these datasets, as the loader builds it."""
-    shapes = [
+def shapes_of(readers: Sequence[DatasetReader]) -> list[StreamShape]:
+    """One ``StreamShape`` per dataset, from its manifest."""
+    return [
         StreamShape.from_counts(
             r.manifest.fingerprint, r.manifest.block_tokens, r.manifest.block_token_counts()
         )
         for r in readers
     ]
-    return GlobalOrder(shapes, config)
+
+
+def order_for(readers: Sequence[DatasetReader], config: OrderConfig) -> GlobalOrder:
+    """The global order over these datasets, as the loader builds it."""
+    return GlobalOrder(shapes_of(readers), config)
+
+
+def schedule_for(
+    readers: Sequence[DatasetReader], phases: Sequence[SchedulePhase], seed: int
+) -> ScheduleOrder:
+    """The scheduled order over these datasets (one per stream of the schedule)."""
+    return ScheduleOrder(shapes_of(readers), list(phases), seed=seed)
 
 
 def step_range(step: int, global_batch: int) -> tuple[int, int]:
@@ -131,11 +150,66 @@ def provenance(
         positions = step_positions(start, batch, order.lanes)
         ranks = (np.arange(batch) // (batch // world_size)).tolist()
     stream, block, sample = order.sample_at(positions)
-    seq_len = order.config.seq_len
+    seq_lens = [order.config.seq_len] * positions.size
+    return _describe(readers, positions, stream, block, sample, seq_lens, ranks, text)
+
+
+def step_provenance(
+    readers: Sequence[DatasetReader],
+    order: ScheduleOrder,
+    step: int,
+    *,
+    world_size: int | None = None,
+    text: bool = False,
+) -> list[SampleProvenance]:
+    """Where the samples of global step ``step`` of a schedule came from.
+
+    With ``world_size`` the samples are listed rank by rank, in each rank's order.
+
+    Raises:
+        ConfigError: a bad step, or a world size that does not divide the phase's batch.
+    """
+    if len(readers) != len(order.shapes):
+        raise ConfigError(f"{len(readers)} datasets but the schedule has {len(order.shapes)} streams")
+    phase = order.phase_at_step(step)
+    batch = phase.global_batch
+    if world_size is not None and (world_size < 1 or batch % world_size):
+        raise ConfigError(f"world size {world_size} does not divide the global batch {batch}")
+    local = (step - phase.start_step) * batch
+    positions = rank_positions(local, batch, 1, 0, phase.order.lanes) + phase.start_position
+    ranks = None if world_size is None else (np.arange(batch) // (batch // world_size)).tolist()
+    stream, block, sample = order.sample_at(positions)
+    seq_lens = [phase.spec.seq_len] * positions.size
+    return _describe(readers, positions, stream, block, sample, seq_lens, ranks, text)
+
+
+def range_provenance(
+    readers: Sequence[DatasetReader], order: ScheduleOrder, start: int, end: int, *, text: bool = False
+) -> list[SampleProvenance]:
+    """Where the samples at positions ``[start, end)`` of a schedule came from, by position."""
+    if not 0 <= start < end:
+        raise ConfigError(f"position range [{start}, {end}) is empty or negative")
+    positions = np.arange(start, end, dtype=np.int64)
+    stream, block, sample = order.sample_at(positions)
+    seq_lens = [order.phase_at_position(p).spec.seq_len for p in positions.tolist()]
+    return _describe(readers, positions, stream, block, sample, seq_lens, None, text)
+
+
+def _describe(
+    readers: Sequence[DatasetReader],
+    positions: np.ndarray,
+    stream: np.ndarray,
+    block: np.ndarray,
+    sample: np.ndarray,
+    seq_lens: list[int],
+    ranks: list[int] | None,
+    text: bool,
+) -> list[SampleProvenance]:
     out = []
     for k, (p, s, b, j) in enumerate(
         zip(positions.tolist(), stream.tolist(), block.tolist(), sample.tolist())
     ):
+        seq_len = seq_lens[k]
         reader = readers[s]
         manifest = reader.manifest
         shard, in_shard = manifest.block_location(b)

@@ -16,24 +16,48 @@ docs/ORDER.md specifies the order exactly. The API::
     LoaderState.from_dict(d).validate(order.state(0))   # StateMismatchError per field
     order.progress(P)                      # per-stream epoch and samples, for logs
 
+A schedule (docs/ORDER.md, "Schedules") changes the mixture, batch, lanes or
+seq_len at given steps; each phase is a ``GlobalOrder`` read on from where
+every stream stood::
+
+    order = ScheduleOrder(shapes, [SchedulePhase(start_step=0, global_batch=B0, seq_len=L0),
+                                   SchedulePhase(start_step=N1, global_batch=B1, seq_len=L1,
+                                                 weights=(...))], seed=0)
+    piece = order.rank_slice(step, W, r)   # PhaseSlice(phase, first_step, positions, ...)
+    pieces = order.rank_steps(step, k, W, r)   # one PhaseSlice per phase, [steps, rows]
+    state = order.state(P)                 # ScheduleState v2; .from_dict(d).validate(order)
+    EvalOrder(shapes, seq_len).rank_slice(t, B, W, r)   # evaluation: sequential, padded
+
 A sample ``(stream, block, sample)`` is tokens
 ``[sample * seq_len, sample * seq_len + seq_len + 1)`` of that block.
 """
 
+from zephon_stream.plan.evaluation import EvalOrder, EvalSlice
 from zephon_stream.plan.mixture import OrderConfig, canonical_weights, lane_map, split_lanes
 from zephon_stream.plan.order import GlobalOrder, StreamPlan
 from zephon_stream.plan.permutation import derive_key, derive_key_int, permute, permute_int
+from zephon_stream.plan.schedule import SchedulePhase, StreamCarry
+from zephon_stream.plan.schedule_order import PhaseSlice, ScheduleOrder
+from zephon_stream.plan.schedule_state import SCHEDULE_STATE_VERSION, ScheduleState
 from zephon_stream.plan.shape import StreamShape
 from zephon_stream.plan.slicing import BlockPlan, RankSlice, rank_positions, step_positions
 from zephon_stream.plan.state import STATE_VERSION, LoaderState
 
 __all__ = [
+    "SCHEDULE_STATE_VERSION",
     "STATE_VERSION",
     "BlockPlan",
+    "EvalOrder",
+    "EvalSlice",
     "GlobalOrder",
     "LoaderState",
     "OrderConfig",
+    "PhaseSlice",
     "RankSlice",
+    "ScheduleOrder",
+    "SchedulePhase",
+    "ScheduleState",
+    "StreamCarry",
     "StreamPlan",
     "StreamShape",
     "canonical_weights",

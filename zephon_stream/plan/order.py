@@ -42,7 +42,8 @@ class StreamPlan:
         lanes: lanes ``C_s`` this stream owns.
         samples_per_block: samples in a full block (``spb``).
         full_blocks: number of full blocks ``F``.
-        epoch_samples: samples in one epoch ``S`` (before the remainder cut).
+        stream_samples: samples in one pass over every block, ``S``, before
+            the lane cut (formerly ``epoch_samples``, still an alias).
         lane_length: samples per lane per epoch, ``m = S // C_s``.
         window: window-shuffle size ``w``, in ``[1, m]``.
     """
@@ -52,14 +53,24 @@ class StreamPlan:
     lanes: int
     samples_per_block: int
     full_blocks: int
-    epoch_samples: int
+    stream_samples: int
     lane_length: int
     window: int
 
     @property
-    def used_samples(self) -> int:
-        """Samples read per epoch: ``C_s * m`` (the remainder ``S - C_s * m`` is skipped)."""
+    def samples_read_per_epoch(self) -> int:
+        """Samples read per epoch after the lane cut: ``C_s * m`` (``S - C_s * m`` are skipped)."""
         return self.lanes * self.lane_length
+
+    @property
+    def used_samples(self) -> int:
+        """Old name of ``samples_read_per_epoch``."""
+        return self.samples_read_per_epoch
+
+    @property
+    def epoch_samples(self) -> int:
+        """Old name of ``stream_samples`` (``S``, before the lane cut)."""
+        return self.stream_samples
 
 
 class GlobalOrder:
@@ -117,12 +128,12 @@ class GlobalOrder:
 
     def _plan_stream(self, s: int) -> StreamPlan:
         shape, lanes, seq_len = self.shapes[s], self.lane_counts[s], self.config.seq_len
-        epoch_samples = shape.epoch_samples(seq_len)
+        stream_samples = shape.stream_samples(seq_len)
         spb = shape.samples_per_full_block(seq_len)
-        lane_length = epoch_samples // lanes if lanes else 0
+        lane_length = stream_samples // lanes if lanes else 0
         if lanes and lane_length == 0:
             raise ConfigError(
-                f"stream {s} ({shape.fingerprint}): {epoch_samples} samples of seq_len "
+                f"stream {s} ({shape.fingerprint}): {stream_samples} samples of seq_len "
                 f"{seq_len} per epoch, fewer than its {lanes} lanes; lower the lanes or seq_len"
             )
         window = self.config.window or spb
@@ -132,7 +143,7 @@ class GlobalOrder:
             lanes=lanes,
             samples_per_block=spb,
             full_blocks=shape.num_full_blocks,
-            epoch_samples=epoch_samples,
+            stream_samples=stream_samples,
             lane_length=lane_length,
             window=max(1, min(window, lane_length)),
         )
@@ -288,7 +299,10 @@ class GlobalOrder:
         Returns:
             One dict per stream: ``stream``, ``fingerprint``, ``lanes``,
             ``epoch`` (of its least advanced lane), ``samples`` (consumed in
-            total), ``samples_in_epoch`` and ``epoch_samples`` (read per epoch).
+            total), ``samples_in_epoch``, ``samples_read_per_epoch`` (after the
+            lane cut), ``stream_samples`` (one pass over every block, before
+            the cut) and ``lane_steps_per_epoch``. ``epoch_samples`` is the
+            old name of ``samples_read_per_epoch``, kept as an alias.
         """
         lanes = self.config.lanes
         done, extra = divmod(int(position), lanes)
@@ -304,8 +318,11 @@ class GlobalOrder:
                     "lanes": plan.lanes,
                     "epoch": epoch,
                     "samples": samples,
-                    "samples_in_epoch": samples - epoch * plan.used_samples,
-                    "epoch_samples": plan.used_samples,
+                    "samples_in_epoch": samples - epoch * plan.samples_read_per_epoch,
+                    "samples_read_per_epoch": plan.samples_read_per_epoch,
+                    "epoch_samples": plan.samples_read_per_epoch,
+                    "stream_samples": plan.stream_samples,
+                    "lane_steps_per_epoch": plan.lane_length,
                 }
             )
         return out

@@ -26,6 +26,7 @@ ROUND_CONSTANTS = tuple(((r + 1) * GOLDEN) & MASK64 for r in range(MAX_ROUNDS))
 # Domain tags of the keys derived in the global order (docs/ORDER.md).
 TAG_BLOCKS = 0x5A45_0001
 TAG_WINDOW = 0x5A45_0002
+TAG_REST_BLOCK = 0x5A45_0003
 
 _U64_M1 = np.uint64(MIX_M1)
 _U64_M2 = np.uint64(MIX_M2)

@@ -118,8 +118,12 @@ class StreamShape:
         """Samples in each short block, in ``short_ids`` order."""
         return np.maximum(self.short_counts - 1, 0) // seq_len
 
-    def epoch_samples(self, seq_len: int) -> int:
-        """Samples in one pass over every block."""
+    def stream_samples(self, seq_len: int) -> int:
+        """Samples in one pass over every block (before any lane cut)."""
         return self.num_full_blocks * self.samples_per_full_block(seq_len) + int(
             self.short_block_samples(seq_len).sum()
         )
+
+    def epoch_samples(self, seq_len: int) -> int:
+        """Old name of ``stream_samples``."""
+        return self.stream_samples(seq_len)

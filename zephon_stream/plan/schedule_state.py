@@ -1,0 +1,228 @@
+"""The state of a scheduled order (version 2): the cursor, the phases begun, every stream's progress.
+
+Version 1 states (``LoaderState``, one phase) load as a one-phase schedule
+whose global batch was not recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
+
+from zephon_stream.errors import StateMismatchError, VersionError
+from zephon_stream.plan.state import MAX_POSITION, LoaderState
+
+if TYPE_CHECKING:
+    from zephon_stream.plan.schedule import Phase
+    from zephon_stream.plan.schedule_order import ScheduleOrder
+    from zephon_stream.plan.shape import StreamShape
+
+SCHEDULE_STATE_VERSION = 2
+# NOTE: the fields of a begun phase that fix its order, in the order errors
+# list them; ``global_batch`` also fixes where later phases start.
+PHASE_FIELDS = ("start_step", "seq_len", "lanes", "window", "weights", "lane_counts", "global_batch")
+_STREAM_FIELDS = ("fingerprint", "epoch", "samples", "samples_in_epoch")
+
+
+def phase_record(phase: Phase, shapes: list[StreamShape]) -> dict:
+    """A begun phase as plain values, with a fingerprint of them and the streams."""
+    record = {
+        "start_step": phase.spec.start_step,
+        "global_batch": phase.spec.global_batch,
+        "seq_len": phase.order.config.seq_len,
+        "lanes": phase.order.lanes,
+        "window": phase.order.config.window,
+        "weights": list(phase.order.weights),
+        "lane_counts": list(phase.order.lane_counts),
+    }
+    return record | {"fingerprint": phase_fingerprint(record, [s.fingerprint for s in shapes])}
+
+
+def phase_fingerprint(record: dict, stream_fingerprints: list[str]) -> str:
+    """sha256 (first 16 hex digits) of a phase record's fields and the stream fingerprints."""
+    payload = {name: record[name] for name in PHASE_FIELDS} | {"streams": stream_fingerprints}
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _json(value: dict) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _parse(text: str, where: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise StateMismatchError(f"loader state {where}: not a JSON object: {text!r}") from exc
+    if not isinstance(value, dict):
+        raise StateMismatchError(f"loader state {where}: not a JSON object: {text!r}")
+    return value
+
+
+def stream_record(progress: dict) -> dict:
+    """One stream's progress entry of the state."""
+    return {name: progress[name] for name in _STREAM_FIELDS}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleState:
+    """Everything needed to resume a scheduled order, in plain values.
+
+    Attributes:
+        version: ``SCHEDULE_STATE_VERSION`` (a version 1 state reads as 1).
+        position: ``P``, samples consumed globally.
+        step: the global step at ``P`` (None when read from version 1).
+        seed: order seed.
+        fingerprints: one dataset fingerprint per stream of the schedule.
+        phases: the phases begun, as dicts (``start_step, global_batch,
+            seq_len, lanes, window, weights, lane_counts, fingerprint``); a
+            phase has begun once a sample of it was consumed (phase 0 always has).
+        streams: per stream a dict ``fingerprint, epoch, samples,
+            samples_in_epoch`` (empty when read from version 1).
+    """
+
+    version: int = SCHEDULE_STATE_VERSION
+    position: int
+    step: int | None
+    seed: int
+    fingerprints: list[str] = field(default_factory=list)
+    phases: list[dict] = field(default_factory=list)
+    streams: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """The state as a dict of ints, strings and lists of strings.
+
+        ``phases`` and ``streams`` hold one JSON object per entry, as a string.
+        NOTE: torch.distributed.checkpoint walks into lists that hold dicts and
+        stores one value per path; a phase that begins later would add paths
+        that a template state from step 0 lacks, and be dropped on load. A
+        list of strings is one value, whatever its length.
+        """
+        return {
+            "version": SCHEDULE_STATE_VERSION,
+            "position": int(self.position),
+            "step": self.step,
+            "seed": int(self.seed),
+            "fingerprints": list(self.fingerprints),
+            "phases": [_json(p) for p in self.phases],
+            "streams": [_json(s) for s in self.streams],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ScheduleState:
+        """Read a version 2 state, or a version 1 ``LoaderState`` dict as one phase.
+
+        Raises:
+            VersionError: a version this code does not read.
+            StateMismatchError: a missing, unknown or mistyped key.
+        """
+        if not isinstance(data, dict):
+            raise StateMismatchError(f"loader state must be a dict, got {type(data).__name__}")
+        version = data.get("version")
+        if version == 1:
+            old = LoaderState.from_dict(data)
+            phase = {
+                "start_step": 0, "global_batch": None, "seq_len": old.seq_len, "lanes": old.lanes,
+                "window": old.window, "weights": list(old.weights),
+                "lane_counts": list(old.lane_counts), "fingerprint": None,
+            }  # fmt: skip
+            return cls(
+                version=1, position=old.position, step=None, seed=old.seed,
+                fingerprints=list(old.fingerprints), phases=[phase],
+            )  # fmt: skip
+        if version != SCHEDULE_STATE_VERSION:
+            raise VersionError(
+                f"loader state version {version!r} is not supported (this code reads versions 1 "
+                f"and {SCHEDULE_STATE_VERSION})"
+            )
+        names = {f.name for f in fields(cls)}
+        missing, unknown = sorted(names - set(data)), sorted(set(data) - names)
+        if missing or unknown:
+            raise StateMismatchError(
+                f"loader state version {version}: missing keys {missing}, unknown keys {unknown}"
+            )
+        for name in ("position", "step", "seed"):
+            if name == "step" and data[name] is None:
+                continue  # NOTE: a version 1 state read and written again
+            if not isinstance(data[name], int) or isinstance(data[name], bool):
+                raise StateMismatchError(f"loader state key {name!r}: expected an int, got {data[name]!r}")
+        if not 0 <= data["position"] < MAX_POSITION:
+            raise StateMismatchError(
+                f"loader state key 'position': {data['position']} is outside [0, 2**62)"
+            )
+        for name in ("fingerprints", "phases", "streams"):
+            value = data[name]
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise StateMismatchError(f"loader state key {name!r}: expected a list of str, got {value!r}")
+        phases = [_parse(text, f"phase {k}") for k, text in enumerate(data["phases"])]
+        streams = [_parse(text, f"stream {k}") for k, text in enumerate(data["streams"])]
+        if not phases:
+            raise StateMismatchError("loader state key 'phases': no phase has begun")
+        for k, phase in enumerate(phases):
+            absent = sorted(set(PHASE_FIELDS) - set(phase))
+            if absent:
+                raise StateMismatchError(f"loader state phase {k}: missing keys {absent}")
+        return cls(
+            position=data["position"], step=data["step"], seed=data["seed"],
+            fingerprints=list(data["fingerprints"]), phases=phases, streams=streams,
+        )  # fmt: skip
+
+    def validate(self, order: ScheduleOrder) -> None:
+        """Check this (loaded) state can resume ``order``: no begun phase changed.
+
+        Phases that have not begun may be added, edited or removed, and
+        streams appended. Every problem is named with the phase, the field and
+        both values.
+
+        Raises:
+            StateMismatchError: one or more differences.
+        """
+        problems = []
+        if self.seed != order.seed:
+            problems.append(f"seed: checkpoint has {self.seed!r}, this loader has {order.seed!r}")
+        wanted = [s.fingerprint for s in order.shapes]
+        if wanted[: len(self.fingerprints)] != list(self.fingerprints):
+            problems.append(
+                f"dataset fingerprints (a different dataset; new streams go last): checkpoint has "
+                f"{list(self.fingerprints)!r}, this loader has {wanted!r}"
+            )
+        problems += self._phase_problems(order)
+        if not problems and self.streams:
+            for s, (saved, now) in enumerate(zip(self.streams, order.progress(self.position))):
+                if saved != stream_record(now):
+                    problems.append(
+                        f"stream {s} progress: checkpoint has {saved!r}, this code computes "
+                        f"{stream_record(now)!r}"
+                    )
+        if problems:
+            raise StateMismatchError("loader state does not match this schedule: " + "; ".join(problems))
+
+    def _phase_problems(self, order: ScheduleOrder) -> list[str]:
+        problems, extra = [], len(order.shapes) - len(self.fingerprints)
+        for k, saved in enumerate(self.phases):
+            where = f"phase {k} (start step {saved['start_step']})"
+            if k >= len(order.phases):
+                problems.append(f"{where} has begun but this schedule has {len(order.phases)} phases")
+                continue
+            now = phase_record(order.phases[k], order.shapes)
+            later = k + 1 < len(order.phases)
+            for name in PHASE_FIELDS:
+                mine = saved[name]
+                if name in ("weights", "lane_counts") and isinstance(mine, list):
+                    mine = list(mine) + ["0" if name == "weights" else 0] * extra
+                if name == "global_batch" and (mine is None or not later):
+                    # NOTE: the batch of the last phase only numbers its steps;
+                    # a resume may change it unless a later phase starts from it.
+                    continue
+                if mine != now[name]:
+                    problems.append(f"{where}: {name}: checkpoint has {saved[name]!r}, this loader has {now[name]!r}")
+        begun = len(self.phases)
+        for phase in order.phases[begun:]:
+            if phase.start_position < self.position:
+                problems.append(
+                    f"phase {phase.index} (start step {phase.start_step}) starts before the "
+                    f"checkpoint's position {self.position} but had not begun in it"
+                )
+        return problems
