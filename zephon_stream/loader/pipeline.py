@@ -88,7 +88,9 @@ class FreeSlots:
         wait_s = _FREE_POLL_MIN_S
         while not stop.is_set():
             returned = self._ring.returned
-            ready = np.flatnonzero(returned)
+            # NOTE: a snapshot: the consumer sets flags while this reads them
+            # (numpy refuses to count a changing array).
+            ready = np.flatnonzero(returned.copy())
             if ready.size:
                 index = int(ready[0])
                 returned[index] = 0
