@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from loader_reference import run_step_hashes
+from tools.reliability.common import process_table
 from zephon_stream import StreamingLoader
 from zephon_stream.errors import HelperProcessError
 from zephon_stream.loader.api import HELPER_PROCESS_BYTES
@@ -27,11 +28,7 @@ from zephon_stream.loader.widen import widen
 
 def process_state(pid: int) -> str | None:
     """The process's state letter (``Z`` for a zombie), None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
+    return process_table().get(pid, (None, 0))[0]
 
 
 def wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
@@ -44,15 +41,13 @@ def wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
 
 
 def helpers_running() -> set[int]:
-    """Pids of every zephon helper process alive on this machine."""
+    """Pids of every live zephon helper process on this machine."""
     found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid, (state, _) in process_table().items():
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                if b"zephon_stream.loader.helper" in cmdline.read() and process_state(int(entry)) not in ("Z", None):
-                    found.add(int(entry))
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if state != "Z" and b"zephon_stream.loader.helper" in cmdline.read():
+                    found.add(pid)
         except OSError:
             continue
     return found

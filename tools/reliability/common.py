@@ -28,6 +28,21 @@ class ScenarioFailure(AssertionError):
     """The library did something a scenario forbids (wrong data, a hang, a leak)."""
 
 
+def process_table() -> dict[int, tuple[str, int]]:
+    """Every process of the machine: pid -> (state letter, parent pid), from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        table[int(entry)] = (fields[0], int(fields[1]))
+    return table
+
+
 def check(condition: bool, message: str) -> None:
     """Raise ``ScenarioFailure(message)`` unless ``condition``."""
     if not condition:

@@ -14,22 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.reliability.common import check, child_env, committed_objects, step_hashes
+from tools.reliability.common import check, child_env, committed_objects, process_table, step_hashes
 
 WORKER = Path(__file__).resolve().parent / "loader_worker.py"
 
 
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
+    for child, (_, parent) in process_table().items():
+        children.setdefault(parent, []).append(child)
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from tools.reliability.common import check, open_fds, rss_bytes
+from tools.reliability.common import check, open_fds, process_table, rss_bytes
 
 
 def long_run(
@@ -71,19 +71,8 @@ def _own_threads() -> set[threading.Thread]:
 
 def live_children() -> set[int]:
     """Pids of this process's children that are alive (zombies excluded)."""
-    found = set()
-    me = str(os.getpid())
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[1] == me and fields[0] != "Z":
-            found.add(int(entry))
-    return found
+    me = os.getpid()
+    return {pid for pid, (state, parent) in process_table().items() if parent == me and state != "Z"}
 
 
 def churn(
