@@ -60,5 +60,7 @@ def test_cuda_batches_come_from_pinned_buffers_over_a_side_stream(small_bpe_data
         for key in ("input", "positions"):
             assert got_dict[key].is_cuda and got_dict[key].device.index == torch.cuda.current_device()
             assert torch.equal(got_dict[key].cpu(), want_dict[key])
-        assert got_labels.device.type == "cpu" and got_labels.is_pinned()
-        assert torch.equal(got_labels, want_labels)
+        assert got_labels.device.type == "cpu" and torch.equal(got_labels, want_labels)
+    # NOTE: the first two are views of the pinned ring; the test keeps all seven,
+    # so the loader copied the labels of the rest.
+    assert got[0][1].is_pinned() and got[1][1].is_pinned()

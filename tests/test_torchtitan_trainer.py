@@ -75,12 +75,14 @@ def test_train_step_takes_the_batches_at_every_device_setting(small_bpe_dataset,
     build = dict(dp_world_size=2, dp_rank=1, tokenizer=None, seq_len=128, local_batch_size=4)
     with config.build(**build) as loader, reference.build(**build) as cpu_loader:
         batches, cpu_batches = iter(loader), iter(cpu_loader)
+        # NOTE: 12 microbatches held through a step: more than the ring would
+        # hold if the loader did not copy what a consumer keeps.
         for _ in range(3):
             moved, counted, on_device = titan_train_step_batches(
-                batches, device=trainer_device, gradient_accumulation_steps=2
+                batches, device=trainer_device, gradient_accumulation_steps=12
             )
-            want, _, _ = titan_train_step_batches(cpu_batches, device=torch.device("cpu"), gradient_accumulation_steps=2)
-            assert counted == 2 * 4 * 128 and int(on_device) == counted
+            want, _, _ = titan_train_step_batches(cpu_batches, device=torch.device("cpu"), gradient_accumulation_steps=12)
+            assert counted == 12 * 4 * 128 and int(on_device) == counted
             assert on_device.device.type == trainer_device.type
             for (input_dict, labels), (want_dict, want_labels) in zip(moved, want):
                 assert set(input_dict) == {"input", "positions"}

@@ -138,7 +138,8 @@ class CudaDelivery:
                 raise RuntimeError(f"cudaHostRegister of the {array.nbytes}-byte batch ring failed (status {int(status)})")
         self._registered = True
         self._ring_tensor = torch.from_numpy(array)
-        self._in_flight: list[tuple[int, torch.cuda.Event]] = []
+        # NOTE: (slot, its copy's event, whether host tensors of the consumer view it)
+        self._in_flight: list[tuple[int, torch.cuda.Event, bool]] = []
 
     def slots_pinned(self) -> bool:
         """Whether the ring is page-locked memory as CUDA sees it."""
@@ -161,11 +162,17 @@ class CudaDelivery:
             # NOTE: allocated on the copy stream; the caching allocator must
             # know the consumer's stream uses them too.
             tensor.record_stream(consumer)
+        viewed = False
         if self._host_keys:
             slot = self._ring.slot(index)
+            # NOTE: as on CPU, a consumer that keeps more batches (TorchTitan
+            # keeps a whole step's microbatches under gradient accumulation)
+            # gets copies, so the ring never runs dry under it.
+            viewed = sum(held for _, _, held in self._in_flight) < MAX_HELD_BATCHES
             for key in self._host_keys:
-                batch[key] = torch.from_numpy(slot.wide[key])
-        self._in_flight.append((index, copied))
+                host_tensor = torch.from_numpy(slot.wide[key])
+                batch[key] = host_tensor if viewed else host_tensor.clone()
+        self._in_flight.append((index, copied, viewed))
         return batch
 
     def reclaim(self) -> list[int]:
@@ -174,29 +181,29 @@ class CudaDelivery:
         waited for, so the producer always has slots to fill."""
         free, keep = [], []
         last = len(self._in_flight) - 1
-        for position, (index, copied) in enumerate(self._in_flight):
+        for position, (index, copied, viewed) in enumerate(self._in_flight):
             done = copied.query()
             if not done and position < last:
                 copied.synchronize()
                 done = True
-            if done and (not self._host_keys or _unreferenced(self._ring.slab(index))):
+            if done and (not viewed or _unreferenced(self._ring.slab(index))):
                 free.append(index)
             else:
-                keep.append((index, copied))
+                keep.append((index, copied, viewed))
         self._in_flight = keep
         return free
 
     def settle(self) -> tuple[int, ...]:
         """Before a new producer starts: wait for copies in flight; the slots
         still held (host keys the consumer keeps)."""
-        for _, copied in self._in_flight:
+        for _, copied, _ in self._in_flight:
             copied.synchronize()
         self.reclaim()  # NOTE: what it frees starts free for the new producer
-        return tuple(index for index, _ in self._in_flight)
+        return tuple(index for index, _, _ in self._in_flight)
 
     def close(self) -> None:
         """Wait for copies in flight, then unregister the ring."""
-        for _, copied in self._in_flight:
+        for _, copied, _ in self._in_flight:
             copied.synchronize()
         self._in_flight = []
         if self._registered:
