@@ -19,7 +19,7 @@ import torch
 from loader_reference import run_step_hashes
 from tools.reliability.common import process_table
 from zephon_stream import StreamingLoader
-from zephon_stream.errors import HelperProcessError
+from zephon_stream.errors import ConfigError, HelperProcessError
 from zephon_stream.loader.api import HELPER_PROCESS_BYTES
 from zephon_stream.loader.assembler import StepAssembler
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
@@ -184,3 +184,12 @@ def test_batches_are_views_of_the_ring_unless_the_consumer_hoards_them(small_dat
             assert in_ring(batch)
         kept = [next(loader) for _ in range(6)]
         assert [in_ring(b) for b in kept] == [True, False, False, False, False, False]
+
+
+def test_the_helper_runs_at_the_niceness_asked_for(small_dataset):
+    for nice in (0, 10):
+        with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, helper_nice=nice) as loader:
+            next(loader)
+            assert os.getpriority(os.PRIO_PROCESS, loader.helper_pid) == os.getpriority(os.PRIO_PROCESS, 0) + nice
+    with pytest.raises(ConfigError, match="helper_nice"):
+        StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, helper_nice=25)

@@ -188,6 +188,10 @@ class ZephonDataLoader(BaseDataLoader):
         outside the trainer's interpreter; ``"threads"``: in the trainer's
         process (debugging)."""
 
+        helper_nice: int = 10
+        """Niceness added to the helper process: on a core it shares with the
+        trainer, the trainer runs first. 0: equals."""
+
         max_steps: int | None = None
         """Finite run: iteration ends (``DataloaderExhausted``) after this many
         global steps, counted from the start of the run (cursor 0), so a
@@ -265,6 +269,7 @@ class ZephonDataLoader(BaseDataLoader):
             # (labels != IGNORE_INDEX).sum()``: CUDA labels would fail there.
             host_labels=True,
             pipeline=config.pipeline,
+            helper_nice=config.helper_nice,
             prefetch_steps=config.prefetch_steps,
             max_memory_bytes=config.max_memory_bytes,
             max_steps=config.max_steps,

@@ -81,6 +81,10 @@ class StreamingLoader:
         pipeline: ``"process"`` (default): fetch, decode and assembly run in
             a helper process writing into a shared-memory ring, outside this
             interpreter; ``"threads"``: on threads of this process (debugging).
+        helper_nice: niceness added to the helper process (default 10), so
+            that on a core it shares with the trainer the trainer runs first
+            and the helper works ahead in the time left over; 0 makes them
+            equals (for a host whose cores are all busy with other work).
         prefetch_steps: batches assembled ahead of the consumer; blocks are
             fetched that many steps further ahead.
         max_memory_bytes: refuse configs whose memory bound exceeds this.
@@ -108,6 +112,7 @@ class StreamingLoader:
         device: str | torch.device | None = None,
         host_labels: bool = False,
         pipeline: str = "process",
+        helper_nice: int = 10,
         prefetch_steps: int = 4,
         max_memory_bytes: int | None = None,
         num_fetch_threads: int = 8,
@@ -133,6 +138,9 @@ class StreamingLoader:
         if pipeline not in PIPELINE_MODES:
             raise ConfigError(f"pipeline must be one of {PIPELINE_MODES} (got {pipeline!r})")
         self.pipeline_mode = pipeline
+        if not isinstance(helper_nice, int) or not 0 <= helper_nice <= 19:
+            raise ConfigError(f"helper_nice must be an int in [0, 19] (got {helper_nice!r})")
+        self.helper_nice = helper_nice
         self.seq_len = seq_len
         self.local_batch_size = local_batch_size
         self.global_batch_size = local_batch_size * self.world_size
@@ -339,6 +347,7 @@ class StreamingLoader:
             hash_data=self._audit is not None,
             num_slots=self._ring.num_slots,
             slot_layout=self._ring.layout,
+            helper_nice=self.helper_nice,
         )
         reset_returned(self._ring, self._delivery.settle())
         if self.pipeline_mode == "threads":

@@ -54,6 +54,10 @@ def _exit_when_the_trainer_hangs_up(conn: Connection) -> None:
 def serve(conn: Connection, ring_fd: int) -> None:
     """Run the pipeline the first message describes; report each step."""
     spec: ProducerSpec = conn.recv()
+    if spec.helper_nice:
+        # NOTE: where the helper and the trainer share a core, the trainer
+        # goes first; the helper works ahead in the time the trainer leaves.
+        os.nice(spec.helper_nice)
     try:
         ring = SharedRing.attach(fd=ring_fd, num_slots=spec.num_slots, layout=spec.slot_layout)
         pipeline = start_pipeline(spec, sources=spec.open_sources(), ring=ring)
