@@ -66,7 +66,10 @@ def _bad_positions(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
         return np.zeros(0, np.int64)
     kind = tokens.dtype.kind
     if kind in "iu":
-        if int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size:
+        # NOTE: unsigned ids need no lower bound, and uint16 ids none at all under a 65536+ vocabulary.
+        if kind == "u" and 256**tokens.dtype.itemsize <= vocab_size:
+            return np.zeros(0, np.int64)
+        if (kind == "u" or int(tokens.min()) >= 0) and int(tokens.max()) < vocab_size:
             return np.zeros(0, np.int64)
         return np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
     if kind == "f":

@@ -104,11 +104,19 @@ def token_input_urls(
 
 def _read_exact(f: BinaryIO, url: str, offset: int, count: int, dtype: np.dtype) -> np.ndarray:
     out = np.empty(count, dtype=dtype)
-    f.seek(offset)
-    got = f.readinto(memoryview(out).cast("B"))  # type: ignore[attr-defined]
-    if got != out.nbytes:
-        raise InputError(f"input {url} byte {offset}: needed {out.nbytes} bytes, the file ends after {got}")
+    _read_into(f, url, offset, out)
     return out
+
+
+def _read_into(f: BinaryIO, url: str, offset: int, out: np.ndarray) -> None:
+    f.seek(offset)
+    view = memoryview(out).cast("B")
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            raise InputError(f"input {url} byte {offset}: needed {out.nbytes} bytes, the file ends after {got}")
+        got += n
 
 
 def _npy_layout(f: BinaryIO, url: str) -> tuple[np.dtype, int, int]:
@@ -296,10 +304,13 @@ class TokenSource:
         carry = np.zeros(0, dtype)
         carry_start, record, pos = 0, 0, 0
         while pos < count:
-            window = _read_exact(f, self.url, data_offset + pos * dtype.itemsize, min(self.config.window_tokens, count - pos), dtype)
-            pos += len(window)
+            take = min(self.config.window_tokens, count - pos)
+            # NOTE: the window is read in right after the carried partial document: one copy, not two.
+            block = np.empty(len(carry) + take, dtype)
+            block[: len(carry)] = carry
+            _read_into(f, self.url, data_offset + pos * dtype.itemsize, block[len(carry) :])
+            pos += take
             self.bytes_read = data_offset + pos * dtype.itemsize
-            block = np.concatenate([carry, window]) if len(carry) else window
             ends = np.flatnonzero(block == eos) + 1
             if not len(ends):
                 carry = block
