@@ -31,7 +31,7 @@ from zephon_stream.format.manifest import Manifest, SourceInfo
 from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL, MANIFEST_NAME, REJECTS_NAME, SHARDS_DIR, token_dtype
 from zephon_stream.storage import LocalStore, Store, expand_inputs, is_local_url, local_path, open_store
 from zephon_stream.storage.local import TEMP_PREFIX
-from zephon_stream.writer.config import DEFAULT_CHUNK_CHARS, DEFAULT_SHARD_TOKENS, WriteConfig, default_blocks_per_shard  # noqa: F401
+from zephon_stream.writer.config import WriteConfig
 from zephon_stream.writer.pool import TokenizePool
 from zephon_stream.writer.progress import Progress, WriteSummary
 from zephon_stream.writer.readers import Reject, SourceReader
@@ -194,6 +194,7 @@ class _Run:
                 zstd_level=self.config.zstd_level,
                 # NOTE: token inputs skip the tokenizer pool, so --workers buys compression threads.
                 compress_threads=self.config.workers if self.config.tokens else 2,
+                borrow_input=self.config.tokens,
             ),
             sources=[r.url for r in self.readers],
         )

@@ -9,13 +9,14 @@ background thread so the token stream never waits on storage. Order is kept
 throughout, so the bytes depend only on the tokens.
 
 Memory: one block being filled, at most ``max_pending_blocks`` blocks waiting
-for compression (twice that across a shard boundary), the compressed frames
-of the shard being filled, and at most one shard being hashed and written.
+for compression, the compressed frames of the shard being filled, and at
+most one shard being hashed and written.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -38,6 +39,10 @@ class ShardLayout:
         blocks_per_shard: blocks in every shard but the last.
         zstd_level: compression level of each block.
         compress_threads: threads compressing blocks.
+        borrow_input: compress whole blocks straight from the arrays given to
+            ``add`` (no copy); they must never change afterwards, and each
+            stays alive while any of its blocks waits for compression, so
+            use it where arrays hold several blocks (token inputs' windows).
     """
 
     dtype: np.dtype
@@ -45,6 +50,7 @@ class ShardLayout:
     blocks_per_shard: int
     zstd_level: int = DEFAULT_ZSTD_LEVEL
     compress_threads: int = 2
+    borrow_input: bool = False
 
 
 class ShardBuilder:
@@ -66,8 +72,9 @@ class ShardBuilder:
         self._max_pending_blocks = 2 * layout.compress_threads + 2
         self._block = np.empty(layout.block_tokens, dtype=layout.dtype)
         self._block_fill = 0
-        self._frames: list[Future[bytes] | bytes] = []
-        self._first_unresolved = 0
+        self._frames: list[Future[bytes]] = []
+        # NOTE: blocks submitted and not yet compressed, across shard boundaries too.
+        self._in_flight: deque[Future[bytes]] = deque()
         self._shard_start = 0  # global token offset of the shard being filled
         self._tokens_total = 0
         self._shards_sealed = 0
@@ -100,7 +107,7 @@ class ShardBuilder:
         pos = 0
         block_tokens = self._layout.block_tokens
         while pos < len(tokens):
-            if self._block_fill == 0 and len(tokens) - pos >= block_tokens:
+            if self._layout.borrow_input and self._block_fill == 0 and len(tokens) - pos >= block_tokens:
                 # NOTE: a whole block lies contiguous in the input: compress that view, no copy.
                 self._tokens_total += block_tokens
                 self._seal_block(tokens[pos : pos + block_tokens])
@@ -138,21 +145,17 @@ class ShardBuilder:
 
     def _seal_block(self, block: np.ndarray) -> None:
         """Queue ``block`` for compression; the caller never writes into it again."""
-        self._frames.append(self._compress.submit(encode_block, block, level=self._layout.zstd_level))
+        future = self._compress.submit(encode_block, block, level=self._layout.zstd_level)
+        self._frames.append(future)
+        self._in_flight.append(future)
         # NOTE: keep at most a few raw blocks alive: wait for the oldest frames.
-        while len(self._frames) - self._first_unresolved > self._max_pending_blocks:
-            self._resolve_next()
+        while len(self._in_flight) > self._max_pending_blocks:
+            self._in_flight.popleft().result()
         if len(self._frames) == self._layout.blocks_per_shard:
             self._seal_shard()
 
-    def _resolve_next(self) -> None:
-        frame = self._frames[self._first_unresolved]
-        assert isinstance(frame, Future)
-        self._frames[self._first_unresolved] = frame.result()
-        self._first_unresolved += 1
-
     def _seal_shard(self) -> None:
-        frames, self._frames, self._first_unresolved = self._frames, [], 0
+        frames, self._frames = self._frames, []
         shard_index, shard_tokens = self._shards_sealed, self._tokens_total - self._shard_start
         self._shards_sealed += 1
         index_bytes, num_documents = self._take_docindex(self._tokens_total)
@@ -169,11 +172,11 @@ class ShardBuilder:
         self,
         shard_index: int,
         shard_tokens: int,
-        frames: list[Future[bytes] | bytes],
+        frames: list[Future[bytes]],
         index_bytes: bytes,
         num_documents: int,
     ) -> None:
-        resolved = [f.result() if isinstance(f, Future) else f for f in frames]
+        resolved = [f.result() for f in frames]
         frames.clear()
         offsets = np.concatenate([np.zeros(1, np.int64), np.cumsum([len(f) for f in resolved])])
         data = b"".join(resolved)

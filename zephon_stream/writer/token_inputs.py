@@ -23,48 +23,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from zephon_stream.errors import InputError
-from zephon_stream.storage import expand_inputs, is_local_url, local_path, open_input, open_store
-from zephon_stream.writer.megatron import INDEX_HEADER_BYTES, iter_document_bounds, parse_index_header
+from zephon_stream.storage import expand_inputs, is_local_url, local_path, open_input
 from zephon_stream.writer.readers import JSONL_SUFFIXES, Reject, SourceReader
+from zephon_stream.writer.token_arrays import FLAT_DTYPES, OFFSETS_SUFFIX, ArraySource, TokenInputConfig, exists
 from zephon_stream.writer.token_check import RawDocuments
 
-WINDOW_TOKENS = 1 << 22
 ROW_BATCH = 1024
-OFFSETS_SUFFIX = ".offsets.npy"
-FLAT_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 TOKEN_SUFFIXES = (".npy", ".bin", ".idx", ".parquet", *JSONL_SUFFIXES)
 DATASETS_MARKERS = ("state.json", "dataset_info.json")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TokenInputConfig:
-    """How to read pre-tokenized inputs.
-
-    Attributes:
-        tokens_field: Parquet / JSONL / ``datasets`` column holding the ids.
-        token_dtype: dtype of raw ``.bin`` flat arrays (``uint16``/``uint32``).
-        eos_id: where flat arrays without an offsets file are cut.
-        window_tokens: tokens read at a time from flat and indexed sources.
-    """
-
-    tokens_field: str = "input_ids"
-    token_dtype: str | None = None
-    eos_id: int
-    window_tokens: int = WINDOW_TOKENS
-
-
-def _exists(url: str, storage_options: Mapping[str, Any] | None) -> bool:
-    if is_local_url(url):
-        return os.path.isfile(local_path(url))
-    parent, _, name = url.rstrip("/").rpartition("/")
-    with open_store(parent, storage_options) as store:
-        return store.exists(name)
 
 
 def _is_datasets_dir(url: str, storage_options: Mapping[str, Any] | None) -> bool:
@@ -72,7 +43,7 @@ def _is_datasets_dir(url: str, storage_options: Mapping[str, Any] | None) -> boo
         return False
     if not is_local_url(url) and any(c in url for c in "*?["):
         return False
-    return all(_exists(url.rstrip("/") + "/" + marker, storage_options) for marker in DATASETS_MARKERS)
+    return all(exists(url.rstrip("/") + "/" + marker, storage_options) for marker in DATASETS_MARKERS)
 
 
 def token_input_urls(
@@ -102,60 +73,6 @@ def token_input_urls(
     return out
 
 
-def _read_exact(f: BinaryIO, url: str, offset: int, count: int, dtype: np.dtype) -> np.ndarray:
-    out = np.empty(count, dtype=dtype)
-    _read_into(f, url, offset, out)
-    return out
-
-
-def _read_into(f: BinaryIO, url: str, offset: int, out: np.ndarray) -> None:
-    f.seek(offset)
-    view = memoryview(out).cast("B")
-    got = 0
-    while got < len(view):
-        n = f.readinto(view[got:])  # type: ignore[attr-defined]
-        if not n:
-            raise InputError(f"input {url} byte {offset}: needed {out.nbytes} bytes, the file ends after {got}")
-        got += n
-
-
-def _npy_layout(f: BinaryIO, url: str) -> tuple[np.dtype, int, int]:
-    """``(dtype, data offset, length)`` of a 1-D ``.npy`` file."""
-    fmt = np.lib.format
-    try:
-        version = fmt.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = fmt.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dtype = fmt.read_array_header_2_0(f)
-        else:
-            raise ValueError(f"npy format version {version} (expected 1.0 or 2.0)")
-    except ValueError as exc:
-        raise InputError(f"input {url}: not a readable .npy file: {exc}") from None
-    if len(shape) != 1:
-        raise InputError(f"input {url}: array of shape {shape}, expected 1-D token ids")
-    if dtype.fields is not None or dtype.kind not in "iuf":
-        raise InputError(f"input {url}: dtype {dtype}, expected integer (or integral float) token ids")
-    offset = f.tell()
-    size = f.seek(0, os.SEEK_END)
-    if size < offset + shape[0] * dtype.itemsize:
-        raise InputError(
-            f"input {url}: header says {shape[0]} x {dtype} ({shape[0] * dtype.itemsize} bytes from byte {offset}), "
-            f"the file has {size} bytes"
-        )
-    return dtype, offset, int(shape[0])
-
-
-def _groups(bounds: np.ndarray, max_tokens: int) -> Iterator[tuple[int, int]]:
-    """Runs ``[i, j)`` of documents (``bounds[i]..bounds[j]``) of at most ``max_tokens``, or one document."""
-    i, last = 0, len(bounds) - 1
-    while i < last:
-        j = int(np.searchsorted(bounds, bounds[i] + max_tokens, side="right")) - 1
-        j = min(max(j, i + 1), last)
-        yield i, j
-        i = j
-
-
 class TokenSource:
     """One pre-tokenized input; iterating yields ``RawDocuments`` batches in record order.
 
@@ -179,7 +96,7 @@ class TokenSource:
         if name.endswith(".npy"):
             self.kind = "npy"
         elif name.endswith(".bin"):
-            self.kind = "megatron" if _exists(url[:-4] + ".idx", storage_options) else "bin"
+            self.kind = "megatron" if exists(url[:-4] + ".idx", storage_options) else "bin"
             if self.kind == "bin" and config.token_dtype not in FLAT_DTYPES:
                 raise InputError(
                     f"input {url}: a raw .bin token file needs its dtype: --token-dtype uint16|uint32 "
@@ -200,11 +117,13 @@ class TokenSource:
             raise InputError(f"input {url}: name the column of token ids with --tokens-field")
 
     def __iter__(self) -> Iterator[RawDocuments]:
-        reader = {
-            "npy": self._flat, "bin": self._flat, "megatron": self._megatron,
-            "parquet": self._parquet, "jsonl": self._jsonl, "datasets": self._datasets,
-        }[self.kind]  # fmt: skip
-        yield from reader()
+        if self.kind in ("npy", "bin", "megatron"):
+            arrays = ArraySource(self.url, kind=self.kind, config=self.config, storage_options=self._options)
+            for batch in arrays:
+                self.bytes_read = arrays.bytes_read
+                yield batch
+        else:
+            yield from {"parquet": self._parquet, "jsonl": self._jsonl, "datasets": self._datasets}[self.kind]()
         self.final_bytes_read = self.bytes_read
 
     @property
@@ -213,130 +132,6 @@ class TokenSource:
         if is_local_url(self.url) and os.path.isfile(local_path(self.url)):
             return os.path.getsize(local_path(self.url))
         return None
-
-    # -- flat arrays and indexed datasets --------------------------------------
-
-    def _flat(self) -> Iterator[RawDocuments]:
-        with open_input(self.url, self._options) as f:
-            if self.kind == "npy":
-                dtype, data_offset, count = _npy_layout(f, self.url)
-            else:
-                dtype, data_offset = FLAT_DTYPES[self.config.token_dtype or ""], 0
-                size = f.seek(0, os.SEEK_END)
-                if size % dtype.itemsize:
-                    raise InputError(f"input {self.url}: {size} bytes is not a whole number of {dtype} tokens")
-                count = size // dtype.itemsize
-            stem = self.url[: -len(".npy")] if self.kind == "npy" else self.url[: -len(".bin")]
-            offsets_url = stem + OFFSETS_SUFFIX
-            if _exists(offsets_url, self._options):
-                bounds = self._offsets_bounds(offsets_url, count)
-                yield from self._by_bounds(f, data_offset, dtype, bounds, count)
-            else:
-                yield from self._by_eos(f, data_offset, dtype, count, offsets_url)
-
-    def _offsets_bounds(self, url: str, count: int) -> Iterator[tuple[int, np.ndarray]]:
-        with open_input(url, self._options) as f:
-            dtype, data_offset, entries = _npy_layout(f, url)
-            if dtype.kind not in "iu" or entries < 1:
-                raise InputError(f"offsets {url}: {entries} x {dtype}, expected at least one integer boundary")
-            first, previous = 0, 0
-            while True:
-                take = min(self.config.window_tokens, entries - first)
-                chunk = _read_exact(f, url, data_offset + first * dtype.itemsize, take, dtype).astype(np.int64)
-                steps = np.diff(chunk, prepend=previous)
-                bad = np.flatnonzero((steps < 0) | (chunk > count) | (chunk < 0))
-                if (first == 0 and chunk[0] != 0) or len(bad):
-                    i = 0 if first == 0 and chunk[0] != 0 else int(bad[0])
-                    raise InputError(
-                        f"offsets {url} entry {first + i}: {int(chunk[i])}, expected a boundary between "
-                        f"{previous if i == 0 else int(chunk[i - 1])} and {count} (0 first, never decreasing)"
-                    )
-                if first + take == entries and chunk[-1] != count:
-                    raise InputError(f"offsets {url} entry {entries - 1}: last boundary {int(chunk[-1])}, expected the token count {count}")
-                yield first, chunk
-                previous = int(chunk[-1])
-                if first + take == entries:
-                    return
-                first += take - 1
-
-    def _megatron(self) -> Iterator[RawDocuments]:
-        idx_url = self.url[:-4] + ".idx"
-        with open_input(idx_url, self._options) as idx, open_input(self.url, self._options) as data:
-            idx_size = idx.seek(0, os.SEEK_END)
-            idx.seek(0)
-            header = parse_index_header(idx.read(INDEX_HEADER_BYTES), size=idx_size, name=idx_url)
-
-            def read(start: int, end: int) -> bytes:
-                idx.seek(start)
-                return idx.read(end - start)
-
-            bin_size = data.seek(0, os.SEEK_END)
-            if bin_size % header.dtype.itemsize:
-                raise InputError(f"input {self.url}: {bin_size} bytes is not a whole number of {header.dtype} tokens")
-            count = bin_size // header.dtype.itemsize
-            yield from self._by_bounds(data, 0, header.dtype, iter_document_bounds(read, header), count)
-
-    def _by_bounds(
-        self, f: BinaryIO, data_offset: int, dtype: np.dtype, bounds_iter: Iterator[tuple[int, np.ndarray]], count: int
-    ) -> Iterator[RawDocuments]:
-        end = 0
-        for first, bounds in bounds_iter:
-            if int(bounds[-1]) > count:
-                raise InputError(
-                    f"input {self.url}: documents up to {first + len(bounds) - 1} need {int(bounds[-1])} tokens, "
-                    f"the file holds {count}"
-                )
-            for i, j in _groups(bounds, self.config.window_tokens):
-                start, stop = int(bounds[i]), int(bounds[j])
-                tokens = _read_exact(f, self.url, data_offset + start * dtype.itemsize, stop - start, dtype)
-                self.bytes_read = data_offset + stop * dtype.itemsize
-                yield RawDocuments(
-                    source=self.url, tokens=tokens, lengths=np.diff(bounds[i : j + 1]),
-                    records=np.arange(first + i, first + j, dtype=np.int64), offsets=bounds[i:j],
-                    num_records=j - i,
-                )  # fmt: skip
-            end = int(bounds[-1])
-        if end != count:
-            raise InputError(f"input {self.url}: the documents end at token {end}, but the file holds {count} tokens")
-
-    def _by_eos(self, f: BinaryIO, data_offset: int, dtype: np.dtype, count: int, offsets_url: str) -> Iterator[RawDocuments]:
-        eos = self.config.eos_id
-        carry = np.zeros(0, dtype)
-        carry_start, record, pos = 0, 0, 0
-        while pos < count:
-            take = min(self.config.window_tokens, count - pos)
-            # NOTE: the window is read in right after the carried partial document: one copy, not two.
-            block = np.empty(len(carry) + take, dtype)
-            block[: len(carry)] = carry
-            _read_into(f, self.url, data_offset + pos * dtype.itemsize, block[len(carry) :])
-            pos += take
-            self.bytes_read = data_offset + pos * dtype.itemsize
-            ends = np.flatnonzero(block == eos) + 1
-            if not len(ends):
-                carry = block
-                continue
-            lengths = np.diff(ends, prepend=0)
-            yield RawDocuments(
-                source=self.url, tokens=block[: ends[-1]], lengths=lengths,
-                records=np.arange(record, record + len(ends), dtype=np.int64),
-                offsets=carry_start + ends - lengths, num_records=len(ends),
-            )  # fmt: skip
-            record += len(ends)
-            carry, carry_start = block[ends[-1] :].copy(), carry_start + int(ends[-1])
-        if len(carry):
-            if record == 0:
-                raise InputError(
-                    f"input {self.url}: no document boundary: none of its {count} tokens is the EOS id {eos} "
-                    f"and there is no offsets file {offsets_url.rsplit('/', 1)[-1]}"
-                )
-            # NOTE: the tail has no EOS: check_documents rejects it, or appends EOS with --append-eos.
-            yield RawDocuments(
-                source=self.url, tokens=carry, lengths=np.array([len(carry)], np.int64),
-                records=np.array([record], np.int64), offsets=np.array([carry_start], np.int64), num_records=1,
-                split_at_eos=True,
-            )  # fmt: skip
-
-    # -- columns of id lists -------------------------------------------------
 
     def _parquet(self) -> Iterator[RawDocuments]:
         import pyarrow as pa
