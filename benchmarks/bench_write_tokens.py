@@ -104,16 +104,20 @@ def run_tokens(args, tokenizer, spec: str, texts: list[str], work: Path) -> dict
     print(f"token corpus: {len(stream):,} tokens in {len(docs):,} documents (largest {largest:,}); workers {args.workers}; "
           f"{args.blocks_per_shard} blocks a shard")
     del docs
-    base_runs, write_runs = [], []
+    base_runs, write_runs, base_cpu, write_cpu = [], [], [], []
     for rep in range(args.repeat):
+        cpu = cpu_seconds()
         size, seconds = bare_compress(stream, block_tokens=DEFAULT_BLOCK_TOKENS, workers=args.workers, level=DEFAULT_ZSTD_LEVEL)
         base_runs.append(seconds)
+        base_cpu.append(cpu_seconds() - cpu)
+        cpu = cpu_seconds()
         print(f"[{rep}] bare zstd loop: {len(stream) / seconds:,.0f} tokens/s ({size:,} bytes)")
         start = time.perf_counter()
         summary = write_dataset(str(inputs["npy"]), str(work / "out"), tokenizer=spec, input_format="tokens",
                                 workers=args.workers, blocks_per_shard=args.blocks_per_shard, progress=False,
                                 overwrite=True)  # fmt: skip
         write_runs.append(time.perf_counter() - start)
+        write_cpu.append(cpu_seconds() - cpu)
         assert summary.num_tokens == len(stream) and summary.num_rejected == 0
         assert abs(summary.compressed_bytes - size) <= 64 * summary.num_blocks, (summary.compressed_bytes, size)
         print(f"[{rep}] writer (.npy):  {len(stream) / write_runs[-1]:,.0f} tokens/s")
@@ -131,6 +135,10 @@ def run_tokens(args, tokenizer, spec: str, texts: list[str], work: Path) -> dict
     print(f"bare zstd (best): {base_tps:,.0f} tokens/s; writer .npy (best): {write_tps:,.0f} tokens/s")
     print(f"ratio: {ratio:.3f} (target >= {TARGET_TOKENS_RATIO})  {'OK' if ratio >= TARGET_TOKENS_RATIO else 'BELOW TARGET'}")
     pair = [b / w for b, w in zip(base_runs, write_runs)]
+    # NOTE: wall time swings with other load on a shared machine; CPU time per run does not.
+    cpu_ratio = min(base_cpu) / min(write_cpu)
+    print(f"CPU seconds: bare zstd {min(base_cpu):.2f}, writer {min(write_cpu):.2f} (CPU-time ratio {cpu_ratio:.3f}); "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     rss = peak_rss_child(["tokens", str(inputs["npy"]), spec, str(args.workers)], work)
     print(f"writer peak RSS on {len(stream):,} tokens: {rss:.0f} MiB")
     return {
@@ -139,8 +147,14 @@ def run_tokens(args, tokenizer, spec: str, texts: list[str], work: Path) -> dict
         "meets_target": ratio >= TARGET_TOKENS_RATIO, "pair_ratios": [round(r, 4) for r in pair],
         "megatron_tokens_per_s": round(kinds["megatron"]), "parquet_tokens_per_s": round(kinds["parquet"]),
         "megatron_ratio": round(kinds["megatron"] / base_tps, 4), "parquet_ratio": round(kinds["parquet"] / base_tps, 4),
-        "writer_peak_rss_mib": round(rss, 1),
+        "writer_peak_rss_mib": round(rss, 1), "cpu_ratio": round(cpu_ratio, 4),
+        "baseline_cpu_s": [round(c, 3) for c in base_cpu], "writer_cpu_s": [round(c, 3) for c in write_cpu],
     }  # fmt: skip
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def peak_rss_child(argv: list[str], work: Path) -> float:
