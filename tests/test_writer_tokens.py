@@ -62,6 +62,7 @@ def write_input(kind: str, root: Path, docs: list[np.ndarray], eos: int) -> tupl
         write_jsonl(root / "corpus.jsonl.gz", ended, field="ids")
         return str(root / "corpus.jsonl.gz"), {"tokens_field": "ids"}
     assert kind == "datasets"
+    pytest.importorskip("datasets", reason="the datasets extra is not installed")
     write_datasets(root / "corpus_ds", docs)
     return str(root / "corpus_ds"), {"append_eos": True}
 
