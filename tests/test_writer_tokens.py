@@ -310,3 +310,16 @@ def test_killed_token_writer_reruns_to_the_same_bytes(bpe_docs, tmp_path):
              for out in (killed, tmp_path / "clean")}  # fmt: skip
     assert files[killed].keys() == files[tmp_path / "clean"].keys() and len(files[killed]) > 100
     assert [p for p in files[killed] if files[killed][p] != files[tmp_path / "clean"][p]] == []
+
+
+def test_progress_bar_and_summary_count_token_input_bytes_and_tokens(bpe_docs, tmp_path, capsys):
+    spec, eos, docs = bpe_docs
+    url, options = write_input("megatron", tmp_path, docs, eos)
+    summary = write_dataset(url, str(tmp_path / "out"), tokenizer=spec, input_format="tokens", block_tokens=4097,
+                            progress=True, **options)  # fmt: skip
+    final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    size = (tmp_path / "corpus.bin").stat().st_size
+    assert final.startswith("write: 100%") and f"{summary.num_tokens:,} tokens" in final, final
+    assert summary.input_bytes == size and summary.num_tokens == size // 2
+    table = summary.table()
+    assert f"tokens            {summary.num_tokens:,}" in table and "records rejected  0" in table
