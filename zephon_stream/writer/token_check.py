@@ -19,6 +19,7 @@ import numpy as np
 from zephon_stream.errors import InputError
 from zephon_stream.writer.readers import Reject
 
+LOOP_MIN_TOKENS_PER_DOC = 512
 TOKEN_REJECT_REASONS = ("empty", "bad_token", "no_eos", "not_token_list", "missing_field", "bad_json", "undecodable")
 
 
@@ -146,16 +147,42 @@ def frame_documents(
             tokens=tokens.astype(dtype, copy=False), lengths=lengths, records=np.asarray(raw.records, np.int64),
             rejects=rejects,
         )  # fmt: skip
-    kept_tokens = tokens[np.repeat(keep, lengths)].astype(dtype, copy=False)
-    kept_lengths = lengths[keep]
-    add = missing_eos[keep]
+    if keep.all():
+        kept_tokens, kept_lengths, add = tokens.astype(dtype, copy=False), lengths, missing_eos
+    else:
+        kept_tokens = tokens[np.repeat(keep, lengths)].astype(dtype, copy=False)
+        kept_lengths, add = lengths[keep], missing_eos[keep]
     if add.any():
-        kept_ends = np.cumsum(kept_lengths)
-        kept_tokens = np.insert(kept_tokens, kept_ends[add], np.asarray(eos_id, dtype=dtype))
+        kept_tokens = _with_eos(kept_tokens, kept_lengths, add, eos_id)
         kept_lengths = kept_lengths + add
     return FramedDocuments(
         tokens=kept_tokens, lengths=kept_lengths, records=np.asarray(raw.records, np.int64)[keep], rejects=rejects
     )
+
+
+def _with_eos(tokens: np.ndarray, lengths: np.ndarray, add: np.ndarray, eos_id: int) -> np.ndarray:
+    """``tokens`` with ``eos_id`` inserted after each document flagged in ``add``."""
+    out = np.empty(len(tokens) + int(add.sum()), dtype=tokens.dtype)
+    ends = np.cumsum(lengths)
+    # NOTE: one slice copy per document beats a boolean mask (~0.5 ns a token)
+    # once documents average a few hundred tokens; short ones take the mask.
+    if len(tokens) >= LOOP_MIN_TOKENS_PER_DOC * len(lengths):
+        src = dst = 0
+        for end, extra in zip(ends.tolist(), add.tolist()):
+            n = end - src
+            out[dst : dst + n] = tokens[src:end]
+            dst += n
+            if extra:
+                out[dst] = eos_id
+                dst += 1
+            src = end
+        return out
+    eos_at = (ends + np.cumsum(add) - 1)[add]
+    body = np.ones(len(out), dtype=bool)
+    body[eos_at] = False
+    out[body] = tokens
+    out[eos_at] = eos_id
+    return out
 
 
 def _merge_rejects(raw: RawDocuments, reasons: dict[int, tuple[str, str]]) -> list[Reject]:

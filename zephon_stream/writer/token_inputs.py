@@ -144,7 +144,7 @@ class TokenSource:
                 raise InputError(f"input {self.url}: not a readable parquet file: {exc}") from None
             self._check_column(parquet.schema_arrow)
             row = 0
-            for batch in parquet.iter_batches(batch_size=ROW_BATCH, columns=[self.config.tokens_field]):
+            for batch in parquet.iter_batches(batch_size=ROW_BATCH, columns=[self.config.tokens_field], use_threads=False):
                 yield self._list_batch(batch.column(0), row)
                 row += batch.num_rows
                 self.bytes_read = raw.tell()
