@@ -323,3 +323,18 @@ def test_progress_bar_and_summary_count_token_input_bytes_and_tokens(bpe_docs, t
     assert summary.input_bytes == size and summary.num_tokens == size // 2
     table = summary.table()
     assert f"tokens            {summary.num_tokens:,}" in table and "records rejected  0" in table
+
+
+@pytest.mark.parametrize("row_tokens", [3, 2000])
+def test_append_eos_ends_only_the_documents_without_one_short_or_long(row_tokens, tmp_path):
+    rng = np.random.default_rng(row_tokens)
+    docs = [rng.integers(0, 256, rng.integers(1, 2 * row_tokens)).astype(np.uint16) for _ in range(300)]
+    for doc in docs[::4]:
+        doc[-1] = 256
+    write_parquet(tmp_path / "rows.parquet", docs)
+    summary = write_dataset(str(tmp_path / "rows.parquet"), str(tmp_path / "out"), tokenizer="bytes",
+                            input_format="tokens", append_eos=True, progress=False)  # fmt: skip
+    want = np.concatenate([d if d[-1] == 256 else np.append(d, 256) for d in docs])
+    assert summary.num_documents == 300 and summary.num_tokens == len(want)
+    with DatasetReader.open(str(tmp_path / "out")) as reader:
+        assert reader.read_tokens(0, len(want)).tolist() == want.tolist()
