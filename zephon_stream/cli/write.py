@@ -46,7 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="token inputs: end each document that lacks the EOS id with one (without it, such a document is rejected)",
     )
     parser.add_argument(
-        "--workers", type=int, default=1, metavar="N", help="tokenizer processes (default: 1, in this process)"
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tokenizer processes (default: 1, in this process); with token inputs, compression threads",
     )
     parser.add_argument(
         "--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, metavar="N", help="tokens per block (default: 2**20+1)"
