@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         from zephon_stream.writer.token_inputs import token_input_urls
 
         # NOTE: a rank's share must keep X.bin with X.idx and a datasets folder whole.
-        expand = lambda patterns, storage_options: token_input_urls(patterns, storage_options)  # noqa: E731
+        expand = token_input_urls
     # NOTE: under a launcher (RANK/WORLD_SIZE, Slurm) each rank writes its share as OUTPUT/part-*; see `merge`.
     share = assign_rank_work(inputs, output, storage_options=options, expand=expand)
     if share is not None:
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         block_tokens=args.block_tokens,
         blocks_per_shard=args.blocks_per_shard,
-        storage_options=parse_storage_options(args.storage_option) or None,
+        storage_options=options,
         progress=False if args.no_progress else None,
         eos_token=args.eos_token,
         bos_token=args.bos_token,
