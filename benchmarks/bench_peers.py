@@ -1,11 +1,14 @@
 """zephon_stream against MosaicML Streaming and LitData on the same tokens.
 
 The corpus is this machine's Python standard library sources, tokenized with
-the byte tokenizer by ``write_dataset``. The peers convert the very samples
-zephon_stream serves (``seq_len + 1`` tokens each, read back from the
-zephon dataset), so conversion time compares writers of the same tokens
-(zephon_stream's includes reading and tokenizing the text; the peers start
-from the token arrays in memory). Then one process reads a fixed number of
+the byte tokenizer by ``write_dataset``. Every library then converts the same
+pre-tokenized samples (``seq_len + 1`` tokens each, read back from that
+dataset): the peers from the token rows in memory, zephon_stream from the
+same rows saved as a ``.npy`` with an offsets file (one document per row,
+``--input-format tokens --append-eos``, one compression worker), read from
+disk. Conversion tokens/s counts the rows' tokens for every library (target:
+zephon over MosaicML's ``MDSWriter`` >= 1.0); the text conversion
+(tokenizing included) is reported beside it. Then one process reads a fixed number of
 samples, shuffled, from local disk and from a moto S3 server on loopback,
 and we report tokens/s and ratios. The resume check reads global batches at
 one rank, then at two ranks, saves the state, and goes on at three ranks from
@@ -22,7 +25,8 @@ virtualenv that sees this environment's packages::
         transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.2
     /tmp/peers-venv/bin/python benchmarks/bench_peers.py
 
-A peer that cannot be imported is reported as skipped. The last printed line
+``--convert-only`` stops after the conversions. A peer that cannot be
+imported is reported as skipped. The last printed line
 is one JSON object with every figure.
 """
 
@@ -159,6 +163,22 @@ def import_mosaic() -> Any:
     import streaming.base as base
 
     return base
+
+
+def zephon_convert_tokens(samples_path: str, out: str) -> float:
+    """Seconds to write the sample rows (one document each) from a ``.npy`` + offsets file."""
+    from zephon_stream import write_dataset
+
+    rows, width = np.load(samples_path, mmap_mode="r").shape
+    flat_path = samples_path.replace(".npy", "-flat.npy")
+    np.save(flat_path, np.load(samples_path).reshape(-1))
+    np.save(flat_path.replace(".npy", ".offsets.npy"), np.arange(rows + 1, dtype=np.int64) * width)
+    seconds, summary = timed(
+        lambda: write_dataset(flat_path, out, tokenizer="bytes", input_format="tokens", append_eos=True, workers=1,
+                              blocks_per_shard=16, progress=False, overwrite=True)
+    )  # fmt: skip
+    assert summary.num_documents == rows and summary.num_rejected == 0, summary
+    return seconds
 
 
 def mosaic_convert(samples: np.ndarray, out: str) -> float:
@@ -355,6 +375,7 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--read-samples", type=int, default=4096, help="samples each reader reads (default 4096)")
+    parser.add_argument("--convert-only", action="store_true", help="only the conversions (no reads, no resume)")
     parser.add_argument("--resume-worker", choices=("mosaic", "litdata"), help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=10, help=argparse.SUPPRESS)
@@ -384,6 +405,12 @@ def main() -> int:
         print(f"corpus: {len(files)} files, {samples.shape[0]:,} samples of {args.seq_len}+1 tokens")
         mosaic_local = str(work / "mds")
         lit_local = str(work / "litdata")
+        attempt(results, "zephon_tokens_convert_s", lambda: zephon_convert_tokens(samples_path, str(work / "zephon-tokens")))
+        try:
+            import_mosaic()
+        except ImportError as exc:
+            print(f"MosaicML Streaming: skipped ({exc})")
+            results.setdefault("skipped", {})["mosaic"] = str(exc)
         attempt(results, "mosaic_convert_s", lambda: mosaic_convert(samples, mosaic_local))
         attempt(results, "litdata_convert_s", lambda: litdata_convert(samples_path, len(samples), lit_local))
 
@@ -391,6 +418,20 @@ def main() -> int:
             if os.path.isdir(folder):
                 size = sum(f.stat().st_size for f in pathlib.Path(folder).rglob("*") if f.is_file())
                 attempt(results, f"{name}_bytes_per_token", lambda: size / results["tokens"])
+        sample_tokens = int(samples.size)
+        for name in ("zephon_tokens", "mosaic", "litdata"):
+            if results.get(f"{name}_convert_s"):
+                results[f"{name}_convert_tokens_per_s"] = sample_tokens / results[f"{name}_convert_s"]
+        for peer in ("mosaic", "litdata"):
+            theirs = results.get(f"{peer}_convert_tokens_per_s")
+            if theirs and results.get("zephon_tokens_convert_tokens_per_s"):
+                ratio = results["zephon_tokens_convert_tokens_per_s"] / theirs
+                results[f"ratio_zephon_over_{peer}_convert"] = ratio
+                print(f"ratio zephon/{peer} conversion tokens/s, same token rows: {ratio:.2f}"
+                      + (" (target >= 1.0)" if peer == "mosaic" else ""))
+        if args.convert_only:
+            print(json.dumps(results, default=str))
+            return 0
         n = min(args.read_samples, len(samples))
         attempt(results, "zephon_local_tokens_per_s", lambda: zephon_read(zephon_local, args.seq_len, args.batch, n))
         attempt(results, "mosaic_local_tokens_per_s", lambda: mosaic_read(None, mosaic_local, args.batch, n))

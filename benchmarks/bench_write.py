@@ -15,7 +15,15 @@ The target is ratio = writer tokens/s / baseline tokens/s >= 0.85. Each is
 measured ``--repeat`` times, alternating, and the best of each is kept (the
 machine may be shared). The last line printed is one JSON object.
 
+``--tokens``: token inputs instead (``bench_write_tokens.py``): the corpus's
+BPE ids as .npy / Megatron / Parquet, the writer against a bare zstd loop over
+the same blocks on the same number of threads (target >= 0.8), and the
+writer's peak RSS. ``--memory``: peak RSS of text writes against corpus size
+and largest document size (each write in a fresh process).
+
 Usage: python benchmarks/bench_write.py [--workers 2] [--repeat 2] [--max-mb 40]
+       python benchmarks/bench_write.py --tokens [--tokens-m 100] [--workers 2]
+       python benchmarks/bench_write.py --memory [--big-doc-mb 4.7]
 """
 
 from __future__ import annotations
@@ -138,7 +146,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--max-mb", type=float, default=40.0, help="corpus size cap (MB)")
+    parser.add_argument("--tokens", action="store_true", help="benchmark token inputs against bare zstd")
+    parser.add_argument("--tokens-m", type=float, default=100.0, help="--tokens: corpus size in million tokens")
+    parser.add_argument("--blocks-per-shard", type=int, default=16, help="--tokens: blocks a shard")
+    parser.add_argument("--memory", action="store_true", help="peak RSS against corpus and largest document size")
+    parser.add_argument("--big-doc-mb", type=float, default=4.7, help="--memory: size of the one large document")
     args = parser.parse_args()
+    if args.tokens or args.memory:
+        special(args)
+        return
 
     from zephon_stream import Manifest, write_dataset
     from zephon_stream.writer.tokenizers import load_tokenizer
@@ -225,6 +241,29 @@ def main() -> None:
             "baseline_runs_s": [round(s, 3) for _, s in base_runs],
             "writer_runs_s": [round(s, 3) for _, s in write_runs],
         }))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def special(args: argparse.Namespace) -> None:
+    """``--tokens`` and ``--memory``; the last line printed is one JSON object."""
+    from bench_write_tokens import run_memory, run_tokens
+
+    from zephon_stream.writer.tokenizers import load_tokenizer
+
+    files = corpus_files(int(args.max_mb * 1e6))
+    texts = [t for _, t in files]
+    work = Path(tempfile.mkdtemp(prefix="bench_write_"))
+    try:
+        train_bpe(texts[:TRAIN_FILES], work / "tokenizer.json")
+        spec = f"hf:{work / 'tokenizer.json'}"
+        result = {"benchmark": "bench_write", "workers": args.workers, "corpus_bytes": sum(len(t.encode()) for t in texts)}
+        if args.tokens:
+            result["tokens"] = run_tokens(args, load_tokenizer(spec), spec, texts, work)
+        if args.memory:
+            result["memory"] = run_memory(args, spec, files, work)
+        result["load_average"] = round(os.getloadavg()[0], 2)
+        print(json.dumps(result))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -163,3 +163,23 @@ def test_tokenizer_from_manifest_checks_fingerprint(bpe_tokenizer_json, tmp_path
     assert isinstance(tokenizer_from_manifest(BytesTokenizer().identity()), BytesTokenizer)
     ids, _ = BytesTokenizer().encode_documents(["a"])
     assert np.array_equal(ids, [97, 256])
+
+
+def test_a_long_text_is_encoded_in_pieces_to_the_ids_of_one_go(stdlib_corpus, bpe_tokenizer_json):
+    from tokenizers import Tokenizer as RawTokenizer
+
+    from zephon_stream.writer.tokenizers import LONG_TEXT_CHARS
+
+    # NOTE: about 1.2 MB of real sources, so several cuts land in code, blank lines and docstrings.
+    long_text = "".join(stdlib_corpus.texts[:160])
+    assert len(long_text) > 4 * LONG_TEXT_CHARS
+    tok = load_tokenizer(f"hf:{bpe_tokenizer_json}")
+    raw = RawTokenizer.from_file(str(bpe_tokenizer_json))
+    texts = ["short one", long_text, "x = 1\n"]
+    assert tok.encode_batch(texts) == [enc.ids for enc in raw.encode_batch(texts, add_special_tokens=False)]
+    # NOTE: Metaspace (SentencePiece-style) marks the start of a text, so cutting anywhere would add a mark.
+    from tokenizers import pre_tokenizers
+
+    raw.pre_tokenizer = pre_tokenizers.Metaspace()
+    marked = HFTokenizer(raw.to_str().encode(), name="metaspace")
+    assert marked.encode_batch([long_text[: 2 * LONG_TEXT_CHARS]]) == [raw.encode(long_text[: 2 * LONG_TEXT_CHARS], add_special_tokens=False).ids]

@@ -1,4 +1,4 @@
-"""``zephon-stream write``: convert raw text into a dataset."""
+"""``zephon-stream write``: convert raw text, or token ids, into a dataset."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "write",
-        help="tokenize raw text (txt, jsonl, .gz/.zst, parquet) into zstd token shards",
+        help="tokenize raw text (txt, jsonl, .gz/.zst, parquet), or take token ids, into zstd token shards",
         description=(
             "Tokenize raw text into fixed-size zstd token shards with a manifest. Inputs are "
             "paths, folders, globs (** included) or s3:// URLs and globs; each pattern's matches "
             "are sorted. S3 credentials and endpoint come from the standard AWS variables "
-            "(AWS_ENDPOINT_URL included) or --storage-option."
+            "(AWS_ENDPOINT_URL included) or --storage-option. With --input-format tokens the inputs "
+            "already hold ids of --tokenizer: .npy, raw .bin (--token-dtype), Megatron PREFIX.bin+.idx, "
+            "Parquet/JSONL lists of ids (--tokens-field), or a datasets.save_to_disk folder."
         ),
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="input file, folder, glob or s3:// URL")
@@ -28,10 +30,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--text-field", default="text", metavar="F", help="JSONL key / parquet column (default: text)")
     parser.add_argument("--lines", action="store_true", help="in text files, each line is a document")
     parser.add_argument(
-        "--input-format", choices=("txt", "jsonl", "parquet"), help="read every input as this format"
+        "--input-format",
+        choices=("txt", "jsonl", "parquet", "tokens"),
+        help="read every input as this format; tokens: the inputs hold token ids (kind from the file name)",
     )
     parser.add_argument(
-        "--workers", type=int, default=1, metavar="N", help="tokenizer processes (default: 1, in this process)"
+        "--tokens-field", default="input_ids", metavar="F", help="token inputs: Parquet/JSONL/datasets column of ids"
+    )
+    parser.add_argument(
+        "--token-dtype", choices=("uint16", "uint32"), help="token inputs: dtype of raw .bin arrays (no header)"
+    )
+    parser.add_argument(
+        "--append-eos",
+        action="store_true",
+        help="token inputs: end each document that lacks the EOS id with one (without it, such a document is rejected)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tokenizer processes (default: 1, in this process); with token inputs, compression threads",
     )
     parser.add_argument(
         "--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, metavar="N", help="tokens per block (default: 2**20+1)"
@@ -61,8 +80,15 @@ def run(args: argparse.Namespace) -> int:
     from zephon_stream.writer.distributed import assign_rank_work
 
     inputs, output = args.inputs, args.output
+    options = parse_storage_options(args.storage_option) or None
+    expand = None
+    if args.input_format == "tokens":
+        from zephon_stream.writer.token_inputs import token_input_urls
+
+        # NOTE: a rank's share must keep X.bin with X.idx and a datasets folder whole.
+        expand = token_input_urls
     # NOTE: under a launcher (RANK/WORLD_SIZE, Slurm) each rank writes its share as OUTPUT/part-*; see `merge`.
-    share = assign_rank_work(inputs, output, storage_options=parse_storage_options(args.storage_option) or None)
+    share = assign_rank_work(inputs, output, storage_options=options, expand=expand)
     if share is not None:
         inputs, output = share.inputs, share.output
         print(f"rank {share.rank.rank} of {share.rank.world_size}: {len(inputs)} of {share.num_inputs_total} inputs -> {output}", file=sys.stderr)
@@ -75,13 +101,16 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         block_tokens=args.block_tokens,
         blocks_per_shard=args.blocks_per_shard,
-        storage_options=parse_storage_options(args.storage_option) or None,
+        storage_options=options,
         progress=False if args.no_progress else None,
         eos_token=args.eos_token,
         bos_token=args.bos_token,
         input_format=args.input_format,
         zstd_level=args.zstd_level,
         overwrite=args.overwrite,
+        tokens_field=args.tokens_field,
+        token_dtype=args.token_dtype,
+        append_eos=args.append_eos,
     )
     if args.json:
         print(json.dumps(summary.to_dict()))

@@ -1,4 +1,4 @@
-"""``write_dataset``: raw text in, a committed dataset out.
+"""``write_dataset``: raw text (or token ids) in, a committed dataset out.
 
 The run, in order: expand and sort the inputs; read them on this process,
 record by record, in input order; send chunks of texts to the tokenizer pool
@@ -7,6 +7,12 @@ any worker count); cut the stream into blocks and shards, each shard written
 as it fills; then ``rejects.jsonl``; then, after checking that every record
 is accounted for, the manifest, which commits the dataset. A run killed at
 any point leaves no manifest, and rerunning it writes the same bytes.
+
+With ``input_format="tokens"`` the inputs already hold token ids
+(``token_inputs.py``): they skip the tokenizer pool; each batch of documents
+is checked against the vocabulary and framed with EOS (``token_check.py``) on
+this process, vectorised, and the shard builder compresses on ``workers``
+threads. Accounting, rejects, shards and manifest are the same as for text.
 """
 
 from __future__ import annotations
@@ -16,91 +22,25 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from zephon_stream.errors import ConfigError
 from zephon_stream.format.manifest import Manifest, SourceInfo
-from zephon_stream.format.spec import (
-    DEFAULT_BLOCK_TOKENS,
-    DEFAULT_BLOCKS_PER_SHARD,
-    DEFAULT_ZSTD_LEVEL,
-    MANIFEST_NAME,
-    MAX_BLOCK_TOKENS,
-    MIN_BLOCK_TOKENS,
-    REJECTS_NAME,
-    SHARDS_DIR,
-    token_dtype,
-)
+from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL, MANIFEST_NAME, REJECTS_NAME, SHARDS_DIR, token_dtype
 from zephon_stream.storage import LocalStore, Store, expand_inputs, is_local_url, local_path, open_store
 from zephon_stream.storage.local import TEMP_PREFIX
+from zephon_stream.writer.config import WriteConfig
 from zephon_stream.writer.pool import TokenizePool
 from zephon_stream.writer.progress import Progress, WriteSummary
 from zephon_stream.writer.readers import Reject, SourceReader
 from zephon_stream.writer.shards import ShardBuilder, ShardLayout
+from zephon_stream.writer.token_check import frame_documents
+from zephon_stream.writer.token_inputs import TokenInputConfig, TokenSource, token_input_urls
 from zephon_stream.writer.tokenizers import Tokenizer, load_tokenizer
 
-DEFAULT_CHUNK_CHARS = 256 * 1024
 REJECTS_SPOOL_BYTES = 16 * 2**20
-# NOTE: shards of about 64 Mi tokens whatever the block size: 128 MiB of uint16
-# before compression, typically 40-130 MB after it, depending on the tokenizer.
-DEFAULT_SHARD_TOKENS = DEFAULT_BLOCKS_PER_SHARD * DEFAULT_BLOCK_TOKENS
-
-
-def default_blocks_per_shard(block_tokens: int) -> int:
-    """Blocks a shard so that it holds about ``DEFAULT_SHARD_TOKENS`` tokens."""
-    return max(1, -(-DEFAULT_SHARD_TOKENS // block_tokens))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WriteConfig:
-    """Settings of one conversion.
-
-    Attributes:
-        text_field: JSONL key / parquet column holding the text.
-        lines: in text files, one document per line instead of per file.
-        input_format: ``txt``, ``jsonl`` or ``parquet`` for every input,
-            instead of guessing from the file name.
-        workers: tokenizer processes (1: tokenize in this process).
-        block_tokens: tokens per block.
-        blocks_per_shard: blocks per shard (default: shards of ~64 Mi tokens).
-        zstd_level: zstd level of each block.
-        chunk_chars: characters of text sent to a worker at a time.
-        overwrite: replace a dataset already committed at the output.
-    """
-
-    text_field: str = "text"
-    lines: bool = False
-    input_format: str | None = None
-    workers: int = 1
-    block_tokens: int = DEFAULT_BLOCK_TOKENS
-    blocks_per_shard: int | None = None
-    zstd_level: int = DEFAULT_ZSTD_LEVEL
-    chunk_chars: int = DEFAULT_CHUNK_CHARS
-    overwrite: bool = False
-
-    def resolved(self) -> WriteConfig:
-        """This config checked, with ``blocks_per_shard`` filled in.
-
-        Raises:
-            ConfigError: a setting out of range (named, with its bounds).
-        """
-        if not MIN_BLOCK_TOKENS <= self.block_tokens <= MAX_BLOCK_TOKENS:
-            raise ConfigError(f"block_tokens {self.block_tokens} is outside [{MIN_BLOCK_TOKENS}, {MAX_BLOCK_TOKENS}]")
-        blocks_per_shard = self.blocks_per_shard or default_blocks_per_shard(self.block_tokens)
-        if blocks_per_shard < 1:
-            raise ConfigError(f"blocks_per_shard {blocks_per_shard} must be at least 1")
-        if self.workers < 1:
-            raise ConfigError(f"workers {self.workers} must be at least 1")
-        if not 1 <= self.zstd_level <= 22:
-            raise ConfigError(f"zstd_level {self.zstd_level} is outside [1, 22]")
-        if self.chunk_chars < 1:
-            raise ConfigError(f"chunk_chars {self.chunk_chars} must be at least 1")
-        if not self.text_field:
-            raise ConfigError("text_field must not be empty")
-        return replace(self, blocks_per_shard=blocks_per_shard)
 
 
 def write_dataset(
@@ -120,8 +60,11 @@ def write_dataset(
     input_format: str | None = None,
     zstd_level: int = DEFAULT_ZSTD_LEVEL,
     overwrite: bool = False,
+    tokens_field: str = "input_ids",
+    token_dtype: str | None = None,
+    append_eos: bool = False,
 ) -> WriteSummary:
-    """Tokenize raw text into a dataset of zstd token shards with a manifest.
+    """Tokenize raw text (or take token ids) into a dataset of zstd token shards with a manifest.
 
     Args:
         inputs: paths, folders, globs (``**`` included) or ``s3://`` URLs/globs;
@@ -139,9 +82,17 @@ def write_dataset(
         progress: show a progress bar (default: only on a terminal).
         eos_token: end-of-document token of an ``hf:``/``tiktoken:`` tokenizer.
         bos_token: start-of-document token (default: none).
-        input_format: ``txt``/``jsonl``/``parquet`` for every input.
+        input_format: ``txt``/``jsonl``/``parquet`` for every input, or
+            ``tokens``: the inputs hold ids of ``tokenizer`` (``.npy``, raw
+            ``.bin``, Megatron ``.bin``+``.idx``, Parquet/JSONL id lists, a
+            ``datasets`` folder; see docs/FORMAT.md appendix A).
         zstd_level: zstd level of each block.
         overwrite: replace a dataset already committed at ``output``.
+        tokens_field: token inputs: column / key holding each record's ids.
+        token_dtype: token inputs: dtype of raw ``.bin`` arrays.
+        append_eos: token inputs: end each document that lacks EOS with one
+            (without it, such a document is rejected, and a source where no
+            document ends with EOS is an error).
 
     Returns:
         The run's ``WriteSummary``.
@@ -160,14 +111,36 @@ def write_dataset(
         blocks_per_shard=blocks_per_shard,
         zstd_level=zstd_level,
         overwrite=overwrite,
+        tokens_field=tokens_field,
+        token_dtype=token_dtype,
+        append_eos=append_eos,
     ).resolved()
+    if config.tokens and bos_token is not None:
+        raise ConfigError("token inputs are written as they are: no BOS is added (drop --bos-token)")
     tok = tokenizer
     if isinstance(tokenizer, str):
         tok = load_tokenizer(tokenizer, eos_token=eos_token, bos_token=bos_token, storage_options=storage_options)
+    assert isinstance(tok, Tokenizer)
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
-    urls = expand_inputs(list(inputs), storage_options)
-    readers = [
+    readers: list[Any]
+    if config.tokens:
+        token_config = TokenInputConfig(tokens_field=tokens_field, token_dtype=token_dtype, eos_id=tok.eos_id)
+        readers = [
+            TokenSource(url, config=token_config, storage_options=storage_options)
+            for url in token_input_urls(list(inputs), storage_options)
+        ]
+    else:
+        readers = _text_readers(expand_inputs(list(inputs), storage_options), config, storage_options)
+    store = open_store(output, storage_options)
+    try:
+        return _Run(config=config, tokenizer=tok, readers=readers, store=store, progress=progress).execute()
+    finally:
+        store.close()
+
+
+def _text_readers(urls: list[str], config: WriteConfig, storage_options: Mapping[str, Any] | None) -> list[Any]:
+    return [
         SourceReader(
             url,
             text_field=config.text_field,
@@ -177,11 +150,6 @@ def write_dataset(
         )
         for url in urls
     ]
-    store = open_store(output, storage_options)
-    try:
-        return _Run(config=config, tokenizer=tok, readers=readers, store=store, progress=progress).execute()
-    finally:
-        store.close()
 
 
 class _Run:
@@ -192,7 +160,7 @@ class _Run:
         *,
         config: WriteConfig,
         tokenizer: Tokenizer,
-        readers: list[SourceReader],
+        readers: list[Any],
         store: Store,
         progress: bool | None,
     ) -> None:
@@ -224,18 +192,23 @@ class _Run:
                 block_tokens=self.config.block_tokens,
                 blocks_per_shard=self.config.blocks_per_shard,
                 zstd_level=self.config.zstd_level,
+                # NOTE: token inputs skip the tokenizer pool, so --workers buys compression threads.
+                compress_threads=self.config.workers if self.config.tokens else 2,
+                borrow_input=self.config.tokens,
             ),
             sources=[r.url for r in self.readers],
         )
-        pool = TokenizePool(
-            tokenizer=self.tokenizer,
-            dtype=self.dtype,
-            workers=self.config.workers,
-            max_in_flight=2 * self.config.workers + 2,
-        )
         try:
-            with pool:
-                self._stream(pool)
+            if self.config.tokens:
+                self._stream_tokens()
+            else:
+                with TokenizePool(
+                    tokenizer=self.tokenizer,
+                    dtype=self.dtype,
+                    workers=self.config.workers,
+                    max_in_flight=2 * self.config.workers + 2,
+                ) as pool:
+                    self._stream(pool)
             shards = self.builder.finish()
             self.rejects.seek(0)
             self.store.write_atomic(REJECTS_NAME, self.rejects.read())
@@ -307,10 +280,7 @@ class _Run:
             for record, item in reader:
                 self.records[index] += 1
                 if isinstance(item, Reject):
-                    self.rejects.write(item.to_json().encode("utf-8") + b"\n")
-                    self.num_rejects += 1
-                    self.reject_counts[item.reason] += 1
-                    self.rejected[index] += 1
+                    self._reject(index, item)
                     continue
                 self.documents[index] += 1
                 texts.append(item)
@@ -327,6 +297,31 @@ class _Run:
         while len(pool):
             self._take(pool)
 
+    def _reject(self, index: int, item: Reject) -> None:
+        self.rejects.write(item.to_json().encode("utf-8") + b"\n")
+        self.num_rejects += 1
+        self.reject_counts[item.reason] += 1
+        self.rejected[index] += 1
+
+    def _stream_tokens(self) -> None:
+        for index, source in enumerate(self.readers):
+            for raw in source:
+                framed = frame_documents(
+                    raw,
+                    vocab_size=self.tokenizer.vocab_size,
+                    eos_id=self.tokenizer.eos_id,
+                    append_eos=self.config.append_eos,
+                    dtype=self.dtype,
+                )
+                self.records[index] += raw.num_records
+                for reject in framed.rejects:
+                    self._reject(index, reject)
+                self.documents[index] += len(framed.lengths)
+                sources = np.full(len(framed.lengths), index, dtype=np.int64)
+                self.builder.add(framed.tokens, framed.lengths, sources, framed.records)
+                self.progress.update(bytes_read=self.bytes_done + source.bytes_read, tokens=self.builder.num_tokens)
+            self.bytes_done += source.final_bytes_read
+
     def _submit(
         self, pool: TokenizePool, texts: list[str], sources: list[int], records: list[int], bytes_read: int
     ) -> None:
@@ -342,11 +337,11 @@ class _Run:
         self.progress.update(bytes_read=bytes_read, tokens=self.builder.num_tokens)
 
 
-def _total_size(readers: list[SourceReader]) -> int | None:
+def _total_size(readers: list[Any]) -> int | None:
     """Total stored size of local inputs; None when any is remote (no ETA)."""
     total = 0
     for reader in readers:
-        if not is_local_url(reader.url):
+        if not is_local_url(reader.url) or not os.path.isfile(local_path(reader.url)):
             return None
         total += os.path.getsize(local_path(reader.url))
     return total

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from zephon_stream.errors import ConfigError
@@ -139,6 +139,7 @@ def assign_rank_work(
     *,
     storage_options: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    expand: Callable[[Sequence[str], Mapping[str, Any] | None], list[str]] | None = None,
 ) -> RankAssignment | None:
     """Turn a ``write`` invocation into this rank's share, when run under a launcher.
 
@@ -147,6 +148,8 @@ def assign_rank_work(
         output: the dataset URL as given to ``write``; parts go below it.
         storage_options: options for listing remote inputs.
         env: the environment to read (``os.environ`` by default).
+        expand: turns the patterns into the list of inputs to share out
+            (default ``expand_inputs``; token inputs keep companions together).
 
     Returns:
         This rank's inputs and part URL, or None when there is no launcher or
@@ -155,7 +158,7 @@ def assign_rank_work(
     launcher = launcher_rank(env)
     if launcher is None or launcher.world_size == 1:
         return None
-    expanded = expand_inputs(inputs, storage_options)
+    expanded = (expand or expand_inputs)(inputs, storage_options)
     return RankAssignment(
         rank=launcher,
         inputs=rank_share(expanded, launcher.rank, launcher.world_size),

@@ -90,7 +90,9 @@ class SourceReader:
     """Reads one input's records in order.
 
     Iterating yields ``(record, text)`` for a document and ``(record, Reject)``
-    for a record that is not one. ``bytes_read`` is how far into the stored
+    for a record that is not one. With ``raw_values`` (JSONL only), a
+    record's field value comes back as JSON decoded it, unchecked (a missing
+    or null field is still a ``missing_field`` reject). ``bytes_read`` is how far into the stored
     (possibly compressed) file reading has got, for progress.
     """
 
@@ -102,10 +104,12 @@ class SourceReader:
         lines: bool = False,
         input_format_override: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        raw_values: bool = False,
     ) -> None:
         self.url = url
         self.text_field = text_field
         self.lines = lines
+        self.raw_values = raw_values
         self.format, self.compression = input_format(url, override=input_format_override)
         if self.format == "parquet" and self.compression is not None:
             raise InputError(f"input {url}: parquet compresses itself; a .gz/.zst parquet file is not supported")
@@ -120,7 +124,7 @@ class SourceReader:
             return 0
         return self._raw.tell()
 
-    def __iter__(self) -> Iterator[tuple[int, str | Reject]]:
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
         self._raw = open_input(self.url, self._storage_options)
         try:
             if self.format == "parquet":
@@ -194,7 +198,12 @@ class SourceReader:
             if not isinstance(obj, dict):
                 yield number, self._reject(number, "bad_json", f"line {number}: a JSON {type(obj).__name__}, not an object")
                 continue
-            yield number, self._check_value(obj.get(field, _MISSING), number, offset, escaped=b"\\u" in line)
+            value = obj.get(field, _MISSING)
+            if self.raw_values:
+                missing = value is _MISSING or value is None
+                yield number, self._reject(number, "missing_field", f"no value in field {field!r}") if missing else value
+                continue
+            yield number, self._check_value(value, number, offset, escaped=b"\\u" in line)
 
     def _parquet(self, raw: BinaryIO) -> Iterator[tuple[int, str | Reject]]:
         try:

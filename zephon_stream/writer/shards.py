@@ -9,13 +9,14 @@ background thread so the token stream never waits on storage. Order is kept
 throughout, so the bytes depend only on the tokens.
 
 Memory: one block being filled, at most ``max_pending_blocks`` blocks waiting
-for compression, the compressed frames of the shard being filled, and at most
-one shard being written.
+for compression, the compressed frames of the shard being filled, and at
+most one shard being hashed and written.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -38,6 +39,10 @@ class ShardLayout:
         blocks_per_shard: blocks in every shard but the last.
         zstd_level: compression level of each block.
         compress_threads: threads compressing blocks.
+        borrow_input: compress whole blocks straight from the arrays given to
+            ``add`` (no copy); they must never change afterwards, and each
+            stays alive while any of its blocks waits for compression, so
+            use it where arrays hold several blocks (token inputs' windows).
     """
 
     dtype: np.dtype
@@ -45,6 +50,7 @@ class ShardLayout:
     blocks_per_shard: int
     zstd_level: int = DEFAULT_ZSTD_LEVEL
     compress_threads: int = 2
+    borrow_input: bool = False
 
 
 class ShardBuilder:
@@ -66,10 +72,12 @@ class ShardBuilder:
         self._max_pending_blocks = 2 * layout.compress_threads + 2
         self._block = np.empty(layout.block_tokens, dtype=layout.dtype)
         self._block_fill = 0
-        self._frames: list[Future[bytes] | bytes] = []
-        self._first_unresolved = 0
+        self._frames: list[Future[bytes]] = []
+        # NOTE: blocks submitted and not yet compressed, across shard boundaries too.
+        self._in_flight: deque[Future[bytes]] = deque()
         self._shard_start = 0  # global token offset of the shard being filled
         self._tokens_total = 0
+        self._shards_sealed = 0
         self._doc_starts: list[np.ndarray] = []
         self._doc_sources: list[np.ndarray] = []
         self._doc_records: list[np.ndarray] = []
@@ -97,20 +105,30 @@ class ShardBuilder:
         self._doc_sources.append(np.asarray(sources, dtype=np.int64))
         self._doc_records.append(np.asarray(records, dtype=np.int64))
         pos = 0
+        block_tokens = self._layout.block_tokens
         while pos < len(tokens):
-            take = min(len(tokens) - pos, self._layout.block_tokens - self._block_fill)
+            if self._layout.borrow_input and self._block_fill == 0 and len(tokens) - pos >= block_tokens:
+                # NOTE: a whole block lies contiguous in the input: compress that view, no copy.
+                self._tokens_total += block_tokens
+                self._seal_block(tokens[pos : pos + block_tokens])
+                pos += block_tokens
+                continue
+            take = min(len(tokens) - pos, block_tokens - self._block_fill)
             self._block[self._block_fill : self._block_fill + take] = tokens[pos : pos + take]
             self._block_fill += take
             self._tokens_total += take
             pos += take
-            if self._block_fill == self._layout.block_tokens:
-                self._seal_block()
+            if self._block_fill == block_tokens:
+                self._seal_block(self._block)
+                self._block = np.empty(block_tokens, dtype=self._layout.dtype)
+                self._block_fill = 0
 
     def finish(self) -> list[ShardInfo]:
         """Write the short last block and shard; wait for every write. Returns all shards."""
         try:
             if self._block_fill:
-                self._seal_block()
+                self._seal_block(self._block[: self._block_fill])
+                self._block_fill = 0
             if self._frames:
                 self._seal_shard()
             self._wait_upload()
@@ -125,35 +143,44 @@ class ShardBuilder:
 
     # -- blocks and shards ---------------------------------------------------
 
-    def _seal_block(self) -> None:
-        block = self._block[: self._block_fill]
-        self._frames.append(self._compress.submit(encode_block, block, level=self._layout.zstd_level))
-        self._block = np.empty(self._layout.block_tokens, dtype=self._layout.dtype)
-        self._block_fill = 0
+    def _seal_block(self, block: np.ndarray) -> None:
+        """Queue ``block`` for compression; the caller never writes into it again."""
+        future = self._compress.submit(encode_block, block, level=self._layout.zstd_level)
+        self._frames.append(future)
+        self._in_flight.append(future)
         # NOTE: keep at most a few raw blocks alive: wait for the oldest frames.
-        while len(self._frames) - self._first_unresolved > self._max_pending_blocks:
-            self._resolve_next()
+        while len(self._in_flight) > self._max_pending_blocks:
+            self._in_flight.popleft().result()
         if len(self._frames) == self._layout.blocks_per_shard:
             self._seal_shard()
 
-    def _resolve_next(self) -> None:
-        frame = self._frames[self._first_unresolved]
-        assert isinstance(frame, Future)
-        self._frames[self._first_unresolved] = frame.result()
-        self._first_unresolved += 1
-
     def _seal_shard(self) -> None:
-        while self._first_unresolved < len(self._frames):
-            self._resolve_next()
-        frames = [f for f in self._frames if isinstance(f, bytes)]
-        assert len(frames) == len(self._frames)
-        self._frames = []
-        self._first_unresolved = 0
-        shard_index = len(self.shards)
-        shard_tokens = self._tokens_total - self._shard_start
-        offsets = np.concatenate([np.zeros(1, np.int64), np.cumsum([len(f) for f in frames])])
-        data = b"".join(frames)
+        frames, self._frames = self._frames, []
+        shard_index, shard_tokens = self._shards_sealed, self._tokens_total - self._shard_start
+        self._shards_sealed += 1
         index_bytes, num_documents = self._take_docindex(self._tokens_total)
+        self._shard_start = self._tokens_total
+        # NOTE: one shard in flight: waiting here bounds memory to ~2 shards.
+        # Its frames are awaited on the writing thread, so compression of the
+        # next shard's blocks goes on meanwhile (no drained pipeline per shard).
+        self._wait_upload()
+        self._upload_pending = self._upload.submit(
+            self._write_shard, shard_index, shard_tokens, frames, index_bytes, num_documents
+        )
+
+    def _write_shard(
+        self,
+        shard_index: int,
+        shard_tokens: int,
+        frames: list[Future[bytes]],
+        index_bytes: bytes,
+        num_documents: int,
+    ) -> None:
+        resolved = [f.result() for f in frames]
+        frames.clear()
+        offsets = np.concatenate([np.zeros(1, np.int64), np.cumsum([len(f) for f in resolved])])
+        data = b"".join(resolved)
+        resolved.clear()
         info = ShardInfo(
             path=shard_name(shard_index),
             num_tokens=shard_tokens,
@@ -164,15 +191,9 @@ class ShardBuilder:
             index_sha256=hashlib.sha256(index_bytes).hexdigest(),
             num_documents=num_documents,
         )
-        self.shards.append(info)
-        self._shard_start = self._tokens_total
-        # NOTE: one shard in flight: waiting here bounds memory to ~2 shards.
-        self._wait_upload()
-        self._upload_pending = self._upload.submit(self._write_shard, info, data, index_bytes)
-
-    def _write_shard(self, info: ShardInfo, data: bytes, index_bytes: bytes) -> None:
         self._store.write_atomic(info.path, data)
         self._store.write_atomic(info.index_path, index_bytes)
+        self.shards.append(info)
 
     def _wait_upload(self) -> None:
         if self._upload_pending is not None:

@@ -28,6 +28,12 @@ import numpy as np
 from zephon_stream.errors import TokenizerError
 from zephon_stream.format.manifest import TokenizerInfo
 
+# NOTE: HF `tokenizers` holds ~470 bytes per token while it encodes one text
+# (a 4.7 MB source file peaked at 600+ MiB); longer texts are encoded in
+# pieces cut where cutting provably changes nothing (HFTokenizer._cuts).
+LONG_TEXT_CHARS = 1 << 18
+CUT_CHECK_CHARS = 1024
+CUT_TRIES = 64
 BYTES_VOCAB_SIZE = 257
 BYTES_EOS_ID = 256
 # NOTE: names tried, in order, when a tokenizer does not say which token ends
@@ -190,7 +196,59 @@ class HFTokenizer(Tokenizer):
         )
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [enc.ids for enc in self._encode(list(texts), add_special_tokens=False)]
+        texts = list(texts)
+        if all(len(text) <= LONG_TEXT_CHARS for text in texts):
+            return [enc.ids for enc in self._encode(texts, add_special_tokens=False)]
+        out: list[list[int]] = [[] for _ in texts]
+        short = [i for i, text in enumerate(texts) if len(text) <= LONG_TEXT_CHARS]
+        for i, enc in zip(short, self._encode([texts[i] for i in short], add_special_tokens=False)):
+            out[i] = enc.ids
+        for i, text in enumerate(texts):
+            if len(text) > LONG_TEXT_CHARS:
+                out[i] = self._encode_long(text)
+        return out
+
+    def _ids(self, text: str) -> list[int]:
+        return self._encode([text], add_special_tokens=False)[0].ids
+
+    def _encode_long(self, text: str) -> list[int]:
+        """The ids of one long text, encoded a piece at a time (same ids as in one go)."""
+        ids: list[int] = []
+        start = 0
+        for cut in self._cuts(text):
+            ids += self._ids(text[start:cut])
+            start = cut
+        return ids + self._ids(text[start:])
+
+    def _cuts(self, text: str):
+        """Offsets about every LONG_TEXT_CHARS where the text may be cut.
+
+        A cut goes just after a newline between two non-space characters, and
+        only where encoding the 2 KiB around it whole and in two halves gives
+        the same ids: then no pre-token and no merge crosses it (a tokenizer
+        whose normalizer or pre-tokenizer looks further, e.g. one that marks
+        the start of the text, fails the check and is not cut there).
+        """
+        pos = LONG_TEXT_CHARS
+        while pos < len(text) - LONG_TEXT_CHARS // 4:
+            found = None
+            for _ in range(CUT_TRIES):
+                newline = text.find("\n", pos, len(text) - 1)
+                if newline < 1:
+                    break
+                cut, pos = newline + 1, newline + 1
+                if text[newline - 1].isspace() or text[cut].isspace():
+                    continue
+                left, right = text[max(0, cut - CUT_CHECK_CHARS) : cut], text[cut : cut + CUT_CHECK_CHARS]
+                if self._ids(left + right) == self._ids(left) + self._ids(right):
+                    found = cut
+                    break
+            if found is None:
+                if text.find("\n", pos, len(text) - 1) < 1:
+                    return
+                continue
+            yield found
+            pos = found + LONG_TEXT_CHARS
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
