@@ -66,15 +66,8 @@ class LoaderStats:
 # NOTE: what the producer (helper process or thread) publishes in the ring's
 # header after each step, in this order; the consumer counts steps, samples
 # and stalls itself.
-PRODUCER_KEYS = (
-    "bytes_fetched",
-    "blocks_fetched",
-    "blocks_decoded",
-    "cache_hits",
-    "cache_misses",
-    "fetch_s",
-    "decode_s",
-    "assemble_s",
+CONSUMER_KEYS = ("steps", "samples", "stall_s", "stalled_steps")
+PRODUCER_KEYS = tuple(key for key in COUNTER_KEYS if key not in CONSUMER_KEYS) + (
     "retries",
     "storage_errors",
     "cache_resident_bytes",
