@@ -162,7 +162,7 @@ def first_batch_s(url: str, options: dict | None, args: argparse.Namespace, posi
 
 def latency_stalls(url: str, options: dict, args: argparse.Namespace) -> dict:
     with StreamingLoader(url, seq_len=args.latency_seq_len, local_batch_size=args.latency_batch, storage_options=options,
-                         prefetch_steps=4) as loader:
+                         prefetch_steps=4, helper_nice=args.helper_nice) as loader:
         batches = iter(loader)
         for _ in range(args.warm_steps):
             next(batches)
@@ -197,6 +197,8 @@ def main() -> None:
     parser.add_argument("--warm-steps", type=int, default=10)
     parser.add_argument("--latency-steps", type=int, default=300)
     parser.add_argument("--latency-batch", type=int, default=4)
+    parser.add_argument("--helper-nice", type=int, default=10, help="the loader's helper_nice")
+    parser.add_argument("--latency-only", action="store_true", help="only the stall figure under storage latency")
     parser.add_argument("--local-only", action="store_true",
                         help="skip every S3 figure (for a machine without moto's server)")
     args = parser.parse_args()
@@ -204,6 +206,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.data_dir or tmp) / "stdlib-bytes"
         manifest = build_dataset(root, args.blocks_per_shard)
+        if args.latency_only:
+            print(json.dumps(latency_figure(root, args)))
+            return
         print(f"dataset: {manifest.num_tokens} tokens, {manifest.num_blocks} blocks, {manifest.num_shards} shards, "
               f"{manifest.compressed_bytes / 2**20:.1f} MiB compressed")
         epoch_steps = manifest.num_tokens // args.seq_len // args.local_batch - 2
@@ -242,6 +247,21 @@ def main() -> None:
             figures.update(s3_figures(manifest, root, args, decode, epoch_steps))
     figures["load_average_1min"] = os.getloadavg()[0]
     print(json.dumps(figures))
+
+
+def latency_figure(root: Path, args: argparse.Namespace) -> dict:
+    """The stall figure alone (``--latency-only``), with its settings."""
+    with EmbeddedS3(subprocess=True) as server:
+        server.create_bucket("bench-read")
+        options = server.storage_options()
+        url = "s3://bench-read/stdlib"
+        copy_dataset(root, url, dst_options=options)
+        with FaultProxy(upstream=server.endpoint_url, latency_s=args.latency_ms / 1000) as proxy:
+            latency = latency_stalls(url, {**options, "endpoint_url": proxy.endpoint_url}, args)
+    print(f"{args.latency_ms:.0f} ms per request, {args.step_ms:.0f} ms compute per step, helper_nice "
+          f"{args.helper_nice}: stall {latency['stall_s_per_step'] * 1e3:.2f} ms/step once warm, "
+          f"{latency['stalled_steps']} of {latency['steps']} steps stalled (max {latency['max_stall_s'] * 1e3:.1f} ms)")
+    return {"latency_ms": args.latency_ms, "step_ms": args.step_ms, "helper_nice": args.helper_nice, **latency}
 
 
 def s3_figures(manifest: Manifest, root: Path, args: argparse.Namespace, decode: float, epoch_steps: int) -> dict:
