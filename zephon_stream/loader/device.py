@@ -133,7 +133,8 @@ class CudaDelivery:
         with torch.cuda.device(device):
             self.copy_stream = torch.cuda.Stream(device=device)
             array = ring.as_array()
-            status = torch.cuda.cudart().cudaHostRegister(array.ctypes.data, array.nbytes, 0)
+            # NOTE: 1 = cudaHostRegisterPortable: pinned for every CUDA context.
+            status = torch.cuda.cudart().cudaHostRegister(array.ctypes.data, array.nbytes, 1)
             if int(status) != 0:
                 raise RuntimeError(f"cudaHostRegister of the {array.nbytes}-byte batch ring failed (status {int(status)})")
         self._registered = True

@@ -16,6 +16,26 @@ import torch
 from zephon_stream.loader.ring import SlotLayout
 
 _TORCH_DTYPES = {"<u2": torch.uint16, "<u4": torch.uint32}
+_SIGNED = {torch.uint16: (torch.int16, 0xFFFF), torch.uint32: (torch.int32, 0xFFFFFFFF)}
+# NOTE: (device type, dtype) -> whether copy_ from the unsigned dtype works
+# there; torch's unsigned dtypes have had limited kernels on some builds.
+_UNSIGNED_COPY: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def copy_ids(out: torch.Tensor, ids: torch.Tensor) -> None:
+    """``out`` (int64) = ``ids`` (uint16 or uint32), with a signed-view-and-mask
+    fallback where the device has no copy kernel for the unsigned dtype."""
+    key = (ids.device.type, ids.dtype)
+    if _UNSIGNED_COPY.get(key, True):
+        try:
+            out.copy_(ids)
+            _UNSIGNED_COPY[key] = True
+            return
+        except (RuntimeError, NotImplementedError):
+            _UNSIGNED_COPY[key] = False
+    signed, mask = _SIGNED[ids.dtype]
+    out.copy_(ids.view(signed))
+    out.bitwise_and_(mask)
 
 
 def slot_parts(raw: torch.Tensor, layout: SlotLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -67,8 +87,8 @@ def widen(raw: torch.Tensor, layout: SlotLayout) -> dict[str, torch.Tensor]:
     shape = (layout.rows, layout.seq_len)
     inputs = torch.empty(shape, dtype=torch.int64, device=raw.device)
     labels = torch.empty(shape, dtype=torch.int64, device=raw.device)
-    inputs.copy_(tokens[:, :-1])
-    labels.copy_(tokens[:, 1:])
+    copy_ids(inputs, tokens[:, :-1])
+    copy_ids(labels, tokens[:, 1:])
     return {
         "input": inputs,
         "labels": labels,
