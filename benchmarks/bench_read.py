@@ -160,6 +160,17 @@ def first_batch_s(url: str, options: dict | None, args: argparse.Namespace, posi
         return time.perf_counter() - started
 
 
+def first_step_s(url: str, args: argparse.Namespace, pipeline: str, pause_s: float) -> float:
+    """Seconds in the first ``next()`` when the trainer spends ``pause_s``
+    between making the loader and its first step (building its model): the
+    helper process starts when the loader is made."""
+    with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, pipeline=pipeline) as loader:
+        time.sleep(pause_s)
+        started = time.perf_counter()
+        next(loader)
+        return time.perf_counter() - started
+
+
 def latency_stalls(url: str, options: dict, args: argparse.Namespace) -> dict:
     with StreamingLoader(url, seq_len=args.latency_seq_len, local_batch_size=args.latency_batch, storage_options=options,
                          prefetch_steps=4, helper_nice=args.helper_nice) as loader:
@@ -217,6 +228,9 @@ def main() -> None:
         local = loader_tokens_per_s(str(root), None, args, epoch_steps)
         local_threads = loader_tokens_per_s(str(root), None, args, epoch_steps, pipeline="threads")
         batch1 = loader_tokens_per_s(str(root), None, args, min(epoch_steps * args.local_batch, 4000), local_batch=1)
+        first_step = {f"{pipeline}_pause_{pause:g}s": statistics.median(
+            first_step_s(str(root), args, pipeline, pause) for _ in range(args.repeats))
+            for pipeline in ("process", "threads") for pause in (0.0, 1.0)}
         print(f"(a) zstd decode only: {decode / 1e6:.1f} M tokens/s")
         print(f"(floor, one thread) decode + write the int64 batch: {decode_write / 1e6:.1f} M tokens/s = "
               f"{decode_write / decode:.2f} x (a)")
@@ -225,6 +239,8 @@ def main() -> None:
               f"= {local['tokens_per_cpu_s'] / decode_cpu:.2f} (target >= 0.6)")
         print(f"loader local, in-process threads: {local_threads['tokens_per_s'] / 1e6:.1f} M tokens/s = "
               f"{local_threads['tokens_per_s'] / decode:.2f} x (a)")
+        print("first next(), local, after 0 s / 1 s of trainer set-up: " + ", ".join(
+            f"{name} {seconds * 1e3:.0f} ms" for name, seconds in first_step.items()))
         print(f"loader local, batch 1: {batch1['tokens_per_s'] / 1e6:.1f} M tokens/s = "
               f"{batch1['tokens_per_s'] / decode:.2f} x (a) (target >= 0.3)")
         figures = {
@@ -242,6 +258,7 @@ def main() -> None:
             "local_threads_ratio_vs_decode": local_threads["tokens_per_s"] / decode,
             "loader_local_batch1": batch1,
             "local_batch1_ratio_vs_decode": batch1["tokens_per_s"] / decode,
+            "first_next_s": first_step,
         }
         if not args.local_only:
             figures.update(s3_figures(manifest, root, args, decode, epoch_steps))

@@ -156,6 +156,7 @@ class StreamingLoader:
         self._storage_options = storage_options
         self._stats = LoaderStats()
         self._producer: ProcessProducer | ThreadProducer | None = None
+        self._spare_helper: ProcessProducer | None = None
         self._audit: AuditLog | None = None
         self._ring: SharedRing | None = None
         self._closed = False
@@ -180,6 +181,10 @@ class StreamingLoader:
             self._position = 0
             if audit_log is not None and self.rank == 0:
                 self._audit = AuditLog(audit_log, header=self._audit_header(), storage_options=storage_options)
+            if self.pipeline_mode == "process":
+                # NOTE: started now, so that its interpreter loads while the
+                # trainer builds its model; it gets its work at the first step.
+                self._spare_helper = ProcessProducer()
         except BaseException:
             self.close()
             raise
@@ -352,7 +357,9 @@ class StreamingLoader:
         reset_returned(self._ring, self._delivery.settle())
         if self.pipeline_mode == "threads":
             return ThreadProducer(spec, sources=self._sources, ring=self._ring)
-        return ProcessProducer(spec, ring=self._ring)
+        producer, self._spare_helper = self._spare_helper or ProcessProducer(), None
+        producer.start(spec, ring=self._ring)
+        return producer
 
     def _stop_producer(self) -> None:
         if self._producer is not None:
@@ -387,6 +394,9 @@ class StreamingLoader:
             return
         self._closed = True
         self._stop_producer()
+        if self._spare_helper is not None:
+            self._spare_helper.close()
+            self._spare_helper = None
         if self._audit is not None:
             self._audit.close()
             self._audit = None

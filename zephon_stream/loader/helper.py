@@ -1,8 +1,8 @@
 """The loader's helper process: runs one rank's pipeline outside the trainer.
 
 Started by loader/process.py as ``python -m zephon_stream.loader.helper
-CONTROL_FD RING_FD``, it receives a ``ProducerSpec`` over the control socket,
-maps the batch ring, runs the pipeline on its own threads and reports each
+CONTROL_FD``, it receives a ``ProducerSpec`` and then the batch ring's
+descriptor over the control socket, maps the ring, runs the pipeline on its own threads and reports each
 finished step as ``("step", index, cursor, slot, data_sha256)``; the
 consumer hands slots back through the ring's ``returned`` flags. A pipeline
 error is sent as ``("error", exception)`` at the step it hit.
@@ -18,10 +18,12 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import traceback
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import recvfds
 
 from zephon_stream.loader.pipeline import EndOfData
 from zephon_stream.loader.producer import ProducerSpec, start_pipeline
@@ -51,9 +53,10 @@ def _exit_when_the_trainer_hangs_up(conn: Connection) -> None:
     os._exit(0)
 
 
-def serve(conn: Connection, ring_fd: int) -> None:
+def serve(conn: Connection, control: socket.socket) -> None:
     """Run the pipeline the first message describes; report each step."""
     spec: ProducerSpec = conn.recv()
+    (ring_fd,) = recvfds(control, 1)
     if spec.helper_nice:
         # NOTE: where the helper and the trainer share a core, the trainer
         # goes first; the helper works ahead in the time the trainer leaves.
@@ -82,11 +85,11 @@ def serve(conn: Connection, ring_fd: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Entry point: ``CONTROL_FD RING_FD``."""
+    """Entry point: ``CONTROL_FD``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    control_fd, ring_fd = int(argv[1]), int(argv[2])
+    control_fd = int(argv[1])
     try:
-        serve(Connection(control_fd), ring_fd)
+        serve(Connection(control_fd), socket.socket(fileno=os.dup(control_fd)))
     except (EOFError, OSError):
         # NOTE: the trainer went away mid-message; there is no one to tell.
         os._exit(0)

@@ -2,8 +2,10 @@
 
 The helper is a fresh interpreter (``subprocess``, not ``fork``: a forked
 trainer would copy CUDA state, locks held by other threads and gigabytes of
-address space). It inherits two descriptors and nothing else: one end of a
-socket pair for control messages and the anonymous batch ring. Per step the
+address space). It inherits one descriptor, its end of a socket pair for
+control messages, and is started when the loader is made, so its interpreter
+and imports load while the trainer builds its model; ``start`` then sends the
+spec and passes the anonymous batch ring's descriptor over the socket. Per step the
 trainer receives one small pickled tuple (slots go back through the ring's
 ``returned`` flags); the bytes of the batch never pass through a socket.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+from multiprocessing.reduction import sendfds
 import subprocess
 import sys
 from multiprocessing.connection import Connection
@@ -46,29 +49,26 @@ def _how_it_ended(returncode: int | None) -> str:
 
 
 class ProcessProducer:
-    """Runs ``spec``'s pipeline in a helper process writing into ``ring``.
-
-    Args:
-        spec: what to produce.
-        ring: the batch ring (its descriptor is passed to the helper).
+    """A helper process, started at once; :meth:`start` gives it its pipeline.
 
     Raises:
         HelperProcessError: the helper could not be started.
     """
 
-    def __init__(self, spec: ProducerSpec, *, ring: SharedRing) -> None:
-        self._next_cursor = spec.start
-        self._global_batch = spec.layout.global_batch
+    def __init__(self) -> None:
+        self._next_cursor = 0
+        self._global_batch = 1
         self._error: BaseException | None = None
         self._ended = False
+        self._started = False
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         # NOTE: the helper imports this very copy of zephon_stream, installed or not.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "zephon_stream.loader.helper", str(theirs.fileno()), str(ring.fd)],
-                pass_fds=(theirs.fileno(), ring.fd),
+                [sys.executable, "-m", "zephon_stream.loader.helper", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
@@ -77,9 +77,18 @@ class ProcessProducer:
             raise HelperProcessError(f"could not start the loader's helper process ({sys.executable}): {exc}") from exc
         finally:
             theirs.close()
-        self._conn = Connection(ours.detach())
+        self._socket = ours
+        self._conn = Connection(os.dup(ours.fileno()))
+
+    def start(self, spec: ProducerSpec, *, ring: SharedRing) -> None:
+        """Send the helper ``spec`` and the ring's descriptor; it starts producing."""
+        assert not self._started, "a helper runs one pipeline"
+        self._started = True
+        self._next_cursor = spec.start
+        self._global_batch = spec.layout.global_batch
         try:
             self._conn.send(spec)
+            sendfds(self._socket, [ring.fd])
         except OSError:
             self._fail("before it received its configuration")
 
@@ -106,6 +115,7 @@ class ProcessProducer:
             HelperProcessError: the helper is gone.
             Exception: the error the helper's pipeline hit at this step.
         """
+        assert self._started, "start() first"
         if self._error is not None:
             raise self._error
         if self._ended:
@@ -136,6 +146,7 @@ class ProcessProducer:
         """Close the control socket, which ends the helper; reap it (idempotent)."""
         if self._conn is not None:
             self._conn.close()
+            self._socket.close()
             self._conn = None  # type: ignore[assignment]
         if self._process.returncode is None:
             try:
