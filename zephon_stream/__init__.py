@@ -19,6 +19,7 @@ _PUBLIC = {
     "read_block": "zephon_stream.reader",
     "StreamingLoader": "zephon_stream.loader.api",
     "Stream": "zephon_stream.loader.api",
+    "Phase": "zephon_stream.loader.api",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -1,0 +1,133 @@
+"""The trainer's side of one rank's batches: the ring, its delivery and the producer filling it.
+
+A producer run reads one stretch of the order (a whole run, or one phase of
+a schedule) into a ring whose slot layout fits that stretch's batch shape.
+``BatchFeed`` starts and stops those runs and swaps the ring when the next
+stretch's shape differs; the loader (loader/api.py) decides where runs start
+and end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from zephon_stream.loader.device import CpuDelivery, CudaDelivery, make_delivery
+from zephon_stream.loader.layout import RankLayout
+from zephon_stream.loader.pipeline import EndOfData, ReadyStep, hand_back, reset_returned
+from zephon_stream.loader.process import ProcessProducer
+from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
+from zephon_stream.loader.ring import SharedRing, SlotLayout
+from zephon_stream.loader.streams import Stream, StreamSource
+
+
+class BatchFeed:
+    """Ring, delivery and producer of one rank.
+
+    Args:
+        device: where batches go.
+        host_keys: keys delivered on the host with CUDA.
+        num_slots: slots of each ring.
+        streams: the user's streams.
+        sources: the open streams (the thread producer shares them).
+        storage_options: fsspec options (to the helper over its socket).
+        pipeline_mode: ``"process"`` or ``"threads"``.
+        prefetch_steps, num_fetch_threads, num_decode_threads: pipeline sizes.
+    """
+
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        host_keys: tuple[str, ...],
+        num_slots: int,
+        streams: Sequence[Stream],
+        sources: Sequence[StreamSource],
+        storage_options: dict[str, Any] | None,
+        pipeline_mode: str,
+        prefetch_steps: int,
+        num_fetch_threads: int,
+        num_decode_threads: int,
+    ) -> None:
+        self._device = device
+        self._host_keys = host_keys
+        self._num_slots = num_slots
+        self._streams = tuple(streams)
+        self._sources = list(sources)
+        self._storage_options = storage_options
+        self._pipeline_mode = pipeline_mode
+        self._sizes = (prefetch_steps, num_fetch_threads, num_decode_threads)
+        self.ring: SharedRing | None = None
+        self.delivery: CpuDelivery | CudaDelivery | None = None
+        self.producer: ProcessProducer | ThreadProducer | None = None
+
+    def open_ring(self, slot_layout: SlotLayout) -> None:
+        """Use a ring of ``slot_layout`` (a new one unless the current one has it).
+
+        CPU batches the consumer holds from a replaced ring stay valid: they
+        keep its mapping until they are dropped.
+        """
+        if self.ring is not None and self.ring.layout == slot_layout:
+            return
+        assert self.producer is None
+        if self.delivery is not None:
+            self.delivery.close()
+            self.delivery = None
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        self.ring = SharedRing.create(num_slots=self._num_slots, layout=slot_layout)
+        self.delivery = make_delivery(self._device, ring=self.ring, host_keys=self._host_keys)
+
+    def start(self, layout: RankLayout, *, start: int, num_steps: int | None, hash_data: bool) -> None:
+        """Start a producer run of ``num_steps`` steps of ``layout`` from cursor ``start``."""
+        assert self.producer is None and self.ring is not None and self.delivery is not None
+        prefetch_steps, num_fetch_threads, num_decode_threads = self._sizes
+        spec = ProducerSpec(
+            layout=layout,
+            streams=self._streams,
+            manifests=tuple(s.manifest for s in self._sources),
+            storage_options=self._storage_options,
+            start=start,
+            num_steps=num_steps,
+            seq_len=layout.order.config.seq_len,
+            prefetch_steps=prefetch_steps,
+            num_fetch_threads=num_fetch_threads,
+            num_decode_threads=num_decode_threads,
+            hash_data=hash_data,
+            num_slots=self.ring.num_slots,
+            slot_layout=self.ring.layout,
+        )
+        reset_returned(self.ring, self.delivery.settle())
+        if self._pipeline_mode == "threads":
+            self.producer = ThreadProducer(spec, sources=self._sources, ring=self.ring)
+        else:
+            self.producer = ProcessProducer(spec, ring=self.ring)
+
+    def get(self) -> tuple[ReadyStep | EndOfData, dict[str, torch.Tensor] | None]:
+        """The next step and its tensors (None at the end of the run)."""
+        assert self.producer is not None and self.ring is not None and self.delivery is not None
+        for slot in self.delivery.reclaim():
+            hand_back(self.ring, slot)
+        ready = self.producer.get()
+        if isinstance(ready, EndOfData):
+            return ready, None
+        return ready, self.delivery.deliver(ready.slot)
+
+    def stop(self) -> None:
+        """Stop the producer run, if any (idempotent)."""
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
+
+    def close(self) -> None:
+        """Stop the producer; release the delivery and the ring (idempotent)."""
+        self.stop()
+        if self.delivery is not None:
+            self.delivery.close()
+            self.delivery = None
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
