@@ -100,7 +100,7 @@ class DemoReport:
                 str(stream["lanes"]),
                 str(stream["epoch"]),
                 f"{stream['samples']:,}",
-                f"{stream['samples_in_epoch']:,} of {stream['epoch_samples']:,}",
+                f"{stream['samples_in_epoch']:,} of {stream['samples_read_per_epoch']:,}",
             ]
             for stream in self.resumed.last.get("progress", [])
         ]

@@ -379,7 +379,8 @@ class StreamingLoader:
                 self._enter_phase(self._schedule.phase_at_position(self._position).index)
             stops = [p for p in (end, self._layout.end_position) if p is not None]
             num_steps = None if not stops else max(0, -(-(min(stops) - self._position) // self.global_batch_size))
-            feed.start(self._layout, start=self._position, num_steps=num_steps, hash_data=self._audit is not None)
+            feed.start(self._layout, start=self._position, start_step=self.step, num_steps=num_steps,
+                       hash_data=self._audit is not None)  # fmt: skip
         started = time.perf_counter()
         ready, batch = feed.get()
         if batch is None:

@@ -81,8 +81,10 @@ class BatchFeed:
         self.ring = SharedRing.create(num_slots=self._num_slots, layout=slot_layout)
         self.delivery = make_delivery(self._device, ring=self.ring, host_keys=self._host_keys)
 
-    def start(self, layout: RankLayout, *, start: int, num_steps: int | None, hash_data: bool) -> None:
-        """Start a producer run of ``num_steps`` steps of ``layout`` from cursor ``start``."""
+    def start(
+        self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None, hash_data: bool
+    ) -> None:
+        """Start a producer run of ``num_steps`` steps of ``layout`` from cursor ``start`` (global step ``start_step``)."""
         assert self.producer is None and self.ring is not None and self.delivery is not None
         prefetch_steps, num_fetch_threads, num_decode_threads = self._sizes
         spec = ProducerSpec(
@@ -99,6 +101,7 @@ class BatchFeed:
             hash_data=hash_data,
             num_slots=self.ring.num_slots,
             slot_layout=self.ring.layout,
+            start_step=start_step,
         )
         reset_returned(self.ring, self.delivery.settle())
         if self._pipeline_mode == "threads":

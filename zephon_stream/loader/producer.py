@@ -45,6 +45,7 @@ class ProducerSpec:
         hash_data: compute each step's data sha256 (audit log).
         num_slots: slots in the ring.
         slot_layout: the ring's slot layout.
+        start_step: the global step at ``start`` (in error messages).
     """
 
     layout: RankLayout
@@ -60,6 +61,7 @@ class ProducerSpec:
     hash_data: bool
     num_slots: int
     slot_layout: SlotLayout
+    start_step: int = 0
 
     def __repr__(self) -> str:
         # NOTE: storage options may hold keys; they are never shown.
