@@ -181,16 +181,7 @@ class StreamingLoader:
                 schedule=self._schedule,
             )
             self._feed = BatchFeed(
-                device=self.device,
-                host_keys=self._book.host_keys,
-                num_slots=self._book.num_slots,
-                streams=self._streams,
-                sources=self._sources,
-                storage_options=storage_options,
-                pipeline_mode=pipeline,
-                prefetch_steps=prefetch_steps,
-                num_fetch_threads=num_fetch_threads,
-                num_decode_threads=num_decode_threads,
+                book=self._book, streams=self._streams, storage_options=storage_options, pipeline_mode=pipeline
             )
             if schedule is None:
                 self._layout = self._make_layout(lanes=lanes, window=window)
@@ -297,30 +288,19 @@ class StreamingLoader:
         return self._step_of(self._position)
 
     def _current_phase_order(self) -> GlobalOrder:
-        if self._schedule is None:
-            return self._layout.order
-        return self._schedule.phase_at_position(self._position).order
+        return self._book.order_at(self._position, self._layout)
 
     def _step_of(self, cursor: int) -> int:
-        if self._schedule is None:
-            return cursor // self.global_batch_size
-        return self._schedule.step_of_position(cursor)
+        return self._book.step_of(cursor, self._layout)
 
     def progress(self) -> list[dict[str, Any]]:
         """Per-stream progress (phase, epoch, samples consumed) at the current cursor."""
-        if self._schedule is None:
-            return [entry | {"phase": 0} for entry in self._layout.order.progress(self._position)]
-        return self._schedule.progress(self._position)
+        return self._book.progress(self._position, self._layout)
 
     def _audit_header(self) -> dict[str, Any]:
-        state = self._order_state(0)
+        state = self._book.state(0, self._layout)
         state.pop("position")
         return {"state": state, "urls": [s.url for s in self._sources]}
-
-    def _order_state(self, position: int) -> dict[str, Any]:
-        if self._schedule is None:
-            return self._layout.order.state(position).to_dict()
-        return self._schedule.state(position).to_dict()
 
     # -- torch Stateful ----------------------------------------------------------
 
@@ -330,7 +310,7 @@ class StreamingLoader:
         Version 1 (``LoaderState``) without a schedule, version 2
         (``ScheduleState``: the phases begun, every stream's progress) with one.
         """
-        return self._order_state(self._position)
+        return self._book.state(self._position, self._layout)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Seek to a saved state in O(1), at this loader's world size.
@@ -395,15 +375,10 @@ class StreamingLoader:
 
     def _audit_record(self, cursor: int, data_sha256: str) -> dict[str, Any]:
         positions = np.arange(cursor, cursor + self.global_batch_size, dtype=np.int64)
-        return {
-            "step": self._step_of(cursor),
-            "phase": self._layout.phase,
-            "cursor": cursor,
-            "addresses_sha256": addresses_sha256(positions, *self._layout.addresses(positions)),
-            "data_sha256": data_sha256,
-            "world_size": self.world_size,
-            "local_batch_size": self.local_batch_size,
-        }
+        addresses = addresses_sha256(positions, *self._layout.addresses(positions))
+        return {"step": self._step_of(cursor), "phase": self._layout.phase, "cursor": cursor,
+                "addresses_sha256": addresses, "data_sha256": data_sha256, "world_size": self.world_size,
+                "local_batch_size": self.local_batch_size}  # fmt: skip
 
     def _run_end_position(self) -> int | None:
         return run_end_position(self._book, self._layout, self._ends)

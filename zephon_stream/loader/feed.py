@@ -16,49 +16,35 @@ import torch
 
 from zephon_stream.loader.device import CpuDelivery, CudaDelivery, make_delivery
 from zephon_stream.loader.layout import RankLayout
+from zephon_stream.loader.layouts import LayoutBook
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep, hand_back, reset_returned
 from zephon_stream.loader.process import ProcessProducer
 from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
 from zephon_stream.loader.ring import SharedRing, SlotLayout
-from zephon_stream.loader.streams import Stream, StreamSource
+from zephon_stream.loader.streams import Stream
 
 
 class BatchFeed:
     """Ring, delivery and producer of one rank.
 
     Args:
-        device: where batches go.
-        host_keys: keys delivered on the host with CUDA.
-        num_slots: slots of each ring.
+        book: the loader's layouts (device, host keys, ring slots, pipeline sizes).
         streams: the user's streams.
-        sources: the open streams (the thread producer shares them).
         storage_options: fsspec options (to the helper over its socket).
         pipeline_mode: ``"process"`` or ``"threads"``.
-        prefetch_steps, num_fetch_threads, num_decode_threads: pipeline sizes.
     """
 
     def __init__(
-        self,
-        *,
-        device: torch.device,
-        host_keys: tuple[str, ...],
-        num_slots: int,
-        streams: Sequence[Stream],
-        sources: Sequence[StreamSource],
-        storage_options: dict[str, Any] | None,
-        pipeline_mode: str,
-        prefetch_steps: int,
-        num_fetch_threads: int,
-        num_decode_threads: int,
+        self, *, book: LayoutBook, streams: Sequence[Stream], storage_options: dict[str, Any] | None, pipeline_mode: str
     ) -> None:
-        self._device = device
-        self._host_keys = host_keys
-        self._num_slots = num_slots
+        self._device = book.device
+        self._host_keys = book.host_keys
+        self._num_slots = book.num_slots
         self._streams = tuple(streams)
-        self._sources = list(sources)
+        self._sources = list(book.sources)
         self._storage_options = storage_options
         self._pipeline_mode = pipeline_mode
-        self._sizes = (prefetch_steps, num_fetch_threads, num_decode_threads)
+        self._sizes = (book.prefetch_steps, book.num_fetch_threads, book.num_decode_threads)
         self.ring: SharedRing | None = None
         self.delivery: CpuDelivery | CudaDelivery | None = None
         self.producer: ProcessProducer | ThreadProducer | None = None

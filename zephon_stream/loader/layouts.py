@@ -120,6 +120,33 @@ class LayoutBook:
         assert self.schedule is not None
         return [p.index for p in self.schedule.phases if p.global_batch % self.world_size == 0]
 
+    # NOTE: ``current`` is the loader's layout: without a schedule, its order
+    # is the whole order; with one, the schedule answers.
+
+    def order_at(self, position: int, current: RankLayout) -> GlobalOrder:
+        """The order read at ``position`` (with a schedule: its phase's)."""
+        if self.schedule is None:
+            return current.order
+        return self.schedule.phase_at_position(position).order
+
+    def step_of(self, position: int, current: RankLayout) -> int:
+        """The global step at cursor ``position``."""
+        if self.schedule is None:
+            return position // current.global_batch
+        return self.schedule.step_of_position(position)
+
+    def progress(self, position: int, current: RankLayout) -> list[dict]:
+        """Per-stream progress at ``position``, with its phase."""
+        if self.schedule is None:
+            return [entry | {"phase": 0} for entry in current.order.progress(position)]
+        return self.schedule.progress(position)
+
+    def state(self, position: int, current: RankLayout) -> dict:
+        """The loader state at ``position``: version 1 without a schedule, 2 with one."""
+        if self.schedule is None:
+            return current.order.state(position).to_dict()
+        return self.schedule.state(position).to_dict()
+
     def largest_bound(self) -> MemoryBound:
         """The memory bound of the phase (built so far) that needs the most."""
         return max((layout.memory_bound for layout in self.phases.values()), key=lambda bound: bound.total_bytes)
