@@ -37,8 +37,15 @@ def process_state(pid: int) -> str | None:
 def wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if process_state(pid) in (None, "Z", "X"):
-            return True
+        # NOTE: a killed process's leader shows "Z" while its other threads
+        # still exit, and waitpid does not report it until they have; for a
+        # child of ours, ask waitid without reaping it.
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            if process_state(pid) in (None, "Z", "X"):
+                return True
         time.sleep(0.05)
     return False
 
