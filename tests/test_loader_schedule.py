@@ -230,3 +230,19 @@ def test_a_run_of_n_epochs_stops_where_the_plan_says_the_epochs_end(urls):
         end = loader.schedule.end_step(epochs=1, stream=1)
         assert sum(1 for _ in loader) == end
         assert loader.progress()[1]["epoch"] == 1
+
+
+def test_a_new_dataset_joins_as_a_stream_at_a_future_phase(urls):
+    # NOTE: the README's recipe for a dataset that grows.
+    with StreamingLoader(urls[:1], schedule=[Phase(start_step=0, global_batch=8, seq_len=128)],
+                         pipeline="threads") as old:  # fmt: skip
+        run_step_hashes([old], 5)
+        state = old.state_dict()
+    grown = [Phase(start_step=0, global_batch=8, seq_len=128, weights=(1, 0)),
+             Phase(start_step=8, global_batch=8, seq_len=128, weights=(1, 1))]  # fmt: skip
+    with StreamingLoader(urls, schedule=grown, pipeline="threads") as full:
+        expected = run_step_hashes([full], 12)
+    with StreamingLoader(urls, schedule=grown, pipeline="threads") as resumed:
+        resumed.load_state_dict(state)
+        assert run_step_hashes([resumed], 7) == expected[5:]
+        assert [p["samples"] for p in resumed.progress()] == [8 * 8 + 4 * 4, 4 * 4]
