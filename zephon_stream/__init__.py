@@ -20,6 +20,7 @@ _PUBLIC = {
     "StreamingLoader": "zephon_stream.loader.api",
     "Stream": "zephon_stream.loader.api",
     "Phase": "zephon_stream.loader.api",
+    "EvalLoader": "zephon_stream.loader.evaluation",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]
