@@ -193,6 +193,7 @@ def test_a_phase_added_or_edited_before_it_begins_is_accepted(urls):
         expected = run_step_hashes([full], 10)
     with StreamingLoader(urls, schedule=THREE_PHASES, pipeline="threads") as resumed:
         resumed.load_state_dict(state)
+        assert (resumed.phase, resumed.local_batch_size, resumed.seq_len) == (1, 12, 128)
         assert run_step_hashes([resumed], 5) == expected[5:]
 
 
@@ -246,3 +247,12 @@ def test_a_new_dataset_joins_as_a_stream_at_a_future_phase(urls):
         resumed.load_state_dict(state)
         assert run_step_hashes([resumed], 7) == expected[5:]
         assert [p["samples"] for p in resumed.progress()] == [8 * 8 + 4 * 4, 4 * 4]
+
+
+def test_bad_run_ends_are_refused(urls):
+    with pytest.raises(ConfigError, match="max_epochs must be an int >= 1"):
+        StreamingLoader(urls, schedule=THREE_PHASES, max_epochs=0)
+    with pytest.raises(ConfigError, match="end_after_phase=0 needs a schedule"):
+        StreamingLoader(urls, seq_len=64, local_batch_size=4, end_after_phase=0)
+    with pytest.raises(ConfigError, match="the last phase does not end"):
+        StreamingLoader(urls, schedule=THREE_PHASES, end_after_phase=2)

@@ -27,7 +27,7 @@ from zephon_stream.loader.ring import SharedRing
 from zephon_stream.loader.layout import RankLayout, stream_shapes
 from zephon_stream.loader.layouts import LayoutBook, run_end_position
 from zephon_stream.loader.memory import MIB, MemoryBound
-from zephon_stream.loader.schedule import Phase, resolve_phases
+from zephon_stream.loader.schedule import Phase, resolve_phases, run_end_step
 from zephon_stream.loader.stats import LoaderStats, read_counters
 from zephon_stream.loader.streams import Stream, StreamSource, as_streams
 from zephon_stream.plan import GlobalOrder, LoaderState, ScheduleOrder, ScheduleState
@@ -165,6 +165,7 @@ class StreamingLoader:
             if schedule is not None:
                 phases = resolve_phases(schedule, self._streams)
                 self._schedule = ScheduleOrder(stream_shapes(self._sources), phases, seed=seed)
+                run_end_step(self._schedule, **self._ends)  # NOTE: an end it cannot reach is refused now
             self._book = LayoutBook(
                 sources=self._sources,
                 weights=tuple(s.weight for s in self._streams),
@@ -329,6 +330,9 @@ class StreamingLoader:
             scheduled.validate(self._schedule)
             self._feed.stop()
             self._position = scheduled.position
+            phase = self._schedule.phase_at_position(self._position).index
+            if phase in self._book.readable_phases():
+                self._enter_phase(phase)  # NOTE: else refused, naming the phase, at the next step
             return
         state = LoaderState.from_dict(dict(state_dict))
         lanes = state.lanes if self._explicit_lanes is None else self._explicit_lanes

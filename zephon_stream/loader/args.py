@@ -33,8 +33,6 @@ def check_loader_args(*, rank: int, world_size: int, scheduled: bool, pipeline: 
         given = {n: args[n] for n in ("seq_len", "local_batch_size", "lanes", "window") if args[n] is not None}
         if given:
             raise ConfigError(f"with a schedule, each phase gives these; do not pass them too (got {given})")
-        if args["max_epochs"] is not None and not 0 <= args["epochs_stream"]:
-            raise ConfigError(f"epochs_stream must be >= 0 (got {args['epochs_stream']})")
     elif args["end_after_phase"] is not None:
         raise ConfigError(f"end_after_phase={args['end_after_phase']} needs a schedule")
     sizes = ["seq_len", "local_batch_size"] if not scheduled else []
@@ -44,8 +42,8 @@ def check_loader_args(*, rank: int, world_size: int, scheduled: bool, pipeline: 
             raise ConfigError(f"{name} must be an int >= 1 (got {value!r})")
     if not 0 <= rank < world_size:
         raise ConfigError(f"rank {rank} is outside world_size {world_size}")
-    for name in ("max_steps", "max_epochs"):
-        if args[name] is not None and (not isinstance(args[name], int) or args[name] < 0):
-            raise ConfigError(f"{name} must be an int >= 0 (got {args[name]!r})")
+    for name, low in (("max_steps", 0), ("max_epochs", 1), ("epochs_stream", 0)):
+        if args[name] is not None and (not isinstance(args[name], int) or args[name] < low):
+            raise ConfigError(f"{name} must be an int >= {low} (got {args[name]!r})")
     if pipeline not in PIPELINE_MODES:
         raise ConfigError(f"pipeline must be one of {PIPELINE_MODES} (got {pipeline!r})")
