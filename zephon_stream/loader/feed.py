@@ -58,6 +58,12 @@ class BatchFeed:
         if self.ring is not None and self.ring.layout == slot_layout:
             return
         assert self.producer is None
+        if self.delivery is not None and self._device.type == "cuda":
+            # NOTE: the consumer may still be copying host labels (views of
+            # the pinned ring) to the device with non_blocking=True; the ring
+            # is unregistered below. Once per phase boundary, so the wait costs
+            # nothing per step. (Not run on a GPU yet.)
+            torch.cuda.synchronize(self._device)
         if self.delivery is not None:
             self.delivery.close()
             self.delivery = None
