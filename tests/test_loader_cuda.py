@@ -86,5 +86,5 @@ def test_a_schedule_on_cuda_reads_what_cpu_reads_across_shape_changes(small_data
                 assert torch.equal(got[key].cpu(), want[key])
             kept.append((want["labels"].clone(), got["labels"]))
         assert gpu.delivery.slots_pinned()
-        for want, got in kept[-1:]:
+        for want, got in kept:  # NOTE: earlier phases' rings are closed, their batches still valid
             assert torch.equal(got, want)
