@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import torch
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -256,3 +257,16 @@ def test_bad_run_ends_are_refused(urls):
         StreamingLoader(urls, seq_len=64, local_batch_size=4, end_after_phase=0)
     with pytest.raises(ConfigError, match="the last phase does not end"):
         StreamingLoader(urls, schedule=THREE_PHASES, end_after_phase=2)
+
+
+@pytest.mark.parametrize("pipeline", ["process", "threads"])
+def test_a_batch_kept_across_a_boundary_stays_valid_after_its_ring_is_replaced(urls, pipeline):
+    with StreamingLoader(urls, schedule=THREE_PHASES, pipeline=pipeline, num_fetch_threads=2) as loader:
+        batches = [next(loader) for _ in range(4)]
+        kept = batches[-1]  # phase 0's last step: a view of phase 0's ring
+        copy = {key: tensor.clone() for key, tensor in kept.items()}
+        ring = loader.ring
+        after = [next(loader) for _ in range(3)]
+        assert loader.ring is not ring and after[0]["input"].shape == (12, 128)
+        for key in copy:
+            assert torch.equal(kept[key], copy[key])
