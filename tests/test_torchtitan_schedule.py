@@ -126,3 +126,14 @@ def test_torchtitan_config_manager_reads_phases_from_the_command_line(tmp_path, 
         ["--module", "zephon_phase_job", "--config", "job", "--dataloader.phases", '[{"step": 1, "seq_len": 512}]']
     )
     assert override.dataloader.phases == '[{"step": 1, "seq_len": 512}]'
+
+
+def test_a_run_ends_at_a_phases_end_with_dataloader_exhausted(streams):
+    from torchtitan.components.dataloader import DataloaderExhaustedError
+
+    config = ZephonDataLoader.Config(streams=streams, pipeline="threads", end_after_phase=0,
+                                     phases=[{"step": 1}, {"step": 4, "weights": [0, 1]}])  # fmt: skip
+    with build(config, seq_len=32, local_batch_size=4) as loader:
+        titan_hashes(loader, 3)
+        with pytest.raises(DataloaderExhaustedError, match="the end of phase 0"):
+            next(loader)

@@ -193,6 +193,16 @@ class ZephonDataLoader(BaseDataLoader):
         global steps, counted from the start of the run (cursor 0), so a
         resumed run ends at the same sample. None: no step limit."""
 
+        max_epochs: int | None = None
+        """Finite run: end at the step where stream ``epochs_stream`` has read
+        this many whole epochs (counted from the start of the run)."""
+
+        epochs_stream: int = 0
+        """The stream (index in ``streams``) ``max_epochs`` counts."""
+
+        end_after_phase: int | None = None
+        """Finite run: end at the end of this phase (index) of ``phases``."""
+
         infinite: bool = True
         """False: one pass over the data, ending where the first stream's
         first epoch ends (TorchTitan's validator asks for this when
@@ -297,6 +307,9 @@ class ZephonDataLoader(BaseDataLoader):
             prefetch_steps=config.prefetch_steps,
             max_memory_bytes=config.max_memory_bytes,
             max_steps=config.max_steps,
+            max_epochs=config.max_epochs,
+            epochs_stream=config.epochs_stream,
+            end_after_phase=config.end_after_phase,
         )
         self._last_sample_positions = torch.empty(0, dtype=torch.int64)
         if tokenizer is not None:
@@ -353,8 +366,18 @@ class ZephonDataLoader(BaseDataLoader):
         try:
             batch = next(self._loader)
         except StopIteration:
+            config = self.config
+            asked = " or ".join(
+                text
+                for value, text in (
+                    (config.max_steps, f"{config.max_steps} steps"),
+                    (config.max_epochs, f"{config.max_epochs} epochs of stream {config.epochs_stream}"),
+                    (config.end_after_phase, f"the end of phase {config.end_after_phase}"),
+                )
+                if value is not None
+            )
             raise DataloaderExhausted(
-                f"dataloader: the finite run of {self.config.max_steps} steps ended at global sample {position}"
+                f"dataloader: the finite run ({asked}) ended at global sample {position}"
             ) from None
         self._last_sample_positions = batch["sample_positions"]
         return {"input": batch["input"], "positions": batch["positions"]}, batch["labels"]
