@@ -48,17 +48,20 @@ def check_rows(reader, order, step, rank, world_size, batch):
 
 @st.composite
 def schedules(draw):
-    """2-4 phases over two streams, each with its own batch, seq_len and weights."""
+    """2-4 phases over two streams, each with its own batch, seq_len, lanes, window and weights."""
     count = draw(st.integers(2, 4))
     starts = [0] + sorted(draw(st.lists(st.integers(1, 14), min_size=count - 1, max_size=count - 1, unique=True)))
     phases = []
     for start in starts:
         weights = draw(st.sampled_from([(1, 1), (1, 3), (0, 1), (1, 0), (2, 1)]))
+        batch = draw(st.sampled_from(BATCHES))
         phases.append(
             Phase(
                 start_step=start,
-                global_batch=draw(st.sampled_from(BATCHES)),
+                global_batch=batch,
                 seq_len=draw(st.sampled_from(SEQ_LENS)),
+                lanes=draw(st.sampled_from([None, 2 * batch])),
+                window=draw(st.sampled_from([0, 8])),
                 weights=weights,
             )
         )
@@ -77,7 +80,7 @@ def reader(urls):
     out.close()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schedule=schedules(), seed=st.integers(0, 3))
 def test_every_row_of_a_random_schedule_is_the_plan_layers_sample(urls, reader, schedule, seed):
     # NOTE: world size 2 divides every batch drawn; each rank is checked row by row.
@@ -93,7 +96,7 @@ def test_every_row_of_a_random_schedule_is_the_plan_layers_sample(urls, reader, 
         close_all(loaders)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schedule=schedules(), data=st.data())
 def test_a_resume_at_a_random_step_and_another_world_size_continues_bit_identically(urls, schedule, data):
     steps = schedule[-1].start_step + 3
