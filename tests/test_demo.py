@@ -132,6 +132,7 @@ def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(st
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert "OK: all 10 steps read exactly the reference's data" in done.stdout, output
+    assert "match  phase" in done.stdout, output
     steps = [json.loads(line) for line in (tmp_path / "work" / "reference.jsonl").read_text().splitlines()]
     # NOTE: phases start at train steps 1 (pretrain), 5 (anneal) and 8 (long context).
     assert [r["phase"] for r in steps if r["event"] == "step"] == [0] * 4 + [1] * 3 + [2] * 3
