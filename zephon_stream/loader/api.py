@@ -265,13 +265,13 @@ class StreamingLoader:
     @property
     def lanes(self) -> int:
         """Lanes ``C`` of the order in use (with a schedule: of the current phase)."""
-        return self._current_phase_order().lanes
+        return self.order.lanes
 
     @property
     def order(self) -> GlobalOrder:
         """The global order this loader reads (with a schedule: the current
         phase's; see ``schedule``) (for provenance and tests)."""
-        return self._current_phase_order()
+        return self._book.order_at(self._position, self._layout)
 
     @property
     def schedule(self) -> ScheduleOrder | None:
@@ -286,13 +286,7 @@ class StreamingLoader:
     @property
     def step(self) -> int:
         """The global step the next batch belongs to."""
-        return self._step_of(self._position)
-
-    def _current_phase_order(self) -> GlobalOrder:
-        return self._book.order_at(self._position, self._layout)
-
-    def _step_of(self, cursor: int) -> int:
-        return self._book.step_of(cursor, self._layout)
+        return self._book.step_of(self._position, self._layout)
 
     def progress(self) -> list[dict[str, Any]]:
         """Per-stream progress (phase, epoch, samples consumed) at the current cursor."""
@@ -380,7 +374,7 @@ class StreamingLoader:
     def _audit_record(self, cursor: int, data_sha256: str) -> dict[str, Any]:
         positions = np.arange(cursor, cursor + self.global_batch_size, dtype=np.int64)
         addresses = addresses_sha256(positions, *self._layout.addresses(positions))
-        return {"step": self._step_of(cursor), "phase": self._layout.phase, "cursor": cursor,
+        return {"step": self._book.step_of(cursor, self._layout), "phase": self._layout.phase, "cursor": cursor,
                 "addresses_sha256": addresses, "data_sha256": data_sha256, "world_size": self.world_size,
                 "local_batch_size": self.local_batch_size}  # fmt: skip
 
