@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import torch
+
 from zephon_stream.loader.device import ring_slots, ring_wide_keys
 from zephon_stream.loader.layout import RankLayout, build_order
 from zephon_stream.loader.memory import MemoryBound
@@ -18,8 +20,6 @@ from zephon_stream.loader.ring import SharedRing, SlotLayout
 from zephon_stream.loader.schedule import local_batch_of, run_end_step
 from zephon_stream.loader.streams import StreamSource
 from zephon_stream.plan import GlobalOrder, ScheduleOrder
-
-import torch
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
