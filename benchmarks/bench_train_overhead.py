@@ -193,7 +193,7 @@ def model_consumer(url: str, vocab_size: int, args: argparse.Namespace) -> dict:
         print(f"model {name} ({params / 1e6:.1f} M params, {tokens / best['resident'] / 1e6:.2f} M tok/s resident): "
               f"device delivery {figures[name]['ratio_device']:.4f}x, CPU delivery + .to() "
               f"{figures[name]['ratio_cpu_to']:.4f}x")
-        del model, optimizer
+        torch.cuda.empty_cache()
     return figures
 
 

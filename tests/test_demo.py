@@ -4,6 +4,7 @@ world size)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -79,6 +80,12 @@ def test_report_flags_a_step_whose_data_differ_and_a_step_never_run():
     assert "n/a" in bad.text()
 
 
+def test_demo_schedule_refuses_a_resize_outside_the_anneal():
+    with pytest.raises(ConfigError, match="inside the anneal"):
+        DemoConfig(schedule=True, steps=40, ckpt_every=5, kill_after=10).checked()
+    assert DemoConfig(schedule=True).checked().kill_step == 20
+
+
 def test_demo_config_refuses_what_cannot_work():
     with pytest.raises(ConfigError, match="another world size"):
         DemoConfig(world_sizes=(2, 2)).checked()
@@ -109,3 +116,25 @@ def test_demo_end_to_end_resumes_at_another_world_size_with_the_same_data(stdlib
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     events = (tmp_path / "work" / "resumed.jsonl").read_text()
     assert '"start_step": 4' in events and '"world_size": 1' in events
+
+
+@pytest.mark.slow
+def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(stdlib_corpus, tmp_path):
+    inputs = [str(p) for p in stdlib_corpus.files[:20]]
+    command = [sys.executable, "-m", "zephon_stream", "demo", "--schedule", "--steps", "10", "--ckpt-every", "2",
+               "--kill-after", "6", "--world-sizes", "2,1", "--global-batch", "4", "--seq-len", "64",
+               "--block-tokens", "257", "--blocks-per-shard", "8", "--s3-port", "0",
+               "--workdir", str(tmp_path / "work")]  # fmt: skip
+    for path in inputs:
+        command += ["--input", path]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "OK: all 10 steps read exactly the reference's data" in done.stdout, output
+    assert "match  phase" in done.stdout, output
+    steps = [json.loads(line) for line in (tmp_path / "work" / "reference.jsonl").read_text().splitlines()]
+    # NOTE: phases start at train steps 1 (pretrain), 5 (anneal) and 8 (long context).
+    assert [r["phase"] for r in steps if r["event"] == "step"] == [0] * 4 + [1] * 3 + [2] * 3
+    resumed = [json.loads(line) for line in (tmp_path / "work" / "resumed.jsonl").read_text().splitlines()]
+    assert resumed[0]["start_step"] == 6 and resumed[0]["world_size"] == 1

@@ -65,3 +65,26 @@ def test_host_labels_stay_on_the_cpu_and_equal_the_device_rows(small_dataset):
             batch = next(gpu)
             assert batch["labels"].device.type == "cpu" and batch["labels"].is_pinned()
             assert torch.equal(batch["labels"][:, :-1], batch["input"][:, 1:].cpu())
+
+
+def test_a_schedule_on_cuda_reads_what_cpu_reads_across_shape_changes(small_dataset, small_bpe_dataset):
+    # NOTE: at each boundary the pinned ring is unregistered and a new one, laid
+    # out for the next phase, registered; host labels (TorchTitan's) stay valid.
+    from zephon_stream import Phase
+
+    urls = [small_dataset.url, small_bpe_dataset.url]
+    schedule = [Phase(start_step=0, global_batch=8, seq_len=256),
+                Phase(start_step=3, global_batch=16, seq_len=128, weights=(1, 3)),
+                Phase(start_step=6, global_batch=4, seq_len=512, weights=(0, 1))]  # fmt: skip
+    with StreamingLoader(urls, schedule=schedule) as cpu, \
+            StreamingLoader(urls, schedule=schedule, device="cuda", host_labels=True) as gpu:
+        kept = []
+        for _ in range(9):
+            want, got = next(cpu), next(gpu)
+            assert got["input"].is_cuda and not got["labels"].is_cuda
+            for key in want:
+                assert torch.equal(got[key].cpu(), want[key])
+            kept.append((want["labels"].clone(), got["labels"]))
+        assert gpu.delivery.slots_pinned()
+        for want, got in kept:  # NOTE: earlier phases' rings are closed, their batches still valid
+            assert torch.equal(got, want)

@@ -26,8 +26,8 @@ RESUME_STEPS = 4
 SEED = 9
 
 
-def torchrun(nproc: int, args: list[str], env: dict[str, str], timeout_s: float = 240) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(WORKER), *args]
+def torchrun(nproc: int, args: list[str], env: dict[str, str], timeout_s: float = 240, worker: Path = WORKER) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(worker), *args]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert result.returncode == 0, f"torchrun failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
 

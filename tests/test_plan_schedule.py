@@ -350,3 +350,15 @@ def test_rank_steps_across_boundaries_give_one_piece_per_phase():
             assert np.array_equal(one.positions, piece.positions[k]) and np.array_equal(one.sample, piece.sample[k])
     with pytest.raises(ConfigError, match=r"phase 1 \(start step 3\): world size 4 does not divide the global micro-batch 6"):
         order.rank_steps(2, 2, 4, 0)
+
+
+def test_a_pickled_schedule_reads_the_same_addresses():
+    # NOTE: the loader's helper process receives the schedule pickled.
+    import pickle
+
+    order = golden_schedule()
+    copy = pickle.loads(pickle.dumps(order))
+    positions = np.arange(0, order.position_of_step(max(GOLDEN_STEPS) + 3), dtype=np.int64)
+    for got, want in zip(copy.sample_at(positions), order.sample_at(positions)):
+        np.testing.assert_array_equal(got, want)
+    assert [p.spec for p in copy.phases] == [p.spec for p in order.phases]

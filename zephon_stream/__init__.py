@@ -19,6 +19,8 @@ _PUBLIC = {
     "read_block": "zephon_stream.reader",
     "StreamingLoader": "zephon_stream.loader.api",
     "Stream": "zephon_stream.loader.api",
+    "Phase": "zephon_stream.loader.api",
+    "EvalLoader": "zephon_stream.loader.evaluation",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -53,6 +53,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temporary workdir")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of loss and tokens/s per step, the resize marked")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="data order and model init seed")
+    parser.add_argument(
+        "--schedule",
+        action="store_true",
+        help="train on a data schedule: pretrain, anneal on a new mixture with a second dataset (the kill and "
+        "resize fall inside it), long context at twice --seq-len",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -75,5 +81,6 @@ def run(args: argparse.Namespace) -> int:
         block_tokens=args.block_tokens,
         blocks_per_shard=args.blocks_per_shard,
         seed=args.seed,
+        schedule=args.schedule,
     )
     return run_demo(config, plot=args.plot)

@@ -58,6 +58,10 @@ class DemoConfig:
         block_tokens: tokens per block (small, so the run crosses blocks and shards).
         blocks_per_shard: blocks per shard.
         seed: data order and model init seed.
+        schedule: train on a data schedule (``phases()``): pretrain on the
+            corpus, anneal on a new mixture with a second dataset, then long
+            context at twice the seq_len; the kill and resize fall inside
+            the anneal.
     """
 
     steps: int = 40
@@ -75,6 +79,19 @@ class DemoConfig:
     block_tokens: int = 2**12 + 1
     blocks_per_shard: int = 16
     seed: int = 0
+    schedule: bool = False
+
+    def phases(self) -> list[dict[str, Any]] | None:
+        """The loader's schedule with ``schedule`` (global steps from 0), else None."""
+        if not self.schedule:
+            return None
+        anneal, long_context = self.steps * 2 // 5, self.steps * 7 // 10
+        return [
+            {"start_step": 0, "global_batch": self.global_batch, "seq_len": self.seq_len, "weights": [1, 0]},
+            {"start_step": anneal, "global_batch": self.global_batch, "seq_len": self.seq_len, "weights": [1, 1]},
+            {"start_step": long_context, "global_batch": self.global_batch, "seq_len": 2 * self.seq_len,
+             "weights": [1, 1]},
+        ]  # fmt: skip
 
     def checked(self) -> DemoConfig:
         """This config, or a ConfigError naming the flag that cannot work."""
@@ -93,6 +110,16 @@ class DemoConfig:
                 f"--kill-after {kill_after} must be a checkpoint step (a multiple of {self.ckpt_every}) "
                 f"before step {self.steps - self.steps_lost}"
             )
+        phases = self.phases()
+        if phases is not None:
+            # NOTE: train step s reads the loader's global step s - 1; the
+            # resumed run starts at step kill_step + 1.
+            first, end = phases[1]["start_step"], phases[2]["start_step"]
+            if not first <= kill_after < end:
+                raise ConfigError(
+                    f"--kill-after {kill_after}: with --schedule the resize must fall inside the anneal, "
+                    f"train steps {first + 1} to {end}"
+                )
         return self
 
     @property
@@ -111,6 +138,12 @@ class DemoConfig:
 def default_inputs() -> list[str]:
     """The top-level ``.py`` files of this Python's standard library."""
     return [os.path.join(sysconfig.get_paths()["stdlib"], "*.py")]
+
+
+def anneal_inputs() -> list[str]:
+    """The second dataset of ``--schedule``: a few standard library packages."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    return [os.path.join(stdlib, package, "*.py") for package in ("json", "email", "asyncio")]
 
 
 @contextlib.contextmanager
@@ -144,11 +177,11 @@ def open_demo_store(config: DemoConfig) -> Iterator[str]:
         server.stop()
 
 
-def convert(config: DemoConfig, url: str) -> Any:
-    """Write the demo corpus to ``url`` with the byte tokenizer; print the summary."""
+def convert(config: DemoConfig, url: str, inputs: Sequence[str] = ()) -> Any:
+    """Write the demo corpus (or ``inputs``) to ``url`` with the byte tokenizer; print the summary."""
     from zephon_stream.writer.api import write_dataset
 
-    inputs = list(config.inputs) or default_inputs()
+    inputs = list(inputs) or list(config.inputs) or default_inputs()
     print(f"converting {' '.join(inputs)} -> {url}")
     summary = write_dataset(
         inputs,
@@ -251,8 +284,10 @@ def _last_step(records: list[dict[str, Any]]) -> int:
 
 def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_size: int) -> dict[str, Any]:
     """Run the reference, the interrupted and the resumed jobs; return where their logs are."""
+    data = [url, url + "-anneal"] if config.schedule else [url]
     common = [
-        "--data", url,
+        "--data", *data,
+        *(["--schedule", json.dumps(config.phases())] if config.schedule else []),
         "--steps", str(config.steps),
         "--seq-len", str(config.seq_len),
         "--global-batch", str(config.global_batch),
@@ -331,6 +366,8 @@ def run_demo(config: DemoConfig, *, plot: str | None = None) -> int:
     try:
         with open_demo_store(config) as url:
             convert(config, url)
+            if config.schedule:
+                convert(config, url + "-anneal", anneal_inputs())
             manifest = Manifest.load(url)
             outcome = run_training(config, url, workdir, vocab_size=manifest.tokenizer.vocab_size)
         result = report.build(

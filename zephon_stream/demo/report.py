@@ -84,13 +84,20 @@ class DemoReport:
     def _hash_table(self) -> str:
         wanted = {1, self.kill_step, self.kill_step + 1, self.kill_step + 2, max(self.reference.steps)}
         wanted.update(self.mismatches)
+        # NOTE: with --schedule each step event names its phase; show where each phase starts.
+        phases = {step: event.get("phase") for step, event in self.reference.steps.items()}
+        scheduled = any(phase for phase in phases.values())
+        if scheduled:
+            wanted.update(step for step in phases if phases.get(step - 1, phases[step]) != phases[step])
         rows = []
         for step, ref, got in self.comparisons:
             if step in wanted:
                 run = self.interrupted if step <= self.kill_step else self.resumed
-                rows.append([str(step), ref, got or "(missing)", f"{run.name} W={run.world_size}", "yes" if ref == got else "NO"])
+                row = [str(step), ref, got or "(missing)", f"{run.name} W={run.world_size}", "yes" if ref == got else "NO"]
+                rows.append(row + [str(phases.get(step))] if scheduled else row)
         title = "per-step data hashes (sha256 of the global batch), selected steps:"
-        return title + "\n" + format_table(["step", "reference", "interrupted/resumed", "from", "match"], rows)
+        header = ["step", "reference", "interrupted/resumed", "from", "match"] + (["phase"] if scheduled else [])
+        return title + "\n" + format_table(header, rows)
 
     def _progress(self) -> str:
         rows = [
@@ -100,7 +107,7 @@ class DemoReport:
                 str(stream["lanes"]),
                 str(stream["epoch"]),
                 f"{stream['samples']:,}",
-                f"{stream['samples_in_epoch']:,} of {stream['epoch_samples']:,}",
+                f"{stream['samples_in_epoch']:,} of {stream['samples_read_per_epoch']:,}",
             ]
             for stream in self.resumed.last.get("progress", [])
         ]

@@ -105,8 +105,15 @@ def sum_counters(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
 def resume_point(loader: StreamingLoader) -> dict[str, Any]:
     """Where in the dataset the next step starts: shard, block and sample of its first
     sample, and how many of its samples start inside a block rather than at its head."""
-    positions = np.arange(loader.position, loader.position + loader.global_batch_size)
-    streams, blocks, samples = loader.order.sample_at(positions)
+    order = loader.schedule or loader.order
+    seq_len = loader.seq_len
+    if loader.schedule is not None:
+        phase = loader.schedule.phase_at_position(loader.position)
+        positions = np.arange(loader.position, loader.position + phase.global_batch)
+        seq_len = phase.spec.seq_len
+    else:
+        positions = np.arange(loader.position, loader.position + loader.global_batch_size)
+    streams, blocks, samples = order.sample_at(positions)
     manifest = loader.manifests[int(streams[0])][1]
     shard, block_in_shard = manifest.block_location(int(blocks[0]))
     return {
@@ -115,7 +122,7 @@ def resume_point(loader: StreamingLoader) -> dict[str, Any]:
         "block_in_shard": block_in_shard,
         "blocks_in_shard": manifest.shards[shard].num_blocks,
         "sample_in_block": int(samples[0]),
-        "samples_in_block": (manifest.block_num_tokens(int(blocks[0])) - 1) // loader.seq_len,
+        "samples_in_block": (manifest.block_num_tokens(int(blocks[0])) - 1) // seq_len,
         "mid_block_samples": int((samples > 0).sum()),
         "batch_samples": len(positions),
     }
@@ -123,7 +130,8 @@ def resume_point(loader: StreamingLoader) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m zephon_stream.demo.train")
-    parser.add_argument("--data", required=True, help="dataset URL (local folder or s3://)")
+    parser.add_argument("--data", required=True, nargs="+", help="dataset URL(s) (local folder or s3://)")
+    parser.add_argument("--schedule", help="JSON list of the loader's phases (then --seq-len is the first phase's)")
     parser.add_argument("--events", required=True, type=pathlib.Path, help="JSON-lines event log (rank 0 appends)")
     parser.add_argument("--ckpt-dir", required=True, type=pathlib.Path)
     parser.add_argument("--pid-dir", type=pathlib.Path, help="each rank writes rank-R.pid here")
@@ -168,6 +176,8 @@ def train(args: argparse.Namespace) -> None:
         args.pid_dir.mkdir(parents=True, exist_ok=True)
         (args.pid_dir / f"rank-{rank}.pid").write_text(str(os.getpid()))
 
+    schedule = json.loads(args.schedule) if args.schedule else None
+    max_seq_len = max(p["seq_len"] for p in schedule) if schedule else args.seq_len
     torch.manual_seed(args.seed)
     model = TinyTransformer(
         ModelConfig(
@@ -175,19 +185,22 @@ def train(args: argparse.Namespace) -> None:
             dim=args.dim,
             num_layers=args.layers,
             num_heads=args.heads,
-            max_seq_len=args.seq_len,
+            max_seq_len=max_seq_len,
         )
     )
     ddp_model = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    loader = StreamingLoader(
-        args.data,
-        seq_len=args.seq_len,
-        local_batch_size=args.global_batch // world_size,
-        rank=rank,
-        world_size=world_size,
-        seed=args.seed,
-    )
+    if schedule is not None:
+        loader = StreamingLoader(args.data, schedule=schedule, rank=rank, world_size=world_size, seed=args.seed)
+    else:
+        loader = StreamingLoader(
+            args.data[0],
+            seq_len=args.seq_len,
+            local_batch_size=args.global_batch // world_size,
+            rank=rank,
+            world_size=world_size,
+            seed=args.seed,
+        )
     log = _Log(args.events, enabled=rank == 0)
 
     start_step = 0
@@ -199,10 +212,11 @@ def train(args: argparse.Namespace) -> None:
     log.write(event="start", world_size=world_size, start_step=start_step, resumed=found is not None)
 
     batches = iter(loader)
-    tokens_per_step = args.global_batch * args.seq_len
     last = time.perf_counter()
     for step in range(start_step + 1, args.steps + 1):
+        phase = loader.phase
         batch = next(batches)
+        tokens_per_step = loader.global_batch_size * loader.seq_len
         loss = next_token_loss(ddp_model, batch["input"], batch["labels"])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -219,6 +233,7 @@ def train(args: argparse.Namespace) -> None:
             log.write(
                 event="step",
                 step=step,
+                phase=phase,
                 world_size=world_size,
                 loss=loss.item() / world_size,
                 step_s=step_s,

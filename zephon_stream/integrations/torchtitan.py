@@ -197,10 +197,39 @@ class ZephonDataLoader(BaseDataLoader):
         global steps, counted from the start of the run (cursor 0), so a
         resumed run ends at the same sample. None: no step limit."""
 
+        max_epochs: int | None = None
+        """Finite run: end at the step where stream ``epochs_stream`` has read
+        this many whole epochs (counted from the start of the run)."""
+
+        epochs_stream: int = 0
+        """The stream (index in ``streams``) ``max_epochs`` counts."""
+
+        end_after_phase: int | None = None
+        """Finite run: end at the end of this phase (index) of ``phases``."""
+
         infinite: bool = True
         """False: one pass over the data, ending where the first stream's
         first epoch ends (TorchTitan's validator asks for this when
         ``validator.steps = -1``). True: epochs repeat."""
+
+        phases: str = ""
+        """A data schedule: the JSON list of its phases (CLI:
+        ``--dataloader.phases '[{"step": 1, ...}, ...]'``; a job function may
+        also pass the list itself). Each phase has ``step``, the TorchTitan
+        train step it starts at (the first train step is 1, so the first
+        phase has ``step: 1``), and optionally ``seq_len``, ``global_batch``
+        (default: the previous phase's; the first phase's: the trainer's
+        seq_len and local batch x dp), ``lanes``, ``window`` (default:
+        ``lanes``/``window`` above) and ``weights`` (one per stream, 0 = not
+        read; default: the streams' weights). A phase's ``global_batch`` must
+        be the trainer's local batch x dp while it is read: change the batch
+        by relaunching at the phase's step with ``--training.local_batch_size``
+        = global_batch / dp."""
+
+        gradient_accumulation_steps: int = 1
+        """Batches the trainer takes per train step (TorchTitan's
+        ``training.global_batch_size`` / (local batch x dp)); it converts the
+        phases' train steps into loader steps. Keep it fixed for a run."""
 
         def __post_init__(self) -> None:
             if self.dataset_path and self.streams:
@@ -213,6 +242,11 @@ class ZephonDataLoader(BaseDataLoader):
                 raise ConfigError(f"dataloader.prefetch_steps must be >= 1 (got {self.prefetch_steps})")
             if self.max_steps is not None and self.max_steps < 0:
                 raise ConfigError(f"dataloader.max_steps must be >= 0 (got {self.max_steps})")
+            if self.gradient_accumulation_steps < 1:
+                raise ConfigError(
+                    f"dataloader.gradient_accumulation_steps must be >= 1 (got {self.gradient_accumulation_steps})"
+                )
+            phase_dicts(self.phases)
 
         def to_dict(self) -> dict:
             """The config as TorchTitan logs and saves it, secrets redacted."""
@@ -254,15 +288,20 @@ class ZephonDataLoader(BaseDataLoader):
             streams: Any = [Stream(url, weight=weight) for url, weight in map(parse_stream_spec, config.streams)]
         else:
             streams = config.dataset_path
+        if config.phases:
+            shape: dict[str, Any] = {"schedule": titan_schedule(
+                phase_dicts(config.phases), seq_len=seq_len, global_batch=local_batch_size * dp_world_size,
+                lanes=config.lanes, window=config.window, accumulation=config.gradient_accumulation_steps,
+            )}  # fmt: skip
+        else:
+            shape = {"seq_len": seq_len, "local_batch_size": local_batch_size, "lanes": config.lanes,
+                     "window": config.window}  # fmt: skip
         self._loader = StreamingLoader(
             streams,
-            seq_len=seq_len,
-            local_batch_size=local_batch_size,
+            **shape,
             rank=dp_rank,
             world_size=dp_world_size,
             seed=config.seed,
-            lanes=config.lanes,
-            window=config.window,
             storage_options=dict(config.storage_options) or None,
             device=config.device,
             # NOTE: TorchTitan 0.3.0's train_step does ``cpu_count +=
@@ -273,6 +312,9 @@ class ZephonDataLoader(BaseDataLoader):
             prefetch_steps=config.prefetch_steps,
             max_memory_bytes=config.max_memory_bytes,
             max_steps=config.max_steps,
+            max_epochs=config.max_epochs,
+            epochs_stream=config.epochs_stream,
+            end_after_phase=config.end_after_phase,
         )
         self._last_sample_positions = torch.empty(0, dtype=torch.int64)
         if tokenizer is not None:
@@ -309,6 +351,19 @@ class ZephonDataLoader(BaseDataLoader):
 
     def __next__(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         position = self._loader.position
+        schedule = self._loader.schedule
+        if schedule is not None:
+            phase = schedule.phase_at_position(position)
+            if phase.global_batch != self.global_batch_size:
+                # NOTE: TorchTitan fixes its local batch (and accumulation) when
+                # it starts; a phase with another global batch needs a relaunch.
+                raise ConfigError(
+                    f"dataloader phase {phase.index} (TorchTitan step "
+                    f"{phase.start_step // self.config.gradient_accumulation_steps + 1}): global_batch "
+                    f"{phase.global_batch}, but the trainer gives local batch {self.local_batch_size} x dp "
+                    f"{self.dp_world_size} = {self.global_batch_size}; relaunch from this step with "
+                    f"--training.local_batch_size {phase.global_batch // self.dp_world_size}"
+                )
         if not self.config.infinite and position + self.global_batch_size > self._end_of_first_pass():
             raise DataloaderExhausted(
                 f"dataloader: one pass over the data (infinite=False) ended at global sample {position}"
@@ -316,17 +371,36 @@ class ZephonDataLoader(BaseDataLoader):
         try:
             batch = next(self._loader)
         except StopIteration:
+            config = self.config
+            asked = " or ".join(
+                text
+                for value, text in (
+                    (config.max_steps, f"{config.max_steps} steps"),
+                    (config.max_epochs, f"{config.max_epochs} epochs of stream {config.epochs_stream}"),
+                    (config.end_after_phase, f"the end of phase {config.end_after_phase}"),
+                )
+                if value is not None
+            )
             raise DataloaderExhausted(
-                f"dataloader: the finite run of {self.config.max_steps} steps ended at global sample {position}"
+                f"dataloader: the finite run ({asked}) ended at global sample {position}"
             ) from None
         self._last_sample_positions = batch["sample_positions"]
         return {"input": batch["input"], "positions": batch["positions"]}, batch["labels"]
 
     def _end_of_first_pass(self) -> int:
         """The cursor where the first stream to finish its first epoch does."""
+        schedule = self._loader.schedule
+        if schedule is not None:
+            ends = []
+            for stream in range(len(schedule.shapes)):
+                try:
+                    ends.append(schedule.end_step(epochs=1, stream=stream))
+                except ConfigError:
+                    continue  # NOTE: a stream the last phase does not read
+            return schedule.position_of_step(min(ends))
         # NOTE: lane step q = P div C and a stream's epoch is q div its lane
         # length, so its first epoch ends at P = lane_length * C.
-        lane_lengths = [p["epoch_samples"] // p["lanes"] for p in self._loader.progress() if p["lanes"]]
+        lane_lengths = [p["lane_steps_per_epoch"] for p in self._loader.progress() if p["lanes"]]
         return min(lane_lengths) * self._loader.lanes
 
     def state_dict(self) -> dict[str, Any]:
@@ -394,3 +468,64 @@ def check_tokenizer(tokenizer: Any, manifests: Sequence[tuple[str, Any]]) -> Non
                 f"dataset {url}: written with tokenizer {info.name!r} whose EOS id is {info.eos_id}, "
                 f"but the trainer's tokenizer has EOS id {eos_id}"
             )
+
+
+def phase_dicts(phases: list[dict[str, Any]] | str) -> list[dict[str, Any]]:
+    """``Config.phases`` as a list of dicts (a JSON string is parsed).
+
+    Raises:
+        ConfigError: not JSON, not a list of objects, or a phase without ``step``.
+    """
+    if isinstance(phases, str):
+        try:
+            phases = json.loads(phases) if phases.strip() else []
+        except ValueError as exc:
+            raise ConfigError(f"dataloader.phases: not a JSON list of phases ({exc})") from exc
+    if not isinstance(phases, (list, tuple)) or not all(isinstance(p, dict) for p in phases):
+        raise ConfigError(f"dataloader.phases: expected a list of phase tables, got {phases!r}")
+    for k, phase in enumerate(phases):
+        if "start_step" in phase or not isinstance(phase.get("step"), int) or phase["step"] < 1:
+            raise ConfigError(
+                f"dataloader.phases[{k}]: give 'step', the TorchTitan train step the phase starts at "
+                f"(the first train step is 1), not 'start_step' (got {phase!r})"
+            )
+    return [dict(p) for p in phases]
+
+
+def titan_schedule(
+    phases: list[dict[str, Any]],
+    *,
+    seq_len: int,
+    global_batch: int,
+    lanes: int | None,
+    window: int | None,
+    accumulation: int,
+) -> list[dict[str, Any]]:
+    """Phases counted in TorchTitan train steps as the loader's phases.
+
+    Train step ``s`` (from 1) takes loader steps ``[(s - 1) a, s a)`` with
+    ``a = accumulation``. A phase without ``seq_len`` or ``global_batch``
+    keeps the previous phase's; the first phase takes the trainer's, unless
+    a later phase changes it: then the first phase must give it, because the
+    trainer's value changes at the relaunch and the first phase has begun.
+
+    Raises:
+        ConfigError: the first phase leaves out a size a later phase changes.
+    """
+    for name in ("seq_len", "global_batch"):
+        if name not in phases[0] and any(name in p for p in phases[1:]):
+            raise ConfigError(
+                f"dataloader.phases[0]: give {name} when a later phase changes it (the trainer's value "
+                "changes when the job is relaunched for that phase, and the first phase must not)"
+            )
+    out = []
+    sizes = {"seq_len": seq_len, "global_batch": global_batch}
+    for phase in phases:
+        sizes = {name: phase.get(name, value) for name, value in sizes.items()}
+        entry: dict[str, Any] = {"start_step": (phase["step"] - 1) * accumulation, **sizes}
+        if lanes is not None:
+            entry["lanes"] = lanes
+        if window is not None:
+            entry["window"] = window
+        out.append(entry | {k: v for k, v in phase.items() if k != "step"})
+    return out

@@ -19,37 +19,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from zephon_stream.errors import ConfigError
+from zephon_stream.loader.args import PIPELINE_MODES, check_loader_args, resolve_rank_world
 from zephon_stream.loader.audit import AuditLog, addresses_sha256
-from zephon_stream.loader.device import CpuDelivery, CudaDelivery, make_delivery, resolve_device, ring_slots, ring_wide_keys
-from zephon_stream.loader.layout import RankLayout
+from zephon_stream.loader.device import CpuDelivery, CudaDelivery, resolve_device
+from zephon_stream.loader.feed import BatchFeed
+from zephon_stream.loader.layout import RankLayout, stream_shapes
+from zephon_stream.loader.layouts import LayoutBook, run_end_position
 from zephon_stream.loader.memory import MIB, MemoryBound
-from zephon_stream.loader.pipeline import EndOfData, hand_back, reset_returned
-from zephon_stream.loader.process import ProcessProducer
-from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
-from zephon_stream.loader.ring import SharedRing, SlotLayout
+from zephon_stream.loader.ring import SharedRing
+from zephon_stream.loader.schedule import Phase, resolve_phases, run_end_step
 from zephon_stream.loader.stats import LoaderStats, read_counters
 from zephon_stream.loader.streams import Stream, StreamSource, as_streams
-from zephon_stream.plan import GlobalOrder, LoaderState
+from zephon_stream.plan import GlobalOrder, LoaderState, ScheduleOrder, ScheduleState
 
-__all__ = ["PIPELINE_MODES", "Stream", "StreamingLoader"]
+__all__ = ["PIPELINE_MODES", "Phase", "Stream", "StreamingLoader"]
 
-PIPELINE_MODES = ("process", "threads")
 # NOTE: the helper process's own resident memory (interpreter, numpy,
 # zstandard, fsspec and, for S3, s3fs/aiobotocore), measured on CPython 3.11
 # at about 47 MiB reading local data and 85 MiB reading S3, cache and ring
 # included (tests/test_loader_process.py checks it stays under this).
 HELPER_PROCESS_BYTES = 128 * MIB
-
-
-def _default_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
-    if rank is not None or world_size is not None:
-        raise ConfigError(f"pass both rank and world_size or neither (got rank={rank}, world_size={world_size})")
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 class StreamingLoader:
@@ -60,10 +49,21 @@ class StreamingLoader:
     ``sample_positions`` (the global position of each row) of shape
     ``[local_batch_size]``.
 
+    With a ``schedule`` (a list of ``Phase``s, docs/ORDER.md "Schedules")
+    each phase brings its own global batch, seq_len, lanes, window and
+    weights from its start step on; a rank's rows per step are the phase's
+    global batch over the world size, so the batch's shape changes at a
+    phase boundary. Without one the loader reads the one-phase schedule of
+    its arguments, exactly as it always has.
+
     Args:
         streams: a dataset URL, a list of URLs, or ``Stream(url, weight=...)``s.
-        seq_len: tokens per sample input ``L``.
-        local_batch_size: rows per step on this rank.
+        seq_len: tokens per sample input ``L`` (without a schedule).
+        local_batch_size: rows per step on this rank (without a schedule).
+        schedule: phases (``Phase`` or dicts of its fields), the first at step
+            0; a phase without weights reads the streams' weights. Then
+            ``seq_len``, ``local_batch_size``, ``lanes`` and ``window`` are
+            the phases' and may not be passed.
         rank: this rank (default: torch.distributed's, else 0).
         world_size: ranks reading the global batch (default: torch.distributed's, else 1).
         seed: order seed.
@@ -92,17 +92,25 @@ class StreamingLoader:
         num_decode_threads: concurrent zstd decodes.
         audit_log: path or URL of a JSON-lines audit log, written by rank 0.
         max_steps: stop after this many global steps (counted from cursor 0).
+        max_epochs: stop at the step where stream ``epochs_stream`` has read
+            this many whole epochs.
+        epochs_stream: the stream ``max_epochs`` counts (default 0).
+        end_after_phase: stop at the end of this phase of the schedule.
 
     Raises:
-        ConfigError: an impossible config, or one over ``max_memory_bytes``.
+        ConfigError: an impossible config, or one over ``max_memory_bytes``
+            (with a schedule: in any phase this world size can read; a phase
+            whose global batch it does not divide is refused when the cursor
+            reaches it, naming the phase).
     """
 
     def __init__(
         self,
         streams: str | Stream | Sequence[str | Stream],
         *,
-        seq_len: int,
-        local_batch_size: int,
+        seq_len: int | None = None,
+        local_batch_size: int | None = None,
+        schedule: Sequence[Phase | dict[str, Any]] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         seed: int = 0,
@@ -119,35 +127,29 @@ class StreamingLoader:
         num_decode_threads: int = 2,
         audit_log: str | None = None,
         max_steps: int | None = None,
+        max_epochs: int | None = None,
+        epochs_stream: int = 0,
+        end_after_phase: int | None = None,
     ) -> None:
-        self.rank, self.world_size = _default_rank_world(rank, world_size)
-        for name, value, low in (
-            ("seq_len", seq_len, 1),
-            ("local_batch_size", local_batch_size, 1),
-            ("world_size", self.world_size, 1),
-            ("prefetch_steps", prefetch_steps, 1),
-            ("num_fetch_threads", num_fetch_threads, 1),
-            ("num_decode_threads", num_decode_threads, 1),
-        ):
-            if not isinstance(value, int) or value < low:
-                raise ConfigError(f"{name} must be an int >= {low} (got {value!r})")
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"rank {self.rank} is outside world_size {self.world_size}")
-        if max_steps is not None and max_steps < 0:
-            raise ConfigError(f"max_steps must be >= 0 (got {max_steps})")
-        if pipeline not in PIPELINE_MODES:
-            raise ConfigError(f"pipeline must be one of {PIPELINE_MODES} (got {pipeline!r})")
+        self.rank, self.world_size = resolve_rank_world(rank, world_size)
+        check_loader_args(
+            rank=self.rank, world_size=self.world_size, scheduled=schedule is not None, pipeline=pipeline,
+            seq_len=seq_len, local_batch_size=local_batch_size, lanes=lanes, window=window,
+            prefetch_steps=prefetch_steps, num_fetch_threads=num_fetch_threads,
+            num_decode_threads=num_decode_threads, max_steps=max_steps, max_epochs=max_epochs,
+            epochs_stream=epochs_stream, end_after_phase=end_after_phase, helper_nice=helper_nice,
+        )  # fmt: skip
         self.pipeline_mode = pipeline
-        if not isinstance(helper_nice, int) or not 0 <= helper_nice <= 19:
-            raise ConfigError(f"helper_nice must be an int in [0, 19] (got {helper_nice!r})")
         self.helper_nice = helper_nice
         self.seq_len = seq_len
         self.local_batch_size = local_batch_size
-        self.global_batch_size = local_batch_size * self.world_size
+        self.global_batch_size = local_batch_size * self.world_size if schedule is None else None
         self.prefetch_steps = prefetch_steps
         self.num_fetch_threads = num_fetch_threads
         self.num_decode_threads = num_decode_threads
         self.max_steps = max_steps
+        self._ends = {"max_steps": max_steps, "max_epochs": max_epochs, "epochs_stream": epochs_stream,
+                      "end_after_phase": end_after_phase}  # fmt: skip
         self.max_memory_bytes = max_memory_bytes
         self._explicit_lanes = lanes
         self._explicit_window = window
@@ -155,36 +157,53 @@ class StreamingLoader:
         self._streams = as_streams(streams)
         self._storage_options = storage_options
         self._stats = LoaderStats()
-        self._producer: ProcessProducer | ThreadProducer | None = None
-        self._spare_helper: ProcessProducer | None = None
         self._audit: AuditLog | None = None
-        self._ring: SharedRing | None = None
+        self._feed: BatchFeed | None = None
+        self._layout: RankLayout | None = None
+        self._schedule: ScheduleOrder | None = None
         self._closed = False
         self._sources: list[StreamSource] = []
+        self._position = 0
         try:
             for index, stream in enumerate(self._streams):
                 self._sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options))
             self.device = resolve_device(device)
-            host_keys = ("labels",) if host_labels and self.device.type == "cuda" else ()
-            token_dtype = np.result_type(*(s.dtype for s in self._sources)).newbyteorder("<")
-            self._ring = SharedRing.create(
-                num_slots=ring_slots(self.device, prefetch_steps),
-                layout=SlotLayout(
-                    rows=local_batch_size,
-                    seq_len=seq_len,
-                    token_dtype=token_dtype.str,
-                    wide_keys=ring_wide_keys(self.device, host_keys),
-                ),
+            if schedule is not None:
+                phases = resolve_phases(schedule, self._streams)
+                self._schedule = ScheduleOrder(stream_shapes(self._sources), phases, seed=seed)
+                run_end_step(self._schedule, **self._ends)  # NOTE: an end it cannot reach is refused now
+            self._book = LayoutBook(
+                sources=self._sources,
+                weights=tuple(s.weight for s in self._streams),
+                seed=seed,
+                world_size=self.world_size,
+                rank=self.rank,
+                device=self.device,
+                host_keys=("labels",) if host_labels and self.device.type == "cuda" else (),
+                token_dtype=np.result_type(*(s.dtype for s in self._sources)).newbyteorder("<").str,
+                prefetch_steps=prefetch_steps,
+                num_fetch_threads=num_fetch_threads,
+                num_decode_threads=num_decode_threads,
+                helper_bytes=HELPER_PROCESS_BYTES if pipeline == "process" else 0,
+                schedule=self._schedule,
             )
-            self._layout = self._make_layout(lanes=lanes, window=window)
-            self._delivery = make_delivery(self.device, ring=self._ring, host_keys=host_keys)
-            self._position = 0
+            self._feed = BatchFeed(
+                book=self._book, streams=self._streams, storage_options=storage_options, pipeline_mode=pipeline,
+                helper_nice=helper_nice,
+            )
+            if schedule is None:
+                self._layout = self._make_layout(lanes=lanes, window=window)
+                self._feed.open_ring(self._book.slot_layout(self.local_batch_size, self.seq_len))
+            else:
+                # NOTE: the memory bound is the most any phase this world size
+                # can read needs; a phase it cannot read is refused on entry.
+                readable = self._book.readable_phases()
+                for index in readable:
+                    self._book.for_phase(index).check_memory(max_memory_bytes)
+                if 0 in readable:
+                    self._enter_phase(0)
             if audit_log is not None and self.rank == 0:
                 self._audit = AuditLog(audit_log, header=self._audit_header(), storage_options=storage_options)
-            if self.pipeline_mode == "process":
-                # NOTE: started now, so that its interpreter loads while the
-                # trainer builds its model; it gets its work at the first step.
-                self._spare_helper = ProcessProducer()
         except BaseException:
             self.close()
             raise
@@ -192,34 +211,32 @@ class StreamingLoader:
     # -- configuration ---------------------------------------------------------
 
     def _make_layout(self, *, lanes: int | None, window: int | None) -> RankLayout:
-        layout = RankLayout(
-            sources=self._sources,
-            seed=self._seed,
-            seq_len=self.seq_len,
-            lanes=self.global_batch_size if lanes is None else lanes,
-            window=0 if window is None else window,
-            weights=tuple(s.weight for s in self._streams),
-            global_batch=self.global_batch_size,
-            world_size=self.world_size,
-            rank=self.rank,
-            fetch_steps=self.prefetch_steps,
-            num_fetch_threads=self.num_fetch_threads,
-            num_decode_threads=self.num_decode_threads,
-            ring_bytes=self._ring.nbytes,
-            helper_bytes=HELPER_PROCESS_BYTES if self.pipeline_mode == "process" else 0,
-        )
+        layout = self._book.for_order(seq_len=self.seq_len, global_batch=self.global_batch_size, lanes=lanes, window=window)
         layout.check_memory(self.max_memory_bytes)
         return layout
+
+    def _enter_phase(self, index: int) -> None:
+        """Read phase ``index`` from now on: its layout, shapes and ring."""
+        if self._layout is not None and self._layout.phase == index and self._feed.ring is not None:
+            return
+        layout = self._book.for_phase(index)
+        self._layout = layout
+        self.global_batch_size = layout.global_batch
+        self.local_batch_size = layout.global_batch // self.world_size
+        self.seq_len = layout.order.config.seq_len
+        self._feed.open_ring(self._book.slot_layout(self.local_batch_size, self.seq_len))
 
     @property
     def memory_bound_bytes(self) -> int:
         """The most host memory this loader's pipeline holds at once (bytes)."""
-        return self._layout.memory_bound.total_bytes
+        return self.memory_bound.total_bytes
 
     @property
     def memory_bound(self) -> MemoryBound:
-        """The memory bound by part."""
-        return self._layout.memory_bound
+        """The memory bound by part (with a schedule: of the phase that needs the most)."""
+        if self._schedule is None:
+            return self._layout.memory_bound
+        return self._book.largest_bound()
 
     @property
     def delivery(self) -> CpuDelivery | CudaDelivery:
@@ -228,18 +245,19 @@ class StreamingLoader:
         On CUDA it holds the ring's pinned registration and the copy stream
         (``slots_pinned()``, ``copy_stream``).
         """
-        return self._delivery
+        return self._feed.delivery
 
     @property
     def ring(self) -> SharedRing:
         """The batch ring shared with the producer (read-only; for inspection)."""
-        assert self._ring is not None
-        return self._ring
+        assert self._feed.ring is not None
+        return self._feed.ring
 
     @property
     def helper_pid(self) -> int | None:
         """The helper process's id while one runs, else None."""
-        return self._producer.pid if self._producer is not None else None
+        producer = self._feed.producer if self._feed is not None else None
+        return producer.pid if producer is not None else None
 
     @property
     def manifests(self) -> list[tuple[str, Any]]:
@@ -253,46 +271,77 @@ class StreamingLoader:
 
     @property
     def lanes(self) -> int:
-        """Lanes ``C`` of the order in use."""
-        return self._layout.order.lanes
+        """Lanes ``C`` of the order in use (with a schedule: of the current phase)."""
+        return self.order.lanes
 
     @property
     def order(self) -> GlobalOrder:
-        """The global order this loader reads (for provenance and tests)."""
-        return self._layout.order
+        """The global order this loader reads (with a schedule: the current
+        phase's; see ``schedule``) (for provenance and tests)."""
+        return self._book.order_at(self._position, self._layout)
+
+    @property
+    def schedule(self) -> ScheduleOrder | None:
+        """The schedule's order (plan layer), or None without a schedule."""
+        return self._schedule
+
+    @property
+    def phase(self) -> int:
+        """The phase the next step belongs to (0 without a schedule)."""
+        return 0 if self._schedule is None else self._schedule.phase_at_position(self._position).index
+
+    @property
+    def step(self) -> int:
+        """The global step the next batch belongs to."""
+        return self._book.step_of(self._position, self._layout)
 
     def progress(self) -> list[dict[str, Any]]:
-        """Per-stream progress (epoch, samples consumed) at the current cursor."""
-        return self._layout.order.progress(self._position)
+        """Per-stream progress (phase, epoch, samples consumed) at the current cursor."""
+        return self._book.progress(self._position, self._layout)
 
     def _audit_header(self) -> dict[str, Any]:
-        state = self._layout.order.state(0).to_dict()
+        state = self._book.state(0, self._layout)
         state.pop("position")
         return {"state": state, "urls": [s.url for s in self._sources]}
 
     # -- torch Stateful ----------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The global state (plain ints, strings and lists), equal on every rank."""
-        return self._layout.order.state(self._position).to_dict()
+        """The global state (plain ints, strings and lists), equal on every rank.
+
+        Version 1 (``LoaderState``) without a schedule, version 2
+        (``ScheduleState``: the phases begun, every stream's progress) with one.
+        """
+        return self._book.state(self._position, self._layout)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Seek to a saved state in O(1), at this loader's world size.
 
         Lanes and window left unset in the constructor are taken from the
-        state; everything else must match.
+        state; everything else must match. With a schedule, a version 1 state
+        loads as its first phase; a phase that has begun must be unchanged,
+        phases not begun may be added or edited.
 
         Raises:
-            StateMismatchError: naming each field that differs, with both values.
+            StateMismatchError: naming each field (and phase) that differs, with both values.
             VersionError: a state version this code does not read.
         """
+        if self._schedule is not None:
+            scheduled = ScheduleState.from_dict(dict(state_dict))
+            scheduled.validate(self._schedule)
+            self._feed.stop()
+            self._position = scheduled.position
+            phase = self._schedule.phase_at_position(self._position).index
+            if phase in self._book.readable_phases():
+                self._enter_phase(phase)  # NOTE: else refused, naming the phase, at the next step
+            return
         state = LoaderState.from_dict(dict(state_dict))
         lanes = state.lanes if self._explicit_lanes is None else self._explicit_lanes
         window = state.window if self._explicit_window is None else self._explicit_window
         if (lanes, window) != (self._layout.order.lanes, self._layout.order.config.window):
             self._layout = self._make_layout(lanes=lanes, window=window)
         state.validate(self._layout.order.state(0))
-        self._stop_producer()
+        self._feed.stop()
         self._position = state.position
 
     # -- iteration -------------------------------------------------------------
@@ -303,15 +352,24 @@ class StreamingLoader:
     def __next__(self) -> dict[str, torch.Tensor]:
         if self._closed:
             raise RuntimeError("StreamingLoader is closed")
-        if self._producer is None:
-            self._producer = self._start_producer()
-        for slot in self._delivery.reclaim():
-            hand_back(self._ring, slot)
-        started = time.perf_counter()
-        ready = self._producer.get()
-        if isinstance(ready, EndOfData):
+        end = self._run_end_position()
+        if end is not None and self._position >= end:
             raise StopIteration
-        batch = self._delivery.deliver(ready.slot)
+        feed = self._feed
+        if feed.producer is None or self._position == self._layout.end_position:
+            # NOTE: one producer run per phase: at a boundary the next phase's
+            # producer starts with a ring laid out for its rows and seq_len.
+            feed.stop()
+            if self._schedule is not None:
+                self._enter_phase(self._schedule.phase_at_position(self._position).index)
+            stops = [p for p in (end, self._layout.end_position) if p is not None]
+            num_steps = None if not stops else max(0, -(-(min(stops) - self._position) // self.global_batch_size))
+            feed.start(self._layout, start=self._position, start_step=self.step, num_steps=num_steps,
+                       hash_data=self._audit is not None)  # fmt: skip
+        started = time.perf_counter()
+        ready, batch = feed.get()
+        if batch is None:
+            raise StopIteration
         stall_s = time.perf_counter() - started
         assert ready.cursor == self._position, (ready.cursor, self._position)
         self._position += self.global_batch_size
@@ -321,50 +379,14 @@ class StreamingLoader:
         return batch
 
     def _audit_record(self, cursor: int, data_sha256: str) -> dict[str, Any]:
-        order = self._layout.order
-        positions = torch.arange(cursor, cursor + self.global_batch_size).numpy()
-        return {
-            "step": cursor // self.global_batch_size,
-            "cursor": cursor,
-            "addresses_sha256": addresses_sha256(positions, *order.sample_at(positions)),
-            "data_sha256": data_sha256,
-            "world_size": self.world_size,
-            "local_batch_size": self.local_batch_size,
-        }
+        positions = np.arange(cursor, cursor + self.global_batch_size, dtype=np.int64)
+        addresses = addresses_sha256(positions, *self._layout.addresses(positions))
+        return {"step": self._book.step_of(cursor, self._layout), "phase": self._layout.phase, "cursor": cursor,
+                "addresses_sha256": addresses, "data_sha256": data_sha256, "world_size": self.world_size,
+                "local_batch_size": self.local_batch_size}  # fmt: skip
 
-    def _start_producer(self) -> ProcessProducer | ThreadProducer:
-        num_steps = None
-        if self.max_steps is not None:
-            end = self.max_steps * self.global_batch_size
-            num_steps = max(0, -(-(end - self._position) // self.global_batch_size))
-        assert self._ring is not None
-        spec = ProducerSpec(
-            layout=self._layout,
-            streams=tuple(self._streams),
-            manifests=tuple(s.manifest for s in self._sources),
-            storage_options=self._storage_options,
-            start=self._position,
-            num_steps=num_steps,
-            seq_len=self.seq_len,
-            prefetch_steps=self.prefetch_steps,
-            num_fetch_threads=self.num_fetch_threads,
-            num_decode_threads=self.num_decode_threads,
-            hash_data=self._audit is not None,
-            num_slots=self._ring.num_slots,
-            slot_layout=self._ring.layout,
-            helper_nice=self.helper_nice,
-        )
-        reset_returned(self._ring, self._delivery.settle())
-        if self.pipeline_mode == "threads":
-            return ThreadProducer(spec, sources=self._sources, ring=self._ring)
-        producer, self._spare_helper = self._spare_helper or ProcessProducer(), None
-        producer.start(spec, ring=self._ring)
-        return producer
-
-    def _stop_producer(self) -> None:
-        if self._producer is not None:
-            self._producer.close()
-            self._producer = None
+    def _run_end_position(self) -> int | None:
+        return run_end_position(self._book, self._layout, self._ends)
 
     # -- counters and shutdown ---------------------------------------------------
 
@@ -374,10 +396,11 @@ class StreamingLoader:
         since its last start or seek: bytes and blocks fetched and decoded,
         cache hits and misses, retries, fetch/decode/assemble time, and the
         block cache's current and peak bytes."""
-        producer = read_counters(self._ring.counters) if self._ring is not None else {}
+        ring = self._feed.ring if self._feed is not None else None
+        producer = read_counters(ring.counters) if ring is not None else {}
         producer.pop("producer_steps", None)
         snapshot = self._stats.snapshot(
-            memory_bound_bytes=self.memory_bound_bytes if hasattr(self, "_layout") else 0,
+            memory_bound_bytes=self.memory_bound_bytes if self._layout is not None else 0,
             position=self._position if hasattr(self, "_position") else 0,
         )
         snapshot.update(producer)
@@ -393,18 +416,11 @@ class StreamingLoader:
         if self._closed:
             return
         self._closed = True
-        self._stop_producer()
-        if self._spare_helper is not None:
-            self._spare_helper.close()
-            self._spare_helper = None
+        if self._feed is not None:
+            self._feed.close()
         if self._audit is not None:
             self._audit.close()
             self._audit = None
-        delivery = getattr(self, "_delivery", None)
-        if delivery is not None:
-            delivery.close()
-        if self._ring is not None:
-            self._ring.close()
         for source in self._sources:
             source.close()
 
@@ -424,7 +440,8 @@ class StreamingLoader:
 
     def __repr__(self) -> str:
         urls = ", ".join(s.url for s in self._sources)
+        phases = "" if self._schedule is None else f", phases={len(self._schedule.phases)}"
         return (
-            f"StreamingLoader([{urls}], seq_len={self.seq_len}, local_batch_size={self.local_batch_size}, "
-            f"rank={self.rank}, world_size={self.world_size}, position={getattr(self, '_position', 0)})"
+            f"StreamingLoader([{urls}], seq_len={self.seq_len}, local_batch_size={self.local_batch_size}{phases}, "
+            f"rank={self.rank}, world_size={self.world_size}, position={self._position})"
         )

@@ -8,7 +8,7 @@ plan: no threads, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -25,6 +25,10 @@ from zephon_stream.loader.planner import Planner
 from zephon_stream.loader.streams import StreamSource
 from zephon_stream.plan import GlobalOrder, OrderConfig, StreamShape, rank_positions
 
+# NOTE: positions -> (stream, block, sample): a GlobalOrder's or a
+# ScheduleOrder's ``sample_at`` (the latter knows a phase's epoch heads).
+AddressFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
 # NOTE: past this many (phase, step) pairs the lanes a rank reads are bounded
 # by the lane count instead of being enumerated.
 _MAX_LANE_SCAN_STEPS = 8192
@@ -35,12 +39,32 @@ _MAX_PATTERNS = 4
 _MAX_BLOCK_AHEAD_STEPS = 256
 
 
+def stream_shapes(sources: Sequence[StreamSource]) -> list[StreamShape]:
+    """The plan's shape of each open stream."""
+    return [StreamShape.from_counts(s.fingerprint, s.manifest.block_tokens, s.block_token_counts) for s in sources]
+
+
+def build_order(
+    sources: Sequence[StreamSource], *, seed: int, seq_len: int, lanes: int, window: int, weights: tuple
+) -> GlobalOrder:
+    """The ``GlobalOrder`` of a loader without a schedule."""
+    return GlobalOrder(
+        stream_shapes(sources), OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes, window=window, weights=weights)
+    )
+
+
 class RankLayout:
     """The order, this rank's place in it, and what that costs in memory.
 
+    For a phase of a schedule, ``order`` is the phase's own ``GlobalOrder``,
+    ``start_position`` the cursor the phase starts at and ``addresses`` the
+    schedule's ``sample_at``: positions are those of ``rank_positions`` at
+    the cursor relative to the phase's start, as the plan layer's
+    ``ScheduleOrder.rank_steps`` computes them.
+
     Args:
         sources: the open streams.
-        seed, seq_len, lanes, window, weights: the order config.
+        order: the order read (a phase's order for a schedule).
         global_batch: ``B``.
         world_size: ``W``.
         rank: ``r``.
@@ -50,17 +74,17 @@ class RankLayout:
         num_decode_threads: concurrent decodes.
         ring_bytes: bytes of the batch ring.
         helper_bytes: the helper process's own footprint (0 without one).
+        start_position: the cursor the order starts at (a phase's start; 0).
+        end_position: the cursor it ends at (a phase's end; None).
+        addresses: positions -> addresses (default: ``order.sample_at``).
+        phase: the phase index (0 without a schedule).
     """
 
     def __init__(
         self,
         *,
         sources: Sequence[StreamSource],
-        seed: int,
-        seq_len: int,
-        lanes: int,
-        window: int,
-        weights: tuple[float | str, ...],
+        order: GlobalOrder,
         global_batch: int,
         world_size: int,
         rank: int,
@@ -69,13 +93,17 @@ class RankLayout:
         num_decode_threads: int,
         ring_bytes: int,
         helper_bytes: int,
+        start_position: int = 0,
+        end_position: int | None = None,
+        addresses: AddressFn | None = None,
+        phase: int = 0,
     ) -> None:
-        shapes = [
-            StreamShape.from_counts(s.fingerprint, s.manifest.block_tokens, s.block_token_counts) for s in sources
-        ]
-        self.order = GlobalOrder(
-            shapes, OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes, window=window, weights=weights)
-        )
+        self.order = order
+        self.start_position = start_position
+        self._end_position = end_position
+        self.phase = phase
+        self._addresses = order.sample_at if addresses is None else addresses
+        lanes = order.lanes
         self.global_batch = global_batch
         self.world_size = world_size
         self.rank = rank
@@ -133,6 +161,15 @@ class RankLayout:
             worst = max(worst, len(seen))
         return worst
 
+    @property
+    def end_position(self) -> int | None:
+        """The cursor the order ends at (a phase's end), or None."""
+        return self._end_position
+
+    def addresses(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(stream, block, sample)`` at global positions of this order."""
+        return self._addresses(positions)
+
     def check_memory(self, max_memory_bytes: int | None) -> None:
         """Raise ConfigError if the bound exceeds ``max_memory_bytes``."""
         check_memory(self.memory_bound, max_memory_bytes)
@@ -142,7 +179,7 @@ class RankLayout:
         steps from ``cursor``, each ``[steps, rows]``."""
         positions = self._positions(cursor, steps)
         # NOTE: one call for all the steps keeps the order on its vectorized path.
-        stream, block, sample = self.order.sample_at(positions)
+        stream, block, sample = self._addresses(positions)
         return positions, stream, block, sample
 
     def _positions(self, cursor: int, steps: int) -> np.ndarray:
@@ -150,7 +187,10 @@ class RankLayout:
         # C, up to a shift: moving the cursor by span = period * B (a multiple
         # of C) moves every position by span. So one period of rank_positions
         # per phase gives every step.
+        # NOTE: a phase's positions are rank_positions of the cursor relative
+        # to the phase's start, shifted by that start.
         span = self.period * self.global_batch
+        cursor -= self.start_position
         phase = cursor % span
         pattern = self._patterns.get(phase)
         if pattern is None:
@@ -163,7 +203,8 @@ class RankLayout:
             if len(self._patterns) < _MAX_PATTERNS:
                 self._patterns[phase] = pattern
         ks = np.arange(steps, dtype=np.int64)
-        return pattern[ks % self.period] + (cursor - phase + (ks // self.period) * span)[:, None]
+        shift = self.start_position + cursor - phase
+        return pattern[ks % self.period] + (shift + (ks // self.period) * span)[:, None]
 
     def planner(self, *, start: int, num_steps: int | None) -> Planner:
         """A planner for this rank from cursor ``start``."""

@@ -56,7 +56,7 @@ class ProcessProducer:
     """
 
     def __init__(self) -> None:
-        self._next_cursor = 0
+        self._next_cursor = self._start = self._start_step = 0
         self._global_batch = 1
         self._error: BaseException | None = None
         self._ended = False
@@ -85,6 +85,7 @@ class ProcessProducer:
         assert not self._started, "a helper runs one pipeline"
         self._started = True
         self._next_cursor = spec.start
+        self._start, self._start_step = spec.start, spec.start_step
         self._global_batch = spec.layout.global_batch
         try:
             self._conn.send(spec)
@@ -120,7 +121,7 @@ class ProcessProducer:
             raise self._error
         if self._ended:
             return EndOfData()
-        step = self._next_cursor // self._global_batch
+        step = self._start_step + (self._next_cursor - self._start) // self._global_batch
         due = f"while step {step} (global cursor {self._next_cursor}) was due"
         # NOTE: a dead helper raises at the next step even when steps it
         # finished before it died are still queued (one waitpid, no wait).

@@ -45,6 +45,7 @@ class ProducerSpec:
         hash_data: compute each step's data sha256 (audit log).
         num_slots: slots in the ring.
         slot_layout: the ring's slot layout.
+        start_step: the global step at ``start`` (in error messages).
         helper_nice: niceness the helper process adds to itself (ignored on threads).
     """
 
@@ -61,6 +62,7 @@ class ProducerSpec:
     hash_data: bool
     num_slots: int
     slot_layout: SlotLayout
+    start_step: int = 0
     helper_nice: int = 0
 
     def __repr__(self) -> str:

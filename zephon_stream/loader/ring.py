@@ -154,10 +154,15 @@ class SharedRing:
             for i in range(num_slots)
         ]
 
+    @staticmethod
+    def size_bytes(*, num_slots: int, layout: SlotLayout) -> int:
+        """Bytes of a ring of ``num_slots`` slots of ``layout`` (header included)."""
+        return _header_bytes(num_slots) + num_slots * layout.slot_bytes
+
     @classmethod
     def create(cls, *, num_slots: int, layout: SlotLayout) -> SharedRing:
         """A new ring, zero-filled."""
-        size = _header_bytes(num_slots) + num_slots * layout.slot_bytes
+        size = cls.size_bytes(num_slots=num_slots, layout=layout)
         return cls(fd=_anonymous_fd(size), num_slots=num_slots, layout=layout)
 
     @classmethod

@@ -96,6 +96,12 @@ class ScheduleOrder:
                      phase.order.lane_index.tolist())  # fmt: skip
             self._per_stream_lists.append(lists)
 
+    def __reduce__(self) -> tuple:
+        # NOTE: the built phases hold closures (epoch heads) that do not
+        # pickle; a schedule travels as its inputs and is rebuilt (the same
+        # arithmetic, so the same order) where it lands, e.g. a helper process.
+        return (build_schedule_order, (self.shapes, [p.spec for p in self.phases], self.seed))
+
     @classmethod
     def single(cls, shapes: list[StreamShape], config: OrderConfig, global_batch: int) -> ScheduleOrder:
         """The one-phase schedule that reads exactly what ``GlobalOrder(shapes, config)`` reads."""
@@ -387,3 +393,8 @@ class ScheduleOrder:
             phases=[phase_record(p, self.shapes) for p in self.phases[:begun]],
             streams=[stream_record(p) for p in self.progress(position)],
         )
+
+
+def build_schedule_order(shapes: list[StreamShape], phases: list[SchedulePhase], seed: int) -> ScheduleOrder:
+    """``ScheduleOrder(shapes, phases, seed=seed)`` (what an unpickled schedule is rebuilt with)."""
+    return ScheduleOrder(shapes, phases, seed=seed)

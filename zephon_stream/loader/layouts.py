@@ -1,0 +1,165 @@
+"""The rank layouts a loader reads: one for its order, or one per phase of its schedule.
+
+A ``RankLayout`` fixes a batch's shape (rows, seq_len) and so the ring's slot
+layout; a schedule has one per phase, built when first needed and kept.
+Everything here is arithmetic on the plan and the open streams: no threads,
+no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from zephon_stream.loader.device import ring_slots, ring_wide_keys
+from zephon_stream.loader.layout import RankLayout, build_order
+from zephon_stream.loader.memory import MemoryBound
+from zephon_stream.loader.ring import SharedRing, SlotLayout
+from zephon_stream.loader.schedule import local_batch_of, run_end_step
+from zephon_stream.loader.streams import StreamSource
+from zephon_stream.plan import GlobalOrder, ScheduleOrder
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class LayoutBook:
+    """What every layout of one loader shares, and the layouts built so far.
+
+    Attributes:
+        sources: the open streams.
+        weights: the streams' weights (a loader without a schedule).
+        seed: order seed.
+        world_size, rank: this rank's place.
+        device: where batches go (fixes the ring's wide arrays and slots).
+        host_keys: keys delivered on the host with CUDA.
+        token_dtype: the ring's token dtype (``<u2`` or ``<u4``).
+        prefetch_steps, num_fetch_threads, num_decode_threads: the pipeline's sizes.
+        helper_bytes: the helper process's own footprint (0 without one).
+        schedule: the schedule's order, or None.
+    """
+
+    sources: Sequence[StreamSource]
+    weights: tuple
+    seed: int
+    world_size: int
+    rank: int
+    device: torch.device
+    host_keys: tuple[str, ...]
+    token_dtype: str
+    prefetch_steps: int
+    num_fetch_threads: int
+    num_decode_threads: int
+    helper_bytes: int
+    schedule: ScheduleOrder | None = None
+    phases: dict[int, RankLayout] = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_slots(self) -> int:
+        """Slots of a ring."""
+        return ring_slots(self.device, self.prefetch_steps)
+
+    def slot_layout(self, rows: int, seq_len: int) -> SlotLayout:
+        """The ring slot of a batch of ``rows`` samples of ``seq_len``."""
+        return SlotLayout(
+            rows=rows, seq_len=seq_len, token_dtype=self.token_dtype, wide_keys=ring_wide_keys(self.device, self.host_keys)
+        )
+
+    def _layout(self, order: GlobalOrder, global_batch: int, **phase) -> RankLayout:
+        slot = self.slot_layout(global_batch // self.world_size, order.config.seq_len)
+        return RankLayout(
+            sources=self.sources,
+            order=order,
+            global_batch=global_batch,
+            world_size=self.world_size,
+            rank=self.rank,
+            fetch_steps=self.prefetch_steps,
+            num_fetch_threads=self.num_fetch_threads,
+            num_decode_threads=self.num_decode_threads,
+            ring_bytes=SharedRing.size_bytes(num_slots=self.num_slots, layout=slot),
+            helper_bytes=self.helper_bytes,
+            **phase,
+        )
+
+    def for_order(self, *, seq_len: int, global_batch: int, lanes: int | None, window: int | None) -> RankLayout:
+        """The layout of a loader without a schedule (lanes default to the global batch)."""
+        order = build_order(
+            self.sources,
+            seed=self.seed,
+            seq_len=seq_len,
+            lanes=global_batch if lanes is None else lanes,
+            window=0 if window is None else window,
+            weights=self.weights,
+        )
+        return self._layout(order, global_batch)
+
+    def for_phase(self, index: int) -> RankLayout:
+        """The layout of phase ``index`` of the schedule (built once).
+
+        Raises:
+            ConfigError: the world size does not divide the phase's global batch.
+        """
+        layout = self.phases.get(index)
+        if layout is None:
+            assert self.schedule is not None
+            phase = self.schedule.phases[index]
+            local_batch_of(self.schedule, index, self.world_size)
+            layout = self._layout(
+                phase.order,
+                phase.global_batch,
+                start_position=phase.start_position,
+                end_position=phase.end_position,
+                addresses=self.schedule.sample_at,
+                phase=index,
+            )
+            self.phases[index] = layout
+        return layout
+
+    def readable_phases(self) -> list[int]:
+        """The phases whose global batch this world size divides."""
+        assert self.schedule is not None
+        return [p.index for p in self.schedule.phases if p.global_batch % self.world_size == 0]
+
+    # NOTE: ``current`` is the loader's layout: without a schedule, its order
+    # is the whole order; with one, the schedule answers.
+
+    def order_at(self, position: int, current: RankLayout) -> GlobalOrder:
+        """The order read at ``position`` (with a schedule: its phase's)."""
+        if self.schedule is None:
+            return current.order
+        return self.schedule.phase_at_position(position).order
+
+    def step_of(self, position: int, current: RankLayout) -> int:
+        """The global step at cursor ``position``."""
+        if self.schedule is None:
+            return position // current.global_batch
+        return self.schedule.step_of_position(position)
+
+    def progress(self, position: int, current: RankLayout) -> list[dict]:
+        """Per-stream progress at ``position``, with its phase."""
+        if self.schedule is None:
+            return [entry | {"phase": 0} for entry in current.order.progress(position)]
+        return self.schedule.progress(position)
+
+    def state(self, position: int, current: RankLayout) -> dict:
+        """The loader state at ``position``: version 1 without a schedule, 2 with one."""
+        if self.schedule is None:
+            return current.order.state(position).to_dict()
+        return self.schedule.state(position).to_dict()
+
+    def largest_bound(self) -> MemoryBound:
+        """The memory bound of the phase (built so far) that needs the most."""
+        return max((layout.memory_bound for layout in self.phases.values()), key=lambda bound: bound.total_bytes)
+
+
+def run_end_position(book: LayoutBook, current: RankLayout, ends: dict) -> int | None:
+    """The cursor a finite run ends at (``ends``: ``run_end_step``'s keywords), or None."""
+    if all(ends[name] is None for name in ("max_steps", "max_epochs", "end_after_phase")):
+        return None
+    order = book.schedule
+    if order is None:
+        if ends["max_epochs"] is None:
+            return ends["max_steps"] * current.global_batch
+        # NOTE: a loader without a schedule reads the one-phase schedule of its order.
+        order = ScheduleOrder.single(list(current.order.shapes), current.order.config, current.global_batch)
+    return order.position_of_step(run_end_step(order, **ends))
