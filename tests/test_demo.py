@@ -97,18 +97,23 @@ def test_demo_config_refuses_what_cannot_work():
 
 
 @pytest.mark.slow
+def run_demo(stdlib_corpus, tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """``zephon-stream demo`` on 20 stdlib files, small shapes, W = 2 then 1, on
+    a fresh embedded S3 (no AWS variables of the caller's); ``args`` add to it."""
+    command = [sys.executable, "-m", "zephon_stream", "demo", *args, "--ckpt-every", "2", "--world-sizes", "2,1",
+               "--global-batch", "4", "--seq-len", "64", "--block-tokens", "257", "--blocks-per-shard", "8",
+               "--s3-port", "0", "--workdir", str(tmp_path / "work")]  # fmt: skip
+    for path in stdlib_corpus.files[:20]:
+        command += ["--input", str(path)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    return done, done.stdout + done.stderr
+
+
 @pytest.mark.torchrun
 def test_demo_end_to_end_resumes_at_another_world_size_with_the_same_data(stdlib_corpus, tmp_path):
     plot = tmp_path / "demo.png"
-    inputs = [str(p) for p in stdlib_corpus.files[:20]]
-    command = [sys.executable, "-m", "zephon_stream", "demo", "--steps", "8", "--ckpt-every", "2", "--kill-after", "4",
-               "--world-sizes", "2,1", "--global-batch", "4", "--seq-len", "64", "--block-tokens", "257",
-               "--blocks-per-shard", "8", "--s3-port", "0", "--workdir", str(tmp_path / "work"), "--plot", str(plot)]  # fmt: skip
-    for path in inputs:
-        command += ["--input", path]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    output = done.stdout + done.stderr
+    done, output = run_demo(stdlib_corpus, tmp_path, "--steps", "8", "--kill-after", "4", "--plot", str(plot))
     assert done.returncode == 0, output
     assert "OK: all 8 steps read exactly the reference's data" in done.stdout, output
     assert "killed at W=2 after the step 4 checkpoint" in done.stdout
@@ -120,16 +125,7 @@ def test_demo_end_to_end_resumes_at_another_world_size_with_the_same_data(stdlib
 
 @pytest.mark.slow
 def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(stdlib_corpus, tmp_path):
-    inputs = [str(p) for p in stdlib_corpus.files[:20]]
-    command = [sys.executable, "-m", "zephon_stream", "demo", "--schedule", "--steps", "10", "--ckpt-every", "2",
-               "--kill-after", "6", "--world-sizes", "2,1", "--global-batch", "4", "--seq-len", "64",
-               "--block-tokens", "257", "--blocks-per-shard", "8", "--s3-port", "0",
-               "--workdir", str(tmp_path / "work")]  # fmt: skip
-    for path in inputs:
-        command += ["--input", path]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    output = done.stdout + done.stderr
+    done, output = run_demo(stdlib_corpus, tmp_path, "--schedule", "--steps", "10", "--kill-after", "6")
     assert done.returncode == 0, output
     assert "OK: all 10 steps read exactly the reference's data" in done.stdout, output
     assert "match  phase" in done.stdout, output

@@ -76,12 +76,7 @@ class BatchFeed:
             # is unregistered below. Once per phase boundary, so the wait costs
             # nothing per step. (Not run on a GPU yet.)
             torch.cuda.synchronize(self._device)
-        if self.delivery is not None:
-            self.delivery.close()
-            self.delivery = None
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
+        self._release_ring()
         self.ring = SharedRing.create(num_slots=self._num_slots, layout=slot_layout)
         self.delivery = make_delivery(self._device, ring=self.ring, host_keys=self._host_keys)
 
@@ -138,6 +133,9 @@ class BatchFeed:
         if self._spare_helper is not None:
             self._spare_helper.close()
             self._spare_helper = None
+        self._release_ring()
+
+    def _release_ring(self) -> None:
         if self.delivery is not None:
             self.delivery.close()
             self.delivery = None
