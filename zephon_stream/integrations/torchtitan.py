@@ -97,7 +97,7 @@ def _number(text: str) -> float | None:
         return None
 
 
-def _local_shape(
+def local_shape(
     seq_len: int | None, local_batch_size: int | None, extra: dict[str, Any]
 ) -> tuple[int, int]:
     """``(seq_len, local_batch_size)`` from 0.3.0 or newer TorchTitan keywords."""
@@ -278,7 +278,7 @@ class ZephonDataLoader(BaseDataLoader):
 
         if not 0 <= dp_rank < dp_world_size:
             raise ConfigError(f"dp_rank {dp_rank} is outside dp_world_size {dp_world_size}")
-        seq_len, local_batch_size = _local_shape(seq_len, local_batch_size, dict(kwargs))
+        seq_len, local_batch_size = local_shape(seq_len, local_batch_size, dict(kwargs))
         self.config = config
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size

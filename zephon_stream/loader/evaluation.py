@@ -94,6 +94,11 @@ class EvalLoader:
             raise
 
     @property
+    def manifests(self) -> list[tuple[str, Any]]:
+        """``(url, Manifest)`` of each held-out dataset."""
+        return [(s.url, s.manifest) for s in self._sources]
+
+    @property
     def num_samples(self) -> int:
         """Samples in one pass (over all ranks, padding excluded)."""
         return self.order.num_samples

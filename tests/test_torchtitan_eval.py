@@ -1,0 +1,72 @@
+"""ZephonEvalDataLoader as TorchTitan's validator builds and reads it: one pass
+reads every held-out sample exactly once over the dp ranks, at any dp degree,
+with padding rows' labels at TorchTitan's IGNORE_INDEX."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("torchtitan", reason="needs the [torchtitan] extra")
+
+from torchtitan.components.loss import IGNORE_INDEX  # noqa: E402
+
+from zephon_stream.errors import ConfigError  # noqa: E402
+from zephon_stream.integrations.torchtitan import DataloaderExhausted  # noqa: E402
+from zephon_stream.integrations.torchtitan_eval import ZephonEvalDataLoader  # noqa: E402
+
+SEQ_LEN, LOCAL_BATCH = 128, 3
+
+
+def validation_rows(config, dp_world_size):
+    """Each rank's (input rows, labels rows) of one validation, built and
+    iterated as TorchTitan 0.3.0's Validator.validate does (until StopIteration)."""
+    config = dataclasses.replace(config, infinite=False)  # NOTE: what the validator does for steps = -1
+    per_rank = []
+    for rank in range(dp_world_size):
+        with config.build(dp_world_size=dp_world_size, dp_rank=rank, tokenizer=None, seq_len=SEQ_LEN,
+                          local_batch_size=LOCAL_BATCH) as loader:
+            batches = list(iter(loader))
+            with pytest.raises(DataloaderExhausted):
+                next(loader)
+            num_samples = loader.eval_loader.num_samples
+        per_rank.append(batches)
+    return per_rank, num_samples
+
+
+@pytest.mark.parametrize("dp_world_size", [1, 2, 3])
+def test_one_validation_reads_each_held_out_sample_once_at_any_dp_degree(small_dataset, dp_world_size):
+    config = ZephonEvalDataLoader.Config(dataset_path=small_dataset.url)
+    per_rank, num_samples = validation_rows(config, dp_world_size)
+    steps = {len(batches) for batches in per_rank}
+    assert len(steps) == 1, "every rank takes the same number of steps"
+    valid = [row.tolist() for batches in per_rank for input_dict, labels in batches
+             for row, label in zip(input_dict["input"], labels) if (label != IGNORE_INDEX).all()]
+    padded = sum(int((labels == IGNORE_INDEX).all(dim=1).sum()) for batches in per_rank for _, labels in batches)
+    assert len(valid) == num_samples
+    assert padded == steps.pop() * LOCAL_BATCH * dp_world_size - num_samples
+    reference, _ = validation_rows(config, 1)
+    want = [row.tolist() for input_dict, labels in reference[0]
+            for row, label in zip(input_dict["input"], labels) if (label != IGNORE_INDEX).all()]
+    assert sorted(valid) == sorted(want)
+
+
+def test_infinite_starts_another_pass_and_labels_follow_inputs(small_dataset):
+    config = ZephonEvalDataLoader.Config(dataset_path=small_dataset.url, infinite=True)
+    with config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=SEQ_LEN, local_batch_size=LOCAL_BATCH) as loader:
+        steps = loader.eval_loader.num_steps
+        batches = [next(loader) for _ in range(steps + 2)]
+        assert loader.passes == 2
+    for (first, _), (again, _) in zip(batches[:2], batches[steps:]):
+        assert torch.equal(first["input"], again["input"])
+    input_dict, labels = batches[0]
+    assert torch.equal(input_dict["input"][:, 1:], labels[:, :-1])
+
+
+def test_config_needs_one_source_and_hides_secrets():
+    with pytest.raises(ConfigError, match="exactly one"):
+        ZephonEvalDataLoader.Config()
+    config = ZephonEvalDataLoader.Config(dataset_path="s3://b/heldout", storage_options={"secret": "hunter2"})
+    assert "hunter2" not in repr(config) and "hunter2" not in str(config.to_dict())
