@@ -97,6 +97,25 @@ def _number(text: str) -> float | None:
         return None
 
 
+def redacted_config_dict(config: Any) -> dict:
+    """A loader config's ``to_dict()`` with its storage options redacted.
+
+    NOTE: the trainer prints this dict and writes it to the dump folder and
+    metric backends; storage options may hold keys. (Called with the config,
+    since a slotted dataclass has no zero-argument super() on Python 3.10/3.11.)
+    """
+    out = BaseDataLoader.Config.to_dict(config)
+    out["storage_options"] = redact_options(config.storage_options)
+    return out
+
+
+def redacted_config_repr(config: Any, name: str) -> str:
+    """``name(field=value, ...)`` of a loader config, storage options redacted."""
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    values["storage_options"] = redact_options(config.storage_options)
+    return f"{name}(" + ", ".join(f"{key}={value!r}" for key, value in values.items()) + ")"
+
+
 def local_shape(
     seq_len: int | None, local_batch_size: int | None, extra: dict[str, Any]
 ) -> tuple[int, int]:
@@ -250,18 +269,10 @@ class ZephonDataLoader(BaseDataLoader):
 
         def to_dict(self) -> dict:
             """The config as TorchTitan logs and saves it, secrets redacted."""
-            # NOTE: the trainer prints this dict and writes it to the dump
-            # folder and metric backends; storage options may hold keys.
-            # (No zero-argument super() in a slotted dataclass on Python 3.10/3.11.)
-            out = BaseDataLoader.Config.to_dict(self)
-            out["storage_options"] = redact_options(self.storage_options)
-            return out
+            return redacted_config_dict(self)
 
         def __repr__(self) -> str:
-            values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-            values["storage_options"] = redact_options(self.storage_options)
-            shown = ", ".join(f"{name}={value!r}" for name, value in values.items())
-            return f"ZephonDataLoader.Config({shown})"
+            return redacted_config_repr(self, "ZephonDataLoader.Config")
 
     def __init__(
         self,

@@ -17,7 +17,6 @@ TorchTitan builds the validator's dataloader anew at each validation and sets
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,8 +30,9 @@ from zephon_stream.integrations.torchtitan import (
     check_tokenizer,
     local_shape,
     parse_stream_spec,
+    redacted_config_dict,
+    redacted_config_repr,
 )
-from zephon_stream.storage.redact import redact_options
 
 __all__ = ["ZephonEvalDataLoader"]
 
@@ -79,14 +79,10 @@ class ZephonEvalDataLoader(BaseDataLoader):
 
         def to_dict(self) -> dict:
             """The config as TorchTitan logs it, secrets redacted."""
-            out = BaseDataLoader.Config.to_dict(self)
-            out["storage_options"] = redact_options(self.storage_options)
-            return out
+            return redacted_config_dict(self)
 
         def __repr__(self) -> str:
-            values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-            values["storage_options"] = redact_options(self.storage_options)
-            return "ZephonEvalDataLoader.Config(" + ", ".join(f"{k}={v!r}" for k, v in values.items()) + ")"
+            return redacted_config_repr(self, "ZephonEvalDataLoader.Config")
 
     def __init__(
         self,
