@@ -229,9 +229,9 @@ def ring_wide_keys(device: torch.device, host_keys: tuple[str, ...]) -> tuple[st
     return tuple(key for key in WIDE_KEYS if key in host_keys)
 
 
-def ring_slots(device: torch.device, prefetch_steps: int) -> int:
+def ring_slots(prefetch_steps: int) -> int:
     """Slots the ring needs: the steps queued ahead, the one being assembled,
-    and the ones the consumer holds (CPU) or whose copy is in flight (CUDA)."""
-    held = MAX_HELD_BATCHES if device.type == "cpu" else 2
-    return prefetch_steps + 1 + held + 1
+    the ones the consumer holds as views (CPU tensors, or CUDA host labels)
+    and the one just delivered (on CUDA, its copy may be in flight)."""
+    return prefetch_steps + 1 + MAX_HELD_BATCHES + 1
 
