@@ -318,7 +318,8 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
         name="interrupted",
         world_size=first,
         workdir=workdir,
-        args=[*common, "--events", str(logs["interrupted"]), "--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(config.ckpt_every)],
+        args=[*common, "--events", str(logs["interrupted"]), "--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(config.ckpt_every),
+              "--hold-after", str(kill_step + config.steps_lost)],
     )
     _wait_until(
         job,
@@ -327,8 +328,10 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
         f"its step {kill_step} checkpoint",
     )
     # NOTE: the kill lands between checkpoints, as a crash would: the steps
-    # after the last checkpoint are lost and the resumed run redoes them.
-    _wait_until(job, logs["interrupted"], lambda records: _last_step(records) >= kill_step + config.steps_lost, f"step {kill_step + config.steps_lost}")
+    # after the last checkpoint are lost and the resumed run redoes them. The
+    # workers hold after those steps (--hold-after), so no later checkpoint
+    # can complete before the kill lands.
+    _wait_until(job, logs["interrupted"], lambda records: any(r["event"] == "holding" for r in records), f"step {kill_step + config.steps_lost}")
     job.kill()
     last_step = _last_step(_read_events(logs["interrupted"]))
     seconds["interrupted"] = time.monotonic() - start

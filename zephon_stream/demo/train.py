@@ -37,6 +37,10 @@ CHECKPOINT_PREFIX = "step-"
 CHECKPOINT_COMPLETE = ".metadata"
 
 
+# NOTE: how long a held worker (--hold-after) waits to be killed.
+_HOLD_LIMIT_S = 600
+
+
 def checkpoint_dir(root: pathlib.Path, step: int) -> pathlib.Path:
     """Folder of the checkpoint taken after ``step``."""
     return root / f"{CHECKPOINT_PREFIX}{step:08d}"
@@ -137,6 +141,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pid-dir", type=pathlib.Path, help="each rank writes rank-R.pid here")
     parser.add_argument("--steps", type=int, required=True, help="last step to train (1-based)")
     parser.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps (0: never)")
+    parser.add_argument("--hold-after", type=int, default=0,
+                        help="after this step, stop and wait to be killed (the demo's crash point; 0: never)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--global-batch", type=int, default=12)
     parser.add_argument("--vocab-size", type=int, required=True)
@@ -248,6 +254,13 @@ def train(args: argparse.Namespace) -> None:
             dist.barrier()
             log.write(event="checkpoint", step=step, world_size=world_size, resume_at=resume_point(loader))
             last = time.perf_counter()
+        if step == args.hold_after:
+            # NOTE: the demo kills the job here, between checkpoints, as a
+            # crash would; holding makes the crash point exact however fast
+            # the steps run. The bound ends a job whose killer went away.
+            log.write(event="holding", step=step, world_size=world_size)
+            time.sleep(_HOLD_LIMIT_S)
+            raise SystemExit(f"held after step {step} for {_HOLD_LIMIT_S} s and was not killed")
     log.write(event="done", step=args.steps, world_size=world_size)
     loader.close()
     log.close()
