@@ -3,6 +3,7 @@ planner and memory bound, each on real bytes (zstd frames in local files)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -15,6 +16,7 @@ from zephon_stream.loader.assembler import StepAssembler, gather_rows, positions
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
 from zephon_stream.loader.cache import BlockCache, CacheClosedError
 from zephon_stream.loader.fetcher import BlockJob, FetchDecodePool
+from zephon_stream.loader.helper import decode, encode
 from zephon_stream.loader.memory import (
     blocks_per_lane,
     check_memory,
@@ -22,6 +24,7 @@ from zephon_stream.loader.memory import (
     retention_steps,
     window_spread,
 )
+from zephon_stream.loader.pipeline import EndOfData, FreeSlots, ReadyStep, hand_back, reset_returned
 from zephon_stream.loader.planner import Planner
 from zephon_stream.loader.stats import LoaderStats
 from zephon_stream.storage import open_store
@@ -274,3 +277,35 @@ def test_memory_bound_refuses_a_config_over_the_cap_and_says_what_to_change():
     check_memory(bound, bound.total_bytes)
     with pytest.raises(ConfigError, match="max_memory_bytes=1000.*prefetch_steps"):
         check_memory(bound, 1000)
+
+
+def test_helper_messages_round_trip_steps_the_end_and_errors():
+    step = ReadyStep(index=7, cursor=2**40 + 3, slot=5, data_sha256="ab" * 32)
+    assert decode(encode(step)) == step
+    assert decode(encode(ReadyStep(index=0, cursor=0, slot=0, data_sha256=""))).data_sha256 == ""
+    assert isinstance(decode(encode(EndOfData())), EndOfData)
+    error = decode(encode(CorruptBlockError("shard shards/00000001.zst block 2: checksum mismatch")))
+    assert isinstance(error, CorruptBlockError) and "block 2" in str(error)
+    assert any("helper process" in note for note in error.__notes__)
+
+
+def test_free_slots_come_back_in_any_order_and_producer_views_are_not_consumer_references():
+    ring = SharedRing.create(num_slots=4, layout=SlotLayout(rows=2, seq_len=8, token_dtype="<u2", wide_keys=WIDE_KEYS))
+    try:
+        free, stop = FreeSlots(ring), threading.Event()
+        reset_returned(ring, busy=(2,))
+        assert [free.acquire(stop) for _ in range(3)] == [0, 1, 3]
+        for slot in (3, 0):
+            hand_back(ring, slot)
+        assert [free.acquire(stop) for _ in range(2)] == [0, 3]
+        stop.set()
+        assert free.acquire(stop) is None  # nothing returned: it waits until stopped
+        before = sys.getrefcount(ring.slab(1))
+        views = ring.producer_slots()
+        views[1].tokens[:] = 7
+        after = sys.getrefcount(ring.slab(1))  # NOTE: outside the assert, which holds values of its own
+        assert after == before
+        assert (ring.slot(1).tokens == 7).all()
+        del views
+    finally:
+        ring.close()

@@ -77,11 +77,15 @@ def _eos_column(eos_ids: np.ndarray | int, dtype: np.dtype) -> np.ndarray:
     return eos[:, None] if eos.ndim == 1 else eos
 
 
-def _positions_from_hits(hits: np.ndarray, *, row_width: int, out: np.ndarray) -> np.ndarray:
+def _positions_from_hits(
+    hits: np.ndarray, *, row_width: int, out: np.ndarray, ramp: np.ndarray | None = None
+) -> np.ndarray:
     """``out`` from the flat indices of EOS tokens in a ``[rows, row_width]``
-    array whose first ``L`` columns are the inputs (``row_width >= L``)."""
+    array whose first ``L`` columns are the inputs (``row_width >= L``).
+    ``ramp``: ``arange(L)`` as int64, if the caller keeps one."""
     rows, seq_len = out.shape
-    ramp = np.arange(seq_len, dtype=np.int64)
+    if ramp is None:
+        ramp = np.arange(seq_len, dtype=np.int64)
     out[:] = ramp
     if seq_len < 2 or hits.size == 0:
         return out
@@ -124,6 +128,7 @@ class StepAssembler:
     def __init__(self, *, seq_len: int) -> None:
         self.seq_len = seq_len
         self._is_eos: np.ndarray | None = None
+        self._ramp = np.arange(seq_len, dtype=np.int64)
 
     def assemble(self, blocks: Sequence[np.ndarray], samples: np.ndarray, eos_ids: np.ndarray | int, slot: Slot) -> None:
         """Write the slot's ``tokens``, ``eos`` and wide arrays.
@@ -150,4 +155,5 @@ class StepAssembler:
             if self._is_eos is None or self._is_eos.shape != staging.shape:
                 self._is_eos = np.empty(staging.shape, np.bool_)
             np.equal(staging, _eos_column(eos_ids, staging.dtype), out=self._is_eos)
-            _positions_from_hits(np.flatnonzero(self._is_eos), row_width=width, out=wide["positions"])
+            hits = np.flatnonzero(self._is_eos)
+            _positions_from_hits(hits, row_width=width, out=wide["positions"], ramp=self._ramp)

@@ -71,6 +71,11 @@ class BlockCache:
         with self._cond:
             return self._peak_bytes
 
+    def counters(self) -> tuple[int, int, int]:
+        """``(reserved_bytes, peak_bytes, forced_reservations)``, read together."""
+        with self._cond:
+            return self._reserved_bytes, self._peak_bytes, self._forced
+
     @property
     def forced_reservations(self) -> int:
         """Reservations admitted past the capacity (0 when the bound holds)."""

@@ -2,10 +2,11 @@
 
 Started by loader/process.py as ``python -m zephon_stream.loader.helper
 CONTROL_FD``, it receives a ``ProducerSpec`` and then the batch ring's
-descriptor over the control socket, maps the ring, runs the pipeline on its own threads and reports each
-finished step as ``("step", index, cursor, slot, data_sha256)``; the
-consumer hands slots back through the ring's ``returned`` flags. A pipeline
-error is sent as ``("error", exception)`` at the step it hit.
+descriptor over the control socket, maps the ring, and runs the pipeline on
+its own threads. The thread that assembles a step also reports it, in a few
+packed bytes (:func:`encode`); the consumer hands slots back through the
+ring's ``returned`` flags. A pipeline error is sent, pickled, at the step it
+hit.
 
 It never outlives the trainer: when the control socket closes (the trainer
 closed the loader, exited or was killed), it exits at once. It imports no
@@ -19,15 +20,43 @@ import os
 import pickle
 import signal
 import socket
+import struct
 import sys
-import threading
 import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recvfds
 
-from zephon_stream.loader.pipeline import EndOfData
+from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.producer import ProducerSpec, start_pipeline
 from zephon_stream.loader.ring import SharedRing
+
+
+# NOTE: a message is one kind byte and its body: a step's index, cursor and
+# slot packed (and its data sha256 in hex, when the audit log wants it), the
+# end of a finite run, or a pickled error.
+_STEP, _END, _ERROR = b"s", b"e", b"x"
+_STEP_FIELDS = struct.Struct("<qqq")
+
+
+def encode(item: ReadyStep | EndOfData | BaseException) -> bytes:
+    """One message to the trainer."""
+    if isinstance(item, ReadyStep):
+        return _STEP + _STEP_FIELDS.pack(item.index, item.cursor, item.slot) + item.data_sha256.encode()
+    if isinstance(item, EndOfData):
+        return _END
+    return _ERROR + pickle.dumps(portable_error(item))
+
+
+def decode(message: bytes) -> ReadyStep | EndOfData | BaseException:
+    """What :func:`encode` sent."""
+    kind = message[:1]
+    if kind == _STEP:
+        index, cursor, slot = _STEP_FIELDS.unpack_from(message, 1)
+        return ReadyStep(index=index, cursor=cursor, slot=slot, data_sha256=message[1 + _STEP_FIELDS.size :].decode())
+    if kind == _END:
+        return EndOfData()
+    assert kind == _ERROR, kind
+    return pickle.loads(message[1:])
 
 
 def portable_error(exc: BaseException) -> BaseException:
@@ -61,27 +90,21 @@ def serve(conn: Connection, control: socket.socket) -> None:
         # NOTE: where the helper and the trainer share a core, the trainer
         # goes first; the helper works ahead in the time the trainer leaves.
         os.nice(spec.helper_nice)
+
+    def emit(item: ReadyStep | EndOfData | BaseException) -> None:
+        try:
+            conn.send_bytes(encode(item))
+        except OSError:
+            os._exit(0)  # NOTE: the trainer is gone; there is no one to tell
+
     try:
         ring = SharedRing.attach(fd=ring_fd, num_slots=spec.num_slots, layout=spec.slot_layout)
-        pipeline = start_pipeline(spec, sources=spec.open_sources(), ring=ring)
+        start_pipeline(spec, sources=spec.open_sources(), ring=ring, emit=emit)
     except BaseException as exc:  # noqa: BLE001 - reported to the trainer
-        conn.send(("error", portable_error(exc)))
-        _exit_when_the_trainer_hangs_up(conn)
-    threading.Thread(
-        target=_exit_when_the_trainer_hangs_up, args=(conn,), name="zephon-helper-control", daemon=True
-    ).start()
-    while True:
-        try:
-            ready = pipeline.get()
-        except BaseException as exc:  # noqa: BLE001 - raised again in the trainer at this step
-            conn.send(("error", portable_error(exc)))
-            break
-        if isinstance(ready, EndOfData):
-            conn.send(("end",))
-            break
-        conn.send(("step", ready.index, ready.cursor, ready.slot, ready.data_sha256))
-    # NOTE: the control thread exits the process when the trainer closes the socket.
-    threading.Event().wait()
+        emit(exc)
+    # NOTE: the pipeline's thread reports every step; this one waits for the
+    # trainer to close the socket.
+    _exit_when_the_trainer_hangs_up(conn)
 
 
 def main(argv: list[str]) -> None:

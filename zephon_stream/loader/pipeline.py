@@ -2,9 +2,10 @@
 
 One thread drives the planner, issues block fetches in order of need within
 the cache's byte budget, waits for the next step's blocks, assembles the step
-into a free slot of the batch ring and queues the slot's index. The queue
-holds ``prefetch_steps`` steps and the ring's free slots bound how far ahead
-it runs. An error (a corrupt block, storage that stayed down) is queued in
+into a free slot of the batch ring and emits the slot's index: into a queue
+of ``prefetch_steps`` steps that ``get`` reads (in the consumer's process), or
+straight to an ``emit`` function (the helper process sends it to the
+trainer). The ring's free slots bound how far ahead it runs. An error (a corrupt block, storage that stayed down) is queued in
 place of the step that needed the block, so the consumer raises it at that
 step and never receives bad data. The pipeline runs in the loader's helper
 process (loader/helper.py) or, for debugging, in the consumer's process.
@@ -17,7 +18,7 @@ import hashlib
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from zephon_stream.loader.cache import BlockCache, CacheClosedError
 from zephon_stream.loader.fetcher import FetchDecodePool
 from zephon_stream.loader.planner import BlockKey, Planner
 from zephon_stream.loader.ring import SharedRing, Slot
-from zephon_stream.loader.stats import LoaderStats, write_counters
+from zephon_stream.loader.stats import PIPELINE_KEYS, LoaderStats
 from zephon_stream.loader.streams import StreamSource
 
 _POLL_S = 0.1
@@ -82,9 +83,18 @@ class FreeSlots:
         # NOTE: the ring, not a view of its flags: a view left behind would
         # keep the mapping (and its descriptor) open after the ring's close().
         self._ring = ring
+        self._next = 0
 
     def acquire(self, stop: threading.Event) -> int | None:
         """A returned slot (its flag cleared), waiting for one; None once ``stop`` is set."""
+        returned = self._ring.returned
+        index = self._next
+        if returned[index]:
+            # NOTE: slots mostly come back in the order they went out; the
+            # one after the last taken is the first to look at.
+            returned[index] = 0
+            self._next = (index + 1) % len(returned)
+            return index
         wait_s = _FREE_POLL_MIN_S
         while not stop.is_set():
             returned = self._ring.returned
@@ -94,6 +104,7 @@ class FreeSlots:
             if ready.size:
                 index = int(ready[0])
                 returned[index] = 0
+                self._next = (index + 1) % len(returned)
                 return index
             # NOTE: the producer waits here only when it is a whole ring ahead
             # of the consumer, so a short poll costs the consumer nothing.
@@ -129,6 +140,8 @@ class Pipeline:
         num_fetch_threads: concurrent storage reads.
         num_decode_threads: concurrent decodes.
         hash_data: compute ``ReadyStep.data_sha256`` (for the audit log).
+        emit: where each ready step, the end or an error goes, from the
+            producer thread; None queues them for :meth:`get`.
     """
 
     def __init__(
@@ -144,6 +157,7 @@ class Pipeline:
         num_fetch_threads: int,
         num_decode_threads: int,
         hash_data: bool = False,
+        emit: Callable[[ReadyStep | EndOfData | BaseException], None] | None = None,
     ) -> None:
         self._planner = planner
         self._sources = list(sources)
@@ -153,11 +167,13 @@ class Pipeline:
         self._cache = cache
         self._ring = ring
         self._free_slots = FreeSlots(ring)
+        self._slots = ring.producer_slots()
         self._stats = stats
         self._seq_len = seq_len
         self._hash_data = hash_data
         self._stop = threading.Event()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, prefetch_steps))
+        self._emit = emit
         self._pool = FetchDecodePool(
             cache=cache,
             stats=stats,
@@ -239,7 +255,7 @@ class Pipeline:
         if index is None:
             return None
         started = time.perf_counter()
-        slot = self._ring.slot(index)
+        slot = self._slots[index]
         blocks = [resident[key] for key in plan.keys]
         if self._assembler is None:
             self._assembler = StepAssembler(seq_len=self._seq_len)
@@ -259,21 +275,23 @@ class Pipeline:
         return batch_sha256(slot.sample_positions, tokens[:, :-1], tokens[:, 1:])
 
     def _publish_counters(self, steps: int) -> None:
-        counts = self._stats.snapshot()
-        store_stats = [s.store.stats() for s in self._sources]
-        cache = self._cache
-        counts.update(
-            retries=sum(s["retries"] for s in store_stats),
-            storage_errors=sum(s["errors"] for s in store_stats),
-            cache_resident_bytes=cache.reserved_bytes,
-            cache_peak_bytes=cache.peak_bytes,
-            cache_capacity_bytes=cache.capacity_bytes,
-            cache_forced_reservations=cache.forced_reservations,
-            producer_steps=steps,
-        )
-        write_counters(self._ring.counters, counts)
+        # NOTE: every step, so keep it to one read of each lock (PRODUCER_KEYS order).
+        values = self._stats.values(PIPELINE_KEYS)
+        retries = errors = 0
+        for source in self._sources:
+            store = source.store.stats()
+            retries += store["retries"]
+            errors += store["errors"]
+        resident, peak, forced = self._cache.counters()
+        values += (retries, errors, resident, peak, self._cache.capacity_bytes, forced, steps)
+        self._ring.counters[: len(values)] = values
 
     def _put(self, item: Any) -> bool:
+        if self._emit is not None:
+            # NOTE: no queue and no second thread: the ring's free slots
+            # already bound how far ahead the producer runs.
+            self._emit(item)
+            return not self._stop.is_set()
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=_POLL_S)
@@ -290,6 +308,7 @@ class Pipeline:
         Returns:
             A ReadyStep, or EndOfData once a finite run is over.
         """
+        assert self._emit is None, "this pipeline emits its steps"
         while True:
             try:
                 item = self._queue.get(timeout=_POLL_S)

@@ -6,7 +6,7 @@ address space). It inherits one descriptor, its end of a socket pair for
 control messages, and is started when the loader is made, so its interpreter
 and imports load while the trainer builds its model; ``start`` then sends the
 spec and passes the anonymous batch ring's descriptor over the socket. Per step the
-trainer receives one small pickled tuple (slots go back through the ring's
+trainer receives a few packed bytes (slots go back through the ring's
 ``returned`` flags); the bytes of the batch never pass through a socket.
 
 A helper that dies (killed, out of memory) closes its socket end: the next
@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from zephon_stream.errors import HelperProcessError
+from zephon_stream.loader.helper import decode
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.producer import ProducerSpec
 from zephon_stream.loader.ring import SharedRing
@@ -128,19 +129,16 @@ class ProcessProducer:
         if self._process.poll() is not None:
             self._fail(due)
         try:
-            message = self._conn.recv()
+            item = decode(self._conn.recv_bytes())
         except (EOFError, OSError):
             self._fail(due)
-        kind = message[0]
-        if kind == "step":
-            _, index, cursor, slot, digest = message
-            self._next_cursor = cursor + self._global_batch
-            return ReadyStep(index=index, cursor=cursor, slot=slot, data_sha256=digest)
-        if kind == "end":
+        if isinstance(item, ReadyStep):
+            self._next_cursor = item.cursor + self._global_batch
+            return item
+        if isinstance(item, EndOfData):
             self._ended = True
-            return EndOfData()
-        assert kind == "error", message
-        self._error = message[1]
+            return item
+        self._error = item
         raise self._error
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ slots back through the ring's ``returned`` flags.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from zephon_stream.format.manifest import Manifest
@@ -84,8 +84,15 @@ class ProducerSpec:
         return sources
 
 
-def start_pipeline(spec: ProducerSpec, *, sources: Sequence[StreamSource], ring: SharedRing) -> Pipeline:
-    """Start the pipeline ``spec`` describes, writing into ``ring``."""
+def start_pipeline(
+    spec: ProducerSpec,
+    *,
+    sources: Sequence[StreamSource],
+    ring: SharedRing,
+    emit: Callable[[ReadyStep | EndOfData | BaseException], None] | None = None,
+) -> Pipeline:
+    """Start the pipeline ``spec`` describes, writing into ``ring`` (``emit``:
+    see :class:`Pipeline`)."""
     layout = spec.layout
     return Pipeline(
         planner=layout.planner(start=spec.start, num_steps=spec.num_steps),
@@ -98,6 +105,7 @@ def start_pipeline(spec: ProducerSpec, *, sources: Sequence[StreamSource], ring:
         num_fetch_threads=spec.num_fetch_threads,
         num_decode_threads=spec.num_decode_threads,
         hash_data=spec.hash_data,
+        emit=emit,
     )
 
 

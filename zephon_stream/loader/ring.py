@@ -149,10 +149,11 @@ class SharedRing:
         # NOTE: one array per slot over the mapping itself (not a slice of
         # another array), so that every view of a slot refers to its slab and
         # the slab's reference count tells whether anyone still holds the slot.
-        self._slabs = [
-            np.frombuffer(self._map, np.uint8, count=self._slot_bytes, offset=self._base + i * self._slot_bytes)
-            for i in range(num_slots)
-        ]
+        self._slabs = [self._new_slab(i) for i in range(num_slots)]
+
+    def _new_slab(self, index: int) -> np.ndarray:
+        offset = self._base + index * self._slot_bytes
+        return np.frombuffer(self._map, np.uint8, count=self._slot_bytes, offset=offset)
 
     @staticmethod
     def size_bytes(*, num_slots: int, layout: SlotLayout) -> int:
@@ -176,8 +177,16 @@ class SharedRing:
 
     def slot(self, index: int) -> Slot:
         """Fresh numpy views of slot ``index``."""
+        return self._views(index, self._slabs[index])
+
+    def producer_slots(self) -> list[Slot]:
+        """Views of every slot for the producer to keep: they hold a slab of
+        their own, so they never count as the consumer's references to a
+        slot (see :meth:`slab`)."""
+        return [self._views(i, self._new_slab(i)) for i in range(self.num_slots)]
+
+    def _views(self, index: int, slab: np.ndarray) -> Slot:
         layout, offsets = self.layout, self._offsets
-        slab = self._slabs[index]
         rows, width = layout.rows, layout.seq_len + 1
         tokens = slab[: layout.tokens_bytes].view(layout.token_dtype).reshape(rows, width)
         eos = slab[offsets["eos"] : offsets["eos"] + rows * 8].view(np.int64)

@@ -49,6 +49,11 @@ class LoaderStats:
                 self._counts["stalled_steps"] += 1
             self.last_step_stall_s = stall_s
 
+    def values(self, keys: tuple[str, ...]) -> list[float]:
+        """The counters ``keys``, in that order, read together."""
+        with self._lock:
+            return [self._counts[key] for key in keys]
+
     def snapshot(self, **extra: Any) -> dict[str, Any]:
         """Totals, per-step averages and ``extra`` values, as plain numbers."""
         with self._lock:
@@ -64,10 +69,12 @@ class LoaderStats:
 
 
 # NOTE: what the producer (helper process or thread) publishes in the ring's
-# header after each step, in this order; the consumer counts steps, samples
-# and stalls itself.
+# header after each step, in this order: its own LoaderStats counters
+# (PIPELINE_KEYS; the consumer counts steps, samples and stalls itself), then
+# the store's and the cache's.
 CONSUMER_KEYS = ("steps", "samples", "stall_s", "stalled_steps")
-PRODUCER_KEYS = tuple(key for key in COUNTER_KEYS if key not in CONSUMER_KEYS) + (
+PIPELINE_KEYS = tuple(key for key in COUNTER_KEYS if key not in CONSUMER_KEYS)
+PRODUCER_KEYS = PIPELINE_KEYS + (
     "retries",
     "storage_errors",
     "cache_resident_bytes",
@@ -76,11 +83,6 @@ PRODUCER_KEYS = tuple(key for key in COUNTER_KEYS if key not in CONSUMER_KEYS) +
     "cache_forced_reservations",
     "producer_steps",
 )
-
-
-def write_counters(area: Any, values: dict[str, float]) -> None:
-    """Write ``values`` (every PRODUCER_KEYS entry) into a float64 array."""
-    area[: len(PRODUCER_KEYS)] = [values[key] for key in PRODUCER_KEYS]
 
 
 def read_counters(area: Any) -> dict[str, Any]:
