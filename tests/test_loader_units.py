@@ -249,9 +249,9 @@ def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, 
     peak = 0
     while not planner.finished():
         planner.extend()
-        for key, first in planner.fetch_order():
+        for first, keys in planner.fetch_ahead():
             assert first >= planner.next_index
-            resident.add(key)
+            resident.update(keys)
         plan = planner.next_step()
         assert set(plan.keys) <= resident
         for key in planner.advance():

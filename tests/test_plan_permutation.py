@@ -143,6 +143,18 @@ def test_vectorized_keys_and_domains_per_element():
     assert mix64(np.array([1], dtype=np.uint64)).tolist() == [mix64_int(1)]
 
 
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), bits=st.integers(2, 40))
+def test_domains_of_one_width_encrypted_together_equal_each_on_its_own(data, bits):
+    # NOTE: permute encrypts domains of one Feistel width in one pass; each
+    # value must still walk the cycle of its own domain.
+    sizes = data.draw(st.lists(st.integers(max(1, 2 ** (bits - 1) + 1) if bits > 2 else 1, 2**bits), min_size=2, max_size=12))
+    n = np.array(sizes, dtype=np.int64)
+    x = np.array([data.draw(st.integers(0, size - 1)) for size in sizes], dtype=np.int64)
+    keys = derive_key(TAG_WINDOW, bits, np.arange(n.size), 2)
+    assert permute(x, n, keys).tolist() == [permute_int(int(a), int(b), int(k)) for a, b, k in zip(x, n, keys)]
+
+
 @pytest.mark.parametrize("n", [3, 5, 6, 10, 100])
 def test_permutation_spreads_each_value_uniformly_over_keys(n):
     """Each x lands on each y about equally often across keys (chi-square)."""

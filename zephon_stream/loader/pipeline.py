@@ -220,22 +220,18 @@ class Pipeline:
 
     def _issue_fetches(self) -> None:
         next_index = self._planner.next_index
-        current = None
-        for key, index in self._planner.fetch_order():
-            if index != current:
-                if current is not None:
-                    self._planner.fetched_through(current)
-                current = index
-            if key in self._first_need:  # NOTE: issued and not released; no cache lock needed
-                continue
-            source = self._sources[key[0]]
-            if not self._cache.try_reserve(key, source.decoded_bytes(key[1]), force=index == next_index):
-                return
-            self._first_need[key] = index
-            self._stats.add(cache_misses=1)
-            self._pool.submit(source.job(key))
-        if current is not None:
-            self._planner.fetched_through(current)
+        first_need = self._first_need
+        for index, keys in self._planner.fetch_ahead():
+            for key in keys:
+                if key in first_need:  # NOTE: issued and not released; no cache lock needed
+                    continue
+                source = self._sources[key[0]]
+                if not self._cache.try_reserve(key, source.decoded_bytes(key[1]), force=index == next_index):
+                    return
+                first_need[key] = index
+                self._stats.add(cache_misses=1)
+                self._pool.submit(source.job(key))
+            self._planner.fetched_through(index)
 
     def _wait_block(self, key: BlockKey) -> np.ndarray:
         while True:

@@ -156,7 +156,8 @@ class Planner:
         end = self._next_index + min(self._retention_steps, len(self._planned))
         while self._counted_until < end:
             plan = self._planned[self._counted_until - self._next_index]
-            self._refcounts.update(plan.keys)
+            # NOTE: a block's count is the planned steps that use it (not rows).
+            self._refcounts.update(plan.unique_keys)
             self._unreferenced.difference_update(plan.unique_keys)
             self._counted_until += 1
 
@@ -167,21 +168,20 @@ class Planner:
             self._plan_steps(self._fetch_steps + 1)
         return self._planned[0]
 
-    def fetch_order(self) -> Iterator[tuple[BlockKey, int]]:
-        """``(key, index of the first step needing it)`` for the fetch horizon, in need order.
+    def fetch_ahead(self) -> Iterator[tuple[int, tuple[BlockKey, ...]]]:
+        """``(step index, its distinct keys)`` for the fetch horizon, in step order.
 
         Covers the steps planned so far (:meth:`extend` plans more); starts at
         the fetch cursor (see :meth:`fetched_through`), so steps already
-        issued are not scanned again. Keys may repeat across steps;
-        the caller skips those it has issued.
+        issued are not scanned again. Keys repeat across steps; the caller
+        skips those it has issued.
         """
         if not self._planned and not self.finished():
             self._plan_steps(1)
         first = max(self._fetch_cursor, self._next_index)
         stop = min(self._next_index + self._fetch_steps + 1, self._next_index + len(self._planned))
         for plan in itertools.islice(self._planned, first - self._next_index, stop - self._next_index):
-            for key in plan.unique_keys:
-                yield key, plan.index
+            yield plan.index, plan.unique_keys
 
     def fetched_through(self, index: int) -> None:
         """Every block of steps up to ``index`` has been issued."""
@@ -197,12 +197,17 @@ class Planner:
         assert self._counted_until > plan.index
         self._planned.popleft()
         self._next_index += 1
-        self._refcounts.subtract(plan.keys)
-        self._count_window()
+        refcounts = self._refcounts
         for key in plan.unique_keys:
-            if self._refcounts[key] <= 0:
-                del self._refcounts[key]
+            left = refcounts[key] - 1
+            if left:
+                refcounts[key] = left
+            else:
+                del refcounts[key]
                 self._unreferenced.add(key)
+        # NOTE: a key counted again by the step entering the horizon leaves
+        # the unreferenced set here.
+        self._count_window()
         if not self._unreferenced or not self.horizon_complete():
             return []
         released = [key for key in self._unreferenced if key not in self._refcounts]

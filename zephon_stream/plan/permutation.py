@@ -166,14 +166,32 @@ def permute(x: np.ndarray, n: np.ndarray | int, key: np.ndarray | int) -> np.nda
     if np.ndim(n) == 0:
         return _permute_one_domain(x, int(n), key_arr).reshape(shape)
     n_arr = np.broadcast_to(np.asarray(n, dtype=np.int64), shape).ravel()
-    domains = np.unique(n_arr)
+    domains, which = np.unique(n_arr, return_inverse=True)
     if domains.size == 1:
         return _permute_one_domain(x, int(domains[0]), key_arr).reshape(shape)
+    # NOTE: the Feistel state depends on a domain only through its bit
+    # widths, so domains of one width are encrypted together and each value
+    # walks its own cycle; the result is that of each domain on its own.
+    widths = np.array([max(2, (d - 1).bit_length()) for d in domains.tolist()], dtype=np.int64)[which.ravel()]
     out = np.empty(x.shape, dtype=np.int64)
-    for domain in domains.tolist():
-        group = np.flatnonzero(n_arr == domain)
-        out[group] = _permute_one_domain(x[group], domain, key_arr[group])
+    for bits in np.unique(widths).tolist():
+        group = np.flatnonzero(widths == bits)
+        out[group] = _permute_one_width(x[group], n_arr[group], key_arr[group], bits)
     return out.reshape(shape)
+
+
+def _permute_one_width(x: np.ndarray, n: np.ndarray, key: np.ndarray, bits: int) -> np.ndarray:
+    """``permute`` of values whose domains ``n`` all have Feistel states of ``bits`` bits."""
+    assert x.size == 0 or bool((x < n.astype(np.uint64)).all()), "permute: value outside domain"
+    low = bits // 2
+    high_u, low_u, bound = np.uint64(bits - low), np.uint64(low), n.astype(np.uint64)
+    rounds = feistel_rounds(bits)
+    out = _encrypt(x, key, high_u, low_u, rounds)
+    pending = np.flatnonzero(out >= bound)
+    while pending.size:
+        out[pending] = _encrypt(out[pending], key[pending], high_u, low_u, rounds)
+        pending = pending[out[pending] >= bound[pending]]
+    return out.astype(np.int64)
 
 
 def _permute_one_domain(x: np.ndarray, n: int, key: np.ndarray) -> np.ndarray:
