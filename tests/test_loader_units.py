@@ -309,35 +309,3 @@ def test_free_slots_come_back_in_any_order_and_producer_views_are_not_consumer_r
         del views
     finally:
         ring.close()
-
-
-def test_a_producer_waiting_for_a_slot_sleeps_until_one_is_handed_back(monkeypatch):
-    # NOTE: with the safety timeout at a minute, only the wake-up can end the wait in time.
-    monkeypatch.setattr("zephon_stream.loader.ring._WAKE_WAIT_S", 60.0)
-    ring = SharedRing.create(num_slots=3, layout=SlotLayout(rows=1, seq_len=4, token_dtype="<u2", wide_keys=WIDE_KEYS))
-    try:
-        assert ring.wake_fd >= 0, "this platform has eventfd"
-        free, stop = FreeSlots(ring), threading.Event()
-        reset_returned(ring, busy=(0, 1, 2))
-        got: list[int | None] = []
-        producer = threading.Thread(target=lambda: got.append(free.acquire(stop)))
-        producer.start()
-        deadline = time.monotonic() + 10
-        while not ring._waiting[0] and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert ring._waiting[0], "the producer said it waits"
-        hand_back(ring, 1)
-        producer.join(10)
-        assert not producer.is_alive() and got == [1]
-        assert not ring._waiting[0]
-        # NOTE: a stop wakes a waiting producer too (Pipeline.close does this).
-        producer = threading.Thread(target=lambda: got.append(free.acquire(stop)))
-        producer.start()
-        while not ring._waiting[0] and time.monotonic() < deadline:
-            time.sleep(0.001)
-        stop.set()
-        ring.wake()
-        producer.join(10)
-        assert not producer.is_alive() and got == [1, None]
-    finally:
-        ring.close()

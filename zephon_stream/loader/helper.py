@@ -85,7 +85,7 @@ def _exit_when_the_trainer_hangs_up(conn: Connection) -> None:
 def serve(conn: Connection, control: socket.socket) -> None:
     """Run the pipeline the first message describes; report each step."""
     spec: ProducerSpec = conn.recv()
-    ring_fds = recvfds(control, 2)  # NOTE: the mapping, and the wake-up descriptor where there is one
+    (ring_fd,) = recvfds(control, 1)
     if spec.helper_nice:
         # NOTE: where the helper and the trainer share a core, the trainer
         # goes first; the helper works ahead in the time the trainer leaves.
@@ -98,9 +98,7 @@ def serve(conn: Connection, control: socket.socket) -> None:
             os._exit(0)  # NOTE: the trainer is gone; there is no one to tell
 
     try:
-        ring = SharedRing.attach(
-            fd=ring_fds[0], num_slots=spec.num_slots, layout=spec.slot_layout, wake_fd=(ring_fds[1:] or [-1])[0]
-        )
+        ring = SharedRing.attach(fd=ring_fd, num_slots=spec.num_slots, layout=spec.slot_layout)
         start_pipeline(spec, sources=spec.open_sources(), ring=ring, emit=emit)
     except BaseException as exc:  # noqa: BLE001 - reported to the trainer
         emit(exc)

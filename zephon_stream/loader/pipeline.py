@@ -97,6 +97,7 @@ class FreeSlots:
             return index
         wait_s = _FREE_POLL_MIN_S
         while not stop.is_set():
+            returned = self._ring.returned
             # NOTE: a snapshot: the consumer sets flags while this reads them
             # (numpy refuses to count a changing array).
             ready = np.flatnonzero(returned.copy())
@@ -106,15 +107,15 @@ class FreeSlots:
                 self._next = (index + 1) % len(returned)
                 return index
             # NOTE: the producer waits here only when it is a whole ring ahead
-            # of the consumer; it sleeps until the consumer hands a slot back.
-            self._ring.sleep(wait_s)
+            # of the consumer, so a short poll costs the consumer nothing.
+            time.sleep(wait_s)
             wait_s = min(2 * wait_s, _FREE_POLL_MAX_S)
         return None
 
 
 def hand_back(ring: SharedRing, slot: int) -> None:
     """The consumer is done with ``slot``: the producer may fill it again."""
-    ring.hand_back(slot)
+    ring.returned[slot] = 1
 
 
 def reset_returned(ring: SharedRing, busy: Sequence[int]) -> None:
@@ -325,7 +326,6 @@ class Pipeline:
         """
         self._stop.set()
         self._cache.close()
-        self._ring.wake()
         self._thread.join()
         self._pool.close()
         while True:

@@ -5,7 +5,7 @@ trainer would copy CUDA state, locks held by other threads and gigabytes of
 address space). It inherits one descriptor, its end of a socket pair for
 control messages, and is started when the loader is made, so its interpreter
 and imports load while the trainer builds its model; ``start`` then sends the
-spec and passes the anonymous batch ring's descriptors over the socket. Per step the
+spec and passes the anonymous batch ring's descriptor over the socket. Per step the
 trainer receives a few packed bytes (slots go back through the ring's
 ``returned`` flags); the bytes of the batch never pass through a socket.
 
@@ -90,7 +90,7 @@ class ProcessProducer:
         self._global_batch = spec.layout.global_batch
         try:
             self._conn.send(spec)
-            sendfds(self._socket, ring.descriptors())
+            sendfds(self._socket, [ring.fd])
         except OSError:
             self._fail("before it received its configuration")
 

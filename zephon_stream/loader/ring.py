@@ -13,14 +13,11 @@ nothing is left behind however the processes sharing it end. It is passed to
 the helper process as a file descriptor.
 
 A small header in front of the slots holds the producer's counters, so the
-consumer reads them without a message, one ``returned`` flag per slot (the
-consumer sets it when it is done with the slot and the producer clears it
-when it takes the slot to fill) and a ``waiting`` flag. Handing a slot back
-is one byte written, not a message: no system call in the trainer's step
-while the producer has slots to fill. A producer that has none (it is a
-whole ring ahead of the consumer) sets ``waiting`` and sleeps on the ring's
-wake-up descriptor (an ``eventfd``), and the next slot handed back wakes it;
-so a producer ahead of a slow trainer costs no CPU while it waits.
+consumer reads them without a message, and one ``returned`` flag per slot:
+the consumer sets it when it is done with the slot and the producer clears
+it when it takes the slot to fill. Handing a slot back is then one byte
+written, not a message: no system call and no wake-up of the producer in the
+trainer's step.
 """
 
 from __future__ import annotations
@@ -28,9 +25,7 @@ from __future__ import annotations
 import dataclasses
 import mmap
 import os
-import select
 import tempfile
-import time
 
 import numpy as np
 
@@ -45,14 +40,8 @@ def _align(offset: int) -> int:
     return -(-offset // _ALIGN) * _ALIGN
 
 
-# NOTE: how long a producer sleeps on the wake-up descriptor at most: a
-# bound on a lost wake-up (the consumer set a flag while the producer was
-# going to sleep) and on noticing a stop.
-_WAKE_WAIT_S = 0.05
-
-
 def _header_bytes(num_slots: int) -> int:
-    return _align(HEADER_COUNTERS * 8 + num_slots + 1)
+    return _align(HEADER_COUNTERS * 8 + num_slots)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,9 +134,8 @@ class SharedRing:
     process with the descriptor the consumer passed.
     """
 
-    def __init__(self, *, fd: int, num_slots: int, layout: SlotLayout, wake_fd: int = -1) -> None:
+    def __init__(self, *, fd: int, num_slots: int, layout: SlotLayout) -> None:
         self.fd = fd
-        self.wake_fd = wake_fd
         self.num_slots = num_slots
         self.layout = layout
         self._slot_bytes = layout.slot_bytes
@@ -157,7 +145,6 @@ class SharedRing:
         self._array = np.frombuffer(self._map, np.uint8)
         self.counters = self._array[: HEADER_COUNTERS * 8].view(np.float64)
         self.returned = self._array[HEADER_COUNTERS * 8 : HEADER_COUNTERS * 8 + num_slots]
-        self._waiting = self._array[HEADER_COUNTERS * 8 + num_slots : HEADER_COUNTERS * 8 + num_slots + 1]
         self._offsets = layout.offsets()
         # NOTE: one array per slot over the mapping itself (not a slice of
         # another array), so that every view of a slot refers to its slab and
@@ -175,55 +162,14 @@ class SharedRing:
 
     @classmethod
     def create(cls, *, num_slots: int, layout: SlotLayout) -> SharedRing:
-        """A new ring, zero-filled, with its wake-up descriptor where the
-        platform has ``eventfd`` (elsewhere a waiting producer polls)."""
+        """A new ring, zero-filled."""
         size = cls.size_bytes(num_slots=num_slots, layout=layout)
-        fd = _anonymous_fd(size)
-        wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK) if hasattr(os, "eventfd") else -1
-        return cls(fd=fd, num_slots=num_slots, layout=layout, wake_fd=wake_fd)
+        return cls(fd=_anonymous_fd(size), num_slots=num_slots, layout=layout)
 
     @classmethod
-    def attach(cls, *, fd: int, num_slots: int, layout: SlotLayout, wake_fd: int = -1) -> SharedRing:
-        """Map the ring another process created (its descriptors passed over)."""
-        return cls(fd=fd, num_slots=num_slots, layout=layout, wake_fd=wake_fd)
-
-    def descriptors(self) -> list[int]:
-        """The descriptors :meth:`attach` takes: the mapping and the wake-up (if any)."""
-        return [self.fd] + ([self.wake_fd] if self.wake_fd >= 0 else [])
-
-    def hand_back(self, index: int) -> None:
-        """The consumer is done with slot ``index``: mark it returned, and wake
-        the producer if it sleeps waiting for a slot."""
-        self.returned[index] = 1
-        if self._waiting[0]:
-            self._waiting[0] = 0
-            self.wake()
-
-    def wake(self) -> None:
-        """Wake a producer sleeping in :meth:`sleep` (no-op without a wake-up descriptor)."""
-        if self.wake_fd >= 0:
-            os.eventfd_write(self.wake_fd, 1)
-
-    def sleep(self, poll_s: float) -> None:
-        """The producer found no returned slot: say so, and sleep until a slot
-        is handed back (or :meth:`wake`); ``poll_s`` without a wake-up descriptor.
-
-        The caller looks at the flags again after this returns; it may return
-        early (a wake-up meant for an earlier wait).
-        """
-        if self.wake_fd < 0:
-            time.sleep(poll_s)
-            return
-        self._waiting[0] = 1
-        # NOTE: a slot handed back after the caller's last look but before
-        # the flag above was seen would wake nobody; look once more.
-        if not self.returned.any():
-            select.select([self.wake_fd], [], [], _WAKE_WAIT_S)
-        self._waiting[0] = 0
-        try:
-            os.eventfd_read(self.wake_fd)
-        except BlockingIOError:
-            pass
+    def attach(cls, *, fd: int, num_slots: int, layout: SlotLayout) -> SharedRing:
+        """Map the ring another process created (``fd`` is inherited)."""
+        return cls(fd=fd, num_slots=num_slots, layout=layout)
 
     def address(self) -> int:
         """The mapping's start address (for ``cudaHostRegister``)."""
@@ -269,7 +215,6 @@ class SharedRing:
         mapping alive until they go (the descriptor is closed regardless)."""
         self.counters = None  # type: ignore[assignment]
         self.returned = None  # type: ignore[assignment]
-        self._waiting = None  # type: ignore[assignment]
         self._array = None  # type: ignore[assignment]
         self._slabs = []
         try:
@@ -279,7 +224,6 @@ class SharedRing:
             # mapping goes with the last such view.
             pass
         self._map = None  # type: ignore[assignment]
-        for fd in self.descriptors():
-            if fd >= 0:
-                os.close(fd)
-        self.fd = self.wake_fd = -1
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
