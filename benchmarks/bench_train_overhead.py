@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from benchmarks.bench_read import build_dataset
+from benchmarks.bench_read import build_dataset, process_cpu_s
 from zephon_stream import StreamingLoader
 
 PIPELINES = ("process", "threads")
@@ -100,13 +100,6 @@ def python_loop(url: str | None, args: argparse.Namespace, iterations: int, pipe
         if loader is not None:
             loader.close()
     return {"wall_s": wall, "cpu_s": cpu, "involuntary_switches": switches}
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_per_step_s(url: str, args: argparse.Namespace, pipeline: str) -> tuple[float, float]:
