@@ -367,3 +367,8 @@ def test_lanes_that_do_not_divide_the_batch_stay_within_the_cache_bound(small_da
         stats = loader.stats()
     assert stats["cache_forced_reservations"] == 0
     assert 0 < stats["cache_peak_bytes"] <= stats["cache_capacity_bytes"]
+    # NOTE: the producer publishes its counters in a fixed order; each lands under its own name.
+    assert stats["cache_capacity_bytes"] == loader.memory_bound.cache_bytes
+    assert 0 < stats["cache_resident_bytes"] <= stats["cache_peak_bytes"]
+    assert 0 < stats["blocks_decoded"] <= stats["blocks_fetched"] <= stats["cache_misses"]  # NOTE: some may be in flight
+    assert stats["retries"] == stats["storage_errors"] == 0

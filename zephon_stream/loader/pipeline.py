@@ -5,9 +5,10 @@ the cache's byte budget, waits for the next step's blocks, assembles the step
 into a free slot of the batch ring and emits the slot's index: into a queue
 of ``prefetch_steps`` steps that ``get`` reads (in the consumer's process), or
 straight to an ``emit`` function (the helper process sends it to the
-trainer). The ring's free slots bound how far ahead it runs. An error (a corrupt block, storage that stayed down) is queued in
-place of the step that needed the block, so the consumer raises it at that
-step and never receives bad data. The pipeline runs in the loader's helper
+trainer). The ring's free slots bound how far ahead it runs. An error (a
+corrupt block, storage that stayed down) is emitted in place of the step
+that needed the block, so the consumer raises it at that step and never
+receives bad data. The pipeline runs in the loader's helper
 process (loader/helper.py) or, for debugging, in the consumer's process.
 """
 
@@ -97,7 +98,6 @@ class FreeSlots:
             return index
         wait_s = _FREE_POLL_MIN_S
         while not stop.is_set():
-            returned = self._ring.returned
             # NOTE: a snapshot: the consumer sets flags while this reads them
             # (numpy refuses to count a changing array).
             ready = np.flatnonzero(returned.copy())
