@@ -244,9 +244,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--model-steps", type=int, default=200)
     parser.add_argument("--warm-steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=9,
-                        help="trials (python consumer) or runs per mode (model consumer)")
+    parser.add_argument("--repeats", type=int,
+                        help="trials (python consumer, default 9) or runs per mode (model consumer, default 3)")
     args = parser.parse_args()
+    if args.repeats is None:
+        args.repeats = 9 if args.consumer == "python" else 3
     if args.consumer == "model" and not torch.cuda.is_available():
         sys.exit("bench_train_overhead.py --consumer model needs a CUDA device")
 
