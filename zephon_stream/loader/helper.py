@@ -33,9 +33,49 @@ from zephon_stream.loader.ring import SharedRing
 
 # NOTE: a message is one kind byte and its body: a step's index, cursor and
 # slot packed (and its data sha256 in hex, when the audit log wants it), the
-# end of a finite run, or a pickled error.
+# end of a finite run, or a pickled error. On the socket each message follows
+# its length (``frame``).
 _STEP, _END, _ERROR = b"s", b"e", b"x"
 _STEP_FIELDS = struct.Struct("<qqq")
+_LENGTH = struct.Struct("<I")
+
+
+def frame(message: bytes) -> bytes:
+    """``message`` as it goes on the socket: its length, then itself."""
+    return _LENGTH.pack(len(message)) + message
+
+
+class MessageReader:
+    """Framed messages from a stream socket, one ``recv`` for as many as have
+    arrived (the trainer's step makes one system call here, not two).
+
+    Args:
+        sock: the trainer's end of the control socket.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray()
+
+    def read(self) -> bytes:
+        """The next message, waiting for it.
+
+        Raises:
+            EOFError: the other end closed the socket.
+        """
+        buffer = self._buffer
+        while True:
+            if len(buffer) >= _LENGTH.size:
+                (size,) = _LENGTH.unpack_from(buffer)
+                end = _LENGTH.size + size
+                if len(buffer) >= end:
+                    message = bytes(buffer[_LENGTH.size : end])
+                    del buffer[:end]
+                    return message
+            chunk = self._sock.recv(1 << 16)
+            if not chunk:
+                raise EOFError("the loader's helper closed its control socket")
+            buffer += chunk
 
 
 def encode(item: ReadyStep | EndOfData | BaseException) -> bytes:
@@ -93,7 +133,7 @@ def serve(conn: Connection, control: socket.socket) -> None:
 
     def emit(item: ReadyStep | EndOfData | BaseException) -> None:
         try:
-            conn.send_bytes(encode(item))
+            control.sendall(frame(encode(item)))
         except OSError:
             os._exit(0)  # NOTE: the trainer is gone; there is no one to tell
 

@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from zephon_stream.errors import HelperProcessError
-from zephon_stream.loader.helper import decode
+from zephon_stream.loader.helper import MessageReader, decode
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.producer import ProducerSpec
 from zephon_stream.loader.ring import SharedRing
@@ -79,7 +79,8 @@ class ProcessProducer:
         finally:
             theirs.close()
         self._socket = ours
-        self._conn = Connection(os.dup(ours.fileno()))
+        self._conn = Connection(os.dup(ours.fileno()))  # NOTE: sends the spec; steps come through the reader
+        self._reader = MessageReader(ours)
 
     def start(self, spec: ProducerSpec, *, ring: SharedRing) -> None:
         """Send the helper ``spec`` and the ring's descriptor; it starts producing."""
@@ -129,7 +130,7 @@ class ProcessProducer:
         if self._process.poll() is not None:
             self._fail(due)
         try:
-            item = decode(self._conn.recv_bytes())
+            item = decode(self._reader.read())
         except (EOFError, OSError):
             self._fail(due)
         if isinstance(item, ReadyStep):
