@@ -4,8 +4,9 @@ Started by loader/process.py as ``python -m zephon_stream.loader.helper
 CONTROL_FD``, it receives a ``ProducerSpec`` and then the batch ring's
 descriptor over the control socket, maps the ring, and runs the pipeline on
 its own threads. The thread that assembles a step also reports it, in a few
-packed bytes (:func:`encode`); the consumer hands slots back through the
-ring's ``returned`` flags. A pipeline error is sent, pickled, at the step it
+packed bytes (:func:`encode`) after their length (:func:`frame`; the trainer
+reads them with :class:`MessageReader`); the consumer hands slots back through
+the ring's ``returned`` flags. A pipeline error is sent, pickled, at the step it
 hit.
 
 It never outlives the trainer: when the control socket closes (the trainer
