@@ -19,7 +19,6 @@ The last printed line is one JSON object with the figures.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import shutil
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-from benchmarks.bench_read import build_dataset
+from benchmarks.bench_read import build_dataset, dataset_parser
 from zephon_stream.format.block import decode_block
 from zephon_stream.loader.assembler import StepAssembler
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
@@ -85,10 +84,7 @@ def best_us_per_step(run, steps: int, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", help="reuse/keep the written dataset here (default: a temp folder)")
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--local-batch", type=int, default=16)
+    parser = dataset_parser(__doc__)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_read import build_dataset, decode_only_tokens_per_s, loader_tokens_per_s
+from benchmarks.bench_read import build_dataset, dataset_parser, decode_only_tokens_per_s, loader_tokens_per_s
 from zephon_stream import StreamingLoader
 
 
@@ -73,10 +73,7 @@ def overlap(url: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", help="reuse/keep the written dataset here (default: a temp folder)")
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--local-batch", type=int, default=16)
+    parser = dataset_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -221,12 +221,19 @@ def latency_stalls(url: str, options: dict, args: argparse.Namespace) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def dataset_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments of every benchmark over this dataset (``--data-dir``,
+    ``--seq-len``, ``--local-batch``), described by ``doc``'s first paragraph."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--data-dir", help="reuse/keep the written dataset here (default: a temp folder)")
-    parser.add_argument("--blocks-per-shard", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--local-batch", type=int, default=16)
+    return parser
+
+
+def main() -> None:
+    parser = dataset_parser(__doc__)
+    parser.add_argument("--blocks-per-shard", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3,
                         help="passes over the data for the throughput figures (the first, and the steady rest)")

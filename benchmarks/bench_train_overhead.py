@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from benchmarks.bench_read import build_dataset, process_cpu_s
+from benchmarks.bench_read import build_dataset, dataset_parser, process_cpu_s
 from zephon_stream import StreamingLoader
 
 PIPELINES = ("process", "threads")
@@ -235,11 +235,8 @@ def model_consumer(url: str, vocab_size: int, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = dataset_parser(__doc__)
     parser.add_argument("--consumer", choices=("python", "model"), default="python")
-    parser.add_argument("--data-dir", help="reuse/keep the written dataset here (default: a temp folder)")
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--local-batch", type=int, default=16)
     parser.add_argument("--work-ms", type=lambda s: [float(v) for v in s.split(",")], default=[2.0, 5.0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--model-steps", type=int, default=200)
