@@ -271,33 +271,40 @@ def test_config_repr_and_logged_dict_hide_storage_secrets():
     assert config.storage_options == options
 
 
-def test_torchtitan_config_manager_parses_the_loader_config(tmp_path, monkeypatch):
-    """TorchTitan's own ConfigManager (tyro) reads our Config from a job
-    function and applies command-line overrides to it."""
-    (tmp_path / "zephon_job_config.py").write_text(
-        textwrap.dedent(
-            """
-            from dataclasses import dataclass, field
-            from torchtitan.components.dataloader import BaseDataLoader
-            from zephon_stream.integrations.torchtitan import ZephonDataLoader
+def job_config_parser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, loader_config: str):
+    """TorchTitan's own ConfigManager over a job module (written to ``tmp_path``)
+    whose dataloader is ``loader_config``, a ``ZephonDataLoader.Config(...)``
+    expression; returns ``parse(*command_line_overrides)``."""
+    job = textwrap.dedent(
+        """
+        from dataclasses import dataclass, field
+        from torchtitan.components.dataloader import BaseDataLoader
+        from zephon_stream.integrations.torchtitan import ZephonDataLoader
 
-            @dataclass(kw_only=True, slots=True)
-            class Job:
-                hf_assets_path: str = "."
-                dataloader: BaseDataLoader.Config = field(default_factory=BaseDataLoader.Config)
+        @dataclass(kw_only=True, slots=True)
+        class Job:
+            hf_assets_path: str = "."
+            dataloader: BaseDataLoader.Config = field(default_factory=BaseDataLoader.Config)
 
-            def job():
-                return Job(dataloader=ZephonDataLoader.Config(dataset_path="s3://bucket/web"))
-            """
-        )
+        def job():
+            return Job(dataloader=LOADER_CONFIG)
+        """
     )
+    (tmp_path / f"{module}.py").write_text(job.replace("LOADER_CONFIG", loader_config))
     monkeypatch.syspath_prepend(str(tmp_path))
     from torchtitan.config import ConfigManager
 
-    config = ConfigManager().parse_args(
-        ["--module", "zephon_job_config", "--config", "job", "--dataloader.seed", "9", "--dataloader.dataset_path",
-         "None", "--dataloader.streams", "s3://bucket/web:0.7,s3://bucket/code:0.3"]
+    return lambda *overrides: ConfigManager().parse_args(["--module", module, "--config", "job", *overrides])
+
+
+def test_torchtitan_config_manager_parses_the_loader_config(tmp_path, monkeypatch):
+    """TorchTitan's own ConfigManager (tyro) reads our Config from a job
+    function and applies command-line overrides to it."""
+    parse = job_config_parser(
+        tmp_path, monkeypatch, "zephon_job_config", 'ZephonDataLoader.Config(dataset_path="s3://bucket/web")'
     )
+    config = parse("--dataloader.seed", "9", "--dataloader.dataset_path", "None",
+                   "--dataloader.streams", "s3://bucket/web:0.7,s3://bucket/code:0.3")  # fmt: skip
     loader_config = config.dataloader
     assert isinstance(loader_config, ZephonDataLoader.Config)
     assert loader_config.dataset_path is None

@@ -5,7 +5,6 @@ manager reads the phases."""
 
 from __future__ import annotations
 
-import textwrap
 
 import pytest
 
@@ -16,6 +15,7 @@ from zephon_stream import Phase, StreamingLoader  # noqa: E402
 from zephon_stream.errors import ConfigError  # noqa: E402
 from zephon_stream.integrations.torchtitan import ZephonDataLoader  # noqa: E402
 from zephon_stream.loader.audit import union_sha256  # noqa: E402
+from test_torchtitan import job_config_parser  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -99,32 +99,13 @@ def test_phases_as_json_and_bad_phases_are_refused_naming_them(streams):
 
 
 def test_torchtitan_config_manager_reads_phases_from_the_command_line(tmp_path, monkeypatch):
-    (tmp_path / "zephon_phase_job.py").write_text(
-        textwrap.dedent(
-            """
-            from dataclasses import dataclass, field
-            from torchtitan.components.dataloader import BaseDataLoader
-            from zephon_stream.integrations.torchtitan import ZephonDataLoader
-
-            @dataclass(kw_only=True, slots=True)
-            class Job:
-                hf_assets_path: str = "."
-                dataloader: BaseDataLoader.Config = field(default_factory=BaseDataLoader.Config)
-
-            def job():
-                return Job(dataloader=ZephonDataLoader.Config(
-                    dataset_path="s3://bucket/web", phases='[{"step": 1}, {"step": 100, "seq_len": 4096}]'))
-            """
-        )
+    parse = job_config_parser(
+        tmp_path, monkeypatch, "zephon_phase_job",
+        "ZephonDataLoader.Config(dataset_path='s3://bucket/web', "
+        """phases='[{"step": 1}, {"step": 100, "seq_len": 4096}]')""",
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    from torchtitan.config import ConfigManager
-
-    default = ConfigManager().parse_args(["--module", "zephon_phase_job", "--config", "job"])
-    assert default.dataloader.phases == '[{"step": 1}, {"step": 100, "seq_len": 4096}]'
-    override = ConfigManager().parse_args(
-        ["--module", "zephon_phase_job", "--config", "job", "--dataloader.phases", '[{"step": 1, "seq_len": 512}]']
-    )
+    assert parse().dataloader.phases == '[{"step": 1}, {"step": 100, "seq_len": 4096}]'
+    override = parse("--dataloader.phases", '[{"step": 1, "seq_len": 512}]')
     assert override.dataloader.phases == '[{"step": 1, "seq_len": 512}]'
 
 
