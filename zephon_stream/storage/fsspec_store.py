@@ -13,6 +13,7 @@ retry policy, and the copy reconnects on first use.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import urllib.parse
@@ -148,6 +149,7 @@ class FsspecStore(Store):
         self._root = ""
         self._first_call_lock = threading.Lock()
         self._warm_process = -1
+        self._first_call_async_lock: tuple[int, asyncio.Lock] | None = None
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -195,6 +197,37 @@ class FsspecStore(Store):
                 return getattr(fs, method)(*args, **kwargs)
             finally:
                 self._warm_process = _process[0]
+
+    def event_loop(self) -> asyncio.AbstractEventLoop | None:
+        """fsspec's loop for an asynchronous filesystem (s3fs, gcsfs, adlfs), else None."""
+        fs, _ = self.filesystem()
+        return fs.loop if getattr(fs, "async_impl", False) else None
+
+    async def _call_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        fs, _ = self.filesystem()
+        if self._warm_process == _process[0]:
+            return await getattr(fs, method)(*args, **kwargs)
+        # NOTE: the first request of a process runs alone, as in _call; the
+        # lock is the loop's, made in this process.
+        held = self._first_call_async_lock
+        if held is None or held[0] != _process[0]:
+            held = self._first_call_async_lock = (_process[0], asyncio.Lock())
+        async with held[1]:
+            try:
+                return await getattr(fs, method)(*args, **kwargs)
+            finally:
+                self._warm_process = _process[0]
+
+    async def _read_range_async(self, path: str, start: int, end: int) -> bytes:
+        _, full = self._full(path)
+        return await self._call_async("_cat_file", full, start=start, end=end)
+
+    async def _size_async(self, path: str) -> int:
+        _, full = self._full(path)
+        info = await self._call_async("_info", full)
+        if info.get("type") != "file":
+            raise FileNotFoundError(f"not an object: {path}")
+        return int(info["size"])
 
     def _read(self, path: str) -> bytes:
         _, full = self._full(path)
