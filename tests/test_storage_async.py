@@ -112,3 +112,17 @@ def test_close_cuts_short_an_async_read_waiting_to_retry(s3_bucket, fault_proxy,
     proxy.start()
     assert run_on_loop(store, store.read_range_async("blob.bin", 0, 4)) == blob[:4]
     store.close()
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["Tue, 01 Dec 2026 10:00:00 GMT", "2026-12-01T10:00:00.000Z", "2026-12-01T10:00:00Z", "2026-12-01T10:00:00",
+     "1700000000", 1700000000, "2026-12-01T10:00:00+02:00"],
+)
+def test_s3_timestamps_parse_as_botocore_parses_them(value) -> None:
+    from botocore.utils import parse_timestamp as botocore_parse_timestamp
+
+    from zephon_stream.storage.fsspec_store import parse_timestamp
+
+    assert parse_timestamp(value) == botocore_parse_timestamp(value)
+    assert (parse_timestamp(value).tzinfo is None) == (botocore_parse_timestamp(value).tzinfo is None)
