@@ -100,6 +100,8 @@ class FetchDecodePool:
         # NOTE: per loop, touched only on that loop's thread.
         self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self._tasks: dict[asyncio.AbstractEventLoop, set[asyncio.Task[None]]] = {}
+        self._pending_lock = threading.Lock()
+        self._pending: dict[asyncio.AbstractEventLoop, list[BlockJob]] = {}
         self._decoders = [
             threading.Thread(target=self._decode_loop, name=f"{name}-decode-{i}", daemon=True)
             for i in range(num_decode_threads)
@@ -112,7 +114,15 @@ class FetchDecodePool:
         assert not self._closing.is_set(), "submit after close"
         loop = self._loop_of(job.store)
         if loop is not None:
-            loop.call_soon_threadsafe(self._start_task, loop, job)
+            # NOTE: one wake-up of the loop for the jobs submitted before it
+            # runs: each wake-up is a write to the loop's pipe and a hand-over
+            # of the interpreter lock between this thread and the loop's.
+            with self._pending_lock:
+                pending = self._pending.setdefault(loop, [])
+                pending.append(job)
+                if len(pending) > 1:
+                    return
+            loop.call_soon_threadsafe(self._start_tasks, loop)
             return
         if not self._fetchers:
             self._fetchers = [
@@ -132,13 +142,16 @@ class FetchDecodePool:
 
     # -- on a store's event loop ------------------------------------------------
 
-    def _start_task(self, loop: asyncio.AbstractEventLoop, job: BlockJob) -> None:
+    def _start_tasks(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._pending_lock:
+            jobs = self._pending.pop(loop, [])
         if self._closing.is_set():
             return
         tasks = self._tasks.setdefault(loop, set())
-        task = loop.create_task(self._fetch_async(loop, job))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        for job in jobs:
+            task = loop.create_task(self._fetch_async(loop, job))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
     async def _fetch_async(self, loop: asyncio.AbstractEventLoop, job: BlockJob) -> None:
         slots = self._slots.get(loop)
@@ -228,7 +241,7 @@ class FetchDecodePool:
         for loop in {loop for loop in self._loops.values() if loop is not None}:
             if loop.is_closed():
                 continue
-            # NOTE: runs after every _start_task already queued on the loop.
+            # NOTE: runs after every _start_tasks already queued on the loop.
             done = asyncio.run_coroutine_threadsafe(self._cancel_tasks(loop), loop)
             try:
                 done.result(timeout=_CLOSE_TIMEOUT_S)
