@@ -24,6 +24,7 @@ import warnings
 import numpy as np
 import torch
 
+from zephon_stream.loader.packing import host_scalars
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing
 from zephon_stream.loader.widen import widen
 
@@ -75,7 +76,7 @@ class CpuDelivery:
         self._arrays: list[dict[str, np.ndarray]] = []
         for index in range(ring.num_slots):
             slot = ring.slot(index)
-            self._arrays.append({**slot.wide, "sample_positions": slot.sample_positions})
+            self._arrays.append({**slot.wide, "sample_positions": slot.sample_positions, **slot.packing})
 
     def deliver(self, index: int) -> dict[str, torch.Tensor]:
         """The consumer's tensors for slot ``index``."""
@@ -164,6 +165,8 @@ class CudaDelivery:
             # know the consumer's stream uses them too.
             tensor.record_stream(consumer)
         viewed = False
+        if self._ring.layout.packing.outputs:
+            batch.update(host_scalars(self._ring.slot(index).packing))
         if self._host_keys:
             slot = self._ring.slot(index)
             # NOTE: as on CPU, a consumer that keeps more batches (TorchTitan

@@ -1,0 +1,329 @@
+"""Packed rows: cross-document targets and the document outputs (segment ids,
+cu_seqlens, max_seqlen, document lengths), checked against a row-by-row
+reference and proved by attention: a mask built from each output gives the
+attention computed document by document (torch SDPA on CPU).
+
+Batches are windows of token streams made of whole documents (each ending in
+its stream's EOS): rows that start mid-document, documents that run from one
+row into the next, an EOS on a row's last input, rows without an EOS, and
+rows of streams whose EOS ids differ (one stream's EOS id is an ordinary token
+of the other)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zephon_stream.errors import ConfigError
+from zephon_stream.loader.assembler import StepAssembler
+from zephon_stream.loader.packing import IGNORE_INDEX, PackingSpec
+from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
+from zephon_stream.loader.widen import widen
+
+EOS_IDS = (0, 1)  # NOTE: stream 1's EOS (1) is an ordinary token of stream 0, and 0 of stream 1
+VOCAB = 6
+HEADS, HEAD_DIM = 2, 4
+
+
+def make_stream(doc_lengths: list[int], eos: int, rng: np.random.Generator) -> np.ndarray:
+    """Whole documents of the given lengths (EOS included), concatenated."""
+    parts = []
+    for length in doc_lengths:
+        body = rng.integers(0, VOCAB, length - 1)
+        body[body == eos] = (eos + 2) % VOCAB  # NOTE: no EOS inside a document
+        parts.append(np.append(body, eos))
+    return np.concatenate(parts).astype(np.uint16)
+
+
+def reference_documents(inputs: np.ndarray, eos: np.ndarray) -> list[list[tuple[int, int]]]:
+    """Per row, ``(start, end)`` of each document piece: a document ends with its EOS."""
+    rows, seq_len = inputs.shape
+    out = []
+    for row in range(rows):
+        docs, start = [], 0
+        for t in range(seq_len):
+            if inputs[row, t] == eos[row]:
+                docs.append((start, t + 1))
+                start = t + 1
+        if start < seq_len:
+            docs.append((start, seq_len))
+        out.append(docs)
+    return out
+
+
+def check_outputs(batch: dict, inputs: np.ndarray, window_labels: np.ndarray, eos: np.ndarray, ignore: bool) -> None:
+    """The outputs against the row-by-row reference."""
+    rows, seq_len = inputs.shape
+    docs = reference_documents(inputs, eos)
+    want_labels = window_labels.astype(np.int64).copy()
+    if ignore:
+        want_labels[inputs == eos[:, None]] = IGNORE_INDEX
+    np.testing.assert_array_equal(np.asarray(batch["labels"]), want_labels)
+    segments = np.zeros((rows, seq_len), np.int64)
+    lengths = np.zeros((rows, seq_len), np.int64)
+    cu = []
+    for row, pieces in enumerate(docs):
+        for index, (start, end) in enumerate(pieces):
+            segments[row, start:end] = index
+            lengths[row, index] = end - start
+            cu.append(row * seq_len + start)
+    total = rows * seq_len
+    cu.append(total)
+    np.testing.assert_array_equal(np.asarray(batch["segment_ids"]), segments)
+    np.testing.assert_array_equal(np.asarray(batch["document_lengths"]), lengths)
+    count = int(batch["num_cu_seqlens"])
+    assert count == len(cu)
+    got_cu = np.asarray(batch["cu_seqlens"])
+    assert got_cu.shape == (total + 1,) and got_cu.dtype == np.int32
+    np.testing.assert_array_equal(got_cu[:count], cu)
+    assert (got_cu[count:] == total).all(), "the padding repeats the total: empty documents"
+    assert int(batch["max_seqlen"]) == max(end - start for pieces in docs for start, end in pieces)
+
+
+# -- attention --------------------------------------------------------------------
+
+
+def attention_by_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs) -> torch.Tensor:
+    """Causal attention run on each document piece alone: the ground truth."""
+    out = torch.zeros_like(q)
+    for row, pieces in enumerate(docs):
+        for start, end in pieces:
+            out[row, :, start:end] = F.scaled_dot_product_attention(
+                q[row, :, start:end], k[row, :, start:end], v[row, :, start:end], is_causal=True
+            )
+    return out
+
+
+def masked_attention(q, k, v, same_document: torch.Tensor) -> torch.Tensor:
+    """SDPA with ``same_document [rows, L, L]`` and causality as one boolean mask."""
+    seq_len = q.shape[2]
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=(same_document & causal)[:, None])
+
+
+def mask_from_segment_ids(segment_ids: torch.Tensor) -> torch.Tensor:
+    return segment_ids[:, :, None] == segment_ids[:, None, :]
+
+
+def mask_from_document_lengths(lengths: torch.Tensor) -> torch.Tensor:
+    rows, seq_len = lengths.shape
+    segments = torch.stack([
+        torch.repeat_interleave(torch.arange(seq_len), lengths[row].long(), output_size=seq_len) for row in range(rows)
+    ])  # fmt: skip
+    return mask_from_segment_ids(segments)
+
+
+def mask_from_positions(positions: torch.Tensor) -> torch.Tensor:
+    # NOTE: the convention of TorchTitan's document masks: a document starts where positions are 0.
+    return mask_from_segment_ids(torch.cumsum((positions == 0).int(), dim=1))
+
+
+def thd_attention(q, k, v, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Attention over the flattened batch (THD) with a block-diagonal causal mask
+    built from ``cu_seqlens`` as a varlen kernel reads it (every entry; a padded
+    tail describes empty documents)."""
+    rows, heads, seq_len, dim = q.shape
+    total = rows * seq_len
+    mask = torch.zeros(total, total, dtype=torch.bool)
+    bounds = cu_seqlens.tolist()
+    assert bounds[0] == 0 and bounds[-1] == total and all(a <= b for a, b in zip(bounds, bounds[1:]))
+    for start, end in zip(bounds, bounds[1:]):
+        mask[start:end, start:end] = torch.ones(end - start, end - start, dtype=torch.bool).tril()
+
+    def flat(x):
+        return x.transpose(0, 1).reshape(1, heads, total, dim)
+
+    out = F.scaled_dot_product_attention(flat(q), flat(k), flat(v), attn_mask=mask)
+    return out.reshape(heads, rows, seq_len, dim).transpose(0, 1)
+
+
+def check_attention(batch: dict, inputs: np.ndarray, eos: np.ndarray, seed: int) -> None:
+    rows, seq_len = inputs.shape
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(rows, HEADS, seq_len, HEAD_DIM, generator=generator, dtype=torch.float64) for _ in range(3))
+    want = attention_by_document(q, k, v, reference_documents(inputs, eos))
+    segment_ids = torch.as_tensor(np.asarray(batch["segment_ids"]))
+    lengths = torch.as_tensor(np.asarray(batch["document_lengths"]))
+    cu = torch.as_tensor(np.asarray(batch["cu_seqlens"]))
+    count = int(batch["num_cu_seqlens"])
+    torch.testing.assert_close(masked_attention(q, k, v, mask_from_segment_ids(segment_ids)), want)
+    torch.testing.assert_close(masked_attention(q, k, v, mask_from_document_lengths(lengths)), want)
+    torch.testing.assert_close(masked_attention(q, k, v, mask_from_positions(torch.as_tensor(np.asarray(batch["positions"])))), want)
+    torch.testing.assert_close(thd_attention(q, k, v, cu[:count]), want)
+    torch.testing.assert_close(thd_attention(q, k, v, cu), want)
+    assert int(batch["max_seqlen"]) == int(torch.diff(cu[:count]).max())
+
+
+# -- batches --------------------------------------------------------------------
+
+
+class Harness:
+    """One CPU ring (wide arrays on the host, as CPU delivery reads them) and
+    one laid out for CUDA (nothing wide; ``widen`` runs on CPU tensors here)
+    with the same spec, filled by the producer's assembler."""
+
+    def __init__(self, *, rows: int, seq_len: int, spec: PackingSpec) -> None:
+        self.rows, self.seq_len, self.spec = rows, seq_len, spec
+        self.host = SharedRing.create(num_slots=2, layout=SlotLayout(
+            rows=rows, seq_len=seq_len, token_dtype="<u2", wide_keys=WIDE_KEYS, packing=spec))  # fmt: skip
+        self.device = SharedRing.create(num_slots=2, layout=SlotLayout(
+            rows=rows, seq_len=seq_len, token_dtype="<u2", wide_keys=(), packing=spec))  # fmt: skip
+        self.host_assembler = StepAssembler(seq_len=seq_len, packing=spec)
+        self.device_assembler = StepAssembler(seq_len=seq_len, packing=spec)
+
+    def assemble(self, windows: list[np.ndarray], eos: np.ndarray, slot: int) -> tuple[dict, dict]:
+        samples = np.zeros(len(windows), np.int64)
+        self.host_assembler.assemble(windows, samples, eos, self.host.slot(slot))
+        self.device_assembler.assemble(windows, samples, eos, self.device.slot(slot))
+        host = self.host.slot(slot)
+        start, _ = self.device.slot_range(slot)
+        raw = torch.from_numpy(self.device.as_array()[start : start + self.device.layout.device_bytes].copy())
+        return {**host.wide, **host.packing}, widen(raw, self.device.layout)
+
+    def close(self) -> None:
+        self.host.close()
+        self.device.close()
+
+
+@st.composite
+def packed_batches(draw):
+    """Two steps of the same shape (both written into one slot, so the second
+    must clear what the first left) from two streams with different EOS ids."""
+    seq_len = draw(st.integers(1, 24))
+    rows = draw(st.integers(1, 4))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    streams = []
+    for eos in EOS_IDS:
+        lengths = draw(st.lists(st.integers(1, 2 * seq_len + 3), min_size=1, max_size=40))
+        stream = make_stream(lengths, eos, rng)
+        while len(stream) < 3 * (seq_len + 1):
+            stream = np.concatenate((stream, make_stream(lengths, eos, rng)))
+        streams.append(stream)
+    steps = []
+    for _ in range(2):
+        choices = []
+        for _ in range(rows):
+            which = draw(st.integers(0, len(streams) - 1))
+            # NOTE: any offset starts a row mid-document; offsets j * L are
+            # consecutive windows, so documents run from one row into the next.
+            consecutive = draw(st.booleans())
+            limit = len(streams[which]) - seq_len - 1
+            offset = draw(st.integers(0, limit // seq_len)) * seq_len if consecutive else draw(st.integers(0, limit))
+            choices.append((which, offset))
+        steps.append(choices)
+    return seq_len, rows, streams, steps
+
+
+def windows_of(streams, choices, seq_len):
+    windows = [streams[which][offset : offset + seq_len + 1] for which, offset in choices]
+    eos = np.array([EOS_IDS[which] for which, _ in choices], np.int64)
+    return windows, eos
+
+
+def check_step(harness: Harness, windows, eos, slot: int, seed: int) -> None:
+    tokens = np.stack(windows)
+    inputs, labels = tokens[:, :-1].astype(np.int64), tokens[:, 1:]
+    host, device = harness.assemble(windows, eos, slot)
+    check_outputs(host, inputs, labels, eos, harness.spec.ignore)
+    check_outputs({key: value.numpy() for key, value in device.items()}, inputs, labels, eos, harness.spec.ignore)
+    for key in ("input", "labels", "positions", "segment_ids", "document_lengths", "cu_seqlens"):
+        np.testing.assert_array_equal(device[key].numpy(), host[key], err_msg=key)
+    check_attention(host, inputs, eos, seed)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batch=packed_batches(), ignore=st.booleans())
+def test_every_output_masks_attention_exactly_as_document_by_document(batch, ignore):
+    seq_len, rows, streams, steps = batch
+    spec = PackingSpec(cross_document_targets="ignore" if ignore else "predict", outputs=True)
+    harness = Harness(rows=rows, seq_len=seq_len, spec=spec)
+    try:
+        for step, choices in enumerate(steps):
+            windows, eos = windows_of(streams, choices, seq_len)
+            check_step(harness, windows, eos, slot=0, seed=step)
+    finally:
+        harness.close()
+
+
+def test_the_named_cases_each_occur_and_pass():
+    """Rows mid-document, a document across rows, an EOS on the last input, a
+    row without EOS, two EOS ids in one step; then a step with fewer documents
+    written into the same slot."""
+    seq_len = 8
+    rng = np.random.default_rng(7)
+    a = make_stream([3, 5, 20, 2, 9, 1, 1, 6], EOS_IDS[0], rng)
+    b = make_stream([4, 8, 13, 7], EOS_IDS[1], rng)
+    a[4] = EOS_IDS[1]
+    choices = [(0, 1), (0, 9), (0, 17), (1, 0), (1, 4), (0, 31)]
+    windows, eos = windows_of([a, b], choices, seq_len)
+    tokens = np.stack(windows)
+    inputs = tokens[:, :-1]
+    is_eos = inputs == eos[:, None]
+    assert inputs[0, 0] != eos[0] and a[0] != EOS_IDS[0], "row 0 starts inside the stream's first document"
+    assert (~is_eos[1]).all() and (~is_eos[2][:-1]).all(), "the 20-token document spans rows 1 and 2"
+    assert is_eos[4, -1], "row 4 ends on an EOS"
+    assert (inputs == EOS_IDS[1])[0].any() and not is_eos[0][inputs[0] == EOS_IDS[1]].any(), \
+        "stream 1's EOS id is an ordinary token in stream 0's rows"
+    spec = PackingSpec(cross_document_targets="ignore", outputs=True)
+    harness = Harness(rows=len(choices), seq_len=seq_len, spec=spec)
+    try:
+        check_step(harness, windows, eos, slot=1, seed=0)
+        fewer, fewer_eos = windows_of([a, b], [(0, 9)] * len(choices), seq_len)
+        check_step(harness, fewer, fewer_eos, slot=1, seed=1)
+    finally:
+        harness.close()
+
+
+def test_predict_keeps_the_shifted_window_and_ignore_masks_only_input_eos():
+    seq_len = 8
+    rng = np.random.default_rng(3)
+    stream = make_stream([3, 4, 9, 2], 0, rng)
+    windows, eos = windows_of([stream], [(0, 0), (0, 8)], seq_len)
+    for targets in ("predict", "ignore"):
+        harness = Harness(rows=2, seq_len=seq_len, spec=PackingSpec(cross_document_targets=targets))
+        try:
+            host, device = harness.assemble(windows, eos, 0)
+            labels = host["labels"]
+            tokens = np.stack(windows)
+            masked = labels == IGNORE_INDEX
+            if targets == "predict":
+                np.testing.assert_array_equal(labels, tokens[:, 1:])
+            else:
+                np.testing.assert_array_equal(masked, tokens[:, :-1] == 0)
+                np.testing.assert_array_equal(labels[~masked], tokens[:, 1:][~masked])
+                assert (tokens[:, 1:] == 0).sum() > masked.sum() - 1, "an EOS as a target is still trained"
+            np.testing.assert_array_equal(device["labels"].numpy(), labels)
+            assert "segment_ids" not in host and "cu_seqlens" not in device
+            assert harness.host.layout.device_bytes == SlotLayout(rows=2, seq_len=seq_len, token_dtype="<u2",
+                                                                   wide_keys=()).device_bytes
+        finally:
+            harness.close()
+
+
+def test_a_bad_setting_is_refused_by_name():
+    with pytest.raises(ConfigError, match="cross_document_targets"):
+        PackingSpec(cross_document_targets="mask")
+    with pytest.raises(ConfigError, match="packing_outputs"):
+        PackingSpec(outputs="yes")
+
+
+def test_rows_dense_with_documents_take_the_running_sum_and_agree():
+    """More than a few document starts per row switch the segment ids to a
+    running sum over the step; the outputs are the same."""
+    seq_len, rows = 32, 3
+    rng = np.random.default_rng(11)
+    short = make_stream(rng.integers(1, 4, 200).tolist(), EOS_IDS[0], rng)
+    long = make_stream([70, 3], EOS_IDS[1], rng)
+    windows, eos = windows_of([short, long], [(0, 5), (0, 40), (1, 10)], seq_len)
+    assert (np.stack(windows)[:2, :-1] == 0).sum() > 8 * rows, "dense enough for the running sum"
+    harness = Harness(rows=rows, seq_len=seq_len, spec=PackingSpec(cross_document_targets="ignore", outputs=True))
+    try:
+        check_step(harness, windows, eos, slot=0, seed=0)
+        sparse, sparse_eos = windows_of([short, long], [(1, 0), (1, 32), (1, 40)], seq_len)
+        check_step(harness, sparse, sparse_eos, slot=0, seed=1)
+    finally:
+        harness.close()
