@@ -111,6 +111,12 @@ def packing_views(slab: np.ndarray, offsets: dict[str, int], rows: int, seq_len:
 class PackingWriter:
     """Writes a step's labels under ``"ignore"`` and its document outputs, from its EOS hits.
 
+    A step of sparse documents (a few starts per row, the common case) is
+    written row by row, touching only the rows that hold a document start and
+    those that held one the last time the slot was filled: every other row is
+    one document of ``L`` tokens, which the slot already says. A dense step
+    is written with whole-array numpy calls.
+
     Args:
         spec: what to write.
         seq_len: ``L``.
@@ -122,12 +128,16 @@ class PackingWriter:
         self.seq_len = seq_len
         self.rows = rows
         self._row_starts = np.arange(rows, dtype=np.int64) * seq_len
+        self._row_start_list = self._row_starts.tolist()
+        self._one_document = np.zeros(seq_len, np.int32)
+        self._one_document[0] = seq_len
         self._count = np.arange(rows * seq_len + 1, dtype=np.int64)
-        # NOTE: per slot, what the last step written there left beyond its
-        # own documents (``cu_seqlens`` entries, ``document_lengths`` cells),
-        # so a step clears only those instead of the whole static arrays. A
-        # slot this writer has not written yet is cleared whole.
-        self._last: dict[int, tuple[int, np.ndarray]] = {}
+        # NOTE: per slot: (documents in the step, {row: (documents in it, first
+        # inner start)} for the rows holding more than one), or None after a
+        # dense step. A slot
+        # not in here is cleared whole: another writer (an earlier run of the
+        # producer) may have filled it.
+        self._last: dict[int, tuple[int, dict[int, tuple[int, int]] | None]] = {}
 
     def write(
         self,
@@ -150,67 +160,101 @@ class PackingWriter:
                 the last step there left); None clears the arrays whole.
         """
         seq_len = self.seq_len
+        if hits.size > _SPARSE_STARTS_PER_ROW * self.rows:
+            self._write_dense(hits, row_width, labels, outputs, slot_index)
+            return
+        cells = [divmod(hit, row_width) for hit in hits.tolist()]
+        if labels is not None and self.spec.ignore:
+            flat_labels = labels.reshape(-1)
+            for row, col in cells:
+                if col < seq_len:
+                    flat_labels[row * seq_len + col] = IGNORE_INDEX
+        if outputs is None:
+            return
+        # NOTE: an EOS on the last input (or on the label-only column) starts
+        # nothing in the row; flat hits come in row-major order.
+        inner: dict[int, list[int]] = {}
+        for row, col in cells:
+            if col < seq_len - 1:
+                inner.setdefault(row, []).append(col + 1)
+        last = self._last.get(slot_index) if slot_index is not None else None
+        if last is None or last[1] is None:
+            self._reset(outputs)
+            last_rows: dict[int, tuple[int, int]] = {}
+            last_docs = self.rows
+        else:
+            last_docs, last_rows = last
+        segments, lengths = outputs["segment_ids"], outputs["document_lengths"]
+        for row, (count, first) in last_rows.items():
+            if row not in inner:
+                segments[row, first:] = 0
+                lengths[row, :count] = self._one_document[:count]
+        max_seqlen = seq_len if len(inner) < self.rows else 0
+        rows_now = {}
+        for row, cols in inner.items():
+            bounds = [0, *cols, seq_len]
+            pieces = [end - start for start, end in zip(bounds, bounds[1:])]
+            count = max(len(pieces), last_rows.get(row, (0, 0))[0])
+            lengths[row, :count] = pieces + [0] * (count - len(pieces))
+            if row in last_rows and last_rows[row][1] < cols[0]:
+                segments[row, last_rows[row][1] : cols[0]] = 0
+            for index, (start, end) in enumerate(zip(cols, bounds[2:]), 1):
+                segments[row, start:end] = index
+            max_seqlen = max(max_seqlen, *pieces)
+            rows_now[row] = (len(pieces), cols[0])
+        num_docs = self.rows + sum(len(cols) for cols in inner.values())
+        cu = outputs["cu_seqlens"]
+        if inner or last_rows:
+            starts = sorted(self._row_start_list + [row * seq_len + col for row, cols in inner.items() for col in cols])
+            cu[:num_docs] = starts
+            cu[num_docs : last_docs + 1] = self.rows * seq_len
+        outputs["num_cu_seqlens"][...] = num_docs + 1
+        outputs["max_seqlen"][...] = max_seqlen
+        if slot_index is not None:
+            self._last[slot_index] = (num_docs, rows_now)
+
+    def _reset(self, outputs: dict[str, np.ndarray]) -> None:
+        """Every row one document of ``L`` tokens."""
+        total = self.rows * self.seq_len
+        cu = outputs["cu_seqlens"]
+        cu.fill(total)
+        cu[: self.rows] = self._row_starts
+        outputs["document_lengths"].fill(0)
+        outputs["document_lengths"][:, 0] = self.seq_len
+        outputs["segment_ids"].fill(0)
+
+    def _write_dense(self, hits, row_width, labels, outputs, slot_index) -> None:
+        seq_len, total = self.seq_len, self.rows * self.seq_len
         hit_rows, hit_cols = np.divmod(hits, row_width)
-        if labels is not None and self.spec.ignore and hits.size:
+        if labels is not None and self.spec.ignore:
             inputs = hit_cols < seq_len
             labels.reshape(-1)[hit_rows[inputs] * seq_len + hit_cols[inputs]] = IGNORE_INDEX
         if outputs is None:
             return
-        # NOTE: an EOS on the last input (or on the label-only column) starts nothing in the row.
         inner = hit_cols < seq_len - 1
         start_rows, start_cols = hit_rows[inner], hit_cols[inner] + 1
         starts = np.concatenate((self._row_starts, start_rows * seq_len + start_cols))
         starts.sort()
-        self._fill(starts, start_rows, start_cols, outputs, slot_index)
-
-    def _fill(
-        self,
-        starts: np.ndarray,
-        start_rows: np.ndarray,
-        start_cols: np.ndarray,
-        outputs: dict[str, np.ndarray],
-        slot_index: int | None,
-    ) -> None:
-        seq_len, total = self.seq_len, self.rows * self.seq_len
         num_docs = starts.size
-        cu, lengths_2d, segments = outputs["cu_seqlens"], outputs["document_lengths"], outputs["segment_ids"]
-        flat_lengths = lengths_2d.reshape(-1)
-        last = self._last.get(slot_index) if slot_index is not None else None
-        if last is None:
-            cu.fill(total)
-            flat_lengths.fill(0)
-        else:
-            last_docs, last_cells = last
-            cu[num_docs : last_docs + 1] = total
-            flat_lengths[last_cells] = 0
-        cu[:num_docs] = starts
-        cu[num_docs] = total
-        lengths = np.diff(cu[: num_docs + 1])
+        lengths = np.diff(np.append(starts, total))
         doc_rows = starts // seq_len
         # NOTE: every row has a start at its first token, so a document's index
         # within its row is its index overall minus that of its row's first.
         first_of_row = np.searchsorted(starts, self._row_starts)
-        index_in_row = self._count[:num_docs] - first_of_row[doc_rows]
-        cells = doc_rows * seq_len + index_in_row
-        flat_lengths[cells] = lengths
+        cu = outputs["cu_seqlens"]
+        cu.fill(total)
+        cu[:num_docs] = starts
+        flat_lengths = outputs["document_lengths"].reshape(-1)
+        flat_lengths.fill(0)
+        flat_lengths[doc_rows * seq_len + self._count[:num_docs] - first_of_row[doc_rows]] = lengths
+        segments = outputs["segment_ids"]
+        segments.fill(0)
+        segments[start_rows, start_cols] = 1
+        np.cumsum(segments, axis=1, out=segments)
         outputs["num_cu_seqlens"][...] = num_docs + 1
         outputs["max_seqlen"][...] = lengths.max()
         if slot_index is not None:
-            self._last[slot_index] = (num_docs, cells)
-        if start_rows.size > _SPARSE_STARTS_PER_ROW * self.rows:
-            segments.fill(0)
-            segments[start_rows, start_cols] = 1
-            np.cumsum(segments, axis=1, out=segments)
-            return
-        segments.fill(0)
-        if start_rows.size:
-            # NOTE: a document inside a row runs to the next start, which is
-            # the next document of the row or the next row's first token.
-            inner = starts % seq_len != 0
-            ends = np.minimum(np.append(starts[1:], total), (doc_rows + 1) * seq_len)
-            flat_segments = segments.reshape(-1)
-            for start, end, index in zip(starts[inner].tolist(), ends[inner].tolist(), index_in_row[inner].tolist()):
-                flat_segments[start:end] = index
+            self._last[slot_index] = (num_docs, None)
 
 
 # -- device side (torch tensors; torch is imported only here, the helper process never needs it) --
