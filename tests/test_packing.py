@@ -198,3 +198,25 @@ def test_rows_dense_with_documents_take_the_running_sum_and_agree():
             check_step(harness, rows_of, eos_of, slot=0, seed=step)
     finally:
         harness.close()
+
+
+def test_host_labels_of_a_cuda_ring_are_masked_by_the_producer():
+    """With CUDA and ``host_labels`` only ``labels`` is wide on the host: the
+    producer still scans for EOS to mask them, and ``widen`` masks the device's."""
+    seq_len = 8
+    rng = np.random.default_rng(5)
+    stream = make_stream([3, 4, 9, 2], 0, rng)
+    windows, eos = windows_of([stream], [(0, 0), (0, 8)], seq_len)
+    spec = PackingSpec(cross_document_targets="ignore", outputs=True)
+    layout = SlotLayout(rows=2, seq_len=seq_len, token_dtype="<u2", wide_keys=("labels",), packing=spec)
+    ring = SharedRing.create(num_slots=1, layout=layout)
+    try:
+        StepAssembler(seq_len=seq_len, packing=spec).assemble(windows, np.zeros(2, np.int64), eos, ring.slot(0))
+        tokens = np.stack(windows).astype(np.int64)
+        want = np.where(tokens[:, :-1] == 0, IGNORE_INDEX, tokens[:, 1:])
+        assert (want == IGNORE_INDEX).any()
+        np.testing.assert_array_equal(ring.slot(0).wide["labels"], want)
+        raw = torch.from_numpy(ring.as_array()[ring.slot_range(0)[0] :][: layout.device_bytes].copy())
+        np.testing.assert_array_equal(widen(raw, layout)["labels"].numpy(), want)
+    finally:
+        ring.close()
