@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from zephon_stream.loader.device import MAX_HELD_BATCHES, ring_slots
+from zephon_stream.loader.device import MAX_HELD_BATCHES, PENDING_RELEASE_SLOTS, ring_slots
 from zephon_stream.loader.handback import SlotReturns
 from zephon_stream.loader.ring import SharedRing, SlotLayout
 
@@ -116,17 +116,20 @@ def main() -> None:
     args = parser.parse_args()
 
     layout = SlotLayout(rows=args.rows, seq_len=args.seq_len, token_dtype="<u4", wide_keys=("labels",))
-    ring = SharedRing.create(num_slots=ring_slots(4), layout=layout)
+    ring = SharedRing.create(num_slots=ring_slots(4, host_views=True), layout=layout)
     referenced = ring.slot_in_use
+    # NOTE: the hand-back this replaces allowed MAX_HELD_BATCHES views; CUDA
+    # delivery now allows the pending releases too. Both never run dry here.
+    max_viewed = MAX_HELD_BATCHES + PENDING_RELEASE_SLOTS
     configs = {
-        "before": lambda: _Before(referenced=referenced, max_viewed=MAX_HELD_BATCHES),
+        "before": lambda: _Before(referenced=referenced, max_viewed=max_viewed),
         "release events (host)": lambda: SlotReturns(referenced=referenced, record_release=_Done,
-                                                     max_viewed=MAX_HELD_BATCHES),
-        "clone": lambda: _Before(referenced=referenced, max_viewed=MAX_HELD_BATCHES),
+                                                     max_viewed=max_viewed),
+        "clone": lambda: _Before(referenced=referenced, max_viewed=max_viewed),
     }  # fmt: skip
     if torch.cuda.is_available():
         configs["release events (cuda)"] = lambda: SlotReturns(referenced=referenced, record_release=_cuda_release,
-                                                               max_viewed=MAX_HELD_BATCHES)  # fmt: skip
+                                                               max_viewed=max_viewed)  # fmt: skip
     else:
         print("no CUDA device: release events measured with host events only (the Python bookkeeping)")
     best = {name: float("inf") for name in configs}

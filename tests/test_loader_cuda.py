@@ -149,8 +149,12 @@ def test_close_waits_for_copies_the_consumer_queued_from_host_labels(small_datas
         assert labels.is_pinned()
         want = labels.clone()
         consumer = torch.cuda.current_stream()
-        torch.cuda._sleep(_SLEEP_CYCLES // 4)
+        torch.cuda._sleep(_SLEEP_CYCLES)
         on_device = labels.to("cuda", non_blocking=True)
         del labels
+        busy = not consumer.query()
+    # NOTE: close() stops the helper first (well under the kernel's seconds),
+    # then must wait for the stream before it unregisters and unmaps the ring.
+    assert busy, "the copy ran before close(): the check proves nothing"
     assert consumer.query(), "close() unregistered the ring before the consumer's stream was done with it"
     assert torch.equal(on_device.cpu(), want)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from zephon_stream.loader.device import MAX_HELD_BATCHES, cuda_index, ring_slots
+from zephon_stream.loader.device import MAX_HELD_BATCHES, PENDING_RELEASE_SLOTS, cuda_index, ring_slots
 from zephon_stream.loader.handback import SlotReturns
 from zephon_stream.loader.pipeline import FreeSlots, hand_back, reset_returned
 from zephon_stream.loader.ring import SharedRing, SlotLayout
@@ -101,6 +101,9 @@ class Consumer:
             event.done = True
 
 
+MAX_VIEWED = MAX_HELD_BATCHES + PENDING_RELEASE_SLOTS
+
+
 def labels_ring(num_slots: int) -> SharedRing:
     return SharedRing.create(num_slots=num_slots, layout=SlotLayout(rows=2, seq_len=8, token_dtype="<u2",
                                                                     wide_keys=("labels",)))  # fmt: skip
@@ -108,7 +111,7 @@ def labels_ring(num_slots: int) -> SharedRing:
 
 def returns_for(ring: SharedRing, consumer: Consumer) -> SlotReturns:
     # NOTE: as CUDA delivery builds it: the ring says whether a slot is viewed.
-    return SlotReturns(referenced=ring.slot_in_use, record_release=consumer.record, max_viewed=MAX_HELD_BATCHES)
+    return SlotReturns(referenced=ring.slot_in_use, record_release=consumer.record, max_viewed=MAX_VIEWED)
 
 
 def host_labels(ring: SharedRing, index: int) -> torch.Tensor:
@@ -117,7 +120,7 @@ def host_labels(ring: SharedRing, index: int) -> torch.Tensor:
 
 
 def test_a_slot_whose_labels_copy_is_pending_is_not_refilled_until_the_consumer_stream_passes_it():
-    ring, consumer = labels_ring(ring_slots(prefetch_steps=1)), Consumer()
+    ring, consumer = labels_ring(ring_slots(prefetch_steps=1, host_views=True)), Consumer()
     try:
         returns = returns_for(ring, consumer)
         free, stop = FreeSlots(ring), threading.Event()
@@ -149,21 +152,25 @@ def test_a_slot_whose_labels_copy_is_pending_is_not_refilled_until_the_consumer_
 
 
 def test_pending_releases_count_as_held_so_later_labels_are_copies_and_the_ring_never_runs_dry():
-    ring, consumer = labels_ring(ring_slots(prefetch_steps=1)), Consumer()
+    ring, consumer = labels_ring(ring_slots(prefetch_steps=1, host_views=True)), Consumer()
     try:
         returns = returns_for(ring, consumer)
-        viewed = [returns.add(index, copied=StreamEvent(done=True), host_keys=True) for index in (0, 1)]
-        assert viewed == [True, True]
-        assert returns.reclaim() == [], "both slots' views are dropped (none kept here), releases pending"
-        # NOTE: a third delivery while both releases are pending gets copies; its
-        # slot goes back once its device copy is done, without waiting for them.
-        assert not returns.add(2, copied=StreamEvent(done=True), host_keys=True)
-        assert returns.reclaim() == [2]
-        assert returns.settle() == (0, 1), "a new producer must not be given them either"
+        held = list(range(MAX_VIEWED))
+        assert all(returns.add(index, copied=StreamEvent(done=True), host_keys=True) for index in held)
+        assert returns.reclaim() == [], "every slot's views are dropped (none kept here), releases pending"
+        assert len(consumer.recorded) == MAX_VIEWED
+        # NOTE: a delivery while they are all pending gets copies; its slot goes
+        # back once its device copy is done, without waiting for them.
+        extra = MAX_VIEWED
+        assert not returns.add(extra, copied=StreamEvent(done=True), host_keys=True)
+        assert returns.reclaim() == [extra]
+        # NOTE: the producer keeps the rest: the queue ahead and the step it assembles.
+        assert ring.num_slots - (MAX_VIEWED + 1) == 1 + 1
+        assert returns.settle() == tuple(held), "a new producer must not be given them either"
         returns.wait()
         assert all(event.waited for event in consumer.recorded), "close() waits for the consumer's stream"
         assert returns.views_handed_out
-        assert sorted(returns.reclaim()) == [0, 1]
+        assert sorted(returns.reclaim()) == held
     finally:
         ring.close()
 

@@ -37,6 +37,11 @@ BATCH_KEYS = ("input", "labels", "positions", "sample_positions")
 # NOTE: batches a CPU consumer may keep without a copy: the current step and
 # the one before.
 MAX_HELD_BATCHES = 2
+# NOTE: with CUDA host labels, slots whose views the consumer has dropped but
+# whose release event (loader/handback.py) has not completed yet: a consumer
+# whose stream runs behind by that many steps still gets views, not copies.
+# Also covers the event recorded on an idle stream and queried at once.
+PENDING_RELEASE_SLOTS = 2
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -180,7 +185,7 @@ class CudaDelivery:
         self._returns = SlotReturns(
             referenced=ring.slot_in_use,
             record_release=self._record_release,
-            max_viewed=MAX_HELD_BATCHES,
+            max_viewed=MAX_HELD_BATCHES + PENDING_RELEASE_SLOTS,
         )
 
     def slots_pinned(self) -> bool:
@@ -264,9 +269,10 @@ def ring_wide_keys(device: torch.device, host_keys: tuple[str, ...]) -> tuple[st
     return tuple(key for key in WIDE_KEYS if key in host_keys)
 
 
-def ring_slots(prefetch_steps: int) -> int:
+def ring_slots(prefetch_steps: int, *, host_views: bool = False) -> int:
     """Slots the ring needs: the steps queued ahead, the one being assembled,
-    the ones the consumer holds as views (CPU tensors, or CUDA host labels)
-    and the one just delivered (on CUDA, its copy may be in flight)."""
-    return prefetch_steps + 1 + MAX_HELD_BATCHES + 1
+    the ones the consumer holds as views (CPU tensors, or CUDA host labels),
+    the one just delivered (on CUDA, its copy may be in flight) and, with
+    CUDA host labels (``host_views``), those waiting for their release event."""
+    return prefetch_steps + 1 + MAX_HELD_BATCHES + 1 + (PENDING_RELEASE_SLOTS if host_views else 0)
 
