@@ -1,6 +1,9 @@
 """Device delivery on CUDA: the pinned ring, narrow copies on a side stream that
-overlap compute on the consumer's stream, widened on the device, and nothing
-left registered after close(). Skipped without CUDA."""
+overlap compute on the consumer's stream, widened on the device, host labels
+that stay intact under the consumer's non_blocking copies (close() included),
+which GPU ``"cuda"`` means, and nothing left registered after close(). No CUDA
+call here is meant to fail: an error left pending would surface in a later
+test. Skipped without CUDA (tests/test_loader_device.py runs the decisions on CPU)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import pytest
 import torch
 
 from zephon_stream import StreamingLoader
+from zephon_stream.loader.device import resolve_device
 from zephon_stream.loader.widen import copy_ids, direct_unsigned_copy
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -158,3 +162,16 @@ def test_close_waits_for_copies_the_consumer_queued_from_host_labels(small_datas
     assert busy, "the copy ran before close(): the check proves nothing"
     assert consumer.query(), "close() unregistered the ring before the consumer's stream was done with it"
     assert torch.equal(on_device.cpu(), want)
+
+
+def test_cuda_without_an_index_under_torchrun_is_local_ranks_gpu_or_refused(monkeypatch):
+    current, count = torch.cuda.current_device(), torch.cuda.device_count()
+    monkeypatch.setenv("LOCAL_RANK", str(current))
+    assert resolve_device("cuda") == torch.device("cuda", current)
+    assert resolve_device(f"cuda:{current}") == torch.device("cuda", current)
+    if count > 1:  # NOTE: the refusal needs a second GPU; tests/test_loader_device.py covers it on CPU
+        other = (current + 1) % count
+        monkeypatch.setenv("LOCAL_RANK", str(other))
+        with pytest.raises(ValueError, match=rf"torch.cuda.set_device\({other}\)"):
+            resolve_device("cuda")
+        assert resolve_device(f"cuda:{other}") == torch.device("cuda", other)
