@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,9 +130,31 @@ def test_demo_end_to_end_resumes_at_another_world_size_with_the_same_data(stdlib
     assert '"start_step": 4' in events and '"world_size": 1' in events
 
 
+def which_batch_hash(urls: list[str], step: int, schedule: Path, capsys) -> str:
+    """The demo's hash of global step ``step``, from ``zephon-stream which --step`` alone."""
+    import hashlib
+
+    import numpy as np
+
+    from zephon_stream.cli import main
+    from zephon_stream.reader import DatasetReader
+
+    assert main(["which", *urls, "--step", str(step), "--schedule", str(schedule), "--world-size", "1", "--json"]) == 0
+    samples = json.loads(capsys.readouterr().out)["samples"]
+    rows = []
+    for s in samples:
+        with DatasetReader.open(urls[s["stream"]]) as reader:
+            rows.append(reader.read_tokens(s["token_start"], s["token_start"] + s["num_tokens"]).astype(np.int64))
+    digest = hashlib.sha256(np.stack([r[:-1] for r in rows]).tobytes())
+    digest.update(np.stack([r[1:] for r in rows]).tobytes())
+    return digest.hexdigest()[:16]
+
+
 @pytest.mark.slow
-def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(stdlib_corpus, tmp_path):
-    done, output = run_demo(stdlib_corpus, tmp_path, "--schedule", "--steps", "10", "--kill-after", "6")
+def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(stdlib_corpus, tmp_path, capsys):
+    store = tmp_path / "store"
+    done, output = run_demo(stdlib_corpus, tmp_path, "--schedule", "--steps", "10", "--kill-after", "6",
+                            "--store", str(store))  # fmt: skip
     assert done.returncode == 0, output
     assert "OK: all 10 steps read exactly the reference's data" in done.stdout, output
     assert "match  phase" in done.stdout, output
@@ -140,3 +163,11 @@ def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(st
     assert [r["phase"] for r in steps if r["event"] == "step"] == [0] * 4 + [1] * 3 + [2] * 3
     resumed = [json.loads(line) for line in (tmp_path / "work" / "resumed.jsonl").read_text().splitlines()]
     assert resumed[0]["start_step"] == 6 and resumed[0]["world_size"] == 1
+    # The demo's step N is `which --step N` (steps count from 0), in every phase.
+    schedule = tmp_path / "schedule.json"
+    phases = DemoConfig(schedule=True, steps=10, seq_len=64, global_batch=4).phases()
+    schedule.write_text(json.dumps({"seed": 0, "phases": phases}))
+    urls = [str(store / "stdlib-bytes"), str(store / "stdlib-bytes-anneal")]
+    events = {r["step"]: r for r in steps if r["event"] == "step"}
+    for step in (0, 3, 4, 7, 9):
+        assert which_batch_hash(urls, step, schedule, capsys) == events[step]["hash"], step
