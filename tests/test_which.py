@@ -194,9 +194,18 @@ def test_which_takes_a_torchtitan_train_step_and_its_accumulation(small_dataset,
     assert "--step counts from 0" in capsys.readouterr().err
 
 
-def test_which_help_says_how_steps_are_counted(capsys):
+def _help(command: str, capsys) -> str:
     with pytest.raises(SystemExit):
-        main(["which", "--help"])
-    help_text = " ".join(capsys.readouterr().out.split())
+        main([command, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_which_help_says_how_steps_are_counted(capsys):
+    help_text = _help("which", capsys)
     assert "Steps count from 0: step N is the global batch a job reads after N steps" in help_text
     assert "its train step S is steps (S-1)*A to S*A-1 here" in help_text
+
+
+@pytest.mark.parametrize("command", ["demo", "diff-log"])
+def test_the_demo_and_diff_log_help_count_steps_as_which_does(command, capsys):
+    assert "Steps count from 0, as" in _help(command, capsys)
