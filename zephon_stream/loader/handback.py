@@ -12,7 +12,8 @@ Two things can still read a slot after it was delivered:
   allocator tracks only memory it allocated). So once the views are gone, an
   event is recorded on the consumer's stream, and the slot goes back only
   when that event has completed: every copy queued on that stream before the
-  views were dropped has then run.
+  views were dropped has then run. (A copy queued on a stream other than the
+  one current when the consumer asks for its next batch is not covered.)
 
 The events come from the caller (``record_release``), so this bookkeeping
 runs on CPU in tests with events that complete when the test says so.
