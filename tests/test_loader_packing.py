@@ -126,3 +126,19 @@ def test_eval_padding_rows_are_one_segment_nothing_else_attends_to(small_dataset
                 assert (lengths[:, 0] == SEQ_LEN).all() and (lengths[:, 1:] == 0).all()
                 check_attention(got, inputs, seen_eos, seed=step)
         assert padded_steps == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("host_labels", [False, True])
+def test_cuda_delivery_gives_the_cpu_outputs_with_host_scalars(small_bpe_dataset, host_labels):
+    common = dict(seq_len=SEQ_LEN, local_batch_size=ROWS, num_fetch_threads=2, cross_document_targets="ignore",
+                  packing_outputs=True)  # fmt: skip
+    with StreamingLoader(small_bpe_dataset.url, **common) as cpu, \
+            StreamingLoader(small_bpe_dataset.url, device="cuda", host_labels=host_labels, **common) as gpu:  # fmt: skip
+        for _ in range(8):
+            want, got = next(cpu), next(gpu)
+            assert set(got) == set(want)
+            for key in want:
+                on_host = key in ("num_cu_seqlens", "max_seqlen") or (host_labels and key == "labels")
+                assert got[key].device.type == ("cpu" if on_host else "cuda"), key
+                assert torch.equal(got[key].cpu(), want[key]), key
