@@ -34,7 +34,6 @@ from zephon_stream.loader.streams import Stream, StreamSource, as_streams
 from zephon_stream.plan import EvalOrder
 
 
-
 class EvalLoader:
     """Iterating gives one pass: ``ceil(N / global_batch)`` steps on every rank.
 
