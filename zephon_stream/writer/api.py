@@ -209,9 +209,12 @@ class _Run:
                     max_in_flight=2 * self.config.workers + 2,
                 ) as pool:
                     self._stream(pool)
-            shards = self.builder.finish()
+            # NOTE: rejects.jsonl is written while the last blocks compress and
+            # the last shard is written, not after them.
+            self.builder.end_input()
             self.rejects.seek(0)
             self.store.write_atomic(REJECTS_NAME, self.rejects.read())
+            shards = self.builder.finish()
         finally:
             self.builder.close()
             self.progress.close()
