@@ -45,6 +45,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import resource
 import shutil
 import statistics
 import sys
@@ -73,6 +74,12 @@ def corpus_files(max_bytes: int) -> list[str]:
         files.append(str(path))
         total += size
     return files
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process so far, every thread included."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -209,7 +216,8 @@ def mosaic_convert(samples: np.ndarray, out: str, column: str = "ndarray:uint16"
 
 
 def paired_conversions(runs: dict[str, Callable[[], float]], trials: int, results: dict[str, Any]) -> None:
-    """Run each conversion ``trials`` times, rotating the order; record every trial's seconds.
+    """Run each conversion ``trials`` times, rotating the order; record every trial's seconds
+    and this process's CPU seconds (all its threads) beside them.
 
     A conversion that fails is recorded once and left out of later trials.
     """
@@ -219,9 +227,11 @@ def paired_conversions(runs: dict[str, Callable[[], float]], trials: int, result
         for name in order:
             if results.get("errors", {}).get(name):
                 continue
+            cpu = cpu_seconds()
             seconds = attempt(results, name, runs[name], quiet=True)
             if seconds is not None:
                 results.setdefault(f"{name}_trials", []).append(seconds)
+                results.setdefault(f"{name}_cpu_trials", []).append(cpu_seconds() - cpu)
         done = [f"{n} {results[n]:.3f}s" for n in names if results.get(n) is not None]
         print(f"trial {trial}: " + ", ".join(done))
     for name in names:
@@ -242,6 +252,11 @@ def report_ratio(results: dict[str, Any], mine: str, theirs: str, label: str, ta
     verdict = "" if target is None else f" (target >= {target})"
     print(f"ratio zephon/{label} conversion tokens/s, same token rows: median {results[key]:.2f}, "
           f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} paired trials{verdict}")
+    # NOTE: on a shared machine wall time swings with others' load; CPU seconds per run much less.
+    cpu = [t / m for m, t in zip(results[f"{mine}_cpu_trials"], results[f"{theirs}_cpu_trials"])]
+    results[f"{key}_cpu"] = statistics.median(cpu)
+    print(f"  CPU seconds, {label} over zephon: median {statistics.median(cpu):.2f}, range {min(cpu):.2f}-{max(cpu):.2f}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
 def mosaic_read(remote: str | None, local: str, batch: int, num_samples: int) -> float:
