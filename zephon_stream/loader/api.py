@@ -77,7 +77,9 @@ class StreamingLoader:
             stream, and are widened there; CUDA falls back to CPU when absent.
         host_labels: with CUDA, deliver ``labels`` as a CPU ``int64`` tensor
             (TorchTitan's trainer counts valid labels on the CPU and moves
-            them itself); the other tensors go to the device.
+            them itself); the other tensors go to the device. They view pinned
+            memory, and ``labels.to(device, non_blocking=True)`` is safe: the
+            memory is refilled only after the current stream has run past it.
         pipeline: ``"process"`` (default): fetch, decode and assembly run in
             a helper process writing into a shared-memory ring, outside this
             interpreter; ``"threads"``: on threads of this process (debugging).
