@@ -4,6 +4,7 @@ that tokenize in the writer's own process (the same bytes either way)."""
 
 from __future__ import annotations
 
+import gzip
 import os
 from pathlib import Path
 
@@ -99,6 +100,11 @@ def test_small_inputs_tokenize_in_process_and_write_the_bytes_of_the_worker_proc
     assert (pooled.tokenizer_processes, small.tokenizer_processes) == (2, 0)
     assert len(dataset_files(tmp_path / "pooled")) > 4
     assert dataset_files(tmp_path / "small") == dataset_files(tmp_path / "pooled")
+    # NOTE: a compressed input is small on disk but not in text: its processes start.
+    gz = tmp_path / "corpus.jsonl.gz"
+    gz.write_bytes(gzip.compress(stdlib_corpus.jsonl.read_bytes(), mtime=0))
+    compressed = write_dataset(str(gz), str(tmp_path / "gz"), pool_min_input_bytes=gz.stat().st_size + 1, **settings)
+    assert compressed.tokenizer_processes == 2 and compressed.num_documents == len(stdlib_corpus.files)
 
 
 @pytest.mark.slow

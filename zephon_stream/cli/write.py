@@ -58,8 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=DEFAULT_POOL_MIN_INPUT_BYTES,
         metavar="N",
-        help="text inputs under N bytes in all (and the bytes tokenizer) tokenize in this process "
-        "whatever --workers says (default: 4 MiB; 0: always start the workers)",
+        help="uncompressed local text inputs under N bytes in all (and the bytes tokenizer) tokenize in "
+        "this process whatever --workers says (default: 4 MiB; 0: always start the workers)",
     )
     parser.add_argument(
         "--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, metavar="N", help="tokens per block (default: 2**20+1)"

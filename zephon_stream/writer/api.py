@@ -76,8 +76,9 @@ def write_dataset(
         text_field: JSONL key / parquet column holding the text.
         lines: one document per line of a text file.
         workers: tokenizer processes; the output is the same for any number.
-            None start for the ``bytes`` tokenizer, nor for inputs smaller
-            than ``pool_min_input_bytes``: those tokenize in this process.
+            None start for the ``bytes`` tokenizer, nor for uncompressed
+            local inputs under ``pool_min_input_bytes``: those tokenize in
+            this process.
         block_tokens: tokens per block.
         blocks_per_shard: blocks per shard (default: shards of ~64 Mi tokens).
         storage_options: fsspec/s3fs options for inputs, output and tokenizer
@@ -96,9 +97,10 @@ def write_dataset(
         append_eos: token inputs: end each document that lacks EOS with one
             (without it, such a document is rejected, and a source where no
             document ends with EOS is an error).
-        pool_min_input_bytes: text inputs whose local sizes total less than
-            this tokenize in this process (default 4 MiB); 0 starts the
-            ``workers`` processes for any input and tokenizer.
+        pool_min_input_bytes: uncompressed local text inputs (not .gz/.zst,
+            not Parquet) totalling less than this tokenize in this process
+            (default 4 MiB); 0 starts the ``workers`` processes for any
+            input and tokenizer.
 
     Returns:
         The run's ``WriteSummary``.
@@ -271,7 +273,9 @@ class _Run:
             return 0
         if floor_bytes and not self.tokenizer.worth_processes:
             return 0
-        if total_bytes is not None and total_bytes < floor_bytes:
+        # NOTE: compressed files and Parquet expand by a factor unknown before reading.
+        plain = all(r.compression is None and r.format != "parquet" for r in self.readers)
+        if plain and total_bytes is not None and total_bytes < floor_bytes:
             return 0
         return workers
 

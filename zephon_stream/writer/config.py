@@ -48,10 +48,11 @@ class WriteConfig:
         tokens_field: Parquet / JSONL / ``datasets`` column of token ids.
         token_dtype: dtype of raw ``.bin`` token arrays (``uint16``/``uint32``).
         append_eos: token inputs: end each document that lacks EOS with one.
-        pool_min_input_bytes: text inputs whose sizes are known and total
-            less than this are tokenized in this process whatever ``workers``
-            says, and so is any input of the ``bytes`` tokenizer; 0 starts the
-            worker processes for any input and tokenizer.
+        pool_min_input_bytes: uncompressed local text inputs (not .gz/.zst,
+            not Parquet) totalling less than this are tokenized in this
+            process whatever ``workers`` says, and so is any input of the
+            ``bytes`` tokenizer; 0 starts the worker processes for any input
+            and tokenizer.
     """
 
     text_field: str = "text"
