@@ -15,16 +15,23 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tools.azurite import Azurite
-from tools.fake_gcs import FakeGcs
-from tools.seaweedfs import SeaweedFS
-from tools.server_process import ServerStartError
+# NOTE: tools/ is not installed; the repository root on sys.path makes it importable.
+_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+if _REPO_ROOT not in sys.path:
+    sys.path.insert(0, _REPO_ROOT)
+
+from tools.azurite import Azurite  # noqa: E402
+from tools.fake_gcs import FakeGcs  # noqa: E402
+from tools.seaweedfs import SeaweedFS  # noqa: E402
+from tools.server_process import ServerStartError  # noqa: E402
 
 BACKENDS = ("seaweedfs", "gcs", "azure")
 SCHEMES = {"seaweedfs": "s3", "gcs": "gs", "azure": "az"}
@@ -90,6 +97,8 @@ def _start(server: Any) -> Any:
         return server.start()
     except (FileNotFoundError, ServerStartError) as exc:
         pytest.fail(f"{type(server).__name__} could not start: {exc}", pytrace=False)
+    except ImportError as exc:
+        pytest.fail(f"{type(server).__name__} needs {exc.name}: pip install -e '.[dev,gcs,azure]'", pytrace=False)
 
 
 @pytest.fixture(scope="session")

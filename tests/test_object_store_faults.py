@@ -139,3 +139,25 @@ def test_bad_credentials_fail_at_once_and_name_the_object(object_store):
     with open_store(url, options) as store:
         error = _fails_fast(store, lambda s: s.read("obj"), f"{url}/obj")
     assert "not retryable" in str(error)
+
+
+def test_each_clients_error_is_classified_by_its_status():
+    """The errors gcsfs and azure-core raise (built here as they raise them)
+    are retried on 5xx, 408 and 429 and on broken connections, not on 401/403."""
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ServiceRequestError
+    from gcsfs.retry import HttpError
+
+    from zephon_stream.storage.retry import describe_error, is_transient
+
+    def azure_error(status: int, code: str, kind: type[HttpResponseError] = HttpResponseError) -> Exception:
+        error = kind(message=f"{code} answered")
+        error.status_code, error.error_code = status, code
+        return error
+
+    assert all(is_transient(HttpError({"code": code, "message": "m"})) for code in (500, 502, 503, 408, 429))
+    assert not any(is_transient(HttpError({"code": code, "message": "m"})) for code in (400, 401, 403))
+    assert is_transient(azure_error(503, "ServerBusy")) and is_transient(azure_error(500, "InternalError"))
+    assert not is_transient(azure_error(403, "AuthenticationFailed", ClientAuthenticationError))
+    assert is_transient(ServiceRequestError("connection refused"))
+    assert describe_error(azure_error(503, "ServerBusy")).endswith("[HTTP 503 ServerBusy]")
+    assert describe_error(HttpError({"code": 429, "message": "slow down"})).endswith("[HTTP 429]")
