@@ -40,7 +40,7 @@ STDLIB=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])'
 "$PYTHON" examples/torchtitan/make_tokenizer.py "$STDLIB" --output "$WORK/tokenizer" --max-files 150
 "$PYTHON" -m zephon_stream write "$STDLIB/*.py" --output "$WORK/dataset" --overwrite --no-progress \
     --tokenizer "hf:$WORK/tokenizer/tokenizer.json" --block-tokens 65537 --blocks-per-shard 8
-ZEPHON_DATASET="$WORK/dataset" ZEPHON_ASSETS="$WORK/tokenizer" PYTHONPATH="$REPO/examples/torchtitan:$PYTHONPATH" \
+ZEPHON_DEVICE=cuda ZEPHON_DATASET="$WORK/dataset" ZEPHON_ASSETS="$WORK/tokenizer" PYTHONPATH="$REPO/examples/torchtitan:$PYTHONPATH" \
     "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 1 -m torchtitan.train \
     --module zephon_titan --config llama3_debugmodel_zephon \
     --dump_folder "$WORK/outputs" --training.steps 2 --training.seq_len 512 --training.local_batch_size 8 \

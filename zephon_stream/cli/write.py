@@ -18,8 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "paths, folders, globs (** included) or s3:// URLs and globs; each pattern's matches "
             "are sorted. S3 credentials and endpoint come from the standard AWS variables "
             "(AWS_ENDPOINT_URL included) or --storage-option. With --input-format tokens the inputs "
-            "already hold ids of --tokenizer: .npy, raw .bin (--token-dtype), Megatron PREFIX.bin+.idx, "
-            "Parquet/JSONL lists of ids (--tokens-field), or a datasets.save_to_disk folder."
+            "already hold ids of --tokenizer: .npy, raw .bin (--token-dtype), Megatron PREFIX.bin+.idx "
+            "(or PREFIX alone), Parquet/JSONL lists of ids (--tokens-field), or a datasets.save_to_disk folder."
         ),
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="input file, folder, glob or s3:// URL")

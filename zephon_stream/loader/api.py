@@ -77,7 +77,9 @@ class StreamingLoader:
             stream, and are widened there; CUDA falls back to CPU when absent.
         host_labels: with CUDA, deliver ``labels`` as a CPU ``int64`` tensor
             (TorchTitan's trainer counts valid labels on the CPU and moves
-            them itself); the other tensors go to the device.
+            them itself); the other tensors go to the device. They view pinned
+            memory, and ``labels.to(device, non_blocking=True)`` is safe: the
+            memory is refilled only after the current stream has run past it.
         pipeline: ``"process"`` (default): fetch, decode and assembly run in
             a helper process writing into a shared-memory ring, outside this
             interpreter; ``"threads"``: on threads of this process (debugging).
@@ -90,7 +92,8 @@ class StreamingLoader:
         max_memory_bytes: refuse configs whose memory bound exceeds this.
         num_fetch_threads: concurrent storage reads.
         num_decode_threads: concurrent zstd decodes.
-        audit_log: path or URL of a JSON-lines audit log, written by rank 0.
+        audit_log: path or URL of a JSON-lines audit log, written by rank 0;
+            its ``step`` counts from 0, as ``step`` does.
         max_steps: stop after this many global steps (counted from cursor 0).
         max_epochs: stop at the step where stream ``epochs_stream`` has read
             this many whole epochs.
@@ -292,7 +295,9 @@ class StreamingLoader:
 
     @property
     def step(self) -> int:
-        """The global step the next batch belongs to."""
+        """The global step the next batch belongs to, counted from 0: the
+        number of steps consumed before it (the audit log's ``step``, what
+        ``zephon-stream which --step`` takes)."""
         return self._book.step_of(self._position, self._layout)
 
     def progress(self) -> list[dict[str, Any]]:

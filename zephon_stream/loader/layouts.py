@@ -57,7 +57,7 @@ class LayoutBook:
     @property
     def num_slots(self) -> int:
         """Slots of a ring."""
-        return ring_slots(self.prefetch_steps)
+        return ring_slots(self.prefetch_steps, host_views=bool(self.host_keys))
 
     def slot_layout(self, rows: int, seq_len: int) -> SlotLayout:
         """The ring slot of a batch of ``rows`` samples of ``seq_len``."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import mmap
 import os
+import sys
 import tempfile
 
 import numpy as np
@@ -200,6 +201,12 @@ class SharedRing:
     def slab(self, index: int) -> np.ndarray:
         """Slot ``index`` as bytes (its reference count counts its views)."""
         return self._slabs[index]
+
+    def slot_in_use(self, index: int) -> bool:
+        """Whether anything outside the ring (a view, or a tensor over one)
+        still refers to slot ``index``; the producer's own views do not count."""
+        # NOTE: 2 = the ring's list entry and getrefcount's argument.
+        return sys.getrefcount(self._slabs[index]) > 2
 
     def slot_range(self, index: int) -> tuple[int, int]:
         """``(start, end)`` byte offsets of slot ``index`` within the mapping."""
