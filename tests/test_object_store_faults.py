@@ -142,9 +142,11 @@ def test_bad_credentials_fail_at_once_and_name_the_object(object_store):
 
 
 def test_each_clients_error_is_classified_by_its_status():
-    """The errors gcsfs and azure-core raise (built here as they raise them)
-    are retried on 5xx, 408 and 429 and on broken connections, not on 401/403."""
+    """The errors botocore, gcsfs and azure-core raise (built here as they raise
+    them) are retried on 5xx, 408, 429, S3's throttling and timeout codes and on
+    broken connections, not on 401/403."""
     from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ServiceRequestError
+    from botocore.exceptions import ClientError
     from gcsfs.retry import HttpError
 
     from zephon_stream.storage.retry import describe_error, is_transient
@@ -154,6 +156,13 @@ def test_each_clients_error_is_classified_by_its_status():
         error.status_code, error.error_code = status, code
         return error
 
+    def s3_error(status: int, code: str) -> Exception:
+        return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+
+    # NOTE: S3 answers RequestTimeout with status 400: the code decides.
+    assert all(is_transient(s3_error(*answer)) for answer in ((503, "SlowDown"), (500, "InternalError"),
+                                                             (400, "RequestTimeout")))  # fmt: skip
+    assert not is_transient(s3_error(403, "AccessDenied")) and not is_transient(s3_error(400, "InvalidRequest"))
     assert all(is_transient(HttpError({"code": code, "message": "m"})) for code in (500, 502, 503, 408, 429))
     assert not any(is_transient(HttpError({"code": code, "message": "m"})) for code in (400, 401, 403))
     assert is_transient(azure_error(503, "ServerBusy")) and is_transient(azure_error(500, "InternalError"))
