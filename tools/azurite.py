@@ -97,10 +97,10 @@ def azurite_blob_binary(*, install: bool = True) -> str:
     return str(binary)
 
 
-def connection_string(blob_endpoint: str) -> str:
+def connection_string(blob_endpoint: str, account_key: str = ACCOUNT_KEY) -> str:
     """An Azure connection string for the development account at ``blob_endpoint``."""
     return (
-        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT_NAME};AccountKey={ACCOUNT_KEY};"
+        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT_NAME};AccountKey={account_key};"
         f"BlobEndpoint={blob_endpoint.rstrip('/')}/{ACCOUNT_NAME};"
     )
 

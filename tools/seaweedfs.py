@@ -68,7 +68,9 @@ def weed_binary() -> str:
     Raises:
         FileNotFoundError: it is not installed; the message says how to install it.
     """
-    path = shutil.which("weed")
+    # NOTE: pip puts ``weed`` beside the interpreter, which is not on the PATH
+    # when a virtual environment's python runs without being activated.
+    path = shutil.which("weed") or shutil.which("weed", path=str(Path(sys.executable).parent))
     if path is None:
         raise FileNotFoundError(f"SeaweedFS binary 'weed' not found on PATH; {INSTALL_HINT}")
     return path

@@ -23,7 +23,9 @@ AZURE_PROTOCOLS = ("az", "abfs", "abfss")
 def filesystem_options(protocol: str, storage_options: Mapping[str, Any] | None, policy: RetryPolicy) -> dict[str, Any]:
     """fsspec keyword arguments for a non-S3 ``protocol``: the user's options plus timeouts.
 
-    Options the user passes explicitly win.
+    The per-attempt connect and read timeouts of ``policy`` bound each request
+    (gcsfs ``requests_timeout``, adlfs ``connection_timeout`` and
+    ``read_timeout``). Options the user passes explicitly win.
     """
     opts = dict(storage_options or {})
     if protocol in GCS_PROTOCOLS:
@@ -32,6 +34,12 @@ def filesystem_options(protocol: str, storage_options: Mapping[str, Any] | None,
         # connects anonymously there too.
         if "token" not in opts and os.environ.get("STORAGE_EMULATOR_HOST"):
             opts["token"] = "anon"
+        if "requests_timeout" not in opts:
+            import aiohttp
+
+            opts["requests_timeout"] = aiohttp.ClientTimeout(
+                connect=policy.connect_timeout_s, sock_read=policy.read_timeout_s
+            )
     elif protocol in AZURE_PROTOCOLS:
         opts.setdefault("connection_timeout", max(1, round(policy.connect_timeout_s)))
         opts.setdefault("read_timeout", max(1, round(policy.read_timeout_s)))

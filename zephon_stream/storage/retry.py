@@ -48,6 +48,8 @@ _TRANSIENT_CODES = frozenset(
         "RequestLimitExceeded",
         "BadGateway",
         "GatewayTimeout",
+        "ServerBusy",
+        "OperationTimedOut",
     }
 )
 _TRANSIENT_ERRNOS = frozenset(
