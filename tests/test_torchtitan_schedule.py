@@ -40,7 +40,8 @@ def titan_hashes(loader, steps):
 
 def reference(streams, schedule, steps):
     urls = [s.rsplit(":", 1)[0] for s in streams]
-    with StreamingLoader(urls, schedule=schedule, pipeline="threads") as loader:
+    # NOTE: the TorchTitan config's default cross-document targets.
+    with StreamingLoader(urls, schedule=schedule, pipeline="threads", cross_document_targets="ignore") as loader:
         return run_step_hashes([loader], steps)
 
 

@@ -389,3 +389,21 @@ def test_append_eos_ends_only_the_documents_without_one_short_or_long(row_tokens
     assert summary.num_documents == 300 and summary.num_tokens == len(want)
     with DatasetReader.open(str(tmp_path / "out")) as reader:
         assert reader.read_tokens(0, len(want)).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("eos_rows", [0, 1])
+def test_packed_rows_of_one_length_get_eos_like_any_document(eos_rows, tmp_path):
+    # NOTE: rows of one length, none ending with EOS, take one strided copy; one
+    # row already ending with EOS sends the batch down the per-document path.
+    rows = np.random.default_rng(eos_rows).integers(0, 256, (700, 2049)).astype(np.uint16)
+    rows[3, -1] = 256 if eos_rows else 7
+    np.save(tmp_path / "rows.npy", rows.reshape(-1))
+    np.save(tmp_path / "rows.offsets.npy", np.arange(701, dtype=np.int64) * 2049)
+    summary = write_dataset(str(tmp_path / "rows.npy"), str(tmp_path / "out"), tokenizer="bytes", input_format="tokens",
+                            append_eos=True, block_tokens=65537, progress=False)  # fmt: skip
+    want = np.concatenate([row if row[-1] == 256 else np.append(row, 256) for row in rows])
+    assert summary.num_documents == 700 and summary.num_tokens == len(want) == 700 * 2050 - eos_rows
+    with DatasetReader.open(str(tmp_path / "out")) as reader:
+        assert np.array_equal(reader.read_tokens(0, len(want)), want)
+        last = reader.documents(len(want) - 1, len(want))[0]
+        assert (last.record, last.token_start, last.token_end) == (699, len(want) - 2050, len(want))

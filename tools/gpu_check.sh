@@ -31,7 +31,7 @@ assert torch.cuda.is_available(), "no CUDA device visible"
 EOF
 
 echo "== 1/2 CUDA delivery test"
-"$PYTHON" -m pytest -q -rA -p no:cacheprovider tests/test_loader_cuda.py tests/test_torchtitan_gpu.py \
+"$PYTHON" -m pytest -q -rA -p no:cacheprovider tests/test_loader_cuda.py tests/test_loader_packing.py tests/test_torchtitan_gpu.py \
     tests/test_torchtitan_trainer.py tests/test_loader_process.py \
     tests/test_torchtitan.py::test_example_job_configs_select_the_zephon_loader
 

@@ -98,7 +98,8 @@ main() {
   # NOTE: -rfEs lists failures, errors and skip reasons; separate runs, so a
   # file that fails to import does not hide the others.
   local pytest=("$PYTHON" -m pytest -q -rfEs -p no:cacheprovider -o faulthandler_timeout=100)
-  step "2 pytest loader_cuda + device" 150 "${pytest[@]}" tests/test_loader_cuda.py tests/test_loader_device.py
+  step "2 pytest loader_cuda + device" 150 "${pytest[@]}" tests/test_loader_cuda.py tests/test_loader_device.py \
+    "tests/test_loader_packing.py::test_cuda_delivery_gives_the_cpu_outputs_with_host_scalars"
   step "2 pytest torchtitan gpu+trainer" 120 "${pytest[@]}" tests/test_torchtitan_gpu.py tests/test_torchtitan_trainer.py
   step "2 pytest loader_process" 90 "${pytest[@]}" tests/test_loader_process.py
   local bench=(bash -c 'bench "$@"' bench)

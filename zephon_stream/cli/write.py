@@ -7,6 +7,7 @@ import json
 import sys
 
 from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL
+from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,6 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         metavar="N",
         help="tokenizer processes (default: 1, in this process); with token inputs, compression threads",
+    )
+    parser.add_argument(
+        "--pool-min-input-bytes",
+        type=int,
+        default=DEFAULT_POOL_MIN_INPUT_BYTES,
+        metavar="N",
+        help="uncompressed local text inputs under N bytes in all (and the bytes tokenizer) tokenize in "
+        "this process whatever --workers says (default: 4 MiB; 0: always start the workers)",
     )
     parser.add_argument(
         "--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, metavar="N", help="tokens per block (default: 2**20+1)"
@@ -111,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         tokens_field=args.tokens_field,
         token_dtype=args.token_dtype,
         append_eos=args.append_eos,
+        pool_min_input_bytes=args.pool_min_input_bytes,
     )
     if args.json:
         print(json.dumps(summary.to_dict()))

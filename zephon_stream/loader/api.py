@@ -26,6 +26,7 @@ from zephon_stream.loader.feed import BatchFeed
 from zephon_stream.loader.layout import RankLayout, stream_shapes
 from zephon_stream.loader.layouts import LayoutBook, run_end_position
 from zephon_stream.loader.memory import MIB, MemoryBound
+from zephon_stream.loader.packing import PackingSpec
 from zephon_stream.loader.ring import SharedRing
 from zephon_stream.loader.schedule import Phase, resolve_phases, run_end_step
 from zephon_stream.loader.stats import LoaderStats, read_counters
@@ -47,7 +48,10 @@ class StreamingLoader:
     Iterating yields dicts of ``int64`` tensors: ``input``, ``labels`` and
     ``positions`` of shape ``[local_batch_size, seq_len]`` and
     ``sample_positions`` (the global position of each row) of shape
-    ``[local_batch_size]``.
+    ``[local_batch_size]``. With ``packing_outputs`` also ``segment_ids``,
+    ``document_lengths`` (``int32 [local_batch_size, seq_len]``),
+    ``cu_seqlens`` (``int32 [local_batch_size * seq_len + 1]``) and the
+    CPU scalars ``num_cu_seqlens`` and ``max_seqlen`` (docs/PACKING.md).
 
     With a ``schedule`` (a list of ``Phase``s, docs/ORDER.md "Schedules")
     each phase brings its own global batch, seq_len, lanes, window and
@@ -99,6 +103,13 @@ class StreamingLoader:
             this many whole epochs.
         epochs_stream: the stream ``max_epochs`` counts (default 0).
         end_after_phase: stop at the end of this phase of the schedule.
+        cross_document_targets: the label of each input EOS (whose next token
+            starts another document): ``"predict"`` (default: that token, the
+            plain shifted window) or ``"ignore"`` (-100, as TorchTitan's own
+            loader trains). Order and state are the same under both.
+        packing_outputs: also deliver each document's extent for packed
+            attention kernels (segment ids, ``cu_seqlens``, ``max_seqlen``,
+            document lengths); docs/PACKING.md.
 
     Raises:
         ConfigError: an impossible config, or one over ``max_memory_bytes``
@@ -133,6 +144,8 @@ class StreamingLoader:
         max_epochs: int | None = None,
         epochs_stream: int = 0,
         end_after_phase: int | None = None,
+        cross_document_targets: str = "predict",
+        packing_outputs: bool = False,
     ) -> None:
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         check_loader_args(
@@ -168,6 +181,7 @@ class StreamingLoader:
         self._sources: list[StreamSource] = []
         self._position = 0
         try:
+            self.packing = PackingSpec(cross_document_targets=cross_document_targets, outputs=packing_outputs)
             for index, stream in enumerate(self._streams):
                 self._sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options))
             self.device = resolve_device(device)
@@ -189,6 +203,7 @@ class StreamingLoader:
                 num_decode_threads=num_decode_threads,
                 helper_bytes=HELPER_PROCESS_BYTES if pipeline == "process" else 0,
                 schedule=self._schedule,
+                packing=self.packing,
             )
             self._feed = BatchFeed(
                 book=self._book, streams=self._streams, storage_options=storage_options, pipeline_mode=pipeline,

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from zephon_stream.loader.handback import SlotReturns
+from zephon_stream.loader.packing import host_scalars
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing
 from zephon_stream.loader.widen import widen
 
@@ -118,7 +119,7 @@ class CpuDelivery:
         self._arrays: list[dict[str, np.ndarray]] = []
         for index in range(ring.num_slots):
             slot = ring.slot(index)
-            self._arrays.append({**slot.wide, "sample_positions": slot.sample_positions})
+            self._arrays.append({**slot.wide, "sample_positions": slot.sample_positions, **slot.packing})
 
     def deliver(self, index: int) -> dict[str, torch.Tensor]:
         """The consumer's tensors for slot ``index``."""
@@ -213,6 +214,8 @@ class CudaDelivery:
         # a whole step's microbatches under gradient accumulation) gets copies
         # of the host keys, so the ring never runs dry under it.
         viewed = self._returns.add(index, copied=copied, host_keys=bool(self._host_keys))
+        if self._ring.layout.packing.outputs:
+            batch.update(host_scalars(self._ring.slot(index).packing))
         if self._host_keys:
             slot = self._ring.slot(index)
             for key in self._host_keys:

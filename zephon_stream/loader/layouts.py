@@ -16,6 +16,7 @@ import torch
 from zephon_stream.loader.device import ring_slots, ring_wide_keys
 from zephon_stream.loader.layout import RankLayout, build_order
 from zephon_stream.loader.memory import MemoryBound
+from zephon_stream.loader.packing import PackingSpec
 from zephon_stream.loader.ring import SharedRing, SlotLayout
 from zephon_stream.loader.schedule import local_batch_of, run_end_step
 from zephon_stream.loader.streams import StreamSource
@@ -37,6 +38,7 @@ class LayoutBook:
         prefetch_steps, num_fetch_threads, num_decode_threads: the pipeline's sizes.
         helper_bytes: the helper process's own footprint (0 without one).
         schedule: the schedule's order, or None.
+        packing: cross-document targets and document outputs of every slot.
     """
 
     sources: Sequence[StreamSource]
@@ -52,6 +54,7 @@ class LayoutBook:
     num_decode_threads: int
     helper_bytes: int
     schedule: ScheduleOrder | None = None
+    packing: PackingSpec = PackingSpec()
     phases: dict[int, RankLayout] = dataclasses.field(default_factory=dict)
 
     @property
@@ -62,7 +65,8 @@ class LayoutBook:
     def slot_layout(self, rows: int, seq_len: int) -> SlotLayout:
         """The ring slot of a batch of ``rows`` samples of ``seq_len``."""
         return SlotLayout(
-            rows=rows, seq_len=seq_len, token_dtype=self.token_dtype, wide_keys=ring_wide_keys(self.device, self.host_keys)
+            rows=rows, seq_len=seq_len, token_dtype=self.token_dtype, wide_keys=ring_wide_keys(self.device, self.host_keys),
+            packing=self.packing,
         )
 
     def _layout(self, order: GlobalOrder, global_batch: int, **phase) -> RankLayout:

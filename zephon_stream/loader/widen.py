@@ -15,6 +15,7 @@ import re
 
 import torch
 
+from zephon_stream.loader.packing import ignore_eos_targets, packing_tensors
 from zephon_stream.loader.ring import SlotLayout
 
 _TORCH_DTYPES = {"<u2": torch.uint16, "<u4": torch.uint32}
@@ -103,7 +104,9 @@ def document_positions(inputs: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
 
 def widen(raw: torch.Tensor, layout: SlotLayout) -> dict[str, torch.Tensor]:
     """``input``, ``labels``, ``positions`` and ``sample_positions`` (int64)
-    from a slot's first part, on ``raw``'s device.
+    from a slot's first part, on ``raw``'s device; labels of input EOS tokens
+    -100 under ``cross_document_targets="ignore"``, and the document outputs
+    when the layout holds them (loader/packing.py).
 
     Args:
         raw: ``uint8`` tensor of ``layout.device_bytes`` bytes.
@@ -115,9 +118,16 @@ def widen(raw: torch.Tensor, layout: SlotLayout) -> dict[str, torch.Tensor]:
     labels = torch.empty(shape, dtype=torch.int64, device=raw.device)
     copy_ids(inputs, tokens[:, :-1])
     copy_ids(labels, tokens[:, 1:])
-    return {
+    if layout.packing.ignore:
+        ignore_eos_targets(labels, inputs, eos)
+    batch = {
         "input": inputs,
         "labels": labels,
         "positions": document_positions(inputs, eos),
         "sample_positions": sample_positions,
     }
+    if layout.packing.outputs:
+        # NOTE: the producer wrote them on the host from its EOS scan; they
+        # crossed in the same transfer as the tokens.
+        batch.update(packing_tensors(raw, layout.offsets()["packing"], layout.rows, layout.seq_len))
+    return batch
