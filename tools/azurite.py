@@ -29,13 +29,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.server_process import (
-    ServerProcess,
-    answers_http,
-    exported_env,
-    free_ports,
-    wait_for_signal,
-)
+from tools.server_process import ServerProcess, answers_http, exported_env, free_ports, serve_until_signalled
 
 AZURITE_VERSION = "3.37.0"
 ACCOUNT_NAME = "devstoreaccount1"
@@ -262,20 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="data folder, kept (default: a temporary one, removed)")
     parser.add_argument("--container", action="append", default=[], help="container to create (repeatable)")
     args = parser.parse_args(argv)
-    try:
-        server = Azurite(data_dir=args.dir, port=args.port, containers=args.container).start()
-    except (FileNotFoundError, RuntimeError) as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    try:
-        print(f"Azurite blob on {server.endpoint_url}, pid {server.pid}, data in {server.data_dir}", flush=True)
-        for name, value in server.env().items():
-            print(f"export {name}='{value}'", flush=True)
-        wait_for_signal()
-    finally:
-        server.stop()
-    print("Azurite stopped", flush=True)
-    return 0
+    server = Azurite(data_dir=args.dir, port=args.port, containers=args.container)
+
+    def lines() -> list[str]:
+        head = f"Azurite blob on {server.endpoint_url}, pid {server.pid}, data in {server.data_dir}"
+        return [head, *(f"export {name}='{value}'" for name, value in server.env().items())]
+
+    return serve_until_signalled(server, name="Azurite", lines=lines)
 
 
 if __name__ == "__main__":

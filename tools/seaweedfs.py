@@ -32,14 +32,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.server_process import (
-    ServerProcess,
-    ServerStartError,
-    answers_http,
-    exported_env,
-    free_ports,
-    wait_for_signal,
-)
+from tools.server_process import ServerProcess, answers_http, exported_env, free_ports, serve_until_signalled
 
 ACCESS_KEY = "zephon-test-key"
 SECRET_KEY = "zephon-test-secret-value"
@@ -286,20 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="data folder, kept (default: a temporary one, removed)")
     parser.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
     args = parser.parse_args(argv)
-    try:
-        server = SeaweedFS(data_dir=args.dir, port=args.port, buckets=args.bucket).start()
-    except (FileNotFoundError, ServerStartError) as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    try:
-        print(f"SeaweedFS S3 on {server.endpoint_url}, pid {server.pid}, data in {server.data_dir}", flush=True)
-        for name, value in server.env().items():
-            print(f"export {name}={shlex.quote(value)}", flush=True)
-        wait_for_signal()
-    finally:
-        server.stop()
-    print("SeaweedFS stopped", flush=True)
-    return 0
+    server = SeaweedFS(data_dir=args.dir, port=args.port, buckets=args.bucket)
+
+    def lines() -> list[str]:
+        head = f"SeaweedFS S3 on {server.endpoint_url}, pid {server.pid}, data in {server.data_dir}"
+        return [head, *(f"export {name}={shlex.quote(value)}" for name, value in server.env().items())]
+
+    return serve_until_signalled(server, name="SeaweedFS", lines=lines)
 
 
 if __name__ == "__main__":

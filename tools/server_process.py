@@ -14,11 +14,13 @@ import os
 import signal
 import socket
 import subprocess as sp
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 from pathlib import Path
 
 START_TIMEOUT_S = 60.0
@@ -178,14 +180,31 @@ def answers_http(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def wait_for_signal() -> None:
-    """Block until SIGTERM or Ctrl-C (for a launcher's ``__main__``)."""
+def serve_until_signalled(server: Any, *, name: str, lines: Callable[[], Iterable[str]]) -> int:
+    """A launcher's ``__main__``: start ``server``, print ``lines()``, serve until
+    SIGTERM or Ctrl-C, stop it. Returns the exit code (1: it could not start).
+
+    NOTE: SIGTERM is caught from before the start, so one sent as soon as the
+    lines appear still stops the server instead of orphaning it.
+    """
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        while not stop.wait(0.5):
+        try:
+            server.start()
+        except (FileNotFoundError, RuntimeError) as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        try:
+            for line in lines():
+                print(line, flush=True)
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
             pass
-    except KeyboardInterrupt:
-        pass
+        finally:
+            server.stop()
     finally:
         signal.signal(signal.SIGTERM, previous)
+    print(f"{name} stopped", flush=True)
+    return 0
