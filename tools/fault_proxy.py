@@ -51,6 +51,13 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = True
     proxy: "FaultProxy"
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # NOTE: a client that closes a connection mid-answer (a loader closing,
+        # a reader that got what it needed) is routine here, not a fault to print.
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
