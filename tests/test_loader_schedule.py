@@ -6,6 +6,8 @@ runs end where asked."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import numpy as np
 import torch
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 
 from loader_reference import DirectReader, run_step_hashes
 from zephon_stream import Phase, StreamingLoader
-from zephon_stream.errors import ConfigError, StateMismatchError
+from zephon_stream.errors import ConfigError, HelperProcessError, StateMismatchError
 
 # NOTE: the fixture datasets have 4097-token blocks: every seq_len here tiles them.
 SEQ_LENS = (64, 128, 256, 512)
@@ -273,3 +275,34 @@ def test_a_batch_kept_across_a_boundary_stays_valid_after_its_ring_is_replaced(u
         assert loader.ring is not ring and after[0]["input"].shape == (12, 128)
         for key in copy:
             assert torch.equal(kept[key], copy[key])
+
+
+FETCH_TOTALS = ("bytes_fetched", "blocks_fetched", "blocks_decoded", "cache_misses", "fetch_s", "decode_s",
+                "assemble_s", "steps", "samples")  # fmt: skip
+
+
+@pytest.mark.parametrize("pipeline", ["process", "threads"])
+def test_stats_count_the_whole_run_across_phases_and_a_restarted_helper(urls, pipeline):
+    seen = []
+    with StreamingLoader(urls, schedule=THREE_PHASES, pipeline=pipeline, num_fetch_threads=2) as loader:
+        for _ in range(10):
+            next(loader)
+            seen.append(loader.stats())
+        if pipeline == "process":
+            # NOTE: the helper is killed; a seek to where the run stands starts another.
+            state = loader.state_dict()
+            os.kill(loader.helper_pid, signal.SIGKILL)
+            with pytest.raises(HelperProcessError):
+                for _ in range(20):
+                    next(loader)
+            loader.load_state_dict(state)
+        for _ in range(3):
+            next(loader)
+            seen.append(loader.stats())
+    for key in FETCH_TOTALS:
+        values = [stats[key] for stats in seen]
+        assert values == sorted(values), (key, values)  # NOTE: totals never drop at a phase change
+    # NOTE: each phase reads blocks of its own; the run's total covers every phase's.
+    per_phase = [seen[3]["blocks_decoded"], seen[6]["blocks_decoded"], seen[9]["blocks_decoded"]]
+    assert 0 < per_phase[0] < per_phase[1] < per_phase[2] <= seen[-1]["blocks_decoded"]
+    assert seen[-1]["steps"] == 13 and seen[-1]["retries"] == 0

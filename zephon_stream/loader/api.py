@@ -391,13 +391,13 @@ class StreamingLoader:
     # -- counters and shutdown ---------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters since construction: steps, samples, stall time (the
-        consumer waiting) and their per-step averages; and, from the producer
-        since its last start or seek: bytes and blocks fetched and decoded,
-        cache hits and misses, retries, fetch/decode/assemble time, and the
-        block cache's current and peak bytes."""
-        ring = self._feed.ring if self._feed is not None else None
-        producer = read_counters(ring.counters) if ring is not None else {}
+        """Counters of the whole run since construction, across phase
+        boundaries, seeks and helper restarts: steps, samples, stall time
+        (the consumer waiting) and their per-step averages; bytes and blocks
+        fetched and decoded, cache hits and misses, retries, fetch/decode/
+        assemble time; and the block cache's current bytes, capacity and the
+        peak any producer run held."""
+        producer = self._feed.counters() if self._feed is not None else {}
         producer.pop("producer_steps", None)
         snapshot = self._stats.snapshot(
             memory_bound_bytes=self.memory_bound_bytes if self._layout is not None else 0,

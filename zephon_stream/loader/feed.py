@@ -21,6 +21,7 @@ from zephon_stream.loader.pipeline import EndOfData, ReadyStep, hand_back, reset
 from zephon_stream.loader.process import ProcessProducer
 from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
 from zephon_stream.loader.ring import SharedRing, SlotLayout
+from zephon_stream.loader.stats import RunTotals, read_counters
 from zephon_stream.loader.streams import Stream
 
 
@@ -56,6 +57,7 @@ class BatchFeed:
         self.ring: SharedRing | None = None
         self.delivery: CpuDelivery | CudaDelivery | None = None
         self.producer: ProcessProducer | ThreadProducer | None = None
+        self._totals = RunTotals()
         # NOTE: a helper started now loads its interpreter while the trainer
         # builds its model; the first producer run takes it (later runs, after
         # a seek or at a phase boundary, start their own).
@@ -126,6 +128,15 @@ class BatchFeed:
         if self.producer is not None:
             self.producer.close()
             self.producer = None
+            # NOTE: the producer is gone, so its counters are final; the next
+            # run on this ring publishes its own from zero.
+            self._totals.fold(read_counters(self.ring.counters))
+            self.ring.counters[:] = 0
+
+    def counters(self) -> dict[str, Any]:
+        """The producer counters of the whole run (loader/stats.py ``RunTotals``)."""
+        running = [read_counters(self.ring.counters)] if self.producer is not None else []
+        return self._totals.totals(running)
 
     def close(self) -> None:
         """Stop the producer; release the delivery and the ring (idempotent)."""

@@ -180,6 +180,9 @@ class Pipeline:
             num_fetch_threads=num_fetch_threads,
             num_decode_threads=num_decode_threads,
         )
+        # NOTE: the stores' retries and errors before this run: on threads
+        # the stores outlive a run, and each run publishes its own counts.
+        self._store_base = self._store_counts()
         self._first_need: dict[BlockKey, int] = {}
         # NOTE: the producer's own references to blocks it has already waited
         # for, released with the cache entry; spares a locked lookup per row.
@@ -273,14 +276,19 @@ class Pipeline:
     def _publish_counters(self, steps: int) -> None:
         # NOTE: every step, so keep it to one read of each lock (PRODUCER_KEYS order).
         values = self._stats.values(PIPELINE_KEYS)
+        retries, errors = self._store_counts()
+        resident, peak, forced = self._cache.counters()
+        values += (retries - self._store_base[0], errors - self._store_base[1], resident, peak,
+                   self._cache.capacity_bytes, forced, steps)  # fmt: skip
+        self._ring.counters[: len(values)] = values
+
+    def _store_counts(self) -> tuple[int, int]:
         retries = errors = 0
         for source in self._sources:
             store = source.store.stats()
             retries += store["retries"]
             errors += store["errors"]
-        resident, peak, forced = self._cache.counters()
-        values += (retries, errors, resident, peak, self._cache.capacity_bytes, forced, steps)
-        self._ring.counters[: len(values)] = values
+        return retries, errors
 
     def _put(self, item: Any) -> bool:
         if self._emit is not None:
