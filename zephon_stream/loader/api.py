@@ -185,6 +185,7 @@ class StreamingLoader:
                 num_fetch_threads=num_fetch_threads,
                 num_decode_threads=num_decode_threads,
                 helper_bytes=HELPER_PROCESS_BYTES if pipeline == "process" else 0,
+                handover=pipeline == "process" or self._schedule is not None,
                 schedule=self._schedule,
             )
             self._feed = BatchFeed(
@@ -193,7 +194,7 @@ class StreamingLoader:
             )
             if schedule is None:
                 self._layout = self._make_layout(lanes=lanes, window=window)
-                self._feed.open_ring(self._book.slot_layout(self.local_batch_size, self.seq_len))
+                self._feed.prepare_ring(self._book.slot_layout(self.local_batch_size, self.seq_len))
             else:
                 # NOTE: the memory bound is the most any phase this world size
                 # can read needs; a phase it cannot read is refused on entry.
@@ -202,6 +203,7 @@ class StreamingLoader:
                     self._book.for_phase(index).check_memory(max_memory_bytes)
                 if 0 in readable:
                     self._enter_phase(0)
+                    self._feed.prepare_ring(self._book.slot_layout(self.local_batch_size, self.seq_len))
             if audit_log is not None and self.rank == 0:
                 self._audit = AuditLog(audit_log, header=self._audit_header(), storage_options=storage_options)
         except BaseException:
@@ -216,15 +218,12 @@ class StreamingLoader:
         return layout
 
     def _enter_phase(self, index: int) -> None:
-        """Read phase ``index`` from now on: its layout, shapes and ring."""
-        if self._layout is not None and self._layout.phase == index and self._feed.ring is not None:
-            return
+        """Read phase ``index`` from now on: its layout and shapes."""
         layout = self._book.for_phase(index)
         self._layout = layout
         self.global_batch_size = layout.global_batch
         self.local_batch_size = layout.global_batch // self.world_size
         self.seq_len = layout.order.config.seq_len
-        self._feed.open_ring(self._book.slot_layout(self.local_batch_size, self.seq_len))
 
     @property
     def memory_bound_bytes(self) -> int:
@@ -334,6 +333,7 @@ class StreamingLoader:
             phase = self._schedule.phase_at_position(self._position).index
             if phase in self._book.readable_phases():
                 self._enter_phase(phase)  # NOTE: else refused, naming the phase, at the next step
+                self._feed.prepare_ring(self._book.slot_layout(self.local_batch_size, self.seq_len))
             return
         state = LoaderState.from_dict(dict(state_dict))
         lanes = state.lanes if self._explicit_lanes is None else self._explicit_lanes
@@ -357,17 +357,17 @@ class StreamingLoader:
             raise StopIteration
         feed = self._feed
         if feed.producer is None or self._position == self._layout.end_position:
-            # NOTE: one producer run per phase: at a boundary the next phase's
-            # producer starts with a ring laid out for its rows and seq_len.
-            feed.stop()
+            # NOTE: one producer run per phase, with a ring laid out for its
+            # rows and seq_len; the next phase's run was started ahead.
             if self._schedule is not None:
                 self._enter_phase(self._schedule.phase_at_position(self._position).index)
-            stops = [p for p in (end, self._layout.end_position) if p is not None]
-            num_steps = None if not stops else max(0, -(-(min(stops) - self._position) // self.global_batch_size))
-            feed.start(self._layout, start=self._position, start_step=self.step, num_steps=num_steps,
-                       hash_data=self._audit is not None)  # fmt: skip
+            if not feed.switch(self._position):
+                feed.stop()
+                feed.start(self._layout, **self._run_args(self._layout, self._position, end))
+        elif self._schedule is not None and feed.next_start is None:
+            self._start_next_phase_ahead(end)
         started = time.perf_counter()
-        ready, batch = feed.get()
+        ready, batch = feed.get(self._position)
         if batch is None:
             raise StopIteration
         stall_s = time.perf_counter() - started
@@ -377,6 +377,29 @@ class StreamingLoader:
         if self._audit is not None:
             self._audit.append(self._audit_record(ready.cursor, ready.data_sha256))
         return batch
+
+    def _run_args(self, layout: RankLayout, start: int, end: int | None) -> dict[str, Any]:
+        """The keywords of a producer run of ``layout`` from cursor ``start`` to its end or ``end``."""
+        stops = [p for p in (end, layout.end_position) if p is not None]
+        num_steps = None if not stops else max(0, -(-(min(stops) - start) // layout.global_batch))
+        more_runs = layout.end_position is not None and (end is None or layout.end_position < end)
+        return {"start": start, "start_step": self._book.step_of(start, layout), "num_steps": num_steps,
+                "hash_data": self._audit is not None, "more_runs": more_runs}  # fmt: skip
+
+    def _start_next_phase_ahead(self, end: int | None) -> None:
+        """Start the next phase's run once the cursor is within the feed's
+        lead of the boundary, so its first blocks are fetched and its ring
+        filled before the consumer gets there."""
+        boundary = self._layout.end_position
+        if boundary is None or (end is not None and boundary >= end):
+            return
+        if boundary - self._position > self._feed.lead_steps(self._layout) * self.global_batch_size:
+            return
+        index = self._schedule.phase_at_position(boundary).index
+        if index not in self._book.readable_phases():
+            return  # NOTE: refused, naming the phase, when the cursor gets there
+        layout = self._book.for_phase(index)
+        self._feed.start_ahead(layout, **self._run_args(layout, boundary, end))
 
     def _audit_record(self, cursor: int, data_sha256: str) -> dict[str, Any]:
         positions = np.arange(cursor, cursor + self.global_batch_size, dtype=np.int64)

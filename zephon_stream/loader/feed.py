@@ -1,14 +1,26 @@
-"""The trainer's side of one rank's batches: the ring, its delivery and the producer filling it.
+"""The trainer's side of one rank's batches: producer runs, each with its ring and delivery.
 
-A producer run reads one stretch of the order (a whole run, or one phase of
-a schedule) into a ring whose slot layout fits that stretch's batch shape.
-``BatchFeed`` starts and stops those runs and swaps the ring when the next
-stretch's shape differs; the loader (loader/api.py) decides where runs start
-and end.
+A producer run reads one stretch of the order (a whole run, one phase of a
+schedule, or what is left of either from a cursor on) into a ring whose slot
+layout fits that stretch's batch shape. ``BatchFeed`` starts runs, may start
+the next one ahead of the cursor it begins at (its first blocks fetched and
+its ring filled before the consumer gets there), and switches to it at that
+cursor; the loader (loader/api.py) decides where runs start and end.
+
+How a start stays off the interpreter's start-up (docs/ARCHITECTURE.md,
+"Starting fast"): with ``pipeline="process"`` a helper process is started
+when the feed is made and loads while the trainer works. A run that begins
+before a helper is ready begins on threads of this process; once the helper
+reports ready, it is given the rest of the run from a cursor some steps
+ahead, fills a ring of its own from there, and the feed switches to it at
+that cursor. The order is a pure function of the cursor, so the batches are
+the same whichever producer made them.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,16 +29,83 @@ import torch
 from zephon_stream.loader.device import CpuDelivery, CudaDelivery, make_delivery
 from zephon_stream.loader.layout import RankLayout
 from zephon_stream.loader.layouts import LayoutBook
-from zephon_stream.loader.pipeline import EndOfData, ReadyStep, hand_back, reset_returned
+from zephon_stream.loader.pipeline import EndOfData, ReadyStep, hand_back
 from zephon_stream.loader.process import ProcessProducer
 from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
 from zephon_stream.loader.ring import SharedRing, SlotLayout
 from zephon_stream.loader.stats import RunTotals, read_counters
 from zephon_stream.loader.streams import Stream
 
+# NOTE: how long before the cursor reaches it a run is started: long enough
+# for a producer to fetch and decode its first blocks (from S3 too) and fill
+# its ring; counted in the consumer's own steps, as timed.
+LEAD_S = 0.3
+_MAX_LEAD_STEPS = 4096
+
+
+class ProducerRun:
+    """One producer run: its ring, delivery and producer, and the cursors it covers.
+
+    Args:
+        ring: the run's own ring (overlapping runs never share one).
+        delivery: the ring's delivery.
+        producer: what fills the ring.
+        layout: the layout it reads.
+        start: the cursor of its first step.
+        end: the cursor it ends at, or None.
+        spec: the spec it was started with (a helper taking over reuses it).
+    """
+
+    def __init__(
+        self,
+        *,
+        ring: SharedRing,
+        delivery: CpuDelivery | CudaDelivery,
+        producer: ProcessProducer | ThreadProducer,
+        layout: RankLayout,
+        start: int,
+        end: int | None,
+        spec: ProducerSpec,
+    ) -> None:
+        self.ring = ring
+        self.delivery = delivery
+        self.producer = producer
+        self.layout = layout
+        self.start = start
+        self.end = end
+        self.spec = spec
+
+    @property
+    def in_helper(self) -> bool:
+        """Whether a helper process fills the ring."""
+        return isinstance(self.producer, ProcessProducer)
+
+    def get(self) -> tuple[ReadyStep | EndOfData, dict[str, torch.Tensor] | None]:
+        """The next step and its tensors (None at the end of the run)."""
+        for slot in self.delivery.reclaim():
+            hand_back(self.ring, slot)
+        ready = self.producer.get()
+        if isinstance(ready, EndOfData):
+            return ready, None
+        return ready, self.delivery.deliver(ready.slot)
+
+    def counters(self) -> dict[str, Any]:
+        """The producer's counters as last published."""
+        return read_counters(self.ring.counters)
+
+    def release(self) -> None:
+        """Release the delivery and the ring (CPU batches the consumer holds stay valid)."""
+        if self.delivery is not None and isinstance(self.delivery, CudaDelivery):
+            # NOTE: the consumer may still be copying host labels (views of
+            # the pinned ring) to the device with non_blocking=True; the ring
+            # is unregistered below. (Not run on a GPU yet.)
+            torch.cuda.synchronize(self.delivery.device)
+        self.delivery.close()
+        self.ring.close()
+
 
 class BatchFeed:
-    """Ring, delivery and producer of one rank.
+    """The producer runs of one rank.
 
     Args:
         book: the loader's layouts (device, host keys, ring slots, pipeline sizes).
@@ -45,49 +124,141 @@ class BatchFeed:
         pipeline_mode: str,
         helper_nice: int = 0,
     ) -> None:
-        self._device = book.device
-        self._host_keys = book.host_keys
-        self._num_slots = book.num_slots
+        self._book = book
         self._streams = tuple(streams)
         self._sources = list(book.sources)
         self._storage_options = storage_options
         self._pipeline_mode = pipeline_mode
         self._helper_nice = helper_nice
-        self._sizes = (book.prefetch_steps, book.num_fetch_threads, book.num_decode_threads)
-        self.ring: SharedRing | None = None
-        self.delivery: CpuDelivery | CudaDelivery | None = None
-        self.producer: ProcessProducer | ThreadProducer | None = None
+        self._run: ProducerRun | None = None
+        self._next: ProducerRun | None = None
+        self._spare_ring: SharedRing | None = None
+        self._exiting: list[ProcessProducer] = []
         self._totals = RunTotals()
+        self._last_get_s: float | None = None
+        self._step_s = 0.0
         # NOTE: a helper started now loads its interpreter while the trainer
-        # builds its model; the first producer run takes it (later runs, after
-        # a seek or at a phase boundary, start their own).
-        self._spare_helper = ProcessProducer() if pipeline_mode == "process" else None
+        # builds its model; runs started before it is ready begin on threads.
+        self._spare_helper = ProcessProducer(nice=helper_nice) if pipeline_mode == "process" else None
 
-    def open_ring(self, slot_layout: SlotLayout) -> None:
-        """Use a ring of ``slot_layout`` (a new one unless the current one has it).
+    # -- what the loader reads ---------------------------------------------------
 
-        CPU batches the consumer holds from a replaced ring stay valid: they
-        keep its mapping until they are dropped.
+    @property
+    def ring(self) -> SharedRing | None:
+        """The ring of the run in progress (before the first run: the one prepared for it)."""
+        return self._run.ring if self._run is not None else self._spare_ring
+
+    @property
+    def delivery(self) -> CpuDelivery | CudaDelivery | None:
+        """The delivery of the run in progress."""
+        return self._run.delivery if self._run is not None else None
+
+    @property
+    def producer(self) -> ProcessProducer | ThreadProducer | None:
+        """The producer of the run in progress, or None."""
+        return self._run.producer if self._run is not None else None
+
+    @property
+    def next_start(self) -> int | None:
+        """The cursor the run started ahead begins at, or None."""
+        return self._next.start if self._next is not None else None
+
+    def counters(self) -> dict[str, Any]:
+        """The producer counters of the whole run (loader/stats.py ``RunTotals``)."""
+        return self._totals.totals([run.counters() for run in (self._run, self._next) if run is not None])
+
+    def lead_steps(self, layout: RankLayout) -> int:
+        """Steps before its first cursor a run is started: ``LEAD_S`` of the
+        consumer's steps, and never fewer than the ring's slots."""
+        floor = self._book.num_slots + 2
+        if self._step_s <= 0:
+            return floor
+        return max(floor, min(_MAX_LEAD_STEPS, math.ceil(LEAD_S / self._step_s)))
+
+    # -- runs ------------------------------------------------------------------------
+
+    def prepare_ring(self, slot_layout: SlotLayout) -> None:
+        """Make the ring of the first run now (it is laid out by the loader's config)."""
+        if self._spare_ring is None or self._spare_ring.layout != slot_layout:
+            if self._spare_ring is not None:
+                self._spare_ring.close()
+            self._spare_ring = SharedRing.create(num_slots=self._book.num_slots, layout=slot_layout)
+
+    def start(self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None, hash_data: bool,
+              more_runs: bool = False) -> None:  # fmt: skip
+        """Start a run of ``num_steps`` steps of ``layout`` from cursor ``start``
+        (global step ``start_step``); ``more_runs``: another run follows this one."""
+        assert self._run is None and self._next is None
+        self._run = self._new_run(layout, start=start, start_step=start_step, num_steps=num_steps,
+                                  hash_data=hash_data, more_runs=more_runs)  # fmt: skip
+
+    def start_ahead(self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None,
+                    hash_data: bool, more_runs: bool = False) -> None:  # fmt: skip
+        """Start the run that follows the current one at cursor ``start`` now;
+        :meth:`switch` moves to it there."""
+        assert self._run is not None and self._next is None
+        self._next = self._new_run(layout, start=start, start_step=start_step, num_steps=num_steps,
+                                   hash_data=hash_data, more_runs=more_runs)  # fmt: skip
+
+    def switch(self, position: int) -> bool:
+        """Move to the run started ahead if it begins at ``position``; whether it did."""
+        if self._next is None or self._next.start != position:
+            return False
+        self._retire(self._run, wait=False)
+        self._run, self._next = self._next, None
+        return True
+
+    def get(self, position: int) -> tuple[ReadyStep | EndOfData, dict[str, torch.Tensor] | None]:
+        """The step at cursor ``position`` and its tensors (None at the end of the run).
+
+        Raises:
+            HelperProcessError: a helper died (the run's, or one starting).
         """
-        if self.ring is not None and self.ring.layout == slot_layout:
-            return
-        assert self.producer is None
-        if self.delivery is not None and self._device.type == "cuda":
-            # NOTE: the consumer may still be copying host labels (views of
-            # the pinned ring) to the device with non_blocking=True; the ring
-            # is unregistered below. Once per phase boundary, so the wait costs
-            # nothing per step. (Not run on a GPU yet.)
-            torch.cuda.synchronize(self._device)
-        self._release_ring()
-        self.ring = SharedRing.create(num_slots=self._num_slots, layout=slot_layout)
-        self.delivery = make_delivery(self._device, ring=self.ring, host_keys=self._host_keys)
+        run = self._run
+        assert run is not None
+        now = time.perf_counter()
+        if self._last_get_s is not None:
+            # NOTE: the consumer's step, smoothed; it sets how far ahead runs start.
+            self._step_s = 0.8 * self._step_s + 0.2 * (now - self._last_get_s) if self._step_s else now - self._last_get_s
+        self._last_get_s = now
+        if self._next is not None and position == self._next.start:
+            self.switch(position)
+            run = self._run
+        elif not run.in_helper and self._spare_helper is not None and self._next is None:
+            self._hand_over(run, position)
+        return run.get()
 
-    def start(
-        self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None, hash_data: bool
-    ) -> None:
-        """Start a producer run of ``num_steps`` steps of ``layout`` from cursor ``start`` (global step ``start_step``)."""
-        assert self.producer is None and self.ring is not None and self.delivery is not None
-        prefetch_steps, num_fetch_threads, num_decode_threads = self._sizes
+    def _hand_over(self, run: ProducerRun, position: int) -> None:
+        """A helper that has become ready takes the rest of a run on threads
+        from a cursor ahead of ``position``."""
+        if not self._spare_helper.ready():
+            return
+        batch = run.layout.global_batch
+        takeover = position + self.lead_steps(run.layout) * batch
+        if run.end is not None and takeover >= run.end:
+            return  # NOTE: this run ends first; the next run starts in the helper
+        spec = run.spec
+        num_steps = None if run.end is None else (run.end - takeover) // batch
+        start_step = spec.start_step + (takeover - spec.start) // batch
+        self._next = self._new_run(run.layout, start=takeover, start_step=start_step, num_steps=num_steps,
+                                   hash_data=spec.hash_data, more_runs=False)  # fmt: skip
+        run.producer.end_at((takeover - run.start) // batch)
+        run.end = takeover
+
+    def _new_run(self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None, hash_data: bool,
+                 more_runs: bool) -> ProducerRun:  # fmt: skip
+        book = self._book
+        slot_layout = book.slot_layout(layout.global_batch // book.world_size, layout.order.config.seq_len)
+        ring, self._spare_ring = self._spare_ring, None
+        if ring is None or ring.layout != slot_layout:
+            if ring is not None:
+                ring.close()
+            ring = SharedRing.create(num_slots=book.num_slots, layout=slot_layout)
+        try:
+            delivery = make_delivery(book.device, ring=ring, host_keys=book.host_keys)
+        except BaseException:
+            ring.close()
+            raise
         spec = ProducerSpec(
             layout=layout,
             streams=self._streams,
@@ -96,60 +267,69 @@ class BatchFeed:
             start=start,
             num_steps=num_steps,
             seq_len=layout.order.config.seq_len,
-            prefetch_steps=prefetch_steps,
-            num_fetch_threads=num_fetch_threads,
-            num_decode_threads=num_decode_threads,
+            prefetch_steps=book.prefetch_steps,
+            num_fetch_threads=book.num_fetch_threads,
+            num_decode_threads=book.num_decode_threads,
             hash_data=hash_data,
-            num_slots=self.ring.num_slots,
-            slot_layout=self.ring.layout,
+            num_slots=ring.num_slots,
+            slot_layout=ring.layout,
             start_step=start_step,
             helper_nice=self._helper_nice,
         )
-        reset_returned(self.ring, self.delivery.settle())
-        if self._pipeline_mode == "threads":
-            self.producer = ThreadProducer(spec, sources=self._sources, ring=self.ring)
-        else:
-            producer, self._spare_helper = self._spare_helper or ProcessProducer(), None
-            producer.start(spec, ring=self.ring)
-            self.producer = producer
+        ring.returned[:] = 1
+        end = None if num_steps is None else start + num_steps * layout.global_batch
+        try:
+            producer = self._producer(spec, ring, more_runs=more_runs)
+        except BaseException:
+            delivery.close()
+            ring.close()
+            raise
+        return ProducerRun(ring=ring, delivery=delivery, producer=producer, layout=layout, start=start, end=end,
+                           spec=spec)  # fmt: skip
 
-    def get(self) -> tuple[ReadyStep | EndOfData, dict[str, torch.Tensor] | None]:
-        """The next step and its tensors (None at the end of the run)."""
-        assert self.producer is not None and self.ring is not None and self.delivery is not None
-        for slot in self.delivery.reclaim():
-            hand_back(self.ring, slot)
-        ready = self.producer.get()
-        if isinstance(ready, EndOfData):
-            return ready, None
-        return ready, self.delivery.deliver(ready.slot)
+    def _producer(self, spec: ProducerSpec, ring: SharedRing, *, more_runs: bool) -> ProcessProducer | ThreadProducer:
+        helper = self._spare_helper
+        if helper is None or not helper.ready():
+            if self._pipeline_mode == "process" and helper is None:
+                self._spare_helper = ProcessProducer(nice=self._helper_nice)
+            return ThreadProducer(spec, sources=self._sources, ring=ring)
+        helper.start(spec, ring=ring)
+        # NOTE: the next run (a phase, a seek) gets a helper loaded meanwhile.
+        self._spare_helper = ProcessProducer(nice=self._helper_nice) if more_runs else None
+        return helper
+
+    def _retire(self, run: ProducerRun | None, *, wait: bool) -> None:
+        if run is None:
+            return
+        if isinstance(run.producer, ProcessProducer):
+            # NOTE: at a switch the helper is left to exit on its own (reaped
+            # later); the run's steps were all taken, so its counters are final.
+            run.producer.close(wait=wait)
+            if not wait:
+                self._exiting.append(run.producer)
+        else:
+            run.producer.close()
+        self._totals.fold(run.counters())
+        run.release()
+        self._exiting = [helper for helper in self._exiting if not helper.reaped()]
 
     def stop(self) -> None:
-        """Stop the producer run, if any (idempotent)."""
-        if self.producer is not None:
-            self.producer.close()
-            self.producer = None
-            # NOTE: the producer is gone, so its counters are final; the next
-            # run on this ring publishes its own from zero.
-            self._totals.fold(read_counters(self.ring.counters))
-            self.ring.counters[:] = 0
-
-    def counters(self) -> dict[str, Any]:
-        """The producer counters of the whole run (loader/stats.py ``RunTotals``)."""
-        running = [read_counters(self.ring.counters)] if self.producer is not None else []
-        return self._totals.totals(running)
+        """Stop every run, the one in progress and one started ahead (idempotent)."""
+        next_run, self._next = self._next, None
+        run, self._run = self._run, None
+        self._retire(next_run, wait=True)
+        self._retire(run, wait=True)
+        self._last_get_s = None
 
     def close(self) -> None:
-        """Stop the producer; release the delivery and the ring (idempotent)."""
+        """Stop every run and helper, waiting for each (idempotent)."""
         self.stop()
         if self._spare_helper is not None:
             self._spare_helper.close()
             self._spare_helper = None
-        self._release_ring()
-
-    def _release_ring(self) -> None:
-        if self.delivery is not None:
-            self.delivery.close()
-            self.delivery = None
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
+        for helper in self._exiting:
+            helper.close()
+        self._exiting = []
+        if self._spare_ring is not None:
+            self._spare_ring.close()
+            self._spare_ring = None

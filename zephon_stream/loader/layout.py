@@ -74,6 +74,7 @@ class RankLayout:
         num_decode_threads: concurrent decodes.
         ring_bytes: bytes of the batch ring.
         helper_bytes: the helper process's own footprint (0 without one).
+        handover: whether another run may overlap this one (memory bound).
         start_position: the cursor the order starts at (a phase's start; 0).
         end_position: the cursor it ends at (a phase's end; None).
         addresses: positions -> addresses (default: ``order.sample_at``).
@@ -93,6 +94,7 @@ class RankLayout:
         num_decode_threads: int,
         ring_bytes: int,
         helper_bytes: int,
+        handover: bool = False,
         start_position: int = 0,
         end_position: int | None = None,
         addresses: AddressFn | None = None,
@@ -138,6 +140,7 @@ class RankLayout:
             num_decode_threads=num_decode_threads,
             ring_bytes=ring_bytes,
             helper_bytes=helper_bytes,
+            handover=handover,
         )
 
     def _count_lanes_read(self) -> int:

@@ -36,6 +36,8 @@ class LayoutBook:
         token_dtype: the ring's token dtype (``<u2`` or ``<u4``).
         prefetch_steps, num_fetch_threads, num_decode_threads: the pipeline's sizes.
         helper_bytes: the helper process's own footprint (0 without one).
+        handover: whether producer runs may overlap (a helper taking over
+            from threads, or a phase's run started ahead).
         schedule: the schedule's order, or None.
     """
 
@@ -51,6 +53,7 @@ class LayoutBook:
     num_fetch_threads: int
     num_decode_threads: int
     helper_bytes: int
+    handover: bool = False
     schedule: ScheduleOrder | None = None
     phases: dict[int, RankLayout] = dataclasses.field(default_factory=dict)
 
@@ -78,6 +81,7 @@ class LayoutBook:
             num_decode_threads=self.num_decode_threads,
             ring_bytes=SharedRing.size_bytes(num_slots=self.num_slots, layout=slot),
             helper_bytes=self.helper_bytes,
+            handover=self.handover,
             **phase,
         )
 

@@ -172,6 +172,7 @@ class Pipeline:
         self._seq_len = seq_len
         self._hash_data = hash_data
         self._stop = threading.Event()
+        self._end_steps: int | None = None  # NOTE: set by end_at from the consumer's thread
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, prefetch_steps))
         self._emit = emit
         self._pool = FetchDecodePool(
@@ -201,6 +202,8 @@ class Pipeline:
         chunk = _FIRST_PLAN_STEPS
         try:
             while not self._stop.is_set():
+                if self._end_steps is not None:
+                    self._planner.limit(self._end_steps)
                 if self._planner.finished():
                     self._put(EndOfData())
                     return
@@ -305,6 +308,11 @@ class Pipeline:
         return False
 
     # -- consumer side --------------------------------------------------------
+
+    def end_at(self, num_steps: int) -> None:
+        """End the run after its first ``num_steps`` steps (another producer
+        takes over from there); steps past it may already be queued."""
+        self._end_steps = num_steps
 
     def get(self) -> ReadyStep | EndOfData:
         """The next step, waiting for it; re-raises a pipeline error in this thread.

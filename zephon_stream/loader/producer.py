@@ -128,6 +128,10 @@ class ThreadProducer:
         """The next ready step (raises the pipeline's error at the step it hit)."""
         return self._pipeline.get()
 
+    def end_at(self, num_steps: int) -> None:
+        """End the run after its first ``num_steps`` steps."""
+        self._pipeline.end_at(num_steps)
+
     def close(self) -> None:
         """Stop every pipeline thread and wait for them."""
         self._pipeline.close()
