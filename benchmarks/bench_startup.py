@@ -9,8 +9,11 @@ pipeline, ``pipeline="threads"``, is the baseline measured beside it):
   read by reading the whole object, so S3 figures are pessimistic);
   construction is reported beside it. Target: process <= 1.5 x threads + 30 ms
   (local), + 60 ms (S3).
-- phase boundary: the first step of a new phase (batch shape changed)
-  against the steady step of the same run. Target: <= steady + 40 ms.
+- phase boundary: ``next()`` at the first step of a new phase (batch shape
+  changed) against the steady ``next()`` of the same run, with the consumer
+  spending ``--step-ms`` per step (a trainer waiting on its device; a loop
+  that takes no time at all leaves the loader no time to prepare a phase).
+  Target: <= steady + 40 ms.
 - validator rebuild: TorchTitan's validator builds its dataloader anew at
   each validation; construct, first batch and close of
   ``ZephonEvalDataLoader`` over the same held-out data, after a first build.
@@ -62,7 +65,7 @@ def first_batch_figures(url: str, options: dict | None, args) -> dict[str, float
     return out
 
 
-def phase_boundary(url: str, pipeline: str, steps: int, boundary: int) -> dict[str, float]:
+def phase_boundary(url: str, pipeline: str, steps: int, boundary: int, step_s: float) -> dict[str, float]:
     schedule = [Phase(start_step=0, global_batch=8, seq_len=1024), Phase(start_step=boundary, global_batch=16, seq_len=512)]
     times = []
     with StreamingLoader(url, schedule=schedule, pipeline=pipeline) as loader:
@@ -70,6 +73,7 @@ def phase_boundary(url: str, pipeline: str, steps: int, boundary: int) -> dict[s
             started = time.perf_counter()
             next(loader)
             times.append(time.perf_counter() - started)
+            time.sleep(step_s)
     steady = statistics.median(times[boundary // 2 : boundary - 1] + times[boundary + 5 :])
     return {"boundary_ms": times[boundary] * 1e3, "steady_ms": steady * 1e3}
 
@@ -77,7 +81,8 @@ def phase_boundary(url: str, pipeline: str, steps: int, boundary: int) -> dict[s
 def phase_figures(url: str, args) -> dict[str, float]:
     out = {}
     for pipeline in PIPELINES:
-        trials = [phase_boundary(url, pipeline, args.phase_steps, args.boundary) for _ in range(args.trials)]
+        trials = [phase_boundary(url, pipeline, args.phase_steps, args.boundary, args.step_ms / 1e3)
+                  for _ in range(args.trials)]  # fmt: skip
         for key in ("boundary_ms", "steady_ms"):
             out[f"{pipeline}_{key}"] = statistics.median(t[key] for t in trials)
     return out
@@ -104,6 +109,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--phase-steps", type=int, default=120)
     parser.add_argument("--boundary", type=int, default=60)
+    parser.add_argument("--step-ms", type=float, default=5.0, help="the consumer's own time per step (phase figure)")
     parser.add_argument("--local-only", action="store_true", help="skip the S3 figures")
     args = parser.parse_args()
     figures: dict[str, object] = {"cpus": os.cpu_count(), "seq_len": args.seq_len, "local_batch": args.local_batch}

@@ -20,6 +20,7 @@ the same whichever producer made them.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -134,6 +135,10 @@ class BatchFeed:
         self._next: ProducerRun | None = None
         self._spare_ring: SharedRing | None = None
         self._exiting: list[ProcessProducer] = []
+        # NOTE: runs whose producer is being stopped off the consumer's thread
+        # (joining a run's threads can take tens of ms); counted and released
+        # by the consumer's thread once stopped.
+        self._retiring: list[tuple[threading.Thread, ProducerRun]] = []
         self._totals = RunTotals()
         self._last_get_s: float | None = None
         self._step_s = 0.0
@@ -165,7 +170,8 @@ class BatchFeed:
 
     def counters(self) -> dict[str, Any]:
         """The producer counters of the whole run (loader/stats.py ``RunTotals``)."""
-        return self._totals.totals([run.counters() for run in (self._run, self._next) if run is not None])
+        runs = [run for run in (self._run, self._next) if run is not None] + [run for _, run in self._retiring]
+        return self._totals.totals([run.counters() for run in runs])
 
     def lead_steps(self, layout: RankLayout) -> int:
         """Steps before its first cursor a run is started: ``LEAD_S`` of the
@@ -221,6 +227,8 @@ class BatchFeed:
             # NOTE: the consumer's step, smoothed; it sets how far ahead runs start.
             self._step_s = 0.8 * self._step_s + 0.2 * (now - self._last_get_s) if self._step_s else now - self._last_get_s
         self._last_get_s = now
+        if self._retiring or self._exiting:
+            self._settle_retired(wait=False)
         if self._next is not None and position == self._next.start:
             self.switch(position)
             run = self._run
@@ -299,18 +307,39 @@ class BatchFeed:
         return helper
 
     def _retire(self, run: ProducerRun | None, *, wait: bool) -> None:
+        """End ``run``; with ``wait=False`` its producer stops off this thread."""
+        self._settle_retired(wait=False)
         if run is None:
             return
-        if isinstance(run.producer, ProcessProducer):
-            # NOTE: at a switch the helper is left to exit on its own (reaped
-            # later); the run's steps were all taken, so its counters are final.
-            run.producer.close(wait=wait)
-            if not wait:
-                self._exiting.append(run.producer)
-        else:
+        if wait:
             run.producer.close()
+            self._end(run)
+        elif isinstance(run.producer, ProcessProducer):
+            # NOTE: the helper is left to exit on its own (reaped later); the
+            # run's steps were all taken, so its counters are final.
+            run.producer.close(wait=False)
+            self._exiting.append(run.producer)
+            self._end(run)
+        else:
+            stopper = threading.Thread(target=run.producer.close, name="zephon-retire", daemon=True)
+            stopper.start()
+            self._retiring.append((stopper, run))
+
+    def _end(self, run: ProducerRun) -> None:
         self._totals.fold(run.counters())
         run.release()
+
+    def _settle_retired(self, *, wait: bool) -> None:
+        """Count and release the runs whose producer has stopped (``wait``: all of them)."""
+        still = []
+        for stopper, run in self._retiring:
+            if wait:
+                stopper.join()
+            if stopper.is_alive():
+                still.append((stopper, run))
+            else:
+                self._end(run)
+        self._retiring = still
         self._exiting = [helper for helper in self._exiting if not helper.reaped()]
 
     def stop(self) -> None:
@@ -319,6 +348,7 @@ class BatchFeed:
         run, self._run = self._run, None
         self._retire(next_run, wait=True)
         self._retire(run, wait=True)
+        self._settle_retired(wait=True)
         self._last_get_s = None
 
     def close(self) -> None:
