@@ -342,8 +342,12 @@ class Pipeline:
         """
         self._stop.set()
         self._cache.close()
+        self._drain()  # NOTE: a producer blocked on a full queue sees the stop now, not at its next poll
         self._thread.join()
         self._pool.close()
+        self._drain()
+
+    def _drain(self) -> None:
         while True:
             try:
                 self._queue.get_nowait()

@@ -8,13 +8,15 @@ token dtype, EOS id and block byte ranges.
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from zephon_stream.errors import ConfigError
+from zephon_stream.errors import ConfigError, ObjectMissingError
 from zephon_stream.format.manifest import Manifest
+from zephon_stream.format.spec import MANIFEST_NAME
 from zephon_stream.loader.fetcher import BlockJob
 from zephon_stream.storage import open_store
 
@@ -49,6 +51,32 @@ def as_streams(streams: str | Stream | Sequence[str | Stream]) -> list[Stream]:
     return out
 
 
+# NOTE: manifests this process parsed, by store URL and bytes. A loader or an
+# evaluation pass built again over the same datasets (TorchTitan's validator
+# builds its dataloader anew at each validation) reads each manifest again
+# but parses and validates it once; the bytes must match, so a dataset
+# written again at the same place is parsed again. A Manifest is immutable.
+_PARSED_MANIFESTS: OrderedDict[tuple[str, bytes], Manifest] = OrderedDict()
+_MAX_PARSED_MANIFESTS = 16
+
+
+def read_manifest(store: Any) -> Manifest:
+    """The manifest of the dataset in ``store`` (see ``Manifest.read``),
+    parsed once per process for the same bytes."""
+    try:
+        data = store.read(MANIFEST_NAME)
+    except ObjectMissingError:
+        return Manifest.read(store)  # NOTE: raises the error naming the dataset that is not there
+    key = (store.url, data)
+    manifest = _PARSED_MANIFESTS.get(key)
+    if manifest is None:
+        manifest = Manifest.from_bytes(data, where=f"manifest {store.url.rstrip('/')}/{MANIFEST_NAME}")
+        _PARSED_MANIFESTS[key] = manifest
+        while len(_PARSED_MANIFESTS) > _MAX_PARSED_MANIFESTS:
+            _PARSED_MANIFESTS.popitem(last=False)
+    return manifest
+
+
 class StreamSource:
     """An open stream: store, manifest and block arithmetic.
 
@@ -67,7 +95,7 @@ class StreamSource:
         self.stream = stream
         self.store = open_store(stream.url, storage_options)
         try:
-            self.manifest = Manifest.read(self.store) if manifest is None else manifest
+            self.manifest = read_manifest(self.store) if manifest is None else manifest
         except BaseException:
             self.store.close()
             raise
