@@ -74,8 +74,10 @@ class ProcessProducer:
         try:
             self._process = subprocess.Popen(
                 # NOTE: the niceness is taken before the imports, so that a
-                # helper loading beside the trainer's first steps yields to them.
-                [sys.executable, "-c", _LAUNCH.format(nice=int(nice)), str(theirs.fileno())],
+                # helper loading beside the trainer's first steps yields to
+                # them; -P keeps the working directory off sys.path, so the
+                # helper imports the trainer's copy of zephon_stream.
+                [sys.executable, "-P", "-c", _LAUNCH.format(nice=int(nice)), str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 env=env,
