@@ -164,6 +164,8 @@ class StreamingLoader:
         self._closed = False
         self._sources: list[StreamSource] = []
         self._position = 0
+        self._end_for: RankLayout | None = None
+        self._end_position: int | None = None
         try:
             for index, stream in enumerate(self._streams):
                 self._sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options))
@@ -409,7 +411,10 @@ class StreamingLoader:
                 "local_batch_size": self.local_batch_size}  # fmt: skip
 
     def _run_end_position(self) -> int | None:
-        return run_end_position(self._book, self._layout, self._ends)
+        # NOTE: asked at every step; it changes only with the layout.
+        if self._end_for is not self._layout:
+            self._end_for, self._end_position = self._layout, run_end_position(self._book, self._layout, self._ends)
+        return self._end_position
 
     # -- counters and shutdown ---------------------------------------------------
 

@@ -41,6 +41,12 @@ _PLAN_CHUNK_STEPS = 512
 # NOTE: the first batch waits only for a few planned steps; the rest of the
 # horizon is planned while its blocks decode.
 _FIRST_PLAN_STEPS = 8
+# NOTE: the counters in the ring's header are written after each of the first
+# steps, then at most every _PUBLISH_EVERY_S, and once more when the producer
+# stops: at one small row a step, writing them every step cost a fifth of
+# the producer's time.
+_EAGER_PUBLISH_STEPS = 16
+_PUBLISH_EVERY_S = 0.005
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -173,6 +179,8 @@ class Pipeline:
         self._hash_data = hash_data
         self._stop = threading.Event()
         self._end_steps: int | None = None  # NOTE: set by end_at from the consumer's thread
+        self._published_at = 0.0
+        self._steps_done = 0
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, prefetch_steps))
         self._emit = emit
         self._pool = FetchDecodePool(
@@ -205,6 +213,7 @@ class Pipeline:
                 if self._end_steps is not None:
                     self._planner.limit(self._end_steps)
                 if self._planner.finished():
+                    self._publish_counters(self._steps_done)
                     self._put(EndOfData())
                     return
                 self._planner.extend(chunk)
@@ -220,9 +229,11 @@ class Pipeline:
                     self._first_need.pop(key, None)
                     self._resident.pop(key, None)
         except CacheClosedError:
-            return
+            pass
         except BaseException as exc:  # noqa: BLE001 - raised again in the consumer
             self._put(exc)
+        finally:
+            self._publish_counters(self._steps_done)
 
     def _issue_fetches(self) -> None:
         next_index = self._planner.next_index
@@ -269,7 +280,11 @@ class Pipeline:
         digest = self._digest(slot) if self._hash_data else ""
         hits = len(plan.keys) - (sum(plan.keys.count(key) for key in new_keys) if new_keys else 0)
         self._stats.add(cache_hits=hits, assemble_s=time.perf_counter() - started)
-        self._publish_counters(plan.index + 1)
+        self._steps_done = plan.index + 1
+        now = time.perf_counter()
+        if plan.index < _EAGER_PUBLISH_STEPS or now - self._published_at >= _PUBLISH_EVERY_S:
+            self._publish_counters(self._steps_done)
+            self._published_at = now
         return ReadyStep(index=plan.index, cursor=plan.cursor, slot=index, data_sha256=digest)
 
     def _digest(self, slot: Slot) -> str:
@@ -277,7 +292,7 @@ class Pipeline:
         return batch_sha256(slot.sample_positions, tokens[:, :-1], tokens[:, 1:])
 
     def _publish_counters(self, steps: int) -> None:
-        # NOTE: every step, so keep it to one read of each lock (PRODUCER_KEYS order).
+        # NOTE: often, so keep it to one read of each lock (PRODUCER_KEYS order).
         values = self._stats.values(PIPELINE_KEYS)
         retries, errors = self._store_counts()
         resident, peak, forced = self._cache.counters()
