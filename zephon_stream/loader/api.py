@@ -23,9 +23,9 @@ from zephon_stream.loader.args import PIPELINE_MODES, check_loader_args, resolve
 from zephon_stream.loader.audit import AuditLog, addresses_sha256
 from zephon_stream.loader.device import CpuDelivery, CudaDelivery, resolve_device
 from zephon_stream.loader.feed import BatchFeed
-from zephon_stream.loader.layout import RankLayout, stream_shapes
-from zephon_stream.loader.layouts import LayoutBook, run_end_position
 from zephon_stream.loader.memory import MIB, MemoryBound
+from zephon_stream.loader.phase_layouts import LayoutBook, run_end_position
+from zephon_stream.loader.rank_layout import RankLayout, stream_shapes
 from zephon_stream.loader.ring import SharedRing
 from zephon_stream.loader.schedule import Phase, resolve_phases, run_end_step
 from zephon_stream.loader.stats import LoaderStats, read_counters

@@ -28,11 +28,11 @@ from typing import Any
 import torch
 
 from zephon_stream.loader.device import CpuDelivery, CudaDelivery, make_delivery
-from zephon_stream.loader.layout import RankLayout
-from zephon_stream.loader.layouts import LayoutBook
+from zephon_stream.loader.phase_layouts import LayoutBook
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep, hand_back
 from zephon_stream.loader.process import ProcessProducer
 from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
+from zephon_stream.loader.rank_layout import RankLayout
 from zephon_stream.loader.ring import SharedRing, SlotLayout
 from zephon_stream.loader.stats import RunTotals, read_counters
 from zephon_stream.loader.streams import Stream

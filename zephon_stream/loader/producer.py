@@ -19,8 +19,8 @@ from typing import Any
 
 from zephon_stream.format.manifest import Manifest
 from zephon_stream.loader.cache import BlockCache
-from zephon_stream.loader.layout import RankLayout
 from zephon_stream.loader.pipeline import EndOfData, Pipeline, ReadyStep
+from zephon_stream.loader.rank_layout import RankLayout
 from zephon_stream.loader.ring import SharedRing, SlotLayout
 from zephon_stream.loader.stats import LoaderStats
 from zephon_stream.loader.streams import Stream, StreamSource

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import torch
 
 from zephon_stream.loader.device import ring_slots, ring_wide_keys
-from zephon_stream.loader.layout import RankLayout, build_order
 from zephon_stream.loader.memory import MemoryBound
+from zephon_stream.loader.rank_layout import RankLayout, build_order
 from zephon_stream.loader.ring import SharedRing, SlotLayout
 from zephon_stream.loader.schedule import local_batch_of, run_end_step
 from zephon_stream.loader.streams import StreamSource
