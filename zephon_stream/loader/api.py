@@ -25,11 +25,11 @@ from zephon_stream.loader.device import CpuDelivery, CudaDelivery, resolve_devic
 from zephon_stream.loader.feed import BatchFeed
 from zephon_stream.loader.memory import MIB, MemoryBound
 from zephon_stream.loader.phase_layouts import LayoutBook, run_end_position
-from zephon_stream.loader.rank_layout import RankLayout, stream_shapes
+from zephon_stream.loader.rank_layout import RankLayout
 from zephon_stream.loader.ring import SharedRing
-from zephon_stream.loader.schedule import Phase, resolve_phases, run_end_step
+from zephon_stream.loader.schedule import Phase, build_schedule
 from zephon_stream.loader.stats import LoaderStats, read_counters
-from zephon_stream.loader.streams import Stream, StreamSource, as_streams
+from zephon_stream.loader.streams import Stream, StreamSource, as_streams, open_sources
 from zephon_stream.plan import GlobalOrder, LoaderState, ScheduleOrder, ScheduleState
 
 __all__ = ["PIPELINE_MODES", "Phase", "Stream", "StreamingLoader"]
@@ -167,13 +167,12 @@ class StreamingLoader:
         self._end_for: RankLayout | None = None
         self._end_position: int | None = None
         try:
-            for index, stream in enumerate(self._streams):
-                self._sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options))
+            # NOTE: construction reads straight through, each stage handing
+            # its output on: streams -> phases -> layouts -> ring, delivery
+            # and helper (the feed).
+            self._sources = open_sources(self._streams, storage_options)
+            self._schedule = build_schedule(schedule, self._streams, self._sources, seed=seed, ends=self._ends)
             self.device = resolve_device(device)
-            if schedule is not None:
-                phases = resolve_phases(schedule, self._streams)
-                self._schedule = ScheduleOrder(stream_shapes(self._sources), phases, seed=seed)
-                run_end_step(self._schedule, **self._ends)  # NOTE: an end it cannot reach is refused now
             self._book = LayoutBook(
                 sources=self._sources,
                 weights=tuple(s.weight for s in self._streams),
@@ -190,22 +189,14 @@ class StreamingLoader:
                 handover=pipeline == "process" or self._schedule is not None,
                 schedule=self._schedule,
             )
+            first = self._book.first_layout(seq_len=seq_len, global_batch=self.global_batch_size, lanes=lanes,
+                                            window=window, max_memory_bytes=max_memory_bytes)  # fmt: skip
+            if first is not None:
+                self._use_layout(first)
             self._feed = BatchFeed(
                 book=self._book, streams=self._streams, storage_options=storage_options, pipeline_mode=pipeline,
-                helper_nice=helper_nice,
+                helper_nice=helper_nice, first_layout=first,
             )
-            if schedule is None:
-                self._layout = self._make_layout(lanes=lanes, window=window)
-                self._feed.prepare_ring(self._book.slot_layout(self.local_batch_size, self.seq_len))
-            else:
-                # NOTE: the memory bound is the most any phase this world size
-                # can read needs; a phase it cannot read is refused on entry.
-                readable = self._book.readable_phases()
-                for index in readable:
-                    self._book.for_phase(index).check_memory(max_memory_bytes)
-                if 0 in readable:
-                    self._enter_phase(0)
-                    self._feed.prepare_ring(self._book.slot_layout(self.local_batch_size, self.seq_len))
             if audit_log is not None and self.rank == 0:
                 self._audit = AuditLog(audit_log, header=self._audit_header(), storage_options=storage_options)
         except BaseException:
@@ -219,13 +210,16 @@ class StreamingLoader:
         layout.check_memory(self.max_memory_bytes)
         return layout
 
-    def _enter_phase(self, index: int) -> None:
-        """Read phase ``index`` from now on: its layout and shapes."""
-        layout = self._book.for_phase(index)
+    def _use_layout(self, layout: RankLayout) -> None:
+        """Read ``layout`` from now on (with a schedule: a phase's), with its shapes."""
         self._layout = layout
         self.global_batch_size = layout.global_batch
         self.local_batch_size = layout.global_batch // self.world_size
         self.seq_len = layout.order.config.seq_len
+
+    def _enter_phase(self, index: int) -> None:
+        """Read phase ``index`` from now on."""
+        self._use_layout(self._book.for_phase(index))
 
     @property
     def memory_bound_bytes(self) -> int:
@@ -335,7 +329,7 @@ class StreamingLoader:
             phase = self._schedule.phase_at_position(self._position).index
             if phase in self._book.readable_phases():
                 self._enter_phase(phase)  # NOTE: else refused, naming the phase, at the next step
-                self._feed.prepare_ring(self._book.slot_layout(self.local_batch_size, self.seq_len))
+                self._feed.prepare(self._layout)
             return
         state = LoaderState.from_dict(dict(state_dict))
         lanes = state.lanes if self._explicit_lanes is None else self._explicit_lanes
@@ -344,6 +338,7 @@ class StreamingLoader:
             self._layout = self._make_layout(lanes=lanes, window=window)
         state.validate(self._layout.order.state(0))
         self._feed.stop()
+        self._feed.prepare(self._layout)
         self._position = state.position
 
     # -- iteration -------------------------------------------------------------

@@ -24,10 +24,9 @@ from zephon_stream.loader.args import resolve_rank_world
 from zephon_stream.loader.cache import BlockCache
 from zephon_stream.loader.pipeline import EndOfData, Pipeline, hand_back, reset_returned
 from zephon_stream.loader.planner import Planner
-from zephon_stream.loader.rank_layout import stream_shapes
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
 from zephon_stream.loader.stats import LoaderStats
-from zephon_stream.loader.streams import Stream, StreamSource, as_streams
+from zephon_stream.loader.streams import Stream, StreamSource, as_streams, stream_shapes
 from zephon_stream.plan import EvalOrder
 
 IGNORE_INDEX = -100

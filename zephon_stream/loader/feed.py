@@ -33,7 +33,7 @@ from zephon_stream.loader.pipeline import EndOfData, ReadyStep, hand_back
 from zephon_stream.loader.process import ProcessProducer
 from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
 from zephon_stream.loader.rank_layout import RankLayout
-from zephon_stream.loader.ring import SharedRing, SlotLayout
+from zephon_stream.loader.ring import SharedRing
 from zephon_stream.loader.stats import RunTotals, read_counters
 from zephon_stream.loader.streams import Stream
 
@@ -114,6 +114,8 @@ class BatchFeed:
         storage_options: fsspec options (to the helper over its socket).
         pipeline_mode: ``"process"`` or ``"threads"``.
         helper_nice: niceness the helper process adds to itself.
+        first_layout: the layout the first run reads: its ring and delivery
+            are made now, then the helper is started.
     """
 
     def __init__(
@@ -124,6 +126,7 @@ class BatchFeed:
         storage_options: dict[str, Any] | None,
         pipeline_mode: str,
         helper_nice: int = 0,
+        first_layout: RankLayout | None = None,
     ) -> None:
         self._book = book
         self._streams = tuple(streams)
@@ -133,7 +136,8 @@ class BatchFeed:
         self._helper_nice = helper_nice
         self._run: ProducerRun | None = None
         self._next: ProducerRun | None = None
-        self._spare_ring: SharedRing | None = None
+        self._prepared: tuple[SharedRing, CpuDelivery | CudaDelivery] | None = None
+        self._spare_helper: ProcessProducer | None = None
         self._exiting: list[ProcessProducer] = []
         # NOTE: runs whose producer is being stopped off the consumer's thread
         # (joining a run's threads can take tens of ms); counted and released
@@ -142,6 +146,8 @@ class BatchFeed:
         self._totals = RunTotals()
         self._last_get_s: float | None = None
         self._step_s = 0.0
+        if first_layout is not None:
+            self.prepare(first_layout)
         # NOTE: a helper started now loads its interpreter while the trainer
         # builds its model; runs started before it is ready begin on threads.
         self._spare_helper = ProcessProducer(nice=helper_nice) if pipeline_mode == "process" else None
@@ -151,7 +157,9 @@ class BatchFeed:
     @property
     def ring(self) -> SharedRing | None:
         """The ring of the run in progress (before the first run: the one prepared for it)."""
-        return self._run.ring if self._run is not None else self._spare_ring
+        if self._run is not None:
+            return self._run.ring
+        return self._prepared[0] if self._prepared is not None else None
 
     @property
     def delivery(self) -> CpuDelivery | CudaDelivery | None:
@@ -183,12 +191,26 @@ class BatchFeed:
 
     # -- runs ------------------------------------------------------------------------
 
-    def prepare_ring(self, slot_layout: SlotLayout) -> None:
-        """Make the ring of the first run now (it is laid out by the loader's config)."""
-        if self._spare_ring is None or self._spare_ring.layout != slot_layout:
-            if self._spare_ring is not None:
-                self._spare_ring.close()
-            self._spare_ring = SharedRing.create(num_slots=self._book.num_slots, layout=slot_layout)
+    def prepare(self, layout: RankLayout) -> None:
+        """Make the ring and delivery of the next run, which reads ``layout``, now."""
+        slot_layout = self._book.slot_layout_of(layout)
+        if self._prepared is not None:
+            if self._prepared[0].layout == slot_layout:
+                return
+            self._release_prepared()
+        ring = SharedRing.create(num_slots=self._book.num_slots, layout=slot_layout)
+        try:
+            self._prepared = ring, make_delivery(self._book.device, ring=ring, host_keys=self._book.host_keys)
+        except BaseException:
+            ring.close()
+            raise
+
+    def _release_prepared(self) -> None:
+        if self._prepared is not None:
+            ring, delivery = self._prepared
+            self._prepared = None
+            delivery.close()
+            ring.close()
 
     def start(self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None, hash_data: bool,
               more_runs: bool = False) -> None:  # fmt: skip
@@ -256,17 +278,9 @@ class BatchFeed:
     def _new_run(self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None, hash_data: bool,
                  more_runs: bool) -> ProducerRun:  # fmt: skip
         book = self._book
-        slot_layout = book.slot_layout(layout.global_batch // book.world_size, layout.order.config.seq_len)
-        ring, self._spare_ring = self._spare_ring, None
-        if ring is None or ring.layout != slot_layout:
-            if ring is not None:
-                ring.close()
-            ring = SharedRing.create(num_slots=book.num_slots, layout=slot_layout)
-        try:
-            delivery = make_delivery(book.device, ring=ring, host_keys=book.host_keys)
-        except BaseException:
-            ring.close()
-            raise
+        self.prepare(layout)
+        assert self._prepared is not None
+        (ring, delivery), self._prepared = self._prepared, None
         spec = ProducerSpec(
             layout=layout,
             streams=self._streams,
@@ -360,6 +374,4 @@ class BatchFeed:
         for helper in self._exiting:
             helper.close()
         self._exiting = []
-        if self._spare_ring is not None:
-            self._spare_ring.close()
-            self._spare_ring = None
+        self._release_prepared()

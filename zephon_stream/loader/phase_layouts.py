@@ -62,6 +62,10 @@ class LayoutBook:
         """Slots of a ring."""
         return ring_slots(self.prefetch_steps)
 
+    def slot_layout_of(self, layout: RankLayout) -> SlotLayout:
+        """The ring slot of ``layout``'s batches."""
+        return self.slot_layout(layout.global_batch // self.world_size, layout.order.config.seq_len)
+
     def slot_layout(self, rows: int, seq_len: int) -> SlotLayout:
         """The ring slot of a batch of ``rows`` samples of ``seq_len``."""
         return SlotLayout(
@@ -118,6 +122,30 @@ class LayoutBook:
             )
             self.phases[index] = layout
         return layout
+
+    def first_layout(
+        self, *, seq_len: int | None, global_batch: int | None, lanes: int | None, window: int | None,
+        max_memory_bytes: int | None,
+    ) -> RankLayout | None:
+        """Every layout the loader may read, built and checked against
+        ``max_memory_bytes`` now; returns the one the cursor starts in (None:
+        a schedule whose first phase this world size cannot read, refused at
+        the first step).
+
+        NOTE: with a schedule the memory bound is the most any phase this
+        world size can read needs; a phase it cannot read is refused on entry.
+
+        Raises:
+            ConfigError: a layout over ``max_memory_bytes``.
+        """
+        if self.schedule is None:
+            layout = self.for_order(seq_len=seq_len, global_batch=global_batch, lanes=lanes, window=window)
+            layout.check_memory(max_memory_bytes)
+            return layout
+        readable = self.readable_phases()
+        for index in readable:
+            self.for_phase(index).check_memory(max_memory_bytes)
+        return self.for_phase(0) if 0 in readable else None
 
     def readable_phases(self) -> list[int]:
         """The phases whose global batch this world size divides."""

@@ -22,8 +22,8 @@ from zephon_stream.loader.memory import (
     window_spread,
 )
 from zephon_stream.loader.planner import Planner
-from zephon_stream.loader.streams import StreamSource
-from zephon_stream.plan import GlobalOrder, OrderConfig, StreamShape, rank_positions
+from zephon_stream.loader.streams import StreamSource, stream_shapes
+from zephon_stream.plan import GlobalOrder, OrderConfig, rank_positions
 
 # NOTE: positions -> (stream, block, sample): a GlobalOrder's or a
 # ScheduleOrder's ``sample_at`` (the latter knows a phase's epoch heads).
@@ -37,11 +37,6 @@ _MAX_PATTERNS = 4
 # spans tens of thousands of steps, and planning that far ahead costs memory
 # and time for nothing.
 _MAX_BLOCK_AHEAD_STEPS = 256
-
-
-def stream_shapes(sources: Sequence[StreamSource]) -> list[StreamShape]:
-    """The plan's shape of each open stream."""
-    return [StreamShape.from_counts(s.fingerprint, s.manifest.block_tokens, s.block_token_counts) for s in sources]
 
 
 def build_order(

@@ -18,6 +18,7 @@ from zephon_stream.errors import ConfigError, ObjectMissingError
 from zephon_stream.format.manifest import Manifest
 from zephon_stream.format.spec import MANIFEST_NAME
 from zephon_stream.loader.fetcher import BlockJob
+from zephon_stream.plan import StreamShape
 from zephon_stream.storage import open_store
 
 
@@ -149,3 +150,21 @@ class StreamSource:
     def close(self) -> None:
         """Close the store (connections, file handles)."""
         self.store.close()
+
+
+def open_sources(streams: Sequence[Stream], storage_options: dict[str, Any] | None) -> list[StreamSource]:
+    """Open every stream (its store and manifest), in order; none is left open on an error."""
+    sources: list[StreamSource] = []
+    try:
+        for index, stream in enumerate(streams):
+            sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options))
+    except BaseException:
+        for source in sources:
+            source.close()
+        raise
+    return sources
+
+
+def stream_shapes(sources: Sequence[StreamSource]) -> list[StreamShape]:
+    """The plan's shape of each open stream."""
+    return [StreamShape.from_counts(s.fingerprint, s.manifest.block_tokens, s.block_token_counts) for s in sources]
