@@ -197,7 +197,8 @@ def test_the_helper_imports_no_torch_and_fits_its_memory_allowance(small_dataset
 
 @pytest.mark.parametrize("pipeline", ["process", "threads"])
 def test_batches_are_views_of_the_ring_unless_the_consumer_hoards_them(small_dataset, pipeline):
-    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, pipeline=pipeline) as loader:
+    # NOTE: 64 rows of 128 tokens: one step a ring slot.
+    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=64, pipeline=pipeline) as loader:
         if pipeline == "process":
             steps_until_the_helper_serves(loader)  # NOTE: from here on, one ring
         low, high = loader.ring.address(), loader.ring.address() + loader.ring.nbytes
@@ -210,6 +211,25 @@ def test_batches_are_views_of_the_ring_unless_the_consumer_hoards_them(small_dat
             assert in_ring(batch)
         kept = [next(loader) for _ in range(6)]
         assert [in_ring(b) for b in kept] == [True, False, False, False, False, False]
+
+
+@pytest.mark.parametrize("pipeline", ["process", "threads"])
+def test_small_steps_share_a_slot_and_a_hoarding_consumer_still_gets_every_step(small_dataset, pipeline):
+    # NOTE: 4 rows of 128 tokens: 16 steps a slot, handed over as views; the
+    # slots a consumer keeps count as held batches.
+    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, pipeline=pipeline, seed=2) as loader:
+        if pipeline == "process":
+            steps_until_the_helper_serves(loader)
+        start = loader.position
+        low, high = loader.ring.address(), loader.ring.address() + loader.ring.nbytes
+        kept = [next(loader) for _ in range(80)]
+        views = [all(low <= t.data_ptr() < high for t in batch.values()) for batch in kept]
+        assert views[:16] == [True] * 16 and not any(views[48:])
+    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, pipeline="threads", seed=2) as reference:
+        reference.load_state_dict({**reference.state_dict(), "position": start})
+        for batch in kept:
+            expected = next(reference)
+            assert all(torch.equal(batch[key], expected[key]) for key in expected)
 
 
 def test_the_helper_runs_at_the_niceness_asked_for(small_dataset):

@@ -309,7 +309,7 @@ def test_stats_count_the_whole_run_across_phases_and_a_restarted_helper(urls, pi
             steps_at_the_kill = seen[-1]["steps"]
             os.kill(loader.helper_pid, signal.SIGKILL)
             with pytest.raises(HelperProcessError):
-                for _ in range(20):
+                for _ in range(10_000):
                     next(loader)  # NOTE: steps it finished before it died may still come
                     taken += 1
             loader.load_state_dict(state)

@@ -187,6 +187,7 @@ class StreamingLoader:
                 num_decode_threads=num_decode_threads,
                 helper_bytes=HELPER_PROCESS_BYTES if pipeline == "process" else 0,
                 handover=pipeline == "process" or self._schedule is not None,
+                share_slots=audit_log is None or self.rank != 0,
                 schedule=self._schedule,
             )
             first = self._book.first_layout(seq_len=seq_len, global_batch=self.global_batch_size, lanes=lanes,

@@ -19,6 +19,7 @@ the same whichever producer made them.
 
 from __future__ import annotations
 
+import collections
 import math
 import threading
 import time
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 
+from zephon_stream.errors import HelperProcessError
 from zephon_stream.loader.device import CpuDelivery, CudaDelivery, make_delivery
 from zephon_stream.loader.phase_layouts import LayoutBook
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep, hand_back
@@ -75,6 +77,8 @@ class ProducerRun:
         self.start = start
         self.end = end
         self.spec = spec
+        self._rows = spec.slot_layout.rows // spec.steps_per_slot
+        self._pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]] = collections.deque()
 
     @property
     def in_helper(self) -> bool:
@@ -83,12 +87,32 @@ class ProducerRun:
 
     def get(self) -> tuple[ReadyStep | EndOfData, dict[str, torch.Tensor] | None]:
         """The next step and its tensors (None at the end of the run)."""
+        if self._pending:
+            ready, batch = self._pending.popleft()
+            if isinstance(self.producer, ProcessProducer):
+                self.producer.check_alive(ready.cursor)
+            return ready, batch
         for slot in self.delivery.reclaim():
             hand_back(self.ring, slot)
         ready = self.producer.get()
         if isinstance(ready, EndOfData):
             return ready, None
-        return ready, self.delivery.deliver(ready.slot)
+        batch = self.delivery.deliver(ready.slot)
+        per_slot = self.spec.steps_per_slot
+        if per_slot == 1:
+            return ready, batch
+        # NOTE: the slot holds consecutive steps, rows in step order; each is
+        # handed over as views of the slot's tensors, which keep the slot
+        # held until the last of them is dropped.
+        rows, step_batch = self._rows, self.layout.global_batch
+        for k in range(1, per_slot):
+            if self.end is not None and ready.cursor + k * step_batch >= self.end:
+                break  # NOTE: the run's last slot: rows past its end are not steps
+            part = {key: tensor[k * rows : (k + 1) * rows] for key, tensor in batch.items()}
+            self._pending.append((ReadyStep(index=ready.index * per_slot + k, cursor=ready.cursor + k * step_batch,
+                                            slot=ready.slot, data_sha256=""), part))  # fmt: skip
+        first = {key: tensor[:rows] for key, tensor in batch.items()}
+        return ready, first
 
     def counters(self) -> dict[str, Any]:
         """The producer's counters as last published."""
@@ -191,9 +215,12 @@ class BatchFeed:
 
     # -- runs ------------------------------------------------------------------------
 
-    def prepare(self, layout: RankLayout) -> None:
-        """Make the ring and delivery of the next run, which reads ``layout``, now."""
-        slot_layout = self._book.slot_layout_of(layout)
+    def prepare(self, layout: RankLayout, *, steps_per_slot: int | None = None) -> None:
+        """Make the ring and delivery of the next run, which reads ``layout``
+        (``steps_per_slot`` steps a slot, by default the book's), now."""
+        per_slot = self._book.steps_per_slot(layout) if steps_per_slot is None else steps_per_slot
+        rows = layout.global_batch // self._book.world_size
+        slot_layout = self._book.slot_layout(rows * per_slot, layout.order.config.seq_len)
         if self._prepared is not None:
             if self._prepared[0].layout == slot_layout:
                 return
@@ -254,31 +281,52 @@ class BatchFeed:
         if self._next is not None and position == self._next.start:
             self.switch(position)
             run = self._run
-        elif not run.in_helper and self._spare_helper is not None and self._next is None:
+        elif self._next is None and not run.in_helper and self._spare_helper is not None:
             self._hand_over(run, position)
-        return run.get()
+        try:
+            return run.get()
+        except HelperProcessError:
+            raise
+        except Exception:
+            if run.spec.steps_per_slot == 1:
+                raise
+        # NOTE: a slot of several steps failed as a whole (a corrupt block,
+        # storage that stayed down). Its steps are read again one a slot, so
+        # the good ones come and the error is raised at the step that needed
+        # the block, as always.
+        batch = run.layout.global_batch
+        self._run = self._new_run(run.layout, start=position, start_step=run.spec.start_step + (position - run.start) // batch,
+                                  num_steps=None if run.end is None else (run.end - position) // batch,
+                                  hash_data=run.spec.hash_data, more_runs=False, steps_per_slot=1)  # fmt: skip
+        self._retire(run, wait=True)
+        return self._run.get()
 
     def _hand_over(self, run: ProducerRun, position: int) -> None:
         """A helper that has become ready takes the rest of a run on threads
         from a cursor ahead of ``position``."""
         if not self._spare_helper.ready():
             return
-        batch = run.layout.global_batch
-        takeover = position + self.lead_steps(run.layout) * batch
-        if run.end is not None and takeover >= run.end:
+        batch, slot_batch = run.layout.global_batch, run.spec.slot_batch
+        ahead = position + self.lead_steps(run.layout) * batch - run.start
+        takeover = run.start + -(-ahead // slot_batch) * slot_batch  # NOTE: at a slot boundary of the run
+        end = run.end
+        if end is not None and takeover >= end:
             return  # NOTE: this run ends first; the next run starts in the helper
         spec = run.spec
-        num_steps = None if run.end is None else (run.end - takeover) // batch
+        num_steps = None if end is None else (end - takeover) // batch
         start_step = spec.start_step + (takeover - spec.start) // batch
         self._next = self._new_run(run.layout, start=takeover, start_step=start_step, num_steps=num_steps,
                                    hash_data=spec.hash_data, more_runs=False)  # fmt: skip
-        run.producer.end_at((takeover - run.start) // batch)
+        run.producer.end_at((takeover - run.start) // slot_batch)
         run.end = takeover
 
     def _new_run(self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None, hash_data: bool,
-                 more_runs: bool) -> ProducerRun:  # fmt: skip
+                 more_runs: bool, steps_per_slot: int | None = None) -> ProducerRun:  # fmt: skip
         book = self._book
-        self.prepare(layout)
+        per_slot = 1 if hash_data else book.steps_per_slot(layout) if steps_per_slot is None else steps_per_slot
+        if num_steps is not None:
+            per_slot = max(1, min(per_slot, num_steps))
+        self.prepare(layout, steps_per_slot=per_slot)
         assert self._prepared is not None
         (ring, delivery), self._prepared = self._prepared, None
         spec = ProducerSpec(
@@ -297,6 +345,7 @@ class BatchFeed:
             slot_layout=ring.layout,
             start_step=start_step,
             helper_nice=self._helper_nice,
+            steps_per_slot=per_slot,
         )
         ring.returned[:] = 1
         end = None if num_steps is None else start + num_steps * layout.global_batch

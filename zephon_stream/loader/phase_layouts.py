@@ -21,6 +21,12 @@ from zephon_stream.loader.schedule import local_batch_of, run_end_step
 from zephon_stream.loader.streams import StreamSource
 from zephon_stream.plan import GlobalOrder, ScheduleOrder
 
+# NOTE: a step of few tokens costs the producer and the trainer about as much
+# Python as a large one; below this many tokens a step, several consecutive
+# steps share one ring slot (one assembly, one message), up to the cap.
+SLOT_TOKENS = 8192
+MAX_STEPS_PER_SLOT = 16
+
 
 @dataclasses.dataclass(slots=True, kw_only=True)
 class LayoutBook:
@@ -38,6 +44,8 @@ class LayoutBook:
         helper_bytes: the helper process's own footprint (0 without one).
         handover: whether producer runs may overlap (a helper taking over
             from threads, or a phase's run started ahead).
+        share_slots: whether consecutive small steps may share a ring slot
+            (not with CUDA delivery or an audit log, which take one step a slot).
         schedule: the schedule's order, or None.
     """
 
@@ -54,6 +62,7 @@ class LayoutBook:
     num_decode_threads: int
     helper_bytes: int
     handover: bool = False
+    share_slots: bool = True
     schedule: ScheduleOrder | None = None
     phases: dict[int, RankLayout] = dataclasses.field(default_factory=dict)
 
@@ -62,9 +71,19 @@ class LayoutBook:
         """Slots of a ring."""
         return ring_slots(self.prefetch_steps)
 
+    def steps_per_slot(self, layout: RankLayout) -> int:
+        """Consecutive steps of ``layout`` one ring slot holds."""
+        return self._steps_per_slot(layout.global_batch // self.world_size, layout.order.config.seq_len)
+
+    def _steps_per_slot(self, rows: int, seq_len: int) -> int:
+        if not self.share_slots or self.device.type != "cpu":
+            return 1
+        return max(1, min(MAX_STEPS_PER_SLOT, SLOT_TOKENS // (rows * seq_len)))
+
     def slot_layout_of(self, layout: RankLayout) -> SlotLayout:
-        """The ring slot of ``layout``'s batches."""
-        return self.slot_layout(layout.global_batch // self.world_size, layout.order.config.seq_len)
+        """The ring slot of ``layout``'s batches (``steps_per_slot`` steps of them)."""
+        rows = layout.global_batch // self.world_size
+        return self.slot_layout(rows * self.steps_per_slot(layout), layout.order.config.seq_len)
 
     def slot_layout(self, rows: int, seq_len: int) -> SlotLayout:
         """The ring slot of a batch of ``rows`` samples of ``seq_len``."""
@@ -73,7 +92,9 @@ class LayoutBook:
         )
 
     def _layout(self, order: GlobalOrder, global_batch: int, **phase) -> RankLayout:
-        slot = self.slot_layout(global_batch // self.world_size, order.config.seq_len)
+        rows, seq_len = global_batch // self.world_size, order.config.seq_len
+        per_slot = self._steps_per_slot(rows, seq_len)
+        slot = self.slot_layout(rows * per_slot, seq_len)
         return RankLayout(
             sources=self.sources,
             order=order,
@@ -86,6 +107,7 @@ class LayoutBook:
             ring_bytes=SharedRing.size_bytes(num_slots=self.num_slots, layout=slot),
             helper_bytes=self.helper_bytes,
             handover=self.handover,
+            steps_per_slot=per_slot,
             **phase,
         )
 

@@ -62,7 +62,7 @@ class ProcessProducer:
 
     def __init__(self, *, nice: int = 0) -> None:
         self._next_cursor = self._start = self._start_step = 0
-        self._global_batch = 1
+        self._global_batch = self._slot_batch = 1
         self._error: BaseException | None = None
         self._ended = False
         self._started = False
@@ -113,7 +113,7 @@ class ProcessProducer:
         self._started = True
         self._next_cursor = spec.start
         self._start, self._start_step = spec.start, spec.start_step
-        self._global_batch = spec.layout.global_batch
+        self._global_batch, self._slot_batch = spec.layout.global_batch, spec.slot_batch
         try:
             self._conn.send(spec)
             sendfds(self._socket, [ring.fd])
@@ -139,6 +139,16 @@ class ProcessProducer:
             "no batch was taken from a slot it had not finished"
         )
         raise self._error
+
+    def check_alive(self, cursor: int) -> None:
+        """Raise if the helper is gone, naming the step at ``cursor`` as due
+        (a step of a slot already taken: a dead helper raises at the next
+        step all the same)."""
+        if self._error is not None:
+            raise self._error
+        if self._process.poll() is not None:
+            step = self._start_step + (cursor - self._start) // self._global_batch
+            self._fail(f"while step {step} (global cursor {cursor}) was due")
 
     def get(self) -> ReadyStep | EndOfData:
         """The next step the helper finished, waiting for it.
@@ -168,7 +178,7 @@ class ProcessProducer:
         except (EOFError, OSError):
             self._fail(due)
         if isinstance(item, ReadyStep):
-            self._next_cursor = item.cursor + self._global_batch
+            self._next_cursor = item.cursor + self._slot_batch
             return item
         if isinstance(item, EndOfData):
             self._ended = True

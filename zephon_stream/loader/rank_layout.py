@@ -74,6 +74,9 @@ class RankLayout:
         end_position: the cursor it ends at (a phase's end; None).
         addresses: positions -> addresses (default: ``order.sample_at``).
         phase: the phase index (0 without a schedule).
+        steps_per_slot: consecutive steps a producer plans, fetches and
+            assembles as one (a ring slot's worth); its fetch horizon then
+            reaches up to ``2 * (steps_per_slot - 1)`` steps further.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class RankLayout:
         end_position: int | None = None,
         addresses: AddressFn | None = None,
         phase: int = 0,
+        steps_per_slot: int = 1,
     ) -> None:
         self.order = order
         self.start_position = start_position
@@ -127,7 +131,7 @@ class RankLayout:
                 samples_per_block=self.samples_per_block,
                 lanes=lanes,
                 global_batch=global_batch,
-                fetch_steps=self.fetch_steps,
+                fetch_steps=self.fetch_steps + 2 * (steps_per_slot - 1),
             ),
             block_bytes=max(s.full_block_bytes for s in sources),
             max_compressed_block_bytes=max(s.max_compressed_block_bytes for s in sources),
