@@ -6,9 +6,16 @@ pre-tokenized samples (``seq_len + 1`` tokens each, read back from that
 dataset): the peers from the token rows in memory, zephon_stream from the
 same rows saved as a ``.npy`` with an offsets file (one document per row,
 ``--input-format tokens --append-eos``, one compression worker), read from
-disk. Conversion tokens/s counts the rows' tokens for every library (target:
-zephon over MosaicML's ``MDSWriter`` >= 1.0); the text conversion
-(tokenizing included) is reported beside it. Then one process reads a fixed number of
+disk. MosaicML's ``MDSWriter`` writes them twice: with a fixed-shape column
+(``ndarray:uint16:<seq_len+1>``, as a careful user declares rows of one
+length) and with a variable one (``ndarray:uint16``). Conversion tokens/s
+counts the rows' tokens for every library; zephon_stream and both MDS
+columns run ``--trials`` times in paired trials (the order rotates), and each
+ratio is reported as the median and range of its per-trial ratios (target:
+zephon over the fixed-shape ``MDSWriter`` >= 1.0 at 8 M and 30 M tokens:
+``--max-bytes 8e6 --seq-len 2048`` and ``--max-bytes 30e6 --seq-len 2048``).
+LitData converts once. The text conversion (tokenizing included) is
+reported beside them. Then one process reads a fixed number of
 samples, shuffled, from local disk and from a moto S3 server on loopback,
 and we report tokens/s and ratios. The resume check reads global batches at
 one rank, then at two ranks, saves the state, and goes on at three ranks from
@@ -38,7 +45,9 @@ import importlib.util
 import json
 import os
 import pathlib
+import resource
 import shutil
+import statistics
 import sys
 import sysconfig
 import tempfile
@@ -65,6 +74,12 @@ def corpus_files(max_bytes: int) -> list[str]:
         files.append(str(path))
         total += size
     return files
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process so far, every thread included."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -165,14 +180,19 @@ def import_mosaic() -> Any:
     return base
 
 
-def zephon_convert_tokens(samples_path: str, out: str) -> float:
-    """Seconds to write the sample rows (one document each) from a ``.npy`` + offsets file."""
-    from zephon_stream import write_dataset
-
+def zephon_token_input(samples_path: str) -> str:
+    """The sample rows as zephon_stream's token input: a flat ``.npy`` and its offsets (one document a row)."""
     rows, width = np.load(samples_path, mmap_mode="r").shape
     flat_path = samples_path.replace(".npy", "-flat.npy")
     np.save(flat_path, np.load(samples_path).reshape(-1))
     np.save(flat_path.replace(".npy", ".offsets.npy"), np.arange(rows + 1, dtype=np.int64) * width)
+    return flat_path
+
+
+def zephon_convert_tokens(flat_path: str, rows: int, out: str) -> float:
+    """Seconds to write the sample rows (one document each) from a ``.npy`` + offsets file."""
+    from zephon_stream import write_dataset
+
     seconds, summary = timed(
         lambda: write_dataset(flat_path, out, tokenizer="bytes", input_format="tokens", append_eos=True, workers=1,
                               blocks_per_shard=16, progress=False, overwrite=True)
@@ -181,16 +201,62 @@ def zephon_convert_tokens(samples_path: str, out: str) -> float:
     return seconds
 
 
-def mosaic_convert(samples: np.ndarray, out: str) -> float:
+def mosaic_convert(samples: np.ndarray, out: str, column: str = "ndarray:uint16") -> float:
+    """Seconds for ``MDSWriter`` to write the rows into an empty ``out`` with the ``column`` encoding."""
     base = import_mosaic()
+    shutil.rmtree(out, ignore_errors=True)
 
     def run() -> None:
-        with base.MDSWriter(columns={"tokens": "ndarray:uint16"}, out=out, compression="zstd", size_limit=64 * 2**20) as writer:
+        with base.MDSWriter(columns={"tokens": column}, out=out, compression="zstd", size_limit=64 * 2**20) as writer:
             for row in samples:
                 writer.write({"tokens": row})
 
     seconds, _ = timed(run)
     return seconds
+
+
+def paired_conversions(runs: dict[str, Callable[[], float]], trials: int, results: dict[str, Any]) -> None:
+    """Run each conversion ``trials`` times, rotating the order; record every trial's seconds
+    and this process's CPU seconds (all its threads) beside them.
+
+    A conversion that fails is recorded once and left out of later trials.
+    """
+    names = list(runs)
+    for trial in range(trials):
+        order = names[trial % len(names) :] + names[: trial % len(names)]
+        for name in order:
+            if results.get("errors", {}).get(name):
+                continue
+            cpu = cpu_seconds()
+            seconds = attempt(results, name, runs[name], quiet=True)
+            if seconds is not None:
+                results.setdefault(f"{name}_trials", []).append(seconds)
+                results.setdefault(f"{name}_cpu_trials", []).append(cpu_seconds() - cpu)
+        done = [f"{n} {results[n]:.3f}s" for n in names if results.get(n) is not None]
+        print(f"trial {trial}: " + ", ".join(done))
+    for name in names:
+        if results.get(f"{name}_trials"):
+            results[name] = statistics.median(results[f"{name}_trials"])
+
+
+def report_ratio(results: dict[str, Any], mine: str, theirs: str, label: str, target: float | None) -> None:
+    """Median and range of the per-trial ratios ``theirs seconds / mine seconds`` (tokens/s ratio)."""
+    a, b = results.get(f"{mine}_trials"), results.get(f"{theirs}_trials")
+    if not a or not b:
+        return
+    ratios = [t / m for m, t in zip(a, b)]
+    key = f"ratio_zephon_over_{label}_convert"
+    results[key] = statistics.median(ratios)
+    results[f"{key}_range"] = [min(ratios), max(ratios)]
+    results[f"{key}_trials"] = ratios
+    verdict = "" if target is None else f" (target >= {target})"
+    print(f"ratio zephon/{label} conversion tokens/s, same token rows: median {results[key]:.2f}, "
+          f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} paired trials{verdict}")
+    # NOTE: on a shared machine wall time swings with others' load; CPU seconds per run much less.
+    cpu = [t / m for m, t in zip(results[f"{mine}_cpu_trials"], results[f"{theirs}_cpu_trials"])]
+    results[f"{key}_cpu"] = statistics.median(cpu)
+    print(f"  CPU seconds, {label} over zephon: median {statistics.median(cpu):.2f}, range {min(cpu):.2f}-{max(cpu):.2f}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
 def mosaic_read(remote: str | None, local: str, batch: int, num_samples: int) -> float:
@@ -355,7 +421,7 @@ def peer_resume(lib: str, data: str, seq_len: int, work: pathlib.Path, steps: in
 # -- driver ------------------------------------------------------------------
 
 
-def attempt(results: dict[str, Any], key: str, fn: Callable[[], Any]) -> Any:
+def attempt(results: dict[str, Any], key: str, fn: Callable[[], Any], quiet: bool = False) -> Any:
     """Run one measurement; a peer failure is recorded, not fatal."""
     try:
         value = fn()
@@ -365,7 +431,8 @@ def attempt(results: dict[str, Any], key: str, fn: Callable[[], Any]) -> Any:
         print(f"{key}: failed ({type(exc).__name__}: {str(exc)[:200]})")
         return None
     results[key] = value
-    print(f"{key}: {value:,.2f}" if isinstance(value, float) else f"{key}: {value}")
+    if not quiet:
+        print(f"{key}: {value:,.2f}" if isinstance(value, float) else f"{key}: {value}")
     return value
 
 
@@ -376,6 +443,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--read-samples", type=int, default=4096, help="samples each reader reads (default 4096)")
     parser.add_argument("--convert-only", action="store_true", help="only the conversions (no reads, no resume)")
+    parser.add_argument("--trials", type=int, default=5, help="paired trials of the token-row conversions (default 5)")
     parser.add_argument("--resume-worker", choices=("mosaic", "litdata"), help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=10, help=argparse.SUPPRESS)
@@ -404,31 +472,40 @@ def main() -> int:
         results["num_samples"] = int(samples.shape[0])
         print(f"corpus: {len(files)} files, {samples.shape[0]:,} samples of {args.seq_len}+1 tokens")
         mosaic_local = str(work / "mds")
+        mosaic_fixed = str(work / "mds-fixed")
         lit_local = str(work / "litdata")
-        attempt(results, "zephon_tokens_convert_s", lambda: zephon_convert_tokens(samples_path, str(work / "zephon-tokens")))
+        flat_path = zephon_token_input(samples_path)
+        runs = {"zephon_tokens_convert_s": lambda: zephon_convert_tokens(flat_path, len(samples), str(work / "zephon-tokens"))}
         try:
             import_mosaic()
         except ImportError as exc:
             print(f"MosaicML Streaming: skipped ({exc})")
             results.setdefault("skipped", {})["mosaic"] = str(exc)
-        attempt(results, "mosaic_convert_s", lambda: mosaic_convert(samples, mosaic_local))
+        else:
+            fixed_column = f"ndarray:uint16:{args.seq_len + 1}"
+            results["mosaic_fixed_column"] = fixed_column
+            runs["mosaic_fixed_convert_s"] = lambda: mosaic_convert(samples, mosaic_fixed, fixed_column)
+            runs["mosaic_convert_s"] = lambda: mosaic_convert(samples, mosaic_local)
+        paired_conversions(runs, args.trials, results)
         attempt(results, "litdata_convert_s", lambda: litdata_convert(samples_path, len(samples), lit_local))
 
-        for name, folder in (("zephon", zephon_local), ("mosaic", mosaic_local), ("litdata", lit_local)):
+        for name, folder in (("zephon", zephon_local), ("mosaic", mosaic_local), ("mosaic_fixed", mosaic_fixed), ("litdata", lit_local)):
             if os.path.isdir(folder):
                 size = sum(f.stat().st_size for f in pathlib.Path(folder).rglob("*") if f.is_file())
                 attempt(results, f"{name}_bytes_per_token", lambda: size / results["tokens"])
         sample_tokens = int(samples.size)
-        for name in ("zephon_tokens", "mosaic", "litdata"):
+        for name in ("zephon_tokens", "mosaic_fixed", "mosaic", "litdata"):
             if results.get(f"{name}_convert_s"):
                 results[f"{name}_convert_tokens_per_s"] = sample_tokens / results[f"{name}_convert_s"]
-        for peer in ("mosaic", "litdata"):
-            theirs = results.get(f"{peer}_convert_tokens_per_s")
-            if theirs and results.get("zephon_tokens_convert_tokens_per_s"):
-                ratio = results["zephon_tokens_convert_tokens_per_s"] / theirs
-                results[f"ratio_zephon_over_{peer}_convert"] = ratio
-                print(f"ratio zephon/{peer} conversion tokens/s, same token rows: {ratio:.2f}"
-                      + (" (target >= 1.0)" if peer == "mosaic" else ""))
+                spread = results.get(f"{name}_convert_s_trials")
+                span = f" (trials {sample_tokens / max(spread) / 1e6:.1f}-{sample_tokens / min(spread) / 1e6:.1f})" if spread else ""
+                print(f"{name} conversion: {results[f'{name}_convert_tokens_per_s'] / 1e6:.1f} M tokens/s{span}")
+        report_ratio(results, "zephon_tokens_convert_s", "mosaic_fixed_convert_s", "mosaic_fixed", 1.0)
+        report_ratio(results, "zephon_tokens_convert_s", "mosaic_convert_s", "mosaic", None)
+        theirs, mine = results.get("litdata_convert_tokens_per_s"), results.get("zephon_tokens_convert_tokens_per_s")
+        if theirs and mine:
+            results["ratio_zephon_over_litdata_convert"] = mine / theirs
+            print(f"ratio zephon/litdata conversion tokens/s, same token rows: {mine / theirs:.2f} (LitData: one run)")
         if args.convert_only:
             print(json.dumps(results, default=str))
             return 0

@@ -23,6 +23,18 @@ Figures, each with its baseline measured in the same run:
 3. 50 ms of latency injected on every storage request (fault proxy), a
    consumer that computes for ``--step-ms`` per step, prefetch 4: stall time
    per step once warm. Target: no stalls.
+4. ``--packing`` (alone): what the document outputs cost the helper process
+   (docs/PACKING.md), with the settings off (baseline), with
+   ``cross_document_targets="ignore"`` alone, and with ``"ignore"`` and
+   ``packing_outputs=True``. (a) The producer's assembly alone in this
+   thread, CPU time per step, interleaved passes over the same steps: the
+   extra work of each setting, as a fraction of (b)'s helper CPU per step
+   with the settings off. Target: <= 10% at 2048 x 16. (b) Paired trials, in
+   alternating order, of the loader reading the same steps: the helper's CPU
+   time per step (all its threads: fetch, decode, assembly, from the
+   scheduler's counts) and the producer's assembly wall time, each as the
+   median of the paired ratios to the baseline. On a shared machine (b)'s
+   ratios carry the other load's noise; (a) is the figure to judge.
 
 NOTE: moto reads the whole object for every ranged GET, so the dataset is
 written with small shards (``--blocks-per-shard``) to measure the loader and
@@ -247,6 +259,10 @@ def main() -> None:
     parser.add_argument("--latency-only", action="store_true", help="only the stall figure under storage latency")
     parser.add_argument("--local-only", action="store_true",
                         help="skip every S3 figure (for a machine without moto's server)")
+    parser.add_argument("--packing", action="store_true",
+                        help="only the cost of cross_document_targets and packing_outputs in the helper")
+    parser.add_argument("--packing-trials", type=int, default=7)
+    parser.add_argument("--packing-steps", type=int, default=300)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -254,6 +270,9 @@ def main() -> None:
         manifest = build_dataset(root, args.blocks_per_shard)
         if args.latency_only:
             print(json.dumps(latency_figure(root, args)))
+            return
+        if args.packing:
+            print(json.dumps(packing_figure(str(root), args)))
             return
         print(f"dataset: {manifest.num_tokens} tokens, {manifest.num_blocks} blocks, {manifest.num_shards} shards, "
               f"{manifest.compressed_bytes / 2**20:.1f} MiB compressed")
@@ -322,6 +341,121 @@ def latency_figure(root: Path, args: argparse.Namespace) -> dict:
           f"{args.helper_nice}: stall {latency['stall_s_per_step'] * 1e3:.2f} ms/step once warm, "
           f"{latency['stalled_steps']} of {latency['steps']} steps stalled (max {latency['max_stall_s'] * 1e3:.1f} ms)")
     return {"latency_ms": args.latency_ms, "step_ms": args.step_ms, "helper_nice": args.helper_nice, **latency}
+
+
+PACKING_SETTINGS = {
+    "off": {},
+    "ignore": {"cross_document_targets": "ignore"},
+    "ignore_and_outputs": {"cross_document_targets": "ignore", "packing_outputs": True},
+}
+
+
+def process_cpu_ns(pid: int) -> int:
+    """CPU nanoseconds the live threads of process ``pid`` have run (the
+    scheduler's count: finer than the clock ticks of ``process_cpu_s``)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+        except FileNotFoundError:
+            continue  # NOTE: a thread that ended meanwhile
+    return total
+
+
+def helper_step_costs(url: str, args: argparse.Namespace, settings: dict) -> dict:
+    """Helper CPU and producer assembly time per step over ``--packing-steps``
+    steps after the first, the consumer taking batches as fast as they come."""
+    with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, prefetch_steps=4,
+                         **settings) as loader:
+        for _ in range(8):  # NOTE: past start-up: the pipeline's threads all running
+            next(loader)
+        cpu, assemble = process_cpu_ns(loader.helper_pid), loader.stats()["assemble_s"]
+        for _ in range(args.packing_steps):
+            next(loader)
+        # NOTE: the producer runs a full ring ahead at both readings, so the
+        # steps it did in between are the steps taken.
+        stats = loader.stats()
+        cpu = (process_cpu_ns(loader.helper_pid) - cpu) / 1e9
+        assemble = stats["assemble_s"] - assemble
+    return {"helper_cpu_s_per_step": cpu / args.packing_steps, "assemble_s_per_step": assemble / args.packing_steps}
+
+
+def assembly_step_costs(url: str, args: argparse.Namespace, repeats: int = 9) -> dict:
+    """The producer's assembly alone, per setting, in this thread (CPU time per
+    step; the best and the median of ``repeats`` interleaved passes over the
+    same 200 steps of random samples from the first 8 blocks, rotating over
+    a ring's slots as the producer does)."""
+    import numpy as np
+
+    from zephon_stream.format.block import decode_block
+    from zephon_stream.loader.assembler import StepAssembler
+    from zephon_stream.loader.packing import PackingSpec
+    from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
+
+    manifest = Manifest.load(url)
+    with open_store(url) as store:
+        blocks = [decode_block(store.read_range(*manifest.block_byte_range(b)), num_tokens=manifest.block_num_tokens(b),
+                               dtype=manifest.np_dtype, where=f"block {b}") for b in range(min(8, manifest.num_blocks))]
+    rows, seq_len = args.local_batch, args.seq_len
+    rng = np.random.default_rng(0)
+    per_block = (min(len(b) for b in blocks) - 1) // seq_len
+    steps = [([blocks[i] for i in rng.integers(0, len(blocks), rows)], rng.integers(0, per_block, rows))
+             for _ in range(200)]
+    eos = manifest.tokenizer.eos_id
+    runs = {}
+    for name, settings in PACKING_SETTINGS.items():
+        spec = PackingSpec(cross_document_targets=settings.get("cross_document_targets", "predict"),
+                           outputs=settings.get("packing_outputs", False))
+        ring = SharedRing.create(num_slots=7, layout=SlotLayout(rows=rows, seq_len=seq_len,
+                                 token_dtype=manifest.np_dtype.str, wide_keys=WIDE_KEYS, packing=spec))
+        runs[name] = (ring, ring.producer_slots(), StepAssembler(seq_len=seq_len, packing=spec))
+    seconds = {name: [] for name in runs}
+    for repeat in range(repeats):
+        for name in (list(runs) if repeat % 2 == 0 else list(runs)[::-1]):
+            _, slots, assembler = runs[name]
+            started = time.thread_time()
+            for index, (row_blocks, samples) in enumerate(steps):
+                assembler.assemble(row_blocks, samples, eos, slots[index % len(slots)])
+            seconds[name].append((time.thread_time() - started) / len(steps))
+    for ring, slots, _ in runs.values():
+        del slots[:]
+        ring.close()
+    return {name: {"best_s_per_step": min(values), "median_s_per_step": statistics.median(values)}
+            for name, values in seconds.items()}
+
+
+def packing_figure(url: str, args: argparse.Namespace) -> dict:
+    """Paired trials of the packing settings against the settings off (``--packing``)."""
+    names = list(PACKING_SETTINGS)
+    assembly = assembly_step_costs(url, args)
+    trials = []
+    for trial in range(args.packing_trials):
+        order = names if trial % 2 == 0 else names[::-1]
+        trials.append({name: helper_step_costs(url, args, PACKING_SETTINGS[name]) for name in order})
+    figures: dict = {"seq_len": args.seq_len, "local_batch": args.local_batch, "steps": args.packing_steps,
+                     "trials": args.packing_trials, "cpu_count": os.cpu_count(), "assembly_cpu": assembly}
+    for name in names:
+        for key in ("helper_cpu_s_per_step", "assemble_s_per_step"):
+            figures[f"{name}_{key}_median"] = statistics.median(t[name][key] for t in trials)
+            if name != "off":
+                figures[f"{name}_{key}_ratio_median"] = statistics.median(t[name][key] / t["off"][key] for t in trials)
+    for name in names[1:]:
+        print(f"{name}: helper CPU {figures[f'{name}_helper_cpu_s_per_step_median'] * 1e6:.0f} us/step vs off "
+              f"{figures['off_helper_cpu_s_per_step_median'] * 1e6:.0f} (median of paired ratios "
+              f"{figures[f'{name}_helper_cpu_s_per_step_ratio_median']:.3f}); producer's assembly (wall) "
+              f"{figures[f'{name}_assemble_s_per_step_median'] * 1e6:.1f} us/step vs off "
+              f"{figures['off_assemble_s_per_step_median'] * 1e6:.1f} (median of paired ratios "
+              f"{figures[f'{name}_assemble_s_per_step_ratio_median']:.3f})")
+    helper_off = figures["off_helper_cpu_s_per_step_median"]
+    for name in names[1:]:
+        extra = assembly[name]["best_s_per_step"] - assembly["off"]["best_s_per_step"]
+        figures[f"{name}_extra_assembly_fraction_of_helper"] = extra / helper_off
+        print(f"{name}: assembly (CPU, best of 9) {assembly[name]['best_s_per_step'] * 1e6:.1f} us/step vs off "
+              f"{assembly['off']['best_s_per_step'] * 1e6:.1f}: +{extra * 1e6:.1f} us = {extra / helper_off:.1%} of "
+              f"the helper's {helper_off * 1e6:.0f} us of CPU per step (target <= 10%)")
+    figures["load_average_1min"] = os.getloadavg()[0]
+    return figures
 
 
 def s3_figures(manifest: Manifest, root: Path, args: argparse.Namespace, decode: float, epoch_steps: int) -> dict:

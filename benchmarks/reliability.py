@@ -1,7 +1,7 @@
 """Reliability report: storage faults, crashes, hostile inputs, secrets and
-long runs, at a chosen scale; prints the README's table, then one JSON line.
+long runs, at a chosen scale; prints the table of docs/BENCHMARKS.md, then one JSON line.
 
-    python benchmarks/reliability.py              # the README figures (~10 min on 2 cores)
+    python benchmarks/reliability.py              # the figures of docs/BENCHMARKS.md (~10 min on 2 cores)
     python benchmarks/reliability.py --quick      # a small pass (~3 min)
 
 Every scenario is a function in tools/reliability/ (the CI tests run the same
@@ -182,7 +182,7 @@ def table(results: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a small pass instead of the README scale")
+    parser.add_argument("--quick", action="store_true", help="a small pass instead of the full scale")
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one)")
     args = parser.parse_args()

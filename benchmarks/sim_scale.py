@@ -26,7 +26,7 @@ What is simulated, sample by sample through ``rank_positions`` and
   rotate among ranks every step).
 
 The baseline is the uninterrupted 2048-rank run over the same positions. The
-tables go in the README; the last printed line is one JSON object.
+tables go in docs/BENCHMARKS.md; the last printed line is one JSON object.
 """
 
 from __future__ import annotations

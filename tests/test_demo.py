@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,34 +51,39 @@ def _events(world_size: int, steps: range, hashes: dict[int, str], start_step: i
 
 
 def test_report_flags_a_step_whose_data_differ_and_a_step_never_run():
-    good = {step: f"h{step}" for step in range(1, 9)}
-    kwargs = dict(kill_step=4, last_step_before_kill=5)
+    """Steps count from 0; kill_step=4: steps 0-3 checkpointed, step 4 lost with the kill, resumed at step 4."""
+    good = {step: f"h{step}" for step in range(8)}
+    kwargs = dict(kill_step=4, last_step_before_kill=4)
     ok = report.build(
-        reference=_events(1, range(1, 9), good),
-        interrupted=_events(2, range(1, 6), good),
-        resumed=_events(3, range(5, 9), good, start_step=4),
+        reference=_events(1, range(8), good),
+        interrupted=_events(2, range(5), good),
+        resumed=_events(3, range(4, 8), good, start_step=4),
         **kwargs,
     )
     assert ok.all_match and "OK: all 8 steps" in ok.text()
-    # NOTE: step 5 of the interrupted run was lost with the kill; only the resumed run's step 5 counts.
+    assert "after the checkpoint of steps 0 to 3 (1 later steps lost with the kill), resumed at W=3 at step 4" in ok.text()
+    # NOTE: step 4 of the interrupted run was lost with the kill; only the resumed run's step 4 counts.
     lost_differs = report.build(
-        reference=_events(1, range(1, 9), good),
-        interrupted=_events(2, range(1, 6), {**good, 5: "other"}),
-        resumed=_events(3, range(5, 9), good, start_step=4),
+        reference=_events(1, range(8), good),
+        interrupted=_events(2, range(5), {**good, 4: "other"}),
+        resumed=_events(3, range(4, 8), good, start_step=4),
         **kwargs,
     )
     assert lost_differs.all_match
     bad = report.build(
-        reference=_events(1, range(1, 9), good),
-        interrupted=_events(2, range(1, 6), good),
-        resumed=_events(3, range(5, 8), {**good, 6: "other"}, start_step=4),
+        reference=_events(1, range(8), good),
+        interrupted=_events(2, range(5), good),
+        resumed=_events(3, range(4, 7), {**good, 5: "other"}, start_step=4),
         **kwargs,
     )
-    assert bad.mismatches == [6, 8]
+    assert bad.mismatches == [5, 7]
     assert not bad.all_match
-    assert "MISMATCH: 2 of 8 steps differ from the reference, first at step 6" in bad.text()
+    assert "MISMATCH: 2 of 8 steps differ from the reference, first at step 5" in bad.text()
     # NOTE: a counter the loader did not report is shown as n/a, not as zero.
     assert "n/a" in bad.text()
+    # The hash table shows the first step, both sides of the resize and the last step, by their numbers.
+    shown = [line.split()[0] for line in bad.text().split("selected steps:\n")[1].splitlines()[2:] if line.strip()]
+    assert shown[:5] == ["0", "3", "4", "5", "7"]
 
 
 def test_demo_schedule_refuses_a_resize_outside_the_anneal():
@@ -116,21 +122,52 @@ def test_demo_end_to_end_resumes_at_another_world_size_with_the_same_data(stdlib
     done, output = run_demo(stdlib_corpus, tmp_path, "--steps", "8", "--kill-after", "4", "--plot", str(plot))
     assert done.returncode == 0, output
     assert "OK: all 8 steps read exactly the reference's data" in done.stdout, output
-    assert "killed at W=2 after the step 4 checkpoint" in done.stdout
+    assert "killed at W=2 after the checkpoint of steps 0 to 3" in done.stdout
+    assert "resumed at W=1 at step 4" in done.stdout
     assert "embedded S3 (moto) serving on http://127.0.0.1:" in done.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     events = (tmp_path / "work" / "resumed.jsonl").read_text()
     assert '"start_step": 4' in events and '"world_size": 1' in events
 
 
+def which_batch_hash(urls: list[str], step: int, schedule: Path, capsys) -> str:
+    """The demo's hash of global step ``step``, from ``zephon-stream which --step`` alone."""
+    import hashlib
+
+    import numpy as np
+
+    from zephon_stream.cli import main
+    from zephon_stream.reader import DatasetReader
+
+    assert main(["which", *urls, "--step", str(step), "--schedule", str(schedule), "--world-size", "1", "--json"]) == 0
+    samples = json.loads(capsys.readouterr().out)["samples"]
+    rows = []
+    for s in samples:
+        with DatasetReader.open(urls[s["stream"]]) as reader:
+            rows.append(reader.read_tokens(s["token_start"], s["token_start"] + s["num_tokens"]).astype(np.int64))
+    digest = hashlib.sha256(np.stack([r[:-1] for r in rows]).tobytes())
+    digest.update(np.stack([r[1:] for r in rows]).tobytes())
+    return digest.hexdigest()[:16]
+
+
 @pytest.mark.slow
-def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(stdlib_corpus, tmp_path):
-    done, output = run_demo(stdlib_corpus, tmp_path, "--schedule", "--steps", "10", "--kill-after", "6")
+def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(stdlib_corpus, tmp_path, capsys):
+    store = tmp_path / "store"
+    done, output = run_demo(stdlib_corpus, tmp_path, "--schedule", "--steps", "10", "--kill-after", "6",
+                            "--store", str(store))  # fmt: skip
     assert done.returncode == 0, output
     assert "OK: all 10 steps read exactly the reference's data" in done.stdout, output
     assert "match  phase" in done.stdout, output
     steps = [json.loads(line) for line in (tmp_path / "work" / "reference.jsonl").read_text().splitlines()]
-    # NOTE: phases start at train steps 1 (pretrain), 5 (anneal) and 8 (long context).
+    # NOTE: phases start at steps 0 (pretrain), 4 (anneal) and 7 (long context).
     assert [r["phase"] for r in steps if r["event"] == "step"] == [0] * 4 + [1] * 3 + [2] * 3
     resumed = [json.loads(line) for line in (tmp_path / "work" / "resumed.jsonl").read_text().splitlines()]
     assert resumed[0]["start_step"] == 6 and resumed[0]["world_size"] == 1
+    # The demo's step N is `which --step N` (steps count from 0), in every phase.
+    schedule = tmp_path / "schedule.json"
+    phases = DemoConfig(schedule=True, steps=10, seq_len=64, global_batch=4).phases()
+    schedule.write_text(json.dumps({"seed": 0, "phases": phases}))
+    urls = [str(store / "stdlib-bytes"), str(store / "stdlib-bytes-anneal")]
+    events = {r["step"]: r for r in steps if r["event"] == "step"}
+    for step in (0, 3, 4, 7, 9):
+        assert which_batch_hash(urls, step, schedule, capsys) == events[step]["hash"], step

@@ -40,6 +40,54 @@ def test_inspect_table_and_shard_listing(tmp_path: Path, capsys) -> None:
         assert shard.path in out
 
 
+def _lines(out: str) -> dict[str, str]:
+    """The table's rows as {name: value} (names are padded to one width)."""
+    rows = {}
+    for line in out.strip().splitlines():
+        name, _, value = line.partition("  ")
+        rows[name.strip()] = value.strip()
+    return rows
+
+
+def test_inspect_table_reads_as_plain_lines(tmp_path: Path, capsys) -> None:
+    """Counts and sizes on lines of their own; the tokenizer named once, as --tokenizer takes it."""
+    manifest = make_dataset(tmp_path, byte_docs(8), block_tokens=1000, blocks_per_shard=2)
+    assert main(["inspect", str(tmp_path)]) == 0
+    rows = _lines(capsys.readouterr().out)
+    last_block = manifest.block_num_tokens(manifest.num_blocks - 1)
+    last_shard = manifest.shards[-1].num_blocks
+    assert last_block != 1000  # the fixture's token count is not a multiple of the block size
+    assert rows["blocks"] == f"{manifest.num_blocks:,}"
+    assert rows["tokens per block"] == f"1,000 (the last block holds {last_block:,})"
+    assert rows["shards"] == f"{manifest.num_shards:,}"
+    assert rows["blocks per shard"] == ("2" if last_shard == 2 else f"2 (the last shard holds {last_shard})")
+    assert rows["tokenizer"] == "bytes"
+    assert rows["vocabulary"] == "257 ids (EOS id 256, no BOS)"
+    assert rows["tokens"] == f"{manifest.num_tokens:,} (uint16)"
+
+
+def test_inspect_names_a_bpe_tokenizer_by_kind_and_name(small_bpe_dataset, capsys) -> None:
+    tok = small_bpe_dataset.manifest.tokenizer
+    assert main(["inspect", small_bpe_dataset.url]) == 0
+    rows = _lines(capsys.readouterr().out)
+    assert rows["tokenizer"] == f"{tok.kind}:{tok.name}" and tok.kind == "hf"
+    assert rows["vocabulary"].startswith(f"{tok.vocab_size:,} ids (EOS id {tok.eos_id}, ")
+
+
+def test_inspect_json_keys_stay_stable(tmp_path: Path, capsys) -> None:
+    """Scripts read --json: its keys are a contract, only ever added to."""
+    make_dataset(tmp_path, byte_docs(4))
+    assert main(["inspect", str(tmp_path), "--json", "--shards"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary) == {
+        "url", "format", "version", "num_shards", "num_blocks", "num_tokens", "num_documents", "num_rejected",
+        "num_sources", "compressed_bytes", "raw_bytes", "compression_ratio", "bytes_per_token", "dtype",
+        "block_tokens", "blocks_per_shard", "fingerprint", "tokenizer", "shards",
+    }  # fmt: skip
+    assert set(summary["tokenizer"]) == {"kind", "name", "vocab_size", "eos_id", "bos_id", "fingerprint"}
+    assert set(summary["shards"][0]) == {"path", "num_tokens", "num_blocks", "num_bytes", "num_documents", "sha256"}
+
+
 def test_inspect_refuses_an_escaping_manifest(tmp_path: Path, capsys) -> None:
     import msgpack
 

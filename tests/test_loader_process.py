@@ -95,10 +95,10 @@ def test_the_helper_process_reads_what_the_in_process_pipeline_reads(small_datas
 @pytest.mark.parametrize("unsigned_copy", [True, False])
 @pytest.mark.parametrize("token_dtype", ["<u2", "<u4"])
 def test_narrow_rows_widened_by_torch_equal_the_host_assembly(token_dtype, unsigned_copy, monkeypatch):
-    # NOTE: False takes the signed-view-and-mask path used where a device has
-    # no copy kernel for torch's unsigned dtypes.
-    monkeypatch.setattr("zephon_stream.loader.widen._UNSIGNED_COPY", {("cpu", torch.uint16): unsigned_copy,
-                                                                       ("cpu", torch.uint32): unsigned_copy})
+    # NOTE: False takes the signed-view-and-mask path, for a device (or a torch
+    # older than 2.3) without copy kernels for torch's unsigned dtypes.
+    if not unsigned_copy:
+        monkeypatch.setattr("zephon_stream.loader.widen._UNSIGNED_COPY_DEVICES", ())
     rows, seq_len = 5, 64
     rng = np.random.default_rng(7)
     vocab = 300 if token_dtype == "<u2" else 2**32 - 1

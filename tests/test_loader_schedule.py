@@ -251,7 +251,7 @@ def test_a_run_of_n_epochs_stops_where_the_plan_says_the_epochs_end(urls):
 
 
 def test_a_new_dataset_joins_as_a_stream_at_a_future_phase(urls):
-    # NOTE: the README's recipe for a dataset that grows.
+    # NOTE: the recipe for a dataset that grows (docs/STREAMING.md).
     with StreamingLoader(urls[:1], schedule=[Phase(start_step=0, global_batch=8, seq_len=128)],
                          pipeline="threads") as old:  # fmt: skip
         run_step_hashes([old], 5)

@@ -89,7 +89,10 @@ def test_config_build_yields_titan_batches(small_bpe_dataset, titan_tokenizer):
     tokens = torch.cat([d["input"] for d, _ in batches])
     positions = torch.cat([d["positions"] for d, _ in batches])
     labels = torch.cat([lab for _, lab in batches])
-    assert torch.equal(tokens[:, 1:], labels[:, :-1])
+    is_eos = tokens == titan_tokenizer.eos_id
+    # NOTE: the default: an input EOS's label is IGNORE_INDEX (its next token starts another document).
+    assert (labels[is_eos] == -100).all()
+    assert torch.equal(tokens[:, 1:][~is_eos[:, :-1]], labels[:, :-1][~is_eos[:, :-1]])
     after_eos = torch.zeros_like(tokens, dtype=torch.bool)
     after_eos[:, 1:] = tokens[:, :-1] == titan_tokenizer.eos_id
     assert after_eos.sum() >= 2, "ten batches of real files should hold document boundaries"

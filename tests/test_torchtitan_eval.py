@@ -43,13 +43,13 @@ def test_one_validation_reads_each_held_out_sample_once_at_any_dp_degree(small_d
     steps = {len(batches) for batches in per_rank}
     assert len(steps) == 1, "every rank takes the same number of steps"
     valid = [row.tolist() for batches in per_rank for input_dict, labels in batches
-             for row, label in zip(input_dict["input"], labels) if (label != IGNORE_INDEX).all()]
+             for row, label in zip(input_dict["input"], labels) if (label != IGNORE_INDEX).any()]
     padded = sum(int((labels == IGNORE_INDEX).all(dim=1).sum()) for batches in per_rank for _, labels in batches)
     assert len(valid) == num_samples
     assert padded == steps.pop() * LOCAL_BATCH * dp_world_size - num_samples
     reference, _ = validation_rows(config, 1)
     want = [row.tolist() for input_dict, labels in reference[0]
-            for row, label in zip(input_dict["input"], labels) if (label != IGNORE_INDEX).all()]
+            for row, label in zip(input_dict["input"], labels) if (label != IGNORE_INDEX).any()]
     assert sorted(valid) == sorted(want)
 
 
@@ -59,10 +59,15 @@ def test_infinite_starts_another_pass_and_labels_follow_inputs(small_dataset):
         steps = loader.eval_loader.num_steps
         batches = [next(loader) for _ in range(steps + 2)]
         assert loader.passes == 2
+        eos = loader.eval_loader.manifests[0][1].tokenizer.eos_id
     for (first, _), (again, _) in zip(batches[:2], batches[steps:]):
         assert torch.equal(first["input"], again["input"])
-    input_dict, labels = batches[0]
-    assert torch.equal(input_dict["input"][:, 1:], labels[:, :-1])
+    inputs = torch.cat([input_dict["input"] for input_dict, _ in batches[: steps - 1]])
+    labels = torch.cat([labels for _, labels in batches[: steps - 1]])
+    follows = labels[:, :-1] == inputs[:, 1:]
+    assert follows[inputs[:, :-1] != eos].all()
+    assert (inputs == eos).sum() > 0
+    assert (labels[inputs == eos] == IGNORE_INDEX).all(), "input EOS labels are ignored by default"
 
 
 def test_config_needs_one_source_and_hides_secrets():

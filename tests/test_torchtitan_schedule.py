@@ -1,10 +1,11 @@
 """ZephonDataLoader with a data schedule: phases counted in TorchTitan train
 steps (the first is 1), with gradient accumulation; a global batch change
 asks for a relaunch and continues exactly after it; TorchTitan's config
-manager reads the phases."""
+manager reads the phases and the flag that turns off its CUDA graphs."""
 
 from __future__ import annotations
 
+import textwrap
 
 import pytest
 
@@ -39,7 +40,8 @@ def titan_hashes(loader, steps):
 
 def reference(streams, schedule, steps):
     urls = [s.rsplit(":", 1)[0] for s in streams]
-    with StreamingLoader(urls, schedule=schedule, pipeline="threads") as loader:
+    # NOTE: the TorchTitan config's default cross-document targets.
+    with StreamingLoader(urls, schedule=schedule, pipeline="threads", cross_document_targets="ignore") as loader:
         return run_step_hashes([loader], steps)
 
 
@@ -118,3 +120,32 @@ def test_a_run_ends_at_a_phases_end_with_dataloader_exhausted(streams):
         titan_hashes(loader, 3)
         with pytest.raises(DataloaderExhaustedError, match="the end of phase 0"):
             next(loader)
+
+
+def test_cuda_graphs_are_on_by_default_and_the_flag_docs_name_turns_them_off(tmp_path, monkeypatch):
+    # NOTE: docs/torchtitan.md: a phase that changes seq_len needs
+    # --training.disable-cuda-graphs, TorchTitan's graphs taking one shape only.
+    job = textwrap.dedent(
+        """
+        from dataclasses import dataclass, field
+        from torchtitan.config.configs import TrainingConfig
+
+        @dataclass(kw_only=True, slots=True)
+        class Job:
+            hf_assets_path: str = "."
+            training: TrainingConfig = field(default_factory=TrainingConfig)
+
+        def job():
+            return Job()
+        """
+    )
+    (tmp_path / "zephon_graphs_job.py").write_text(job)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from torchtitan.config import ConfigManager
+
+    def parse(*overrides):
+        return ConfigManager().parse_args(["--module", "zephon_graphs_job", "--config", "job", *overrides])
+
+    assert parse().training.disable_cuda_graphs is False
+    assert parse("--training.disable-cuda-graphs").training.disable_cuda_graphs is True
+    assert parse("--training.disable_cuda_graphs").training.disable_cuda_graphs is True

@@ -73,6 +73,7 @@ def test_train_step_takes_the_batches_at_every_device_setting(small_bpe_dataset,
     reference = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=5, pipeline="threads")
     config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=5, device=device, pipeline=pipeline)
     build = dict(dp_world_size=2, dp_rank=1, tokenizer=None, seq_len=128, local_batch_size=4)
+    eos = small_bpe_dataset.manifest.tokenizer.eos_id
     with config.build(**build) as loader, reference.build(**build) as cpu_loader:
         batches, cpu_batches = iter(loader), iter(cpu_loader)
         # NOTE: 12 microbatches held through a step: more than the ring would
@@ -82,7 +83,9 @@ def test_train_step_takes_the_batches_at_every_device_setting(small_bpe_dataset,
                 batches, device=trainer_device, gradient_accumulation_steps=12
             )
             want, _, _ = titan_train_step_batches(cpu_batches, device=torch.device("cpu"), gradient_accumulation_steps=12)
-            assert counted == 12 * 4 * 128 and int(on_device) == counted
+            # NOTE: by default the label of each input EOS is IGNORE_INDEX, as TorchTitan's own loader trains.
+            input_eos = sum(int((d["input"] == eos).sum()) for d, _ in want)
+            assert counted == 12 * 4 * 128 - input_eos and int(on_device) == counted
             assert on_device.device.type == trainer_device.type
             for (input_dict, labels), (want_dict, want_labels) in zip(moved, want):
                 assert set(input_dict) == {"input", "positions"}

@@ -100,7 +100,9 @@ def test_which_command_prints_json_and_text(small_dataset, capsys):
     assert main(args + ["--text"]) == 0
     printed = capsys.readouterr().out
     first = expected[0]
-    assert printed.startswith("step 4: positions [32, 40), seq_len 64, lanes 8, seed 2\n")
+    assert printed.startswith(
+        "step 4 (from 0; TorchTitan train step 5 without accumulation): positions [32, 40), seq_len 64, lanes 8, seed 2\n"
+    )
     assert f"rank 0: stream 0 {first['dataset']} {first['shard_path']} block {first['block']}" in printed
     assert f"{first['documents'][0]['source']} record {first['documents'][0]['record']}" in printed
     assert printed.count("    | ") >= BATCH
@@ -133,3 +135,77 @@ def test_which_reads_a_dataset_on_s3(small_dataset, s3_bucket, capsys):
     local = [s.to_dict() for s in trace([small_dataset.url], 2, text=True)]
     assert [s.pop("dataset") for s in remote] == [url] * BATCH
     assert remote == [{k: v for k, v in s.items() if k != "dataset"} for s in local]
+
+
+def test_steps_count_from_0_in_the_loader_its_audit_log_and_which(small_dataset, tmp_path, capsys):
+    """Step N is the batch read after N steps: the loader's ``step`` before it, the audit log's
+    ``step``, and ``which --step N``, across a phase change of the global batch."""
+    pytest.importorskip("torch")
+    from zephon_stream import StreamingLoader
+    from zephon_stream.loader.audit import addresses_sha256, read_audit_log
+
+    phases = [{"start_step": 0, "global_batch": 8, "seq_len": SEQ_LEN, "lanes": 8},
+              {"start_step": 3, "global_batch": 4, "seq_len": 2 * SEQ_LEN, "lanes": 8}]  # fmt: skip
+    log = tmp_path / "audit.jsonl"
+    loader = StreamingLoader(small_dataset.url, schedule=phases, rank=0, world_size=1, seed=3, audit_log=str(log))
+    try:
+        read = []
+        for _ in range(5):
+            step = loader.step
+            read.append((step, next(loader)["sample_positions"].tolist()))
+    finally:
+        loader.close()
+    records = [r for r in read_audit_log(str(log)) if r["kind"] == "step"]
+    assert [r["step"] for r in records] == [step for step, _ in read] == [0, 1, 2, 3, 4]
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps({"seed": 3, "phases": phases}))
+    for (step, positions), record in zip(read, records):
+        assert main(["which", small_dataset.url, "--step", str(step), "--schedule", str(schedule), "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        samples = out["samples"]
+        assert out["step"] == step and out["positions"][0] == record["cursor"]
+        assert sorted(s["position"] for s in samples) == sorted(positions)
+        columns = [np.array([s[k] for s in samples]) for k in ("position", "stream", "block", "sample")]
+        assert addresses_sha256(*columns) == record["addresses_sha256"]
+    assert [len(p) for _, p in read] == [8, 8, 8, 4, 4]
+
+
+def test_which_takes_a_torchtitan_train_step_and_its_accumulation(small_dataset, capsys):
+    """TorchTitan counts train steps from 1, each taking A batches: its step S is steps (S-1)A to SA-1."""
+    base = ["which", small_dataset.url, "--seq-len", str(SEQ_LEN), "--global-batch", str(BATCH), "--json"]
+    assert main(base + ["--torchtitan-step", "3", "--accumulation", "2"]) == 0
+    titan = json.loads(capsys.readouterr().out)
+    assert titan["torchtitan_step"] == 3 and titan["accumulation"] == 2
+    assert [s["step"] for s in titan["steps"]] == [4, 5]
+    for described in titan["steps"]:
+        assert main(base + ["--step", str(described["step"])]) == 0
+        assert json.loads(capsys.readouterr().out) == described
+    assert main(base + ["--torchtitan-step", "1"]) == 0
+    assert [s["positions"] for s in json.loads(capsys.readouterr().out)["steps"]] == [[0, BATCH]]
+
+    text = base[:-1]
+    assert main(text + ["--torchtitan-step", "3", "--accumulation", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("TorchTitan train step 3 (accumulation 2) is steps 4 to 5 (counted from 0)\n")
+    assert "step 5 (from 0; TorchTitan train step 3, batch 2 of 2): positions [40, 48)" in printed
+    assert main(text + ["--torchtitan-step", "0"]) == 1
+    assert "--torchtitan-step counts from 1" in capsys.readouterr().err
+    assert main(text + ["--step", "-1"]) == 1
+    assert "--step counts from 0" in capsys.readouterr().err
+
+
+def _help(command: str, capsys) -> str:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_which_help_says_how_steps_are_counted(capsys):
+    help_text = _help("which", capsys)
+    assert "Steps count from 0: step N is the global batch a job reads after N steps" in help_text
+    assert "its train step S is steps (S-1)*A to S*A-1 here" in help_text
+
+
+@pytest.mark.parametrize("command", ["demo", "diff-log"])
+def test_the_demo_and_diff_log_help_count_steps_as_which_does(command, capsys):
+    assert "Steps count from 0, as" in _help(command, capsys)

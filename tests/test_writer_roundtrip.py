@@ -73,7 +73,7 @@ def test_same_bytes_for_one_and_three_workers(stdlib_corpus, bpe_tokenizer_json,
     runs = {}
     for workers in (1, 3):
         out = tmp_path / f"w{workers}"
-        write_dataset(
+        summary = write_dataset(
             files,
             str(out),
             tokenizer=spec,
@@ -81,7 +81,9 @@ def test_same_bytes_for_one_and_three_workers(stdlib_corpus, bpe_tokenizer_json,
             block_tokens=4097,
             blocks_per_shard=8,
             progress=False,
+            pool_min_input_bytes=0,
         )
+        assert summary.tokenizer_processes == (0 if workers == 1 else workers)
         runs[workers] = dataset_files(out)
     assert len(runs[1]) > 10 and MANIFEST_NAME in runs[1]
     assert runs[1] == runs[3]

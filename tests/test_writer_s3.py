@@ -55,6 +55,8 @@ def test_s3_inputs_and_output_match_a_local_run(stdlib_corpus, bpe_tokenizer_jso
         progress=False,
     )
     assert summary.num_documents == len(texts) and summary.num_shards > 2
+    # NOTE: object sizes are not known up front, so the worker processes start.
+    assert summary.tokenizer_processes == 2
     remote_m = Manifest.load(s3_url("ds"), s3_options)
     local_m = Manifest.load(str(tmp_path / "local"))
     # Same token stream and tokenizer bytes: same shards, same fingerprint.

@@ -6,6 +6,7 @@ comes back token for token, with the text path's bytes, for any --workers."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -213,6 +214,56 @@ def test_malformed_inputs_are_named_in_their_error(make, options, message, tmp_p
     assert not (tmp_path / "out" / "manifest").exists()
 
 
+def test_a_megatron_prefix_names_its_bin_and_idx(bpe_docs, tmp_path, capsys):
+    """Megatron's --data-path names a dataset by its prefix; the write is the one from PREFIX.idx."""
+    spec, eos, docs = bpe_docs
+    write_megatron(tmp_path / "web_text_document", with_eos(docs, eos), sentences=2)
+    common = ["--tokenizer", spec, "--input-format", "tokens", "--block-tokens", "4097", "--no-progress", "--json"]
+    assert main(["write", str(tmp_path / "web_text_document"), "--output", str(tmp_path / "by-prefix"), *common]) == 0
+    assert main(["write", str(tmp_path / "web_text_document.idx"), "--output", str(tmp_path / "by-idx"), *common]) == 0
+    capsys.readouterr()
+    by_prefix, by_idx = Manifest.load(str(tmp_path / "by-prefix")), Manifest.load(str(tmp_path / "by-idx"))
+    assert by_prefix.num_documents == NUM_DOCS
+    assert [s.path for s in by_prefix.sources] == [str(tmp_path / "web_text_document.bin")]
+    assert by_prefix.fingerprint == by_idx.fingerprint
+    assert [s.sha256 for s in by_prefix.shards] == [s.sha256 for s in by_idx.shards]
+
+
+@pytest.mark.parametrize("present", [".bin", ".idx"])
+def test_a_megatron_prefix_with_half_its_pair_is_refused_naming_the_missing_file(present, tmp_path, capsys):
+    write_megatron(tmp_path / "web", [np.array([1, 2, 256], dtype=np.uint16)])
+    missing = ".idx" if present == ".bin" else ".bin"
+    (tmp_path / f"web{missing}").unlink()
+    prefix = str(tmp_path / "web")
+    with pytest.raises(InputError, match=re.escape(f"{prefix}{present} exists but {prefix}{missing} does not")):
+        write_dataset(prefix, str(tmp_path / "out"), tokenizer="bytes", input_format="tokens", progress=False)
+    assert main(["write", prefix, "--output", str(tmp_path / "out"), "--tokenizer", "bytes",
+                 "--input-format", "tokens", "--no-progress"]) == 1  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"a Megatron dataset prefix needs {prefix}.bin and {prefix}.idx" in err
+    assert not (tmp_path / "out" / "manifest").exists()
+
+
+def test_a_name_that_is_neither_a_file_nor_a_prefix_says_both(tmp_path):
+    prefix = str(tmp_path / "nothing")
+    with pytest.raises(InputError, match=re.escape(f"{prefix}: matches no file, and no {prefix}.bin or {prefix}.idx")):
+        write_dataset(prefix, str(tmp_path / "out"), tokenizer="bytes", input_format="tokens", progress=False)
+
+
+def test_a_megatron_prefix_on_s3(bpe_docs, tmp_path, s3_url, s3_options):
+    from zephon_stream.storage import open_store
+
+    spec, eos, docs = bpe_docs
+    write_megatron(tmp_path / "m", with_eos(docs[:20], eos), sentences=2)
+    with open_store(s3_url("prefix"), s3_options) as store:
+        for name in ("m.bin", "m.idx"):
+            store.write_atomic(name, (tmp_path / name).read_bytes())
+    summary = write_dataset(s3_url("prefix/m"), str(tmp_path / "out"), tokenizer=spec, input_format="tokens",
+                            storage_options=s3_options, **SMALL)  # fmt: skip
+    assert summary.num_documents == 20
+    assert [s.path for s in Manifest.load(str(tmp_path / "out")).sources] == [s3_url("prefix/m.bin")]
+
+
 def test_parquet_column_of_strings_and_token_options_on_text_are_refused(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -338,3 +389,21 @@ def test_append_eos_ends_only_the_documents_without_one_short_or_long(row_tokens
     assert summary.num_documents == 300 and summary.num_tokens == len(want)
     with DatasetReader.open(str(tmp_path / "out")) as reader:
         assert reader.read_tokens(0, len(want)).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("eos_rows", [0, 1])
+def test_packed_rows_of_one_length_get_eos_like_any_document(eos_rows, tmp_path):
+    # NOTE: rows of one length, none ending with EOS, take one strided copy; one
+    # row already ending with EOS sends the batch down the per-document path.
+    rows = np.random.default_rng(eos_rows).integers(0, 256, (700, 2049)).astype(np.uint16)
+    rows[3, -1] = 256 if eos_rows else 7
+    np.save(tmp_path / "rows.npy", rows.reshape(-1))
+    np.save(tmp_path / "rows.offsets.npy", np.arange(701, dtype=np.int64) * 2049)
+    summary = write_dataset(str(tmp_path / "rows.npy"), str(tmp_path / "out"), tokenizer="bytes", input_format="tokens",
+                            append_eos=True, block_tokens=65537, progress=False)  # fmt: skip
+    want = np.concatenate([row if row[-1] == 256 else np.append(row, 256) for row in rows])
+    assert summary.num_documents == 700 and summary.num_tokens == len(want) == 700 * 2050 - eos_rows
+    with DatasetReader.open(str(tmp_path / "out")) as reader:
+        assert np.array_equal(reader.read_tokens(0, len(want)), want)
+        last = reader.documents(len(want) - 1, len(want))[0]
+        assert (last.record, last.token_start, last.token_end) == (699, len(want) - 2050, len(want))

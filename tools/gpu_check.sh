@@ -31,7 +31,7 @@ assert torch.cuda.is_available(), "no CUDA device visible"
 EOF
 
 echo "== 1/2 CUDA delivery test"
-"$PYTHON" -m pytest -q -rA -p no:cacheprovider tests/test_loader_cuda.py tests/test_torchtitan_gpu.py \
+"$PYTHON" -m pytest -q -rA -p no:cacheprovider tests/test_loader_cuda.py tests/test_loader_packing.py tests/test_torchtitan_gpu.py \
     tests/test_torchtitan_trainer.py tests/test_loader_process.py \
     tests/test_torchtitan.py::test_example_job_configs_select_the_zephon_loader
 
@@ -40,7 +40,7 @@ STDLIB=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])'
 "$PYTHON" examples/torchtitan/make_tokenizer.py "$STDLIB" --output "$WORK/tokenizer" --max-files 150
 "$PYTHON" -m zephon_stream write "$STDLIB/*.py" --output "$WORK/dataset" --overwrite --no-progress \
     --tokenizer "hf:$WORK/tokenizer/tokenizer.json" --block-tokens 65537 --blocks-per-shard 8
-ZEPHON_DATASET="$WORK/dataset" ZEPHON_ASSETS="$WORK/tokenizer" PYTHONPATH="$REPO/examples/torchtitan:$PYTHONPATH" \
+ZEPHON_DEVICE=cuda ZEPHON_DATASET="$WORK/dataset" ZEPHON_ASSETS="$WORK/tokenizer" PYTHONPATH="$REPO/examples/torchtitan:$PYTHONPATH" \
     "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 1 -m torchtitan.train \
     --module zephon_titan --config llama3_debugmodel_zephon \
     --dump_folder "$WORK/outputs" --training.steps 2 --training.seq_len 512 --training.local_batch_size 8 \

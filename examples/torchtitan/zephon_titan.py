@@ -13,6 +13,10 @@ Environment (defaults in brackets):
     ZEPHON_ASSETS    TorchTitan hf_assets_path: the folder holding the
                      tokenizer.json the dataset was written with
                      [./assets/tokenizer-bpe2k]
+    ZEPHON_DEVICE    unset: CPU batches that TorchTitan copies to the GPU
+                     (the verified path); ``cuda``: delivered on the GPU
+                     by the loader, not yet run on a GPU in its current
+                     form (docs/torchtitan.md, "GPU delivery")
     AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...: S3 endpoint and credentials
 """
 
@@ -28,6 +32,7 @@ from zephon_stream.integrations.torchtitan import ZephonDataLoader
 
 DATASET = os.environ.get("ZEPHON_DATASET", "s3://my-bucket/zephon/stdlib-bpe2k")
 ASSETS = os.environ.get("ZEPHON_ASSETS", "./assets/tokenizer-bpe2k")
+DEVICE = os.environ.get("ZEPHON_DEVICE") or None
 
 
 def llama3_debugmodel_zephon() -> Trainer.Config:
@@ -38,9 +43,9 @@ def llama3_debugmodel_zephon() -> Trainer.Config:
     """
     config = llama3_debugmodel()
     config.hf_assets_path = ASSETS
-    # NOTE: the one zephon_stream line. device="cuda" delivers each batch on
-    # the GPU from pinned host buffers, copied on a side stream.
-    config.dataloader = ZephonDataLoader.Config(dataset_path=DATASET, seed=0, device="cuda")
+    # NOTE: the one zephon_stream line. The batches are CPU tensors that the
+    # trainer copies to the GPU unless ZEPHON_DEVICE=cuda.
+    config.dataloader = ZephonDataLoader.Config(dataset_path=DATASET, seed=0, device=DEVICE)
     config.training.seq_len = 512
     config.training.local_batch_size = 8
     config.training.steps = 20
@@ -56,6 +61,6 @@ def llama3_8b_zephon() -> Trainer.Config:
     """TorchTitan's Llama 3.1 8B config streaming a dataset written with the
     Llama 3.1 tokenizer (``--tokenizer hf:./assets/hf/Llama-3.1-8B/tokenizer.json``)."""
     config = llama3_8b()
-    config.dataloader = ZephonDataLoader.Config(dataset_path=DATASET, device="cuda")
+    config.dataloader = ZephonDataLoader.Config(dataset_path=DATASET, device=DEVICE)
     config.validator = Validator.Config()
     return config

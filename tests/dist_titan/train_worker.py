@@ -82,14 +82,19 @@ def main() -> None:
         train_state.step += 1
         input_dict, labels = next(batches)
         logits = ddp_model(input_dict["input"], input_dict["positions"])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-        loss.backward()
+        # NOTE: as TorchTitan does: the summed loss over the global count of
+        # valid labels (input EOS labels are ignored, so ranks count
+        # differently); DDP averages gradients over the ranks, hence x world.
+        valid = (labels != -100).sum()
+        torch.distributed.all_reduce(valid)
+        loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum")
+        (loss_sum / valid * world).backward()
         optimizers.step()
         lr_schedulers.step()
         optimizers.zero_grad()
-        global_loss = loss.detach().clone()
+        global_loss = loss_sum.detach().clone()
         torch.distributed.all_reduce(global_loss)
-        losses[str(train_state.step)] = global_loss.item() / world
+        losses[str(train_state.step)] = global_loss.item() / valid.item()
         checkpointer.save(curr_step=train_state.step)
     checkpointer.close()
     loader.close()

@@ -62,10 +62,12 @@ def writer_kills(
         "orphans": N}`` (worker processes still alive 10 s after their parent
         was killed).
     """
+    # NOTE: --pool-min-input-bytes 0 starts the worker processes even for this
+    # small input: that they follow their killed parent is part of the check.
     def command(out: Path) -> list[str]:
         return [sys.executable, "-m", "zephon_stream", "write", inputs, "--output", str(out),
                 "--tokenizer", tokenizer, "--block-tokens", "4097", "--blocks-per-shard", "4",
-                "--workers", str(workers), "--no-progress"]
+                "--workers", str(workers), "--pool-min-input-bytes", "0", "--no-progress"]
 
     env = child_env()
     clean = out_root / "clean"

@@ -28,10 +28,12 @@ def register(subparsers: Any) -> None:
             "embedded S3 server (or --store), trains a small transformer as W ranks under torchrun "
             "streaming from it, SIGKILLs the job after a checkpoint, resumes at another world size, "
             "and checks every step's data against an uninterrupted reference run. Exits 1 if any "
-            "step's data differ."
+            "step's data differ. Steps count from 0, as the loader's step, its audit log and "
+            "`zephon-stream which --step` count them: the demo's step N is `which --step N` with the "
+            "demo's settings (--seq-len, --global-batch, --seed)."
         ),
     )
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="training steps per run (default %(default)s)")
+    parser.add_argument("--steps", type=int, metavar="N", default=defaults.steps, help="training steps per run, steps 0 to N-1 (default %(default)s)")
     parser.add_argument(
         "--world-sizes",
         type=_world_sizes,
@@ -40,7 +42,8 @@ def register(subparsers: Any) -> None:
         help="ranks before the kill, ranks after the resume (default %s)" % ",".join(map(str, defaults.world_sizes)),
     )
     parser.add_argument("--reference-world-size", type=int, default=defaults.reference_world_size, help="ranks of the reference run (default %(default)s)")
-    parser.add_argument("--kill-after", type=int, help="checkpointed step after which the job is killed (default: mid-run)")
+    parser.add_argument("--kill-after", type=int, metavar="N", help="steps checkpointed before the kill: the job is killed after the checkpoint of steps 0 to N-1 "
+                        "and resumes at step N (default: mid-run)")
     parser.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every, help="steps between checkpoints (default %(default)s)")
     parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per sample (default %(default)s)")
     parser.add_argument("--global-batch", type=int, default=defaults.global_batch, help="samples per step over all ranks (default %(default)s)")

@@ -15,7 +15,8 @@ def register(subparsers: Any) -> None:
         help="compare two audit logs and name the first step where their data diverged",
         description=(
             "Compare the audit logs of two runs (StreamingLoader(audit_log=...)) over the steps both hold. "
-            "Exit 0 if they agree on every common step, 1 at the first divergence."
+            "Exit 0 if they agree on every common step, 1 at the first divergence. Steps count from 0, "
+            "as `zephon-stream which --step` counts them."
         ),
     )
     parser.add_argument("log_a", help="first audit log (path or URL)")

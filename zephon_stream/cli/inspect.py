@@ -31,6 +31,33 @@ def _size(num_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _last_block_tokens(manifest: Any) -> int | None:
+    return manifest.block_num_tokens(manifest.num_blocks - 1) if manifest.num_blocks else None
+
+
+def _last_shard_blocks(manifest: Any) -> int | None:
+    return manifest.shards[-1].num_blocks if manifest.shards else None
+
+
+def _last_differs(full: int, last: int | None, what: str) -> str:
+    """``full``, and what the last one holds when it is short (only the last may be)."""
+    if last is None or last == full:
+        return f"{full:,}"
+    return f"{full:,} (the last {what} holds {last:,})"
+
+
+def _tokenizer_rows(tok: Any) -> list[tuple[str, str]]:
+    """The tokenizer as ``--tokenizer`` names it (``bytes``, ``hf:PATH``), then its ids."""
+    # NOTE: the bytes tokenizer's kind and name are both "bytes"; say it once.
+    spec = tok.kind if tok.name in ("", tok.kind) else f"{tok.kind}:{tok.name}"
+    bos = "no BOS" if tok.bos_id is None else f"BOS id {tok.bos_id}"
+    return [
+        ("tokenizer", spec),
+        ("vocabulary", f"{tok.vocab_size:,} ids (EOS id {tok.eos_id}, {bos})"),
+        ("tokenizer fp", tok.fingerprint),
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     from zephon_stream.format.manifest import Manifest
     from zephon_stream.storage import open_store, parse_storage_options
@@ -49,21 +76,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, sort_keys=True))
         return 0
-    tok = manifest.tokenizer
     ratio = summary["compression_ratio"]
     per_token = summary["bytes_per_token"]
     rows = [
         ("dataset", url),
         ("format", f"{summary['format']} {summary['version']}"),
-        ("shards", f"{manifest.num_shards:,}"),
-        ("blocks", f"{manifest.num_blocks:,} of {manifest.block_tokens:,} tokens, {manifest.blocks_per_shard} per shard"),
         ("tokens", f"{manifest.num_tokens:,} ({manifest.dtype})"),
         ("documents", f"{manifest.num_documents:,} from {len(manifest.sources):,} sources"),
         ("rejected", f"{manifest.num_rejected:,} (listed in {manifest.rejects_path})"),
+        ("blocks", f"{manifest.num_blocks:,}"),
+        ("tokens per block", _last_differs(manifest.block_tokens, _last_block_tokens(manifest), "block")),
+        ("shards", f"{manifest.num_shards:,}"),
+        ("blocks per shard", _last_differs(manifest.blocks_per_shard, _last_shard_blocks(manifest), "shard")),
         ("compressed", f"{_size(manifest.compressed_bytes)} ({manifest.compressed_bytes:,} bytes)"),
         ("compression", "-" if ratio is None else f"{ratio:.2f}x ({per_token:.3f} bytes/token)"),
-        ("tokenizer", f"{tok.kind} {tok.name} (vocab {tok.vocab_size:,}, eos {tok.eos_id}, bos {tok.bos_id})"),
-        ("tokenizer fp", tok.fingerprint),
+        *_tokenizer_rows(manifest.tokenizer),
         ("fingerprint", manifest.fingerprint),
     ]
     print(name_value_table(rows))

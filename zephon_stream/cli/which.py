@@ -6,6 +6,13 @@ import argparse
 import json
 from typing import Any
 
+STEP_NUMBERING = (
+    "Steps count from 0: step N is the global batch a job reads after N steps, the loader's `step` "
+    "before it and the `step` of its audit log and of the demo's tables; a phase's start_step counts "
+    "the same way. TorchTitan counts its train steps from 1 and takes --accumulation batches per train "
+    "step: its train step S is steps (S-1)*A to S*A-1 here; --torchtitan-step S looks it up."
+)
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -15,12 +22,17 @@ def register(subparsers: Any) -> None:
             "Derive, from the manifests and the order settings alone, the samples of global "
             "step N and where each came from, and the schedule phase the step is in. The settings "
             "must be the training job's: either --schedule, or seed, seq_len, global batch, lanes "
-            "(default: the global batch), window and weights for a job of one phase."
+            "(default: the global batch), window and weights for a job of one phase. "
+            + STEP_NUMBERING
         ),
     )
     parser.add_argument("datasets", nargs="+", metavar="DATASET", help="dataset roots, in mixture order")
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--step", type=int, help="global step N")
+    where.add_argument("--step", type=int, help="global step N, counted from 0 (the first batch is step 0)")
+    where.add_argument(
+        "--torchtitan-step", type=int, metavar="S",
+        help="TorchTitan train step S, counted from 1: shows its --accumulation steps",
+    )  # fmt: skip
     where.add_argument(
         "--positions", metavar="START:END", help="a global position range instead of a step"
     )
@@ -35,6 +47,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--lanes", type=int, help="lanes C (default: the global batch)")
     parser.add_argument("--window", type=int, default=0, help="window-shuffle samples (0: one block)")
     parser.add_argument("--weights", nargs="+", metavar="W", help="stream weights (default: equal)")
+    parser.add_argument(
+        "--accumulation", type=int, default=1, metavar="A",
+        help="batches per TorchTitan train step (its gradient_accumulation_steps; default 1)",
+    )  # fmt: skip
     parser.add_argument("--world-size", type=int, help="also show the rank that reads each sample")
     parser.add_argument("--text", action="store_true", help="decode each sample's text")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -74,18 +90,42 @@ def _phases(args: argparse.Namespace) -> tuple[int, list[Any]]:
     return seed, [SchedulePhase.from_dict(p, where=f"schedule phase {k}") for k, p in enumerate(data)]
 
 
-def _range(args: argparse.Namespace, order: Any) -> tuple[int, int]:
+def _steps(args: argparse.Namespace) -> list[int] | None:
+    """The global steps (from 0) asked for, or None for --positions."""
     from zephon_stream.errors import ConfigError
 
+    if args.accumulation < 1:
+        raise ConfigError(f"--accumulation must be >= 1, got {args.accumulation}")
+    if args.torchtitan_step is not None:
+        if args.torchtitan_step < 1:
+            raise ConfigError(
+                f"--torchtitan-step counts from 1 (TorchTitan's first train step), got {args.torchtitan_step}"
+            )
+        first = (args.torchtitan_step - 1) * args.accumulation
+        return list(range(first, first + args.accumulation))
     if args.step is not None:
-        phase = order.phase_at_step(args.step)
-        start = order.position_of_step(args.step)
-        return start, start + phase.global_batch
+        if args.step < 0:
+            raise ConfigError(f"--step counts from 0 (the first batch is step 0), got {args.step}")
+        return [args.step]
+    return None
+
+
+def _positions(args: argparse.Namespace) -> tuple[int, int]:
+    from zephon_stream.errors import ConfigError
+
     try:
         start, end = (int(v) for v in args.positions.split(":"))
     except ValueError as exc:
         raise ConfigError(f"--positions must be START:END, got {args.positions!r}") from exc
     return start, end
+
+
+def _torchtitan(step: int, accumulation: int) -> str:
+    """Where TorchTitan counts ``step``: its train step (from 1) and, with accumulation, which batch of it."""
+    train_step, batch = divmod(step, accumulation)
+    if accumulation == 1:
+        return f"TorchTitan train step {train_step + 1} without accumulation"
+    return f"TorchTitan train step {train_step + 1}, batch {batch + 1} of {accumulation}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,37 +135,64 @@ def run(args: argparse.Namespace) -> int:
 
     options = parse_storage_options(args.storage_option)
     seed, phases = _phases(args)
+    steps = _steps(args)
     readers = [DatasetReader.open(url, options) for url in args.datasets]
     try:
         order = schedule_for(readers, phases, seed)
-        start, end = _range(args, order)
-        if args.step is not None:
-            samples = step_provenance(readers, order, args.step, world_size=args.world_size, text=args.text)
+        if steps is None:
+            start, end = _positions(args)
+            found = [(None, start, end, range_provenance(readers, order, start, end, text=args.text))]
         else:
-            samples = range_provenance(readers, order, start, end, text=args.text)
+            found = []
+            for step in steps:
+                start = order.position_of_step(step)
+                end = start + order.phase_at_step(step).global_batch
+                samples = step_provenance(readers, order, step, world_size=args.world_size, text=args.text)
+                found.append((step, start, end, samples))
     finally:
         for reader in readers:
             reader.close()
-    phase = order.phase_at_step(args.step) if args.step is not None else order.phase_at_position(start)
-    spec = phase.spec
-    described = {
-        "index": phase.index, "start_step": spec.start_step, "end_step": order.phase_end_step(phase.index),
-        "global_batch": spec.global_batch, "seq_len": spec.seq_len, "lanes": phase.order.lanes,
-        "window": phase.order.config.window, "weights": list(phase.order.weights),
-    }  # fmt: skip
+    described = [_described(order, seed, *item) for item in found]
     if args.json:
-        print(json.dumps({
-            "step": args.step, "positions": [start, end], "seq_len": spec.seq_len,
-            "global_batch": spec.global_batch, "lanes": phase.order.lanes, "seed": seed,
-            "phase": described, "samples": [s.to_dict() for s in samples],
-        }, sort_keys=True))  # fmt: skip
+        if args.torchtitan_step is None:
+            print(json.dumps(described[0], sort_keys=True))
+        else:
+            print(json.dumps({"torchtitan_step": args.torchtitan_step, "accumulation": args.accumulation,
+                              "steps": described}, sort_keys=True))  # fmt: skip
         return 0
-    title = f"step {args.step}: " if args.step is not None else ""
-    print(f"{title}positions [{start}, {end}), seq_len {spec.seq_len}, lanes {phase.order.lanes}, "
-          f"seed {seed}")  # fmt: skip
-    until = "on" if described["end_step"] is None else f"to {described['end_step'] - 1}"
-    print(f"phase {phase.index} (steps {spec.start_step} {until}): global batch {spec.global_batch}, "
-          f"window {described['window']}, weights {described['weights']}")  # fmt: skip
+    if args.torchtitan_step is not None:
+        steps_text = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]} to {steps[-1]}"
+        print(f"TorchTitan train step {args.torchtitan_step} (accumulation {args.accumulation}) is {steps_text} "
+              "(counted from 0)")  # fmt: skip
+    for item, out in zip(found, described):
+        _print_step(out, item[3], args.accumulation)
+    return 0
+
+
+def _described(order: Any, seed: int, step: int | None, start: int, end: int, samples: list[Any]) -> dict[str, Any]:
+    """One step's (or position range's) JSON object."""
+    phase = order.phase_at_step(step) if step is not None else order.phase_at_position(start)
+    spec = phase.spec
+    return {
+        "step": step, "positions": [start, end], "seq_len": spec.seq_len,
+        "global_batch": spec.global_batch, "lanes": phase.order.lanes, "seed": seed,
+        "phase": {
+            "index": phase.index, "start_step": spec.start_step, "end_step": order.phase_end_step(phase.index),
+            "global_batch": spec.global_batch, "seq_len": spec.seq_len, "lanes": phase.order.lanes,
+            "window": phase.order.config.window, "weights": list(phase.order.weights),
+        },
+        "samples": [s.to_dict() for s in samples],
+    }  # fmt: skip
+
+
+def _print_step(out: dict[str, Any], samples: list[Any], accumulation: int) -> None:
+    phase = out["phase"]
+    title = "" if out["step"] is None else f"step {out['step']} (from 0; {_torchtitan(out['step'], accumulation)}): "
+    start, end = out["positions"]
+    print(f"{title}positions [{start}, {end}), seq_len {out['seq_len']}, lanes {out['lanes']}, seed {out['seed']}")
+    until = "on" if phase["end_step"] is None else f"to {phase['end_step'] - 1}"
+    print(f"phase {phase['index']} (steps {phase['start_step']} {until}): global batch {phase['global_batch']}, "
+          f"window {phase['window']}, weights {phase['weights']}")  # fmt: skip
     for s in samples:
         rank = "" if s.rank is None else f" rank {s.rank}"
         print(f"position {s.position}{rank}: stream {s.stream} {s.dataset} {s.shard_path} "
@@ -137,4 +204,3 @@ def run(args: argparse.Namespace) -> int:
         if s.text is not None:
             for line in s.text.splitlines() or [""]:
                 print(f"    | {line}")
-    return 0

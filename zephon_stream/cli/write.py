@@ -7,6 +7,7 @@ import json
 import sys
 
 from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL
+from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,8 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "paths, folders, globs (** included) or s3:// URLs and globs; each pattern's matches "
             "are sorted. S3 credentials and endpoint come from the standard AWS variables "
             "(AWS_ENDPOINT_URL included) or --storage-option. With --input-format tokens the inputs "
-            "already hold ids of --tokenizer: .npy, raw .bin (--token-dtype), Megatron PREFIX.bin+.idx, "
-            "Parquet/JSONL lists of ids (--tokens-field), or a datasets.save_to_disk folder."
+            "already hold ids of --tokenizer: .npy, raw .bin (--token-dtype), Megatron PREFIX.bin+.idx "
+            "(or PREFIX alone), Parquet/JSONL lists of ids (--tokens-field), or a datasets.save_to_disk folder."
         ),
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="input file, folder, glob or s3:// URL")
@@ -51,6 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         metavar="N",
         help="tokenizer processes (default: 1, in this process); with token inputs, compression threads",
+    )
+    parser.add_argument(
+        "--pool-min-input-bytes",
+        type=int,
+        default=DEFAULT_POOL_MIN_INPUT_BYTES,
+        metavar="N",
+        help="uncompressed local text inputs under N bytes in all (and the bytes tokenizer) tokenize in "
+        "this process whatever --workers says (default: 4 MiB; 0: always start the workers)",
     )
     parser.add_argument(
         "--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, metavar="N", help="tokens per block (default: 2**20+1)"
@@ -111,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         tokens_field=args.tokens_field,
         token_dtype=args.token_dtype,
         append_eos=args.append_eos,
+        pool_min_input_bytes=args.pool_min_input_bytes,
     )
     if args.json:
         print(json.dumps(summary.to_dict()))

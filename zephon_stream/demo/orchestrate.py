@@ -41,11 +41,13 @@ class DemoConfig:
     """What the demo converts, trains and compares.
 
     Attributes:
-        steps: steps of each full run.
+        steps: steps of each full run (steps 0 to steps - 1: steps count
+            from 0, as the loader, its audit log and ``which`` count them).
         world_sizes: ranks of the interrupted run, then of the resumed run.
         reference_world_size: ranks of the uninterrupted reference run.
-        kill_after: step whose checkpoint completes before the kill
-            (default: the checkpoint nearest the middle of the run).
+        kill_after: steps checkpointed before the kill; the resumed run
+            starts at this step (default: the checkpoint nearest the middle
+            of the run).
         ckpt_every: steps between checkpoints.
         seq_len: tokens per sample.
         global_batch: samples per step over all ranks (divisible by every world size).
@@ -112,13 +114,12 @@ class DemoConfig:
             )
         phases = self.phases()
         if phases is not None:
-            # NOTE: train step s reads the loader's global step s - 1; the
-            # resumed run starts at step kill_step + 1.
+            # NOTE: the resumed run starts at step kill_after, which the anneal must hold.
             first, end = phases[1]["start_step"], phases[2]["start_step"]
             if not first <= kill_after < end:
                 raise ConfigError(
                     f"--kill-after {kill_after}: with --schedule the resize must fall inside the anneal, "
-                    f"train steps {first + 1} to {end}"
+                    f"steps {first} to {end - 1}"
                 )
         return self
 
@@ -129,7 +130,8 @@ class DemoConfig:
 
     @property
     def kill_step(self) -> int:
-        """The step whose checkpoint the interrupted run completes before it is killed."""
+        """Steps the interrupted run checkpoints before it is killed (steps 0 to
+        kill_step - 1); the resumed run starts at step kill_step."""
         if self.kill_after is not None:
             return self.kill_after
         return max(self.ckpt_every, (self.steps // 2) // self.ckpt_every * self.ckpt_every)
@@ -279,7 +281,7 @@ def _wait_until(launch: _Launch, events: pathlib.Path, reached: Callable[[list[d
 
 
 def _last_step(records: list[dict[str, Any]]) -> int:
-    return max((r["step"] for r in records if r["event"] == "step"), default=0)
+    return max((r["step"] for r in records if r["event"] == "step"), default=-1)
 
 
 def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_size: int) -> dict[str, Any]:
@@ -298,7 +300,7 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
     seconds: dict[str, float] = {}
     first, second = config.world_sizes
 
-    print(f"\nreference run: {config.steps} steps at W={config.reference_world_size}, uninterrupted")
+    print(f"\nreference run: {config.steps} steps (0 to {config.steps - 1}) at W={config.reference_world_size}, uninterrupted")
     start = time.monotonic()
     ref = _Launch(
         name="reference",
@@ -312,7 +314,7 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
 
     kill_step = config.kill_step
     ckpt_dir = workdir / "ckpt"
-    print(f"interrupted run: W={first}, checkpoint every {config.ckpt_every} steps, SIGKILL once step {kill_step} is checkpointed")
+    print(f"interrupted run: W={first}, checkpoint every {config.ckpt_every} steps, SIGKILL once steps 0 to {kill_step - 1} are checkpointed")
     start = time.monotonic()
     job = _Launch(
         name="interrupted",
@@ -324,20 +326,20 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
     _wait_until(
         job,
         logs["interrupted"],
-        lambda records: any(r["event"] == "checkpoint" and r["step"] >= kill_step for r in records),
-        f"its step {kill_step} checkpoint",
+        lambda records: any(r["event"] == "checkpoint" and r["steps_done"] >= kill_step for r in records),
+        f"its checkpoint of {kill_step} steps",
     )
     # NOTE: the kill lands between checkpoints, as a crash would: the steps
     # after the last checkpoint are lost and the resumed run redoes them. The
     # workers hold after those steps (--hold-after), so no later checkpoint
     # can complete before the kill lands.
-    _wait_until(job, logs["interrupted"], lambda records: any(r["event"] == "holding" for r in records), f"step {kill_step + config.steps_lost}")
+    _wait_until(job, logs["interrupted"], lambda records: any(r["event"] == "holding" for r in records), f"step {kill_step + config.steps_lost - 1}")
     job.kill()
     last_step = _last_step(_read_events(logs["interrupted"]))
     seconds["interrupted"] = time.monotonic() - start
     print(f"  killed (SIGKILL, {first} workers + torchrun) after {seconds['interrupted']:.1f}s, with step {last_step} the last logged step")
 
-    print(f"resumed run: W={second}, from the newest complete checkpoint in {ckpt_dir}")
+    print(f"resumed run: W={second}, from step {kill_step}, the newest complete checkpoint in {ckpt_dir}")
     start = time.monotonic()
     resumed = _Launch(
         name="resumed",

@@ -1,5 +1,9 @@
 """The demo's results: per-step data hashes against the reference, run
-figures as a table, and an optional plot of loss and tokens/s over steps."""
+figures as a table, and an optional plot of loss and tokens/s over steps.
+
+Steps count from 0, as the loader, its audit log and ``zephon-stream which
+--step`` count them; ``kill_step`` is the number of steps checkpointed before
+the kill, so the resumed run starts at step ``kill_step``."""
 
 from __future__ import annotations
 
@@ -82,7 +86,7 @@ class DemoReport:
         return format_table(header, rows)
 
     def _hash_table(self) -> str:
-        wanted = {1, self.kill_step, self.kill_step + 1, self.kill_step + 2, max(self.reference.steps)}
+        wanted = {0, self.kill_step - 1, self.kill_step, self.kill_step + 1, max(self.reference.steps)}
         wanted.update(self.mismatches)
         # NOTE: with --schedule each step event names its phase; show where each phase starts.
         phases = {step: event.get("phase") for step, event in self.reference.steps.items()}
@@ -92,7 +96,7 @@ class DemoReport:
         rows = []
         for step, ref, got in self.comparisons:
             if step in wanted:
-                run = self.interrupted if step <= self.kill_step else self.resumed
+                run = self.interrupted if step < self.kill_step else self.resumed
                 row = [str(step), ref, got or "(missing)", f"{run.name} W={run.world_size}", "yes" if ref == got else "NO"]
                 rows.append(row + [str(phases.get(step))] if scheduled else row)
         title = "per-step data hashes (sha256 of the global batch), selected steps:"
@@ -117,15 +121,15 @@ class DemoReport:
 
     def _verdict(self) -> str:
         first, second = self.interrupted.world_size, self.resumed.world_size
-        lost = self.last_step_before_kill - self.kill_step
+        lost = self.last_step_before_kill - self.kill_step + 1
         lines = [
-            f"killed at W={first} after the step {self.kill_step} checkpoint ({lost} later steps lost with the kill), "
-            f"resumed at W={second}."
+            f"killed at W={first} after the checkpoint of steps 0 to {self.kill_step - 1} ({lost} later steps lost "
+            f"with the kill), resumed at W={second} at step {self.kill_step} (steps count from 0)."
         ]
         at = self.resume_at
         if at:
             lines.append(
-                f"step {self.kill_step + 1} resumes mid-shard: its first sample is sample {at['sample_in_block']} of "
+                f"step {self.kill_step} resumes mid-shard: its first sample is sample {at['sample_in_block']} of "
                 f"{at['samples_in_block']} in block {at['block_in_shard']} of {at['blocks_in_shard']} of {at['shard']}; "
                 f"{at['mid_block_samples']} of its {at['batch_samples']} samples start inside a block."
             )
@@ -168,7 +172,7 @@ def build(
 ) -> DemoReport:
     """Compare each step's data hash of the interrupted-then-resumed job with the reference.
 
-    Steps up to ``kill_step`` come from the interrupted run, later ones from
+    Steps before ``kill_step`` come from the interrupted run, the others from
     the resumed run (the interrupted run's steps after its last checkpoint
     were lost with it and redone).
     """
@@ -177,7 +181,7 @@ def build(
     second = _figures("resumed", resumed)
     comparisons = []
     for step in sorted(ref.steps):
-        run = first if step <= kill_step else second
+        run = first if step < kill_step else second
         event = run.steps.get(step)
         comparisons.append((step, ref.steps[step]["hash"], event["hash"] if event else None))
     return DemoReport(
@@ -188,7 +192,7 @@ def build(
         last_step_before_kill=last_step_before_kill,
         comparisons=comparisons,
         resume_at=next(
-            (e.get("resume_at") for e in interrupted if e["event"] == "checkpoint" and e["step"] == kill_step), None
+            (e.get("resume_at") for e in interrupted if e["event"] == "checkpoint" and e["steps_done"] == kill_step), None
         ),
     )
 
@@ -212,8 +216,8 @@ def write_plot(report: DemoReport, path: str) -> None:
 
     fig, (ax_loss, ax_speed) = plt.subplots(2, 1, sharex=True, figsize=(9, 6.5))
     ref_steps = sorted(report.reference.steps)
-    before = [s for s in sorted(report.interrupted.steps) if s <= report.kill_step]
-    lost = [s for s in sorted(report.interrupted.steps) if s > report.kill_step]
+    before = [s for s in sorted(report.interrupted.steps) if s < report.kill_step]
+    lost = [s for s in sorted(report.interrupted.steps) if s >= report.kill_step]
     after = sorted(report.resumed.steps)
     series = [
         (report.reference, ref_steps, f"reference, W={report.reference.world_size}", "0.75", "-"),
@@ -230,19 +234,19 @@ def write_plot(report: DemoReport, path: str) -> None:
         ax_loss.plot(steps, [run.steps[s]["loss"] for s in steps], style, color=color, label=label, **wide)
         ax_speed.plot(steps, [run.steps[s]["tokens_per_s"] for s in steps], style, color=color, label=label, **wide)
     for ax in (ax_loss, ax_speed):
-        ax.axvline(report.kill_step + 0.5, color="black", linestyle="--", linewidth=1)
+        ax.axvline(report.kill_step - 0.5, color="black", linestyle="--", linewidth=1)
         ax.grid(alpha=0.3)
     ax_loss.annotate(
-        f" killed after step {report.kill_step} checkpoint\n resumed W={report.interrupted.world_size}"
+        f" killed after the checkpoint of {report.kill_step} steps\n resumed W={report.interrupted.world_size}"
         f" -> W={report.resumed.world_size}",
-        xy=(report.kill_step + 0.5, 1.0),
+        xy=(report.kill_step - 0.5, 1.0),
         xycoords=("data", "axes fraction"),
         va="top",
         fontsize=9,
     )
     ax_loss.set_ylabel("loss")
     ax_speed.set_ylabel("tokens/s")
-    ax_speed.set_xlabel("step")
+    ax_speed.set_xlabel("step (from 0)")
     verdict = "data hashes match the reference" if report.all_match else f"{len(report.mismatches)} steps' data differ"
     ax_loss.set_title(f"zephon-stream demo: kill, resume at another world size ({verdict})")
     ax_loss.legend(loc="upper right", fontsize=8)

@@ -9,7 +9,8 @@ whatever world size it is launched with.
 Rank 0 appends one JSON object a line to ``--events``: a ``start`` event, one
 ``step`` event per step (loss, timing, a hash of the whole global batch, the
 loader's counters summed over ranks) and a ``checkpoint`` event once a
-checkpoint is complete on every rank.
+checkpoint is complete on every rank. Steps count from 0, as the loader's
+``step``, its audit log and ``zephon-stream which --step`` count them.
 """
 
 from __future__ import annotations
@@ -41,13 +42,13 @@ CHECKPOINT_COMPLETE = ".metadata"
 _HOLD_LIMIT_S = 600
 
 
-def checkpoint_dir(root: pathlib.Path, step: int) -> pathlib.Path:
-    """Folder of the checkpoint taken after ``step``."""
-    return root / f"{CHECKPOINT_PREFIX}{step:08d}"
+def checkpoint_dir(root: pathlib.Path, steps_done: int) -> pathlib.Path:
+    """Folder of the checkpoint taken once ``steps_done`` steps are trained (steps 0 to steps_done - 1)."""
+    return root / f"{CHECKPOINT_PREFIX}{steps_done:08d}"
 
 
 def latest_checkpoint(root: pathlib.Path) -> tuple[int, pathlib.Path] | None:
-    """``(step, folder)`` of the newest complete checkpoint under ``root``, if any."""
+    """``(steps_done, folder)`` of the newest complete checkpoint under ``root``, if any."""
     found = []
     for path in root.glob(f"{CHECKPOINT_PREFIX}*"):
         if (path / CHECKPOINT_COMPLETE).exists():
@@ -56,30 +57,35 @@ def latest_checkpoint(root: pathlib.Path) -> tuple[int, pathlib.Path] | None:
 
 
 def save_checkpoint(
-    path: pathlib.Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: StreamingLoader, *, step: int
+    path: pathlib.Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: StreamingLoader,
+    *,
+    steps_done: int,
 ) -> None:
-    """Save model, optimizer, loader state and step with torch.distributed.checkpoint (all ranks)."""
+    """Save model, optimizer, loader state and steps done with torch.distributed.checkpoint (all ranks)."""
     # NOTE: imported here so a run that never checkpoints does not pay for it at start-up.
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state, "loader": loader, "progress": {"step": step}}
+    state = {"model": model_state, "optim": optim_state, "loader": loader, "progress": {"steps_done": steps_done}}
     dcp.save(state, checkpoint_id=str(path))
 
 
 def load_checkpoint(
     path: pathlib.Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: StreamingLoader
 ) -> int:
-    """Load a checkpoint saved at any world size into this rank; return its step."""
+    """Load a checkpoint saved at any world size into this rank; return its steps done."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state, "loader": loader, "progress": {"step": -1}}
+    state = {"model": model_state, "optim": optim_state, "loader": loader, "progress": {"steps_done": -1}}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return int(state["progress"]["step"])
+    return int(state["progress"]["steps_done"])
 
 
 def batch_hash(inputs: torch.Tensor, labels: torch.Tensor) -> str:
@@ -139,10 +145,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--events", required=True, type=pathlib.Path, help="JSON-lines event log (rank 0 appends)")
     parser.add_argument("--ckpt-dir", required=True, type=pathlib.Path)
     parser.add_argument("--pid-dir", type=pathlib.Path, help="each rank writes rank-R.pid here")
-    parser.add_argument("--steps", type=int, required=True, help="last step to train (1-based)")
+    parser.add_argument("--steps", type=int, required=True, help="steps to train: steps 0 to N-1 (steps count from 0)")
     parser.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps (0: never)")
     parser.add_argument("--hold-after", type=int, default=0,
-                        help="after this step, stop and wait to be killed (the demo's crash point; 0: never)")
+                        help="once this many steps are done, stop and wait to be killed (the demo's crash point; 0: never)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--global-batch", type=int, default=12)
     parser.add_argument("--vocab-size", type=int, required=True)
@@ -209,17 +215,20 @@ def train(args: argparse.Namespace) -> None:
         )
     log = _Log(args.events, enabled=rank == 0)
 
+    # NOTE: a checkpoint of N steps done resumes at step N (steps count from 0).
     start_step = 0
     found = latest_checkpoint(args.ckpt_dir)
     if found is not None:
         start_step, path = found
-        loaded_step = load_checkpoint(path, ddp_model, optimizer, loader)
-        assert loaded_step == start_step, (loaded_step, start_step)
+        loaded = load_checkpoint(path, ddp_model, optimizer, loader)
+        assert loaded == start_step, (loaded, start_step)
     log.write(event="start", world_size=world_size, start_step=start_step, resumed=found is not None)
 
     batches = iter(loader)
     last = time.perf_counter()
-    for step in range(start_step + 1, args.steps + 1):
+    for step in range(start_step, args.steps):
+        # NOTE: the event's step is the loader's, so `zephon-stream which --step` finds it.
+        assert loader.step == step, (loader.step, step)
         phase = loader.phase
         batch = next(batches)
         tokens_per_step = loader.global_batch_size * loader.seq_len
@@ -249,19 +258,21 @@ def train(args: argparse.Namespace) -> None:
                 state=loader.state_dict(),
                 progress=loader.progress(),
             )
-        if args.ckpt_every and step % args.ckpt_every == 0:
-            save_checkpoint(checkpoint_dir(args.ckpt_dir, step), ddp_model, optimizer, loader, step=step)
+        steps_done = step + 1
+        if args.ckpt_every and steps_done % args.ckpt_every == 0:
+            save_checkpoint(checkpoint_dir(args.ckpt_dir, steps_done), ddp_model, optimizer, loader, steps_done=steps_done)
             dist.barrier()
-            log.write(event="checkpoint", step=step, world_size=world_size, resume_at=resume_point(loader))
+            log.write(event="checkpoint", step=step, steps_done=steps_done, world_size=world_size,
+                      resume_at=resume_point(loader))  # fmt: skip
             last = time.perf_counter()
-        if step == args.hold_after:
+        if steps_done == args.hold_after:
             # NOTE: the demo kills the job here, between checkpoints, as a
             # crash would; holding makes the crash point exact however fast
             # the steps run. The bound ends a job whose killer went away.
             log.write(event="holding", step=step, world_size=world_size)
             time.sleep(_HOLD_LIMIT_S)
             raise SystemExit(f"held after step {step} for {_HOLD_LIMIT_S} s and was not killed")
-    log.write(event="done", step=args.steps, world_size=world_size)
+    log.write(event="done", steps_done=args.steps, world_size=world_size)
     loader.close()
     log.close()
     dist.destroy_process_group()

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zephon_stream.errors import ConfigError, StateMismatchError, TokenizerError
+from zephon_stream.loader.packing import PackingSpec
 from zephon_stream.storage.redact import redact_options
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ except ModuleNotFoundError as exc:
         name=exc.name,
     ) from exc
 
-__all__ = ["STATE_KEY", "DataloaderExhausted", "ZephonDataLoader", "check_tokenizer", "parse_stream_spec"]
+__all__ = ["STATE_KEY", "DataloaderExhausted", "ZephonDataLoader", "check_tokenizer", "parse_stream_spec",
+           "titan_input_dict"]
 
 STATE_KEY = "zephon"
 """The one key of :meth:`ZephonDataLoader.state_dict` (identical on every rank)."""
@@ -154,7 +156,8 @@ class ZephonDataLoader(BaseDataLoader):
     Built by TorchTitan's trainer as ``config.dataloader.build(dp_world_size=...,
     dp_rank=..., tokenizer=..., seq_len=..., local_batch_size=...)``. Iterating
     yields ``({"input": ..., "positions": ...}, labels)`` with int64 tensors of
-    shape ``[local_batch_size, seq_len]``; ``positions`` restart after each EOS.
+    shape ``[local_batch_size, seq_len]``; ``positions`` restart after each EOS,
+    and by default the label of each input EOS is -100 (``cross_document_targets``).
 
     Args:
         config: the loader's :class:`ZephonDataLoader.Config`.
@@ -250,6 +253,20 @@ class ZephonDataLoader(BaseDataLoader):
         ``training.global_batch_size`` / (local batch x dp)); it converts the
         phases' train steps into loader steps. Keep it fixed for a run."""
 
+        cross_document_targets: str = "ignore"
+        """The label of each input EOS, whose next token starts another
+        document: ``"ignore"`` (-100, TorchTitan's ``IGNORE_INDEX``: what
+        TorchTitan's own text loader trains, no position learns the next
+        document's first token) or ``"predict"`` (that token, the plain shifted
+        window). Either resumes the other's checkpoint."""
+
+        packing_outputs: bool = False
+        """Also put ``segment_ids``, ``document_lengths``, ``cu_seqlens``
+        (tensors) and ``num_cu_seqlens``, ``max_seqlen`` (ints, so the trainer
+        leaves them on the host) in ``input_dict`` (docs/PACKING.md). TorchTitan
+        passes every ``input_dict`` entry but ``input`` to the model, so this
+        needs a model or ``post_dataloading_process`` that takes them."""
+
         def __post_init__(self) -> None:
             if self.dataset_path and self.streams:
                 raise ConfigError("dataloader: set dataset_path or streams, not both")
@@ -266,6 +283,7 @@ class ZephonDataLoader(BaseDataLoader):
                     f"dataloader.gradient_accumulation_steps must be >= 1 (got {self.gradient_accumulation_steps})"
                 )
             phase_dicts(self.phases)
+            PackingSpec(cross_document_targets=self.cross_document_targets, outputs=self.packing_outputs)
 
         def to_dict(self) -> dict:
             """The config as TorchTitan logs and saves it, secrets redacted."""
@@ -326,6 +344,8 @@ class ZephonDataLoader(BaseDataLoader):
             max_epochs=config.max_epochs,
             epochs_stream=config.epochs_stream,
             end_after_phase=config.end_after_phase,
+            cross_document_targets=config.cross_document_targets,
+            packing_outputs=config.packing_outputs,
         )
         self._last_sample_positions = torch.empty(0, dtype=torch.int64)
         if tokenizer is not None:
@@ -396,7 +416,7 @@ class ZephonDataLoader(BaseDataLoader):
                 f"dataloader: the finite run ({asked}) ended at global sample {position}"
             ) from None
         self._last_sample_positions = batch["sample_positions"]
-        return {"input": batch["input"], "positions": batch["positions"]}, batch["labels"]
+        return titan_input_dict(batch, packing_outputs=self.config.packing_outputs), batch["labels"]
 
     def _end_of_first_pass(self) -> int:
         """The cursor where the first stream to finish its first epoch does."""
@@ -449,6 +469,20 @@ class ZephonDataLoader(BaseDataLoader):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def titan_input_dict(batch: dict[str, torch.Tensor], *, packing_outputs: bool) -> dict[str, Any]:
+    """TorchTitan's ``input_dict`` from a loader batch: ``input`` and
+    ``positions``, and with ``packing_outputs`` the document outputs, the two
+    scalars as Python ints (TorchTitan's trainer moves every tensor of
+    ``input_dict`` to the device, and a kernel wants them on the host)."""
+    out: dict[str, Any] = {"input": batch["input"], "positions": batch["positions"]}
+    if packing_outputs:
+        for key in ("segment_ids", "document_lengths", "cu_seqlens"):
+            out[key] = batch[key]
+        for key in ("num_cu_seqlens", "max_seqlen"):
+            out[key] = int(batch[key])
+    return out
 
 
 def check_tokenizer(tokenizer: Any, manifests: Sequence[tuple[str, Any]]) -> None:

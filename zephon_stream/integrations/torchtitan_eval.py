@@ -32,7 +32,9 @@ from zephon_stream.integrations.torchtitan import (
     parse_stream_spec,
     redacted_config_dict,
     redacted_config_repr,
+    titan_input_dict,
 )
+from zephon_stream.loader.packing import PackingSpec
 
 __all__ = ["ZephonEvalDataLoader"]
 
@@ -41,7 +43,8 @@ class ZephonEvalDataLoader(BaseDataLoader):
     """One dp rank's rows of an exactly-once pass over held-out datasets.
 
     Yields ``({"input": ..., "positions": ...}, labels)``, int64 CPU tensors of
-    shape ``[local_batch_size, seq_len]``; padding rows have all labels -100.
+    shape ``[local_batch_size, seq_len]``; padding rows have all labels -100,
+    and by default so has each input EOS (``cross_document_targets``).
 
     Args:
         config: the loader's :class:`ZephonEvalDataLoader.Config`.
@@ -69,6 +72,14 @@ class ZephonEvalDataLoader(BaseDataLoader):
         """Set by TorchTitan's validator: False reads one pass, True starts
         another pass when one ends."""
 
+        cross_document_targets: str = "ignore"
+        """The label of each input EOS: ``"ignore"`` (-100, as the training
+        loader's default and TorchTitan's own loader) or ``"predict"``."""
+
+        packing_outputs: bool = False
+        """Also put the document outputs in ``input_dict``, as the training
+        loader's ``packing_outputs`` does; a padding row is one segment."""
+
         def __post_init__(self) -> None:
             if bool(self.dataset_path) == bool(self.streams):
                 raise ConfigError("validator dataloader: set dataset_path or streams (exactly one)")
@@ -76,6 +87,7 @@ class ZephonEvalDataLoader(BaseDataLoader):
                 parse_stream_spec(spec)
             if self.prefetch_steps < 1:
                 raise ConfigError(f"validator dataloader.prefetch_steps must be >= 1 (got {self.prefetch_steps})")
+            PackingSpec(cross_document_targets=self.cross_document_targets, outputs=self.packing_outputs)
 
         def to_dict(self) -> dict:
             """The config as TorchTitan logs it, secrets redacted."""
@@ -108,6 +120,8 @@ class ZephonEvalDataLoader(BaseDataLoader):
             world_size=dp_world_size,
             storage_options=dict(config.storage_options) or None,
             prefetch_steps=config.prefetch_steps,
+            cross_document_targets=config.cross_document_targets,
+            packing_outputs=config.packing_outputs,
         )
         self._pass: Iterator[dict[str, torch.Tensor]] | None = None
         self.passes = 0
@@ -135,7 +149,7 @@ class ZephonEvalDataLoader(BaseDataLoader):
                 self.passes += 1
             batch = next(self._pass, None)
             if batch is not None:
-                return {"input": batch["input"], "positions": batch["positions"]}, batch["labels"]
+                return titan_input_dict(batch, packing_outputs=self.config.packing_outputs), batch["labels"]
             self._pass = None
 
     def state_dict(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from zephon_stream.loader.audit import AuditLog, addresses_sha256
 from zephon_stream.loader.device import CpuDelivery, CudaDelivery, resolve_device
 from zephon_stream.loader.feed import BatchFeed
 from zephon_stream.loader.memory import MIB, MemoryBound
+from zephon_stream.loader.packing import PackingSpec
 from zephon_stream.loader.phase_layouts import LayoutBook, run_end_position
 from zephon_stream.loader.rank_layout import RankLayout
 from zephon_stream.loader.ring import SharedRing
@@ -47,7 +48,10 @@ class StreamingLoader:
     Iterating yields dicts of ``int64`` tensors: ``input``, ``labels`` and
     ``positions`` of shape ``[local_batch_size, seq_len]`` and
     ``sample_positions`` (the global position of each row) of shape
-    ``[local_batch_size]``.
+    ``[local_batch_size]``. With ``packing_outputs`` also ``segment_ids``,
+    ``document_lengths`` (``int32 [local_batch_size, seq_len]``),
+    ``cu_seqlens`` (``int32 [local_batch_size * seq_len + 1]``) and the
+    CPU scalars ``num_cu_seqlens`` and ``max_seqlen`` (docs/PACKING.md).
 
     With a ``schedule`` (a list of ``Phase``s, docs/ORDER.md "Schedules")
     each phase brings its own global batch, seq_len, lanes, window and
@@ -77,7 +81,9 @@ class StreamingLoader:
             stream, and are widened there; CUDA falls back to CPU when absent.
         host_labels: with CUDA, deliver ``labels`` as a CPU ``int64`` tensor
             (TorchTitan's trainer counts valid labels on the CPU and moves
-            them itself); the other tensors go to the device.
+            them itself); the other tensors go to the device. They view pinned
+            memory, and ``labels.to(device, non_blocking=True)`` is safe: the
+            memory is refilled only after the current stream has run past it.
         pipeline: ``"process"`` (default): fetch, decode and assembly run in
             a helper process writing into a shared-memory ring, outside this
             interpreter; ``"threads"``: on threads of this process (debugging).
@@ -90,12 +96,20 @@ class StreamingLoader:
         max_memory_bytes: refuse configs whose memory bound exceeds this.
         num_fetch_threads: concurrent storage reads.
         num_decode_threads: concurrent zstd decodes.
-        audit_log: path or URL of a JSON-lines audit log, written by rank 0.
+        audit_log: path or URL of a JSON-lines audit log, written by rank 0;
+            its ``step`` counts from 0, as ``step`` does.
         max_steps: stop after this many global steps (counted from cursor 0).
         max_epochs: stop at the step where stream ``epochs_stream`` has read
             this many whole epochs.
         epochs_stream: the stream ``max_epochs`` counts (default 0).
         end_after_phase: stop at the end of this phase of the schedule.
+        cross_document_targets: the label of each input EOS (whose next token
+            starts another document): ``"predict"`` (default: that token, the
+            plain shifted window) or ``"ignore"`` (-100, as TorchTitan's own
+            loader trains). Order and state are the same under both.
+        packing_outputs: also deliver each document's extent for packed
+            attention kernels (segment ids, ``cu_seqlens``, ``max_seqlen``,
+            document lengths); docs/PACKING.md.
 
     Raises:
         ConfigError: an impossible config, or one over ``max_memory_bytes``
@@ -130,6 +144,8 @@ class StreamingLoader:
         max_epochs: int | None = None,
         epochs_stream: int = 0,
         end_after_phase: int | None = None,
+        cross_document_targets: str = "predict",
+        packing_outputs: bool = False,
     ) -> None:
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         check_loader_args(
@@ -167,6 +183,7 @@ class StreamingLoader:
         self._end_for: RankLayout | None = None
         self._end_position: int | None = None
         try:
+            self.packing = PackingSpec(cross_document_targets=cross_document_targets, outputs=packing_outputs)
             # NOTE: construction reads straight through, each stage handing
             # its output on: streams -> phases -> layouts -> ring, delivery
             # and helper (the feed).
@@ -189,6 +206,7 @@ class StreamingLoader:
                 handover=pipeline == "process" or self._schedule is not None,
                 share_slots=audit_log is None or self.rank != 0,
                 schedule=self._schedule,
+                packing=self.packing,
             )
             first = self._book.first_layout(seq_len=seq_len, global_batch=self.global_batch_size, lanes=lanes,
                                             window=window, max_memory_bytes=max_memory_bytes)  # fmt: skip
@@ -288,7 +306,9 @@ class StreamingLoader:
 
     @property
     def step(self) -> int:
-        """The global step the next batch belongs to."""
+        """The global step the next batch belongs to, counted from 0: the
+        number of steps consumed before it (the audit log's ``step``, what
+        ``zephon-stream which --step`` takes)."""
         return self._book.step_of(self._position, self._layout)
 
     def progress(self) -> list[dict[str, Any]]:

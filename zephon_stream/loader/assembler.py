@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from zephon_stream.loader.packing import PackingSpec, PackingWriter
 from zephon_stream.loader.ring import Slot
 
 # NOTE: below this many EOS tokens per row on average, writing each document
@@ -121,14 +122,20 @@ class StepAssembler:
     are then written once over the whole step, and the EOS search reads the
     narrow tokens rather than ``int64`` inputs.
 
+    The same EOS search feeds the ``packing`` spec (loader/packing.py):
+    labels of input EOS tokens under ``"ignore"`` and the document outputs.
+
     Args:
         seq_len: ``L``.
+        packing: cross-document targets and document outputs (default: neither).
     """
 
-    def __init__(self, *, seq_len: int) -> None:
+    def __init__(self, *, seq_len: int, packing: PackingSpec | None = None) -> None:
         self.seq_len = seq_len
+        self.packing = packing or PackingSpec()
         self._is_eos: np.ndarray | None = None
         self._ramp = np.arange(seq_len, dtype=np.int64)
+        self._writer: PackingWriter | None = None
 
     def assemble(self, blocks: Sequence[np.ndarray], samples: np.ndarray, eos_ids: np.ndarray | int, slot: Slot) -> None:
         """Write the slot's ``tokens``, ``eos`` and wide arrays.
@@ -151,9 +158,17 @@ class StepAssembler:
             np.copyto(wide["input"], staging[:, :-1])
         if "labels" in wide:
             np.copyto(wide["labels"], staging[:, 1:])
+        mask_labels = self.packing.ignore and "labels" in wide
+        if "positions" not in wide and not mask_labels and not slot.packing:
+            return
+        if self._is_eos is None or self._is_eos.shape != staging.shape:
+            self._is_eos = np.empty(staging.shape, np.bool_)
+        np.equal(staging, _eos_column(eos_ids, staging.dtype), out=self._is_eos)
+        hits = np.flatnonzero(self._is_eos)
         if "positions" in wide:
-            if self._is_eos is None or self._is_eos.shape != staging.shape:
-                self._is_eos = np.empty(staging.shape, np.bool_)
-            np.equal(staging, _eos_column(eos_ids, staging.dtype), out=self._is_eos)
-            hits = np.flatnonzero(self._is_eos)
             _positions_from_hits(hits, row_width=width, out=wide["positions"], ramp=self._ramp)
+        if mask_labels or slot.packing:
+            if self._writer is None or self._writer.rows != len(staging):
+                self._writer = PackingWriter(spec=self.packing, seq_len=self.seq_len, rows=len(staging))
+            self._writer.write(hits, row_width=width, labels=wide.get("labels"), outputs=slot.packing or None,
+                               slot_index=slot.index)

@@ -14,16 +14,23 @@ the slot's narrow part (token windows at the stored width, EOS ids, sample
 positions) on a side stream, kernels on that stream widen it to ``input``,
 ``labels`` and ``positions``, and the consumer's stream waits on an event:
 the copy overlaps compute and the host never waits for it. A slot goes back
-to the producer once its transfer has finished.
+to the producer once its transfer has finished and, with host labels, once
+the consumer has dropped its views and its stream has run past any copy it
+queued from them (loader/handback.py).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 
+from zephon_stream.loader.handback import SlotReturns
+from zephon_stream.loader.packing import host_scalars
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing
 from zephon_stream.loader.widen import widen
 
@@ -31,10 +38,21 @@ BATCH_KEYS = ("input", "labels", "positions", "sample_positions")
 # NOTE: batches a CPU consumer may keep without a copy: the current step and
 # the one before.
 MAX_HELD_BATCHES = 2
+# NOTE: with CUDA host labels, slots whose views the consumer has dropped but
+# whose release event (loader/handback.py) has not completed yet: a consumer
+# whose stream runs behind by that many steps still gets views, not copies.
+# Also covers the event recorded on an idle stream and queried at once.
+PENDING_RELEASE_SLOTS = 2
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """The device batches go to; CUDA falls back to CPU (with a warning) when absent."""
+    """The device batches go to; CUDA falls back to CPU (with a warning) when absent.
+
+    Raises:
+        ValueError: a device other than CPU and CUDA, or ``"cuda"`` without an
+            index that would pick another GPU than ``LOCAL_RANK``'s (see
+            :func:`cuda_index`).
+    """
     if device is None:
         return torch.device("cpu")
     resolved = torch.device(device)
@@ -44,15 +62,41 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if resolved.type not in ("cpu", "cuda"):
         raise ValueError(f"device {device!r}: only 'cpu' and 'cuda' are supported")
     if resolved.type == "cuda" and resolved.index is None:
-        resolved = torch.device("cuda", torch.cuda.current_device())
+        index = cuda_index(
+            device_count=torch.cuda.device_count(), current_device=torch.cuda.current_device(), env=os.environ
+        )
+        resolved = torch.device("cuda", index)
     return resolved
 
 
-def _unreferenced(slab: np.ndarray) -> bool:
-    # NOTE: 3 = the ring's own entry, this function's parameter and
-    # getrefcount's argument; every view or tensor of the slot the consumer
-    # still holds adds one.
-    return sys.getrefcount(slab) <= 3
+def cuda_index(*, device_count: int, current_device: int, env: Mapping[str, str]) -> int:
+    """The GPU that ``device="cuda"`` (no index) means: the current device.
+
+    Args:
+        device_count: CUDA devices visible to this process.
+        current_device: ``torch.cuda.current_device()``.
+        env: the environment (``LOCAL_RANK`` is read from it).
+
+    Raises:
+        ValueError: ``LOCAL_RANK`` is set (torchrun), more than one GPU is
+            visible and the current device is not ``LOCAL_RANK``: a script
+            that builds the loader before ``torch.cuda.set_device`` would send
+            every rank's batches to the same GPU.
+    """
+    local_rank = env.get("LOCAL_RANK")
+    if local_rank is None or device_count <= 1:
+        return current_device
+    try:
+        wanted = int(local_rank)
+    except ValueError:
+        raise ValueError(f"LOCAL_RANK={local_rank!r} is not an integer; pass device='cuda:N' to choose the GPU") from None
+    if wanted != current_device:
+        raise ValueError(
+            f"device='cuda' names no GPU and the current CUDA device is {current_device}, but LOCAL_RANK is "
+            f"{wanted} with {device_count} GPUs visible: every rank would deliver to GPU {current_device}. Call "
+            f"torch.cuda.set_device({wanted}) before building the loader, or pass device='cuda:{wanted}'."
+        )
+    return current_device
 
 
 class CpuDelivery:
@@ -75,7 +119,7 @@ class CpuDelivery:
         self._arrays: list[dict[str, np.ndarray]] = []
         for index in range(ring.num_slots):
             slot = ring.slot(index)
-            self._arrays.append({**slot.wide, "sample_positions": slot.sample_positions})
+            self._arrays.append({**slot.wide, "sample_positions": slot.sample_positions, **slot.packing})
 
     def deliver(self, index: int) -> dict[str, torch.Tensor]:
         """The consumer's tensors for slot ``index``."""
@@ -139,8 +183,11 @@ class CudaDelivery:
                 raise RuntimeError(f"cudaHostRegister of the {array.nbytes}-byte batch ring failed (status {int(status)})")
         self._registered = True
         self._ring_tensor = torch.from_numpy(array)
-        # NOTE: (slot, its copy's event, whether host tensors of the consumer view it)
-        self._in_flight: list[tuple[int, torch.cuda.Event, bool]] = []
+        self._returns = SlotReturns(
+            referenced=ring.slot_in_use,
+            record_release=self._record_release,
+            max_viewed=MAX_HELD_BATCHES + PENDING_RELEASE_SLOTS,
+        )
 
     def slots_pinned(self) -> bool:
         """Whether the ring is page-locked memory as CUDA sees it."""
@@ -163,50 +210,46 @@ class CudaDelivery:
             # NOTE: allocated on the copy stream; the caching allocator must
             # know the consumer's stream uses them too.
             tensor.record_stream(consumer)
-        viewed = False
+        # NOTE: as on CPU, a consumer that keeps more batches (TorchTitan keeps
+        # a whole step's microbatches under gradient accumulation) gets copies
+        # of the host keys, so the ring never runs dry under it.
+        viewed = self._returns.add(index, copied=copied, host_keys=bool(self._host_keys))
+        if self._ring.layout.packing.outputs:
+            batch.update(host_scalars(self._ring.slot(index).packing))
         if self._host_keys:
             slot = self._ring.slot(index)
-            # NOTE: as on CPU, a consumer that keeps more batches (TorchTitan
-            # keeps a whole step's microbatches under gradient accumulation)
-            # gets copies, so the ring never runs dry under it.
-            viewed = sum(held for _, _, held in self._in_flight) < MAX_HELD_BATCHES
             for key in self._host_keys:
                 host_tensor = torch.from_numpy(slot.wide[key])
                 batch[key] = host_tensor if viewed else host_tensor.clone()
-        self._in_flight.append((index, copied, viewed))
         return batch
 
+    def _record_release(self) -> torch.cuda.Event:
+        # NOTE: the consumer dropped its views of a slot; copies it queued from
+        # them (labels.to(device, non_blocking=True)) are on its stream.
+        released = torch.cuda.Event()
+        released.record(torch.cuda.current_stream(self.device))
+        return released
+
     def reclaim(self) -> list[int]:
-        """Slots whose copy has finished (and, with host keys, that the
-        consumer no longer refers to). All but the last delivered slot are
-        waited for, so the producer always has slots to fill."""
-        free, keep = [], []
-        last = len(self._in_flight) - 1
-        for position, (index, copied, viewed) in enumerate(self._in_flight):
-            done = copied.query()
-            if not done and position < last:
-                copied.synchronize()
-                done = True
-            if done and (not viewed or _unreferenced(self._ring.slab(index))):
-                free.append(index)
-            else:
-                keep.append((index, copied, viewed))
-        self._in_flight = keep
-        return free
+        """Slots whose copy has finished and, with host keys, whose views the
+        consumer has dropped and whose stream has run past them. All but the
+        last delivered copy are waited for, so the producer always has slots
+        to fill (loader/handback.py)."""
+        return self._returns.reclaim()
 
     def settle(self) -> tuple[int, ...]:
         """Before a new producer starts: wait for copies in flight; the slots
-        still held (host keys the consumer keeps)."""
-        for _, copied, _ in self._in_flight:
-            copied.synchronize()
-        self.reclaim()  # NOTE: what it frees starts free for the new producer
-        return tuple(index for index, _, _ in self._in_flight)
+        still held (host views the consumer keeps, or its copies from them
+        still queued)."""
+        return self._returns.settle()
 
     def close(self) -> None:
-        """Wait for copies in flight, then unregister the ring."""
-        for _, copied, _ in self._in_flight:
-            copied.synchronize()
-        self._in_flight = []
+        """Wait for copies in flight and, if host views were handed out, for
+        the consumer's stream (it may still be copying from them); then
+        unregister the ring."""
+        self._returns.wait()
+        if self._returns.views_handed_out:
+            torch.cuda.current_stream(self.device).synchronize()
         if self._registered:
             torch.cuda.cudart().cudaHostUnregister(self._ring.as_array().ctypes.data)
             self._registered = False
@@ -229,9 +272,10 @@ def ring_wide_keys(device: torch.device, host_keys: tuple[str, ...]) -> tuple[st
     return tuple(key for key in WIDE_KEYS if key in host_keys)
 
 
-def ring_slots(prefetch_steps: int) -> int:
+def ring_slots(prefetch_steps: int, *, host_views: bool = False) -> int:
     """Slots the ring needs: the steps queued ahead, the one being assembled,
-    the ones the consumer holds as views (CPU tensors, or CUDA host labels)
-    and the one just delivered (on CUDA, its copy may be in flight)."""
-    return prefetch_steps + 1 + MAX_HELD_BATCHES + 1
+    the ones the consumer holds as views (CPU tensors, or CUDA host labels),
+    the one just delivered (on CUDA, its copy may be in flight) and, with
+    CUDA host labels (``host_views``), those waiting for their release event."""
+    return prefetch_steps + 1 + MAX_HELD_BATCHES + 1 + (PENDING_RELEASE_SLOTS if host_views else 0)
 

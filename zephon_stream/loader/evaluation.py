@@ -4,7 +4,9 @@ The order is the plan's ``EvalOrder`` (docs/ORDER.md, "Evaluation"): no
 shuffle, every sample exactly once per pass over all ranks, the last step
 padded to the global batch. Padding rows hold a real sample (so they are read
 like any other) with ``labels = -100`` and ``mask = False``: they must not
-count in the metrics.
+count in the metrics. A padding row is one document (``positions`` 0 to
+``L - 1``, and one segment in the document outputs), so no real token's
+attention reaches it whatever mask is built from the batch.
 
 NOTE: the pass runs the same fetch/decode/cache/assemble pipeline as training,
 on threads of this process rather than a helper: a held-out set is small and
@@ -22,15 +24,13 @@ import torch
 from zephon_stream.errors import ConfigError
 from zephon_stream.loader.args import resolve_rank_world
 from zephon_stream.loader.cache import BlockCache
+from zephon_stream.loader.packing import IGNORE_INDEX, PackingSpec, PackingWriter
 from zephon_stream.loader.pipeline import EndOfData, Pipeline, hand_back, reset_returned
 from zephon_stream.loader.planner import Planner
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
 from zephon_stream.loader.stats import LoaderStats
 from zephon_stream.loader.streams import Stream, StreamSource, as_streams, stream_shapes
 from zephon_stream.plan import EvalOrder
-
-IGNORE_INDEX = -100
-"""The label of a padding row (PyTorch's ``cross_entropy`` default ``ignore_index``)."""
 
 
 class EvalLoader:
@@ -40,7 +40,9 @@ class EvalLoader:
     (``int64 [local_batch_size, seq_len]``), ``sample_positions`` (the
     evaluation index of each row, ``>= num_samples`` on padding) and ``mask``
     (``bool [local_batch_size]``, False on padding rows, whose labels are all
-    ``-100``). Iterating again starts a new pass, reading the same rows.
+    ``-100``). With ``packing_outputs``, the document outputs of
+    ``StreamingLoader`` too (docs/PACKING.md), a padding row being one
+    segment. Iterating again starts a new pass, reading the same rows.
 
     Args:
         streams: the held-out dataset URL(s) or ``Stream``s (weights are ignored).
@@ -50,6 +52,10 @@ class EvalLoader:
         storage_options: fsspec options; never shown.
         prefetch_steps: steps assembled ahead of the consumer.
         num_fetch_threads, num_decode_threads: concurrent reads and decodes.
+        cross_document_targets: ``"predict"`` (default) or ``"ignore"`` (the
+            label of each input EOS is -100), as for ``StreamingLoader``.
+        packing_outputs: also deliver segment ids, ``cu_seqlens``,
+            ``max_seqlen`` and document lengths.
 
     Raises:
         ConfigError: a bad size, or datasets without a sample of ``seq_len``.
@@ -67,6 +73,8 @@ class EvalLoader:
         prefetch_steps: int = 2,
         num_fetch_threads: int = 4,
         num_decode_threads: int = 2,
+        cross_document_targets: str = "predict",
+        packing_outputs: bool = False,
     ) -> None:
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         for name, value in (("seq_len", seq_len), ("local_batch_size", local_batch_size),
@@ -79,6 +87,7 @@ class EvalLoader:
         self._sizes = (prefetch_steps, num_fetch_threads, num_decode_threads)
         self._sources: list[StreamSource] = []
         self._ring: SharedRing | None = None
+        self.packing = PackingSpec(cross_document_targets=cross_document_targets, outputs=packing_outputs)
         try:
             for index, stream in enumerate(as_streams(streams)):
                 self._sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options))
@@ -86,7 +95,8 @@ class EvalLoader:
             token_dtype = np.result_type(*(s.dtype for s in self._sources)).newbyteorder("<").str
             self._ring = SharedRing.create(
                 num_slots=prefetch_steps + 2,
-                layout=SlotLayout(rows=local_batch_size, seq_len=seq_len, token_dtype=token_dtype, wide_keys=WIDE_KEYS),
+                layout=SlotLayout(rows=local_batch_size, seq_len=seq_len, token_dtype=token_dtype, wide_keys=WIDE_KEYS,
+                                  packing=self.packing),
             )
         except BaseException:
             self.close()
@@ -152,16 +162,31 @@ class EvalLoader:
                 if isinstance(ready, EndOfData):
                     return
                 slot = self._ring.slot(ready.slot)
-                batch = {key: torch.from_numpy(array.copy()) for key, array in slot.wide.items()}
-                batch["sample_positions"] = torch.from_numpy(slot.sample_positions.copy())
-                del slot
+                arrays = {**slot.wide, "sample_positions": slot.sample_positions, **slot.packing}
+                batch = {key: torch.from_numpy(array.copy()) for key, array in arrays.items()}
+                eos = slot.eos.copy()
+                del slot, arrays
                 hand_back(self._ring, ready.slot)
                 mask = batch["sample_positions"] < self.num_samples
-                batch["labels"][~mask] = IGNORE_INDEX
+                if not mask.all():
+                    self._pad_rows(batch, ~mask, eos)
                 batch["mask"] = mask
                 yield batch
         finally:
             pipeline.close()
+
+    def _pad_rows(self, batch: dict[str, torch.Tensor], padding: torch.Tensor, eos: np.ndarray) -> None:
+        """Make the ``padding`` rows count for nothing: labels -100, each row one document."""
+        batch["labels"][padding] = IGNORE_INDEX
+        batch["positions"][padding] = torch.arange(self.seq_len, dtype=torch.int64)
+        if self.packing.outputs:
+            inputs = batch["input"].numpy()
+            hits = np.flatnonzero(inputs == eos[:, None])
+            hits = hits[~padding.numpy()[hits // self.seq_len]]
+            writer = PackingWriter(spec=self.packing, seq_len=self.seq_len, rows=self.local_batch_size)
+            outputs = {key: batch[key].numpy() for key in ("segment_ids", "document_lengths", "cu_seqlens",
+                                                           "num_cu_seqlens", "max_seqlen")}  # fmt: skip
+            writer.write(hits, row_width=self.seq_len, labels=None, outputs=outputs)
 
     def close(self) -> None:
         """Release the ring and the stores (idempotent)."""

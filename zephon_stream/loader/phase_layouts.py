@@ -15,6 +15,7 @@ import torch
 
 from zephon_stream.loader.device import ring_slots, ring_wide_keys
 from zephon_stream.loader.memory import MemoryBound
+from zephon_stream.loader.packing import PackingSpec
 from zephon_stream.loader.rank_layout import RankLayout, build_order
 from zephon_stream.loader.ring import SharedRing, SlotLayout
 from zephon_stream.loader.schedule import local_batch_of, run_end_step
@@ -45,8 +46,10 @@ class LayoutBook:
         handover: whether producer runs may overlap (a helper taking over
             from threads, or a phase's run started ahead).
         share_slots: whether consecutive small steps may share a ring slot
-            (not with CUDA delivery or an audit log, which take one step a slot).
+            (not with CUDA delivery, an audit log or packing outputs, which
+            take one step a slot).
         schedule: the schedule's order, or None.
+        packing: cross-document targets and document outputs of every slot.
     """
 
     sources: Sequence[StreamSource]
@@ -64,19 +67,22 @@ class LayoutBook:
     handover: bool = False
     share_slots: bool = True
     schedule: ScheduleOrder | None = None
+    packing: PackingSpec = PackingSpec()
     phases: dict[int, RankLayout] = dataclasses.field(default_factory=dict)
 
     @property
     def num_slots(self) -> int:
         """Slots of a ring."""
-        return ring_slots(self.prefetch_steps)
+        return ring_slots(self.prefetch_steps, host_views=bool(self.host_keys))
 
     def steps_per_slot(self, layout: RankLayout) -> int:
         """Consecutive steps of ``layout`` one ring slot holds."""
         return self._steps_per_slot(layout.global_batch // self.world_size, layout.order.config.seq_len)
 
     def _steps_per_slot(self, rows: int, seq_len: int) -> int:
-        if not self.share_slots or self.device.type != "cpu":
+        if not self.share_slots or self.device.type != "cpu" or self.packing.outputs:
+            # NOTE: cu_seqlens describes a whole step's rows, so a step with
+            # packing outputs cannot be cut out of a larger slot.
             return 1
         return max(1, min(MAX_STEPS_PER_SLOT, SLOT_TOKENS // (rows * seq_len)))
 
@@ -88,7 +94,8 @@ class LayoutBook:
     def slot_layout(self, rows: int, seq_len: int) -> SlotLayout:
         """The ring slot of a batch of ``rows`` samples of ``seq_len``."""
         return SlotLayout(
-            rows=rows, seq_len=seq_len, token_dtype=self.token_dtype, wide_keys=ring_wide_keys(self.device, self.host_keys)
+            rows=rows, seq_len=seq_len, token_dtype=self.token_dtype, wide_keys=ring_wide_keys(self.device, self.host_keys),
+            packing=self.packing,
         )
 
     def _layout(self, order: GlobalOrder, global_batch: int, **phase) -> RankLayout:

@@ -271,7 +271,7 @@ class Pipeline:
         slot = self._slots[index]
         blocks = [resident[key] for key in plan.keys]
         if self._assembler is None:
-            self._assembler = StepAssembler(seq_len=self._seq_len)
+            self._assembler = StepAssembler(seq_len=self._seq_len, packing=self._ring.layout.packing)
         eos = self._eos_ids[plan.streams] if len(self._eos_ids) > 1 else int(self._eos_ids[0])
         # NOTE: one thread assembles the whole step: handing half the rows to
         # a helper thread measured slower here (2 cores shared with decoding).

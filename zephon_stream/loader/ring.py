@@ -25,9 +25,12 @@ from __future__ import annotations
 import dataclasses
 import mmap
 import os
+import sys
 import tempfile
 
 import numpy as np
+
+from zephon_stream.loader.packing import PackingSpec, packing_offsets, packing_views
 
 WIDE_KEYS = ("input", "labels", "positions")
 _ALIGN = 64
@@ -54,12 +57,15 @@ class SlotLayout:
         token_dtype: the stored token dtype (``<u2`` or ``<u4``).
         wide_keys: the ``int64 [rows, L]`` arrays the producer writes too,
             a subset of ``("input", "labels", "positions")`` in that order.
+        packing: cross-document targets and whether the slot holds the
+            document outputs (loader/packing.py), in the part device delivery copies.
     """
 
     rows: int
     seq_len: int
     token_dtype: str
     wide_keys: tuple[str, ...]
+    packing: PackingSpec = PackingSpec()
 
     def __post_init__(self) -> None:
         assert all(key in WIDE_KEYS for key in self.wide_keys), self.wide_keys
@@ -77,6 +83,10 @@ class SlotLayout:
         for name in ("eos", "sample_positions"):
             out[name] = offset
             offset += self.rows * 8
+        if self.packing.outputs:
+            out["packing"] = offset
+            offset = packing_offsets(offset, self.rows, self.seq_len)["end"]
+        out["device_end"] = offset
         offset = _align(offset)
         for key in self.wide_keys:
             out[key] = offset
@@ -86,9 +96,9 @@ class SlotLayout:
 
     @property
     def device_bytes(self) -> int:
-        """Bytes of the first part (tokens, eos, sample positions): what
-        device delivery transfers per step."""
-        return self.offsets()["sample_positions"] + self.rows * 8
+        """Bytes of the first part (tokens, eos, sample positions, document
+        outputs when on): what device delivery transfers per step."""
+        return self.offsets()["device_end"]
 
     @property
     def slot_bytes(self) -> int:
@@ -107,6 +117,7 @@ class Slot:
         eos: ``int64 [rows]`` EOS id of each row's stream.
         sample_positions: ``int64 [rows]`` global position of each row.
         wide: ``int64 [rows, L]`` arrays by key (the layout's ``wide_keys``).
+        packing: the document outputs by key (loader/packing.py), empty when off.
     """
 
     index: int
@@ -115,6 +126,7 @@ class Slot:
     eos: np.ndarray
     sample_positions: np.ndarray
     wide: dict[str, np.ndarray]
+    packing: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def _anonymous_fd(size: int) -> int:
@@ -195,11 +207,22 @@ class SharedRing:
             key: slab[offsets[key] : offsets[key] + rows * layout.seq_len * 8].view(np.int64).reshape(rows, layout.seq_len)
             for key in layout.wide_keys
         }
-        return Slot(index=index, slab=slab, tokens=tokens, eos=eos, sample_positions=positions, wide=wide)
+        packing = {}
+        if layout.packing.outputs:
+            start = packing_offsets(offsets["packing"], rows, layout.seq_len)
+            packing = packing_views(slab, start, rows, layout.seq_len)
+        return Slot(index=index, slab=slab, tokens=tokens, eos=eos, sample_positions=positions, wide=wide,
+                    packing=packing)
 
     def slab(self, index: int) -> np.ndarray:
         """Slot ``index`` as bytes (its reference count counts its views)."""
         return self._slabs[index]
+
+    def slot_in_use(self, index: int) -> bool:
+        """Whether anything outside the ring (a view, or a tensor over one)
+        still refers to slot ``index``; the producer's own views do not count."""
+        # NOTE: 2 = the ring's list entry and getrefcount's argument.
+        return sys.getrefcount(self._slabs[index]) > 2
 
     def slot_range(self, index: int) -> tuple[int, int]:
         """``(start, end)`` byte offsets of slot ``index`` within the mapping."""

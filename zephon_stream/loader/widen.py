@@ -11,28 +11,55 @@ the host assembler computes (loader/assembler.py).
 
 from __future__ import annotations
 
+import re
+
 import torch
 
+from zephon_stream.loader.packing import ignore_eos_targets, packing_tensors
 from zephon_stream.loader.ring import SlotLayout
 
 _TORCH_DTYPES = {"<u2": torch.uint16, "<u4": torch.uint32}
 _SIGNED = {torch.uint16: (torch.int16, 0xFFFF), torch.uint32: (torch.int32, 0xFFFFFFFF)}
-# NOTE: (device type, dtype) -> whether copy_ from the unsigned dtype works
-# there; torch's unsigned dtypes have had limited kernels on some builds.
-_UNSIGNED_COPY: dict[tuple[str, torch.dtype], bool] = {}
+# NOTE: torch 2.3 gave uint16 and uint32 copy kernels (to and from the other
+# dtypes) on CPU and CUDA; the project requires torch >= 2.4, so on the two
+# devices the loader delivers to the direct copy always applies.
+_UNSIGNED_COPY_SINCE = (2, 3)
+_UNSIGNED_COPY_DEVICES = ("cpu", "cuda")
+
+
+def release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a torch version string (``"2.11.0+cu130"`` -> ``(2, 11)``)."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found is None:
+        raise ValueError(f"torch version {version!r}: expected MAJOR.MINOR...")
+    return int(found[1]), int(found[2])
+
+
+def direct_unsigned_copy(*, torch_version: str, device_type: str) -> bool:
+    """Whether ``copy_`` widens uint16/uint32 to int64 on ``device_type`` in this torch.
+
+    Decided from the version and the device, not by trying: a failed kernel
+    launch is not a way to ask, since it can leave a CUDA error behind that
+    the next launch raises.
+    """
+    return device_type in _UNSIGNED_COPY_DEVICES and release(torch_version) >= _UNSIGNED_COPY_SINCE
 
 
 def copy_ids(out: torch.Tensor, ids: torch.Tensor) -> None:
-    """``out`` (int64) = ``ids`` (uint16 or uint32), with a signed-view-and-mask
-    fallback where the device has no copy kernel for the unsigned dtype."""
-    key = (ids.device.type, ids.dtype)
-    if _UNSIGNED_COPY.get(key, True):
-        try:
-            out.copy_(ids)
-            _UNSIGNED_COPY[key] = True
-            return
-        except (RuntimeError, NotImplementedError):
-            _UNSIGNED_COPY[key] = False
+    """``out`` (int64) = ``ids`` (uint16 or uint32), on their device.
+
+    NOTE: the signed-view-and-mask path is for a torch older than 2.3 (one
+    installed without the project's requirements) or another device type;
+    neither reaches here in a supported install, and tests run it on CPU.
+    """
+    if direct_unsigned_copy(torch_version=torch.__version__, device_type=ids.device.type):
+        out.copy_(ids)
+    else:
+        copy_ids_masked(out, ids)
+
+
+def copy_ids_masked(out: torch.Tensor, ids: torch.Tensor) -> None:
+    """``out`` (int64) = ``ids`` (uint16 or uint32) through a signed view and a mask."""
     signed, mask = _SIGNED[ids.dtype]
     out.copy_(ids.view(signed))
     out.bitwise_and_(mask)
@@ -77,7 +104,9 @@ def document_positions(inputs: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
 
 def widen(raw: torch.Tensor, layout: SlotLayout) -> dict[str, torch.Tensor]:
     """``input``, ``labels``, ``positions`` and ``sample_positions`` (int64)
-    from a slot's first part, on ``raw``'s device.
+    from a slot's first part, on ``raw``'s device; labels of input EOS tokens
+    -100 under ``cross_document_targets="ignore"``, and the document outputs
+    when the layout holds them (loader/packing.py).
 
     Args:
         raw: ``uint8`` tensor of ``layout.device_bytes`` bytes.
@@ -89,9 +118,16 @@ def widen(raw: torch.Tensor, layout: SlotLayout) -> dict[str, torch.Tensor]:
     labels = torch.empty(shape, dtype=torch.int64, device=raw.device)
     copy_ids(inputs, tokens[:, :-1])
     copy_ids(labels, tokens[:, 1:])
-    return {
+    if layout.packing.ignore:
+        ignore_eos_targets(labels, inputs, eos)
+    batch = {
         "input": inputs,
         "labels": labels,
         "positions": document_positions(inputs, eos),
         "sample_positions": sample_positions,
     }
+    if layout.packing.outputs:
+        # NOTE: the producer wrote them on the host from its EOS scan; they
+        # crossed in the same transfer as the tokens.
+        batch.update(packing_tensors(raw, layout.offsets()["packing"], layout.rows, layout.seq_len))
+    return batch

@@ -31,7 +31,7 @@ from zephon_stream.format.manifest import Manifest, SourceInfo
 from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL, MANIFEST_NAME, REJECTS_NAME, SHARDS_DIR, token_dtype
 from zephon_stream.storage import LocalStore, Store, expand_inputs, is_local_url, local_path, open_store
 from zephon_stream.storage.local import TEMP_PREFIX
-from zephon_stream.writer.config import WriteConfig
+from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES, WriteConfig
 from zephon_stream.writer.pool import TokenizePool
 from zephon_stream.writer.progress import Progress, WriteSummary
 from zephon_stream.writer.readers import Reject, SourceReader
@@ -63,6 +63,7 @@ def write_dataset(
     tokens_field: str = "input_ids",
     token_dtype: str | None = None,
     append_eos: bool = False,
+    pool_min_input_bytes: int = DEFAULT_POOL_MIN_INPUT_BYTES,
 ) -> WriteSummary:
     """Tokenize raw text (or take token ids) into a dataset of zstd token shards with a manifest.
 
@@ -75,6 +76,9 @@ def write_dataset(
         text_field: JSONL key / parquet column holding the text.
         lines: one document per line of a text file.
         workers: tokenizer processes; the output is the same for any number.
+            None start for the ``bytes`` tokenizer, nor for uncompressed
+            local inputs under ``pool_min_input_bytes``: those tokenize in
+            this process.
         block_tokens: tokens per block.
         blocks_per_shard: blocks per shard (default: shards of ~64 Mi tokens).
         storage_options: fsspec/s3fs options for inputs, output and tokenizer
@@ -93,6 +97,10 @@ def write_dataset(
         append_eos: token inputs: end each document that lacks EOS with one
             (without it, such a document is rejected, and a source where no
             document ends with EOS is an error).
+        pool_min_input_bytes: uncompressed local text inputs (not .gz/.zst,
+            not Parquet) totalling less than this tokenize in this process
+            (default 4 MiB); 0 starts the ``workers`` processes for any
+            input and tokenizer.
 
     Returns:
         The run's ``WriteSummary``.
@@ -114,6 +122,7 @@ def write_dataset(
         tokens_field=tokens_field,
         token_dtype=token_dtype,
         append_eos=append_eos,
+        pool_min_input_bytes=pool_min_input_bytes,
     ).resolved()
     if config.tokens and bos_token is not None:
         raise ConfigError("token inputs are written as they are: no BOS is added (drop --bos-token)")
@@ -184,7 +193,9 @@ class _Run:
     def execute(self) -> WriteSummary:
         start = time.monotonic()
         self._prepare_output()
-        self.progress = Progress(enabled=self.show_progress, total_bytes=_total_size(self.readers))
+        total_bytes = _total_size(self.readers)
+        self.progress = Progress(enabled=self.show_progress, total_bytes=total_bytes)
+        processes = 0 if self.config.tokens else self._tokenizer_processes(total_bytes)
         self.builder = ShardBuilder(
             store=self.store,
             layout=ShardLayout(
@@ -205,13 +216,16 @@ class _Run:
                 with TokenizePool(
                     tokenizer=self.tokenizer,
                     dtype=self.dtype,
-                    workers=self.config.workers,
-                    max_in_flight=2 * self.config.workers + 2,
+                    workers=max(processes, 1),
+                    max_in_flight=2 * max(processes, 1) + 2,
                 ) as pool:
                     self._stream(pool)
-            shards = self.builder.finish()
+            # NOTE: rejects.jsonl is written while the last blocks compress and
+            # the last shard is written, not after them.
+            self.builder.end_input()
             self.rejects.seek(0)
             self.store.write_atomic(REJECTS_NAME, self.rejects.read())
+            shards = self.builder.finish()
         finally:
             self.builder.close()
             self.progress.close()
@@ -244,7 +258,26 @@ class _Run:
             input_bytes=self.bytes_done,
             seconds=time.monotonic() - start,
             fingerprint=manifest.fingerprint,
+            tokenizer_processes=processes,
         )
+
+    def _tokenizer_processes(self, total_bytes: int | None) -> int:
+        """Worker processes to tokenize with; 0 tokenizes in this process.
+
+        Spawning them (an interpreter and the tokenizer's imports each) is a
+        fixed cost that only a large enough input pays back; the output is
+        the same either way.
+        """
+        workers, floor_bytes = self.config.workers, self.config.pool_min_input_bytes
+        if workers <= 1:
+            return 0
+        if floor_bytes and not self.tokenizer.worth_processes:
+            return 0
+        # NOTE: compressed files and Parquet expand by a factor unknown before reading.
+        plain = all(r.compression is None and r.format != "parquet" for r in self.readers)
+        if plain and total_bytes is not None and total_bytes < floor_bytes:
+            return 0
+        return workers
 
     def _prepare_output(self) -> None:
         if self.store.exists(MANIFEST_NAME):

@@ -14,6 +14,10 @@ from zephon_stream.format.spec import (
 )
 
 DEFAULT_CHUNK_CHARS = 256 * 1024
+# NOTE: starting N spawned tokenizer processes costs 0.5-1 s on an idle
+# machine (seconds on a busy one), about what a BPE tokenizer takes for a few
+# MB on one core: below this size the writer tokenizes in its own process.
+DEFAULT_POOL_MIN_INPUT_BYTES = 4 * 2**20
 # NOTE: shards of about 64 Mi tokens whatever the block size: 128 MiB of uint16
 # before compression, typically 40-130 MB after it, depending on the tokenizer.
 DEFAULT_SHARD_TOKENS = DEFAULT_BLOCKS_PER_SHARD * DEFAULT_BLOCK_TOKENS
@@ -44,6 +48,11 @@ class WriteConfig:
         tokens_field: Parquet / JSONL / ``datasets`` column of token ids.
         token_dtype: dtype of raw ``.bin`` token arrays (``uint16``/``uint32``).
         append_eos: token inputs: end each document that lacks EOS with one.
+        pool_min_input_bytes: uncompressed local text inputs (not .gz/.zst,
+            not Parquet) totalling less than this are tokenized in this
+            process whatever ``workers`` says, and so is any input of the
+            ``bytes`` tokenizer; 0 starts the worker processes for any input
+            and tokenizer.
     """
 
     text_field: str = "text"
@@ -58,6 +67,7 @@ class WriteConfig:
     tokens_field: str = "input_ids"
     token_dtype: str | None = None
     append_eos: bool = False
+    pool_min_input_bytes: int = DEFAULT_POOL_MIN_INPUT_BYTES
 
     @property
     def tokens(self) -> bool:
@@ -79,6 +89,8 @@ class WriteConfig:
             raise ConfigError(f"workers {self.workers} must be at least 1")
         if not 1 <= self.zstd_level <= 22:
             raise ConfigError(f"zstd_level {self.zstd_level} is outside [1, 22]")
+        if self.pool_min_input_bytes < 0:
+            raise ConfigError(f"pool_min_input_bytes {self.pool_min_input_bytes} must not be negative")
         if self.chunk_chars < 1:
             raise ConfigError(f"chunk_chars {self.chunk_chars} must be at least 1")
         if not self.text_field:

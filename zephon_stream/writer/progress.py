@@ -21,6 +21,9 @@ class WriteSummary:
     """The accounting of one ``write_dataset`` run.
 
     ``records_in == records_written + sum(rejected.values())`` always holds.
+    ``tokenizer_processes`` counts the worker processes that tokenized (0:
+    this process did, as for token inputs, ``workers=1``, the ``bytes``
+    tokenizer and small inputs).
     """
 
     output: str
@@ -35,6 +38,7 @@ class WriteSummary:
     input_bytes: int
     seconds: float
     fingerprint: str
+    tokenizer_processes: int = 0
 
     @property
     def num_rejected(self) -> int:
@@ -66,6 +70,7 @@ class WriteSummary:
             "seconds": self.seconds,
             "tokens_per_s": self.tokens_per_s,
             "fingerprint": self.fingerprint,
+            "tokenizer_processes": self.tokenizer_processes,
         }
 
     def table(self) -> str:

@@ -123,14 +123,22 @@ class ShardBuilder:
                 self._block = np.empty(block_tokens, dtype=self._layout.dtype)
                 self._block_fill = 0
 
+    def end_input(self) -> None:
+        """No more documents: queue the short last block and shard, without waiting.
+
+        The caller can do its own closing work (``rejects.jsonl``) while they
+        are compressed and written, then wait in ``finish``.
+        """
+        if self._block_fill:
+            self._seal_block(self._block[: self._block_fill])
+            self._block_fill = 0
+        if self._frames:
+            self._seal_shard()
+
     def finish(self) -> list[ShardInfo]:
         """Write the short last block and shard; wait for every write. Returns all shards."""
         try:
-            if self._block_fill:
-                self._seal_block(self._block[: self._block_fill])
-                self._block_fill = 0
-            if self._frames:
-                self._seal_shard()
+            self.end_input()
             self._wait_upload()
         finally:
             self.close()
@@ -176,7 +184,16 @@ class ShardBuilder:
         index_bytes: bytes,
         num_documents: int,
     ) -> None:
-        resolved = [f.result() for f in frames]
+        # NOTE: the sidecar is complete already: writing it first overlaps its
+        # write (and fsync) with the compression of the shard's last blocks.
+        self._store.write_atomic(index_name(shard_index), index_bytes)
+        digest = hashlib.sha256()
+        resolved = []
+        for future in frames:
+            frame = future.result()
+            # NOTE: hashed as each frame lands, so a shard's end waits on one frame's hash, not the shard's.
+            digest.update(frame)
+            resolved.append(frame)
         frames.clear()
         offsets = np.concatenate([np.zeros(1, np.int64), np.cumsum([len(f) for f in resolved])])
         data = b"".join(resolved)
@@ -185,14 +202,13 @@ class ShardBuilder:
             path=shard_name(shard_index),
             num_tokens=shard_tokens,
             num_bytes=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
+            sha256=digest.hexdigest(),
             block_offsets=tuple(int(o) for o in offsets),
             index_path=index_name(shard_index),
             index_sha256=hashlib.sha256(index_bytes).hexdigest(),
             num_documents=num_documents,
         )
         self._store.write_atomic(info.path, data)
-        self._store.write_atomic(info.index_path, index_bytes)
         self.shards.append(info)
 
     def _wait_upload(self) -> None:

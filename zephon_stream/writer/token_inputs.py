@@ -29,6 +29,7 @@ import numpy as np
 
 from zephon_stream.errors import InputError
 from zephon_stream.storage import expand_inputs, is_local_url, local_path, open_input
+from zephon_stream.storage.redact import redact_url
 from zephon_stream.writer.readers import JSONL_SUFFIXES, Reject, SourceReader
 from zephon_stream.writer.token_arrays import FLAT_DTYPES, OFFSETS_SUFFIX, ArraySource, TokenInputConfig, exists
 from zephon_stream.writer.token_check import RawDocuments
@@ -53,15 +54,30 @@ def token_input_urls(
 
     A ``datasets`` folder stays one input; companion files (``X.idx`` of a
     listed ``X.bin``, ``X.offsets.npy``) are not inputs of their own; a lone
-    ``X.idx`` stands for ``X.bin``.
+    ``X.idx`` stands for ``X.bin``; a Megatron prefix ``X`` (what Megatron's
+    ``--data-path`` names) that matches no file stands for ``X.bin`` when
+    ``X.bin`` and ``X.idx`` both exist.
+
+    Raises:
+        InputError: a pattern that matches nothing, or a prefix with only one
+            of its ``.bin`` and ``.idx``.
     """
     urls: list[str] = []
     for raw in patterns:
         pattern = os.fspath(raw)
         if _is_datasets_dir(pattern, storage_options):
             urls.append(pattern.rstrip("/"))
-        else:
+            continue
+        try:
             urls.extend(expand_inputs([pattern], storage_options))
+        except InputError as exc:
+            prefix = _megatron_prefix(pattern, storage_options)
+            if prefix is None:
+                if any(c in pattern for c in "*?[") or pattern.lower().endswith(TOKEN_SUFFIXES):
+                    raise
+                name = redact_url(pattern)
+                raise InputError(f"{exc}, and no {name}.bin or {name}.idx for a Megatron prefix") from None
+            urls.append(prefix)
     listed = set(urls)
     out: list[str] = []
     for url in urls:
@@ -71,6 +87,23 @@ def token_input_urls(
         if url not in out:
             out.append(url)
     return out
+
+
+def _megatron_prefix(pattern: str, storage_options: Mapping[str, Any] | None) -> str | None:
+    """``PREFIX.bin`` when ``pattern`` is a Megatron prefix with both files, None when it has neither."""
+    if any(c in pattern for c in "*?[") or pattern.endswith("/"):
+        return None
+    have = {suffix: exists(pattern + suffix, storage_options) for suffix in (".bin", ".idx")}
+    if not any(have.values()):
+        return None
+    if not all(have.values()):
+        found, missing = (".bin", ".idx") if have[".bin"] else (".idx", ".bin")
+        name = redact_url(pattern)
+        raise InputError(
+            f"input {name}: a Megatron dataset prefix needs {name}.bin and {name}.idx; "
+            f"{name}{found} exists but {name}{missing} does not"
+        )
+    return pattern + ".bin"
 
 
 class TokenSource:

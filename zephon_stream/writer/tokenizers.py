@@ -59,6 +59,9 @@ class Tokenizer:
     eos_id: int
     bos_id: int | None
     fingerprint: str
+    # NOTE: False where encoding costs about what shipping the text to another
+    # process does, so worker processes can never pay for themselves.
+    worth_processes: bool = True
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text, without BOS or EOS."""
@@ -117,6 +120,7 @@ class BytesTokenizer(Tokenizer):
     eos_id = BYTES_EOS_ID
     bos_id = None
     fingerprint = hashlib.sha256(b"bytes-v1").hexdigest()
+    worth_processes = False  # NOTE: encoding is a UTF-8 copy
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [list(text.encode("utf-8")) for text in texts]
