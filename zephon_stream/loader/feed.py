@@ -19,7 +19,6 @@ the same whichever producer made them.
 
 from __future__ import annotations
 
-import collections
 import math
 import threading
 import time
@@ -31,12 +30,13 @@ import torch
 from zephon_stream.errors import HelperProcessError
 from zephon_stream.loader.device import CpuDelivery, CudaDelivery, make_delivery
 from zephon_stream.loader.phase_layouts import LayoutBook
-from zephon_stream.loader.pipeline import EndOfData, ReadyStep, hand_back
+from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.process import ProcessProducer
 from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
+from zephon_stream.loader.producer_run import ProducerRun
 from zephon_stream.loader.rank_layout import RankLayout
 from zephon_stream.loader.ring import SharedRing
-from zephon_stream.loader.stats import RunTotals, read_counters
+from zephon_stream.loader.stats import RunTotals
 from zephon_stream.loader.streams import Stream
 
 # NOTE: how long before the cursor reaches it a run is started: long enough
@@ -44,89 +44,6 @@ from zephon_stream.loader.streams import Stream
 # its ring; counted in the consumer's own steps, as timed.
 LEAD_S = 0.3
 _MAX_LEAD_STEPS = 4096
-
-
-class ProducerRun:
-    """One producer run: its ring, delivery and producer, and the cursors it covers.
-
-    Args:
-        ring: the run's own ring (overlapping runs never share one).
-        delivery: the ring's delivery.
-        producer: what fills the ring.
-        layout: the layout it reads.
-        start: the cursor of its first step.
-        end: the cursor it ends at, or None.
-        spec: the spec it was started with (a helper taking over reuses it).
-    """
-
-    def __init__(
-        self,
-        *,
-        ring: SharedRing,
-        delivery: CpuDelivery | CudaDelivery,
-        producer: ProcessProducer | ThreadProducer,
-        layout: RankLayout,
-        start: int,
-        end: int | None,
-        spec: ProducerSpec,
-    ) -> None:
-        self.ring = ring
-        self.delivery = delivery
-        self.producer = producer
-        self.layout = layout
-        self.start = start
-        self.end = end
-        self.spec = spec
-        self._rows = spec.slot_layout.rows // spec.steps_per_slot
-        self._pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]] = collections.deque()
-
-    @property
-    def in_helper(self) -> bool:
-        """Whether a helper process fills the ring."""
-        return isinstance(self.producer, ProcessProducer)
-
-    def get(self) -> tuple[ReadyStep | EndOfData, dict[str, torch.Tensor] | None]:
-        """The next step and its tensors (None at the end of the run)."""
-        if self._pending:
-            ready, batch = self._pending.popleft()
-            if isinstance(self.producer, ProcessProducer):
-                self.producer.check_alive(ready.cursor)
-            return ready, batch
-        for slot in self.delivery.reclaim():
-            hand_back(self.ring, slot)
-        ready = self.producer.get()
-        if isinstance(ready, EndOfData):
-            return ready, None
-        batch = self.delivery.deliver(ready.slot)
-        per_slot = self.spec.steps_per_slot
-        if per_slot == 1:
-            return ready, batch
-        # NOTE: the slot holds consecutive steps, rows in step order; each is
-        # handed over as views of the slot's tensors, which keep the slot
-        # held until the last of them is dropped.
-        rows, step_batch = self._rows, self.layout.global_batch
-        for k in range(1, per_slot):
-            if self.end is not None and ready.cursor + k * step_batch >= self.end:
-                break  # NOTE: the run's last slot: rows past its end are not steps
-            part = {key: tensor[k * rows : (k + 1) * rows] for key, tensor in batch.items()}
-            self._pending.append((ReadyStep(index=ready.index * per_slot + k, cursor=ready.cursor + k * step_batch,
-                                            slot=ready.slot, data_sha256=""), part))  # fmt: skip
-        first = {key: tensor[:rows] for key, tensor in batch.items()}
-        return ready, first
-
-    def counters(self) -> dict[str, Any]:
-        """The producer's counters as last published."""
-        return read_counters(self.ring.counters)
-
-    def release(self) -> None:
-        """Release the delivery and the ring (CPU batches the consumer holds stay valid)."""
-        if self.delivery is not None and isinstance(self.delivery, CudaDelivery):
-            # NOTE: the consumer may still be copying host labels (views of
-            # the pinned ring) to the device with non_blocking=True; the ring
-            # is unregistered below. (Not run on a GPU yet.)
-            torch.cuda.synchronize(self.delivery.device)
-        self.delivery.close()
-        self.ring.close()
 
 
 class BatchFeed:
