@@ -1,7 +1,7 @@
-"""An HTTP proxy on loopback that injects storage faults in front of an S3 server.
+"""An HTTP proxy on loopback that injects storage faults in front of an object-store server.
 
 Per request, with configured probabilities drawn from a seeded generator, it
-answers 500 or 503 without forwarding, resets the connection, stalls before
+answers 500, 503, 429 or 403 without forwarding, resets the connection, stalls before
 forwarding, drips the response body slowly, or sends fewer body bytes than
 Content-Length and closes. It can also add a fixed latency to every request,
 and it can be stopped and started again on the same port to play an endpoint
@@ -35,7 +35,8 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-FAULT_KINDS = ("error_500", "error_503", "reset", "stall", "slow_body", "truncate")
+# NOTE: new kinds go last: the seeded draws of the earlier ones stay as they were.
+FAULT_KINDS = ("error_500", "error_503", "reset", "stall", "slow_body", "truncate", "error_429", "error_403")
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"})
 _ERROR_BODY = (
     '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
@@ -147,6 +148,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         if fault == "error_503":
             self._send_error_xml(503, "SlowDown")
+            return
+        if fault == "error_429":
+            self._send_error_xml(429, "TooManyRequests")
+            return
+        if fault == "error_403":
+            self._send_error_xml(403, "AccessDenied")
             return
         if fault == "reset":
             self._reset()

@@ -1,4 +1,4 @@
-"""A store over any fsspec filesystem; S3 through s3fs.
+"""A store over any fsspec filesystem; S3 through s3fs, GCS through gcsfs, Azure through adlfs.
 
 One filesystem instance serves every thread of a store: s3fs runs its requests
 on fsspec's event-loop thread, so concurrent ``read_range`` calls from many
@@ -23,6 +23,7 @@ import fsspec
 from fsspec.utils import get_protocol
 
 from zephon_stream.storage.base import Store
+from zephon_stream.storage.cloud_clients import filesystem_options, make_single_attempt
 from zephon_stream.storage.redact import redact_options, redact_url, secret_values
 from zephon_stream.storage.retry import RetryPolicy
 
@@ -169,12 +170,14 @@ class FsspecStore(Store):
                 if self._protocol in S3_PROTOCOLS:
                     kwargs = s3_filesystem_options(self._options, self._retry)
                 else:
-                    kwargs = {**self._options, "skip_instance_cache": True}
+                    kwargs = filesystem_options(self._protocol, self._options, self._retry)
                 fs, root = fsspec.core.url_to_fs(self._raw_url, **kwargs)
                 if self._protocol in S3_PROTOCOLS:
                     # NOTE: s3fs's own retry loop (class default 5) is on top of
                     # botocore's; one attempt here, retries happen in RetryPolicy.
                     fs.retries = 1
+                else:
+                    make_single_attempt(self._protocol, fs)
                 self._root, self._fs_process, self._fs = root.rstrip("/"), _process[0], fs
             return self._fs, self._root
 
@@ -206,10 +209,16 @@ class FsspecStore(Store):
 
     def _write(self, path: str, data: bytes) -> None:
         fs, full = self._full(path)
-        if self._protocol not in S3_PROTOCOLS:
-            parent = full.rsplit("/", 1)[0]
-            if parent and parent != full:
-                fs.makedirs(parent, exist_ok=True)
+        if self._protocol in S3_PROTOCOLS:
+            # NOTE: s3fs uploads an object of two parts or more as a multipart
+            # upload, in parts of ``chunksize`` (default 50 MiB). The part size
+            # follows s3fs's own ``default_block_size`` option (also 50 MiB by
+            # default), so ``storage_options`` can set it; S3 wants >= 5 MiB.
+            self._call("pipe_file", full, data, chunksize=fs.default_block_size)
+            return
+        parent = full.rsplit("/", 1)[0]
+        if parent and parent != full:
+            fs.makedirs(parent, exist_ok=True)
         self._call("pipe_file", full, data)
 
     def _info(self, path: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any, BinaryIO
 
 from zephon_stream.errors import InputError, ObjectMissingError, ZephonError
 from zephon_stream.storage.base import Store
+from zephon_stream.storage.cloud_clients import filesystem_options, make_single_attempt
 from zephon_stream.storage.fsspec_store import S3_PROTOCOLS, close_filesystem, s3_filesystem_options
 from zephon_stream.storage.redact import redact_text, redact_url, secret_values
 from zephon_stream.storage.retry import RetryPolicy, call_with_retry
@@ -120,10 +121,12 @@ def _expand_remote(pattern: str, storage_options: Mapping[str, Any] | None, poli
     if protocol in S3_PROTOCOLS:
         kwargs = s3_filesystem_options(storage_options, policy)
     else:
-        kwargs = {**(storage_options or {}), "skip_instance_cache": True}
+        kwargs = filesystem_options(protocol, storage_options, policy)
     fs, path = fsspec.core.url_to_fs(pattern, **kwargs)
     if protocol in S3_PROTOCOLS:
         fs.retries = 1  # NOTE: retries happen in call_with_retry below, counted once
+    else:
+        make_single_attempt(protocol, fs)
 
     def attempt() -> list[str]:
         # NOTE: not fs.glob(), fs.isfile() or fs.isdir(): along the way they

@@ -1,9 +1,14 @@
 """Keeping secrets out of reprs, URLs, error messages and logs.
 
-A storage option is secret when its key matches ``secret|token|password|key``
-(``key``, ``secret``, ``token``, ``aws_secret_access_key``, ...). Its value is
-shown as ``***`` wherever options are displayed, and every text that leaves the
-storage layer (exception messages, log lines) is scrubbed of the raw values.
+A storage option is secret when its key matches
+``secret|token|password|key|connection_string|credential`` (``key``,
+``secret``, ``token``, ``aws_secret_access_key``, ``account_key``,
+``sas_token``, ``connection_string``, a GCS service-account dict's
+``private_key``, ...). Its value is shown as ``***`` wherever options are
+displayed, and every text that leaves the storage layer (exception messages,
+log lines) is scrubbed of the raw values. Azure account keys and SAS
+signatures are also scrubbed by their shape (``AccountKey=...``,
+``SharedAccessSignature=...``, ``sig=...``), wherever they came from.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 REDACTED = "***"
-SECRET_KEY_PATTERN = re.compile(r"secret|token|password|key", re.IGNORECASE)
+SECRET_KEY_PATTERN = re.compile(r"secret|token|password|key|connection_string|credential", re.IGNORECASE)
 
 # NOTE: credentials read from the environment are scrubbed too, because
 # botocore may echo them (e.g. an access key id in an error message).
@@ -23,7 +28,17 @@ SECRET_ENV_VARS = (
     "AWS_SECRET_ACCESS_KEY",
     "AWS_SESSION_TOKEN",
     "AWS_SECURITY_TOKEN",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_STORAGE_CLIENT_SECRET",
 )
+# NOTE: gcsfs takes these words as ``token`` to name a way to authenticate;
+# they are not credentials, and scrubbing "anon" would garble unrelated text.
+_TOKEN_METHODS = frozenset({"anon", "google_default", "cache", "cloud", "browser"})
+# NOTE: the secret part of Azure connection strings and SAS URLs, by shape, so
+# that one echoed by the SDK is hidden even if it reached us some other way.
+_AZURE_SECRETS = re.compile(r"(?P<name>AccountKey=|SharedAccessSignature=|[?&]sig=)[^;&\s\"'<>]+", re.IGNORECASE)
 
 # NOTE: very short values (e.g. "1", "us") would scrub unrelated text and are
 # not credentials anyone relies on; they are still redacted by key in reprs.
@@ -61,8 +76,12 @@ def secret_values(options: Mapping[str, Any] | None, *, include_env: bool = True
                 walk(value)
             elif is_secret_key(key) and isinstance(value, (str, bytes)):
                 text = value.decode(errors="replace") if isinstance(value, bytes) else value
-                if len(text) >= _MIN_SCRUB_LEN:
+                if len(text) >= _MIN_SCRUB_LEN and text not in _TOKEN_METHODS:
                     found.add(text)
+            elif is_secret_key(key) and isinstance(getattr(value, "token", None), str):
+                # NOTE: a credentials object (google-auth) holds its access token here.
+                if len(value.token) >= _MIN_SCRUB_LEN:
+                    found.add(value.token)
 
     if options:
         walk(options)
@@ -79,6 +98,7 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     for secret in secrets:
         if secret:
             text = text.replace(secret, REDACTED)
+    text = _AZURE_SECRETS.sub(lambda m: m.group("name") + REDACTED, text)
     return _USERINFO.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
 
 

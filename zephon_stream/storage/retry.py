@@ -1,11 +1,14 @@
 """Retries with exponential backoff and jitter: the one retry layer that counts.
 
-Transient failures (timeouts, 5xx and throttling answers, connection resets and
-refusals, bodies cut short in transit) are retried within a bounded number of
-attempts and a bounded total time. A missing object is reported at once. Any
-other failure (access denied, a bad request) is not retried. botocore and s3fs
-are configured by ``fsspec_store`` to make a single attempt each, so a dead
-endpoint fails within ``RetryPolicy`` bounds instead of hanging for minutes.
+Transient failures (timeouts, 5xx, 408 and 429 answers, throttling codes,
+connection resets and refusals, bodies cut short in transit) are retried within
+a bounded number of attempts and a bounded total time. They are recognised in
+the errors of each client: botocore (S3), gcsfs (GCS), azure-core (Azure Blob),
+aiohttp and requests. A missing object is reported at once. Any other failure
+(access denied, bad credentials, a bad request) is not retried. The clients are
+configured (``fsspec_store``, ``cloud_clients``) to make a single attempt each,
+so a dead endpoint fails within ``RetryPolicy`` bounds instead of hanging for
+minutes, and every retry is counted here.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import functools
 import logging
 import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +45,8 @@ _TRANSIENT_CODES = frozenset(
         "RequestLimitExceeded",
         "BadGateway",
         "GatewayTimeout",
+        "ServerBusy",
+        "OperationTimedOut",
     }
 )
 _TRANSIENT_ERRNOS = frozenset(
@@ -143,6 +149,62 @@ def _transient_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+# NOTE: looked up in sys.modules rather than imported: a library that was never
+# imported raised nothing, and importing gcsfs or azure here would cost every
+# process that only reads local files.
+_LIBRARY_TRANSIENT_NAMES = {
+    "requests.exceptions": ("ConnectionError", "ChunkedEncodingError", "Timeout", "ContentDecodingError"),
+    "azure.core.exceptions": (
+        "ServiceRequestError",
+        "ServiceResponseError",
+        "IncompleteReadError",
+    ),
+}
+
+
+def _library_transient_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = []
+    for module_name, names in _LIBRARY_TRANSIENT_NAMES.items():
+        module = sys.modules.get(module_name)
+        if module is not None:
+            types += [getattr(module, name) for name in names if hasattr(module, name)]
+    return tuple(types)
+
+
+def _from_library(exc: BaseException, prefix: str) -> bool:
+    return any(cls.__module__.startswith(prefix) for cls in type(exc).__mro__)
+
+
+def http_status(exc: BaseException) -> tuple[int | None, str | None]:
+    """The HTTP status and error code an exception carries, if its client says.
+
+    botocore puts them in ``response``, azure-core in ``status_code`` and
+    ``error_code``, gcsfs's ``HttpError`` in ``code``, aiohttp in ``status``.
+    """
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return (int(status) if status else None), response.get("Error", {}).get("Code")
+    if _from_library(exc, "azure."):
+        status = getattr(exc, "status_code", None)
+        return (status if isinstance(status, int) else None), getattr(exc, "error_code", None)
+    if _from_library(exc, "gcsfs"):
+        code = getattr(exc, "code", None)
+        if isinstance(code, int) or (isinstance(code, str) and code.isdigit()):
+            return int(code), None
+        return None, None
+    if _from_library(exc, "aiohttp"):
+        status = getattr(exc, "status", None)
+        return (status if isinstance(status, int) and status else None), None
+    return None, None
+
+
+def _is_transient_status(status: int | None, code: str | None) -> bool:
+    if code in _TRANSIENT_CODES:
+        return True
+    return status is not None and (status >= 500 or status in (408, 429))
+
+
 def is_missing(exc: BaseException) -> bool:
     """Whether ``exc`` says the object does not exist."""
     return isinstance(exc, FileNotFoundError)
@@ -150,33 +212,26 @@ def is_missing(exc: BaseException) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it was raised from) is worth retrying."""
-    transient_types = _transient_types()
+    transient_types = _transient_types() + _library_transient_types()
     for item in _chain(exc):
         if isinstance(item, FileNotFoundError):
             return False
         if isinstance(item, transient_types):
             return True
-        response = getattr(item, "response", None)
-        if isinstance(response, dict):
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
-            code = response.get("Error", {}).get("Code", "")
-            if status >= 500 or status == 429 or code in _TRANSIENT_CODES:
-                return True
+        if _is_transient_status(*http_status(item)):
+            return True
         if isinstance(item, OSError) and item.errno in _TRANSIENT_ERRNOS:
             return True
     return False
 
 
 def describe_error(exc: BaseException) -> str:
-    """``Type: message``, plus the HTTP status and S3 error code when a response is known."""
+    """``Type: message``, plus the HTTP status and error code when the client reports them."""
     text = f"{type(exc).__name__}: {exc}"
     for item in _chain(exc):
-        response = getattr(item, "response", None)
-        if isinstance(response, dict):
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            code = response.get("Error", {}).get("Code")
-            if status or code:
-                return f"{text} [HTTP {status} {code}]"
+        status, code = http_status(item)
+        if status or code:
+            return f"{text} [HTTP {status} {code}]" if code else f"{text} [HTTP {status}]"
     return text
 
 

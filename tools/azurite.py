@@ -1,0 +1,269 @@
+"""Azure Blob Storage on loopback: Azurite's blob service on a free port, data in a folder.
+
+Azurite comes from npm. ``azurite_blob_binary()`` uses ``azurite-blob`` from
+``$AZURITE_BLOB``, the PATH, or a cache folder (``$ZEPHON_AZURITE_DIR``,
+default ``~/.cache/zephon-stream/azurite-VERSION``), and installs it there with
+``npm install`` when none is found; node and npm must be on the PATH.
+
+It always runs with ``--disableTelemetry``: without it Azurite contacts an
+outside telemetry host at start. It serves the published development account
+(``devstoreaccount1``) and checks request signatures against its key.
+
+    python tools/azurite.py --container data
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess as sp
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tools.server_process import ServerProcess, answers_http, exported_env, free_ports, serve_until_signalled
+
+AZURITE_VERSION = "3.37.0"
+ACCOUNT_NAME = "devstoreaccount1"
+# NOTE: Azurite's published development key (in Azure's docs), not a secret.
+ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+# NOTE: Azurite saves its metadata (which blobs exist) every 5 s; a blob
+# written less than this before a SIGKILL is gone after the restart.
+METADATA_SAVE_INTERVAL_S = 5.0
+INSTALL_HINT = f"install node and npm (Azurite is then installed with: npm install azurite@{AZURITE_VERSION})"
+_NPM_INSTALL_TIMEOUT_S = 600.0
+
+
+def azurite_install_dir() -> Path:
+    """Where Azurite is installed when it is not on the PATH."""
+    configured = os.environ.get("ZEPHON_AZURITE_DIR")
+    if configured:
+        return Path(configured)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "zephon-stream" / f"azurite-{AZURITE_VERSION}"
+
+
+def azurite_blob_binary(*, install: bool = True) -> str:
+    """The path of ``azurite-blob``, installed with npm into the cache folder if missing.
+
+    Raises:
+        FileNotFoundError: not found and ``install`` is False, or npm is missing;
+            the message says what to install.
+        RuntimeError: ``npm install`` failed (its output is quoted).
+    """
+    for candidate in (os.environ.get("AZURITE_BLOB"), shutil.which("azurite-blob")):
+        if candidate:
+            return candidate
+    folder = azurite_install_dir()
+    binary = folder / "node_modules" / ".bin" / "azurite-blob"
+    if binary.exists():
+        return str(binary)
+    if not install:
+        raise FileNotFoundError(f"azurite-blob not found in {folder} or on PATH; {INSTALL_HINT}")
+    npm = shutil.which("npm")
+    if npm is None or shutil.which("node") is None:
+        raise FileNotFoundError(f"azurite-blob not found and node/npm are missing; {INSTALL_HINT}")
+    folder.mkdir(parents=True, exist_ok=True)
+    # NOTE: test sessions started at once would otherwise run npm into the same
+    # folder together; the second one waits and then finds the binary.
+    with open(folder / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not binary.exists():
+            result = sp.run(
+                [npm, "install", "--prefix", str(folder), "--no-audit", "--no-fund", f"azurite@{AZURITE_VERSION}"],
+                capture_output=True,
+                text=True,
+                timeout=_NPM_INSTALL_TIMEOUT_S,
+            )
+            if result.returncode != 0 or not binary.exists():
+                raise RuntimeError(
+                    f"npm install azurite@{AZURITE_VERSION} into {folder} failed (code {result.returncode}):\n"
+                    f"{(result.stdout + result.stderr)[-2000:]}"
+                )
+    return str(binary)
+
+
+def connection_string(blob_endpoint: str, account_key: str = ACCOUNT_KEY) -> str:
+    """An Azure connection string for the development account at ``blob_endpoint``."""
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT_NAME};AccountKey={account_key};"
+        f"BlobEndpoint={blob_endpoint.rstrip('/')}/{ACCOUNT_NAME};"
+    )
+
+
+class Azurite:
+    """Azurite's blob service on 127.0.0.1, as a context manager.
+
+    Args:
+        data_dir: where blobs and metadata live; None makes a temporary
+            folder, removed by ``stop()``. A given folder is kept.
+        port: the blob port; 0 picks a free one.
+        containers: containers created once the server answers.
+        host: the address to bind.
+    """
+
+    def __init__(
+        self,
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        port: int = 0,
+        containers: Iterable[str] = (),
+        host: str = "127.0.0.1",
+    ) -> None:
+        self._host = host
+        self._requested_port = port
+        self._containers = list(containers)
+        self._owns_dir = data_dir is None
+        self._data_dir = Path(data_dir) if data_dir is not None else None
+        self._port = 0
+        self._process: ServerProcess | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        if self._data_dir is None:
+            raise RuntimeError("Azurite is not started")
+        return self._data_dir
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def endpoint_url(self) -> str:
+        if not self._port:
+            raise RuntimeError("Azurite is not started")
+        return f"http://{self._host}:{self._port}"
+
+    def connection_string(self, endpoint_url: str | None = None) -> str:
+        """The development account's connection string, via ``endpoint_url`` (a proxy) if given."""
+        return connection_string(endpoint_url or self.endpoint_url)
+
+    def storage_options(self) -> dict[str, Any]:
+        """adlfs options reaching this server."""
+        return {"connection_string": self.connection_string()}
+
+    def env(self) -> dict[str, str]:
+        """Variables that point adlfs in a child process at this server."""
+        return {"AZURE_STORAGE_CONNECTION_STRING": self.connection_string()}
+
+    def exported_env(self) -> contextlib.AbstractContextManager[None]:
+        """Point this process's ``AZURE_STORAGE_CONNECTION_STRING`` at the server while the block runs."""
+        return exported_env(self.env())
+
+    def start(self) -> "Azurite":
+        """Start the blob service (installing Azurite if needed), wait until it answers, create the containers.
+
+        Raises:
+            FileNotFoundError: Azurite is missing and cannot be installed.
+            ServerStartError: it exited or did not answer (the message quotes its log).
+        """
+        if self._process is not None and self._process.running:
+            return self
+        binary = azurite_blob_binary()
+        if self._data_dir is None:
+            self._data_dir = Path(tempfile.mkdtemp(prefix="zs-azurite-"))
+        workspace = self._data_dir / "workspace"
+        workspace.mkdir(parents=True, exist_ok=True)
+        self._port = self._requested_port or free_ports(1, self._host)[0]
+        argv = [
+            binary,
+            "--blobHost", self._host,
+            "--blobPort", str(self._port),
+            "--location", str(workspace),
+            "--silent",
+            "--skipApiVersionCheck",
+            "--loose",
+            "--disableTelemetry",
+        ]  # fmt: skip
+        self._process = ServerProcess(
+            name=f"Azurite on {self._host}:{self._port}",
+            argv=argv,
+            ready=lambda: answers_http(f"{self.endpoint_url}/{ACCOUNT_NAME}?comp=list"),
+            log_path=self._data_dir / "azurite.log",
+        )
+        try:
+            self._process.start()
+            for container in self._containers:
+                self.create_container(container)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the server; port and data are kept for ``restart()``.
+
+        Blobs written within ``METADATA_SAVE_INTERVAL_S`` before are lost.
+        """
+        if self._process is not None:
+            self._process.kill()
+
+    def restart(self) -> "Azurite":
+        """Start the server again on the same port and data."""
+        if self._process is None:
+            raise RuntimeError("Azurite was never started")
+        self._process.restart()
+        return self
+
+    def stop(self) -> None:
+        """Stop the server; a temporary data folder is removed."""
+        if self._process is not None:
+            self._process.stop()
+            self._process = None
+        if self._owns_dir and self._data_dir is not None:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
+            self._data_dir = None
+        self._port = 0
+
+    def create_container(self, name: str) -> str:
+        """Create container ``name`` (existing is fine) and return ``az://name``."""
+        from azure.core.exceptions import ResourceExistsError
+        from azure.storage.blob import BlobServiceClient
+
+        with BlobServiceClient.from_connection_string(self.connection_string()) as client:
+            try:
+                client.create_container(name)
+            except ResourceExistsError:
+                pass
+        return f"az://{name}"
+
+    def __enter__(self) -> "Azurite":
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = f"{self._host}:{self._port} pid {self.pid}" if self._port else "stopped"
+        return f"Azurite({where})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run Azurite (Azure Blob) on 127.0.0.1 until interrupted.")
+    parser.add_argument("--port", type=int, default=0, help="blob port (0: a free one)")
+    parser.add_argument("--dir", default=None, help="data folder, kept (default: a temporary one, removed)")
+    parser.add_argument("--container", action="append", default=[], help="container to create (repeatable)")
+    args = parser.parse_args(argv)
+    server = Azurite(data_dir=args.dir, port=args.port, containers=args.container)
+
+    def lines() -> list[str]:
+        head = f"Azurite blob on {server.endpoint_url}, pid {server.pid}, data in {server.data_dir}"
+        return [head, *(f"export {name}='{value}'" for name, value in server.env().items())]
+
+    return serve_until_signalled(server, name="Azurite", lines=lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

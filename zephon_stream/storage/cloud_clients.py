@@ -1,0 +1,80 @@
+"""Client settings for Google Cloud Storage (gcsfs) and Azure Blob (adlfs).
+
+Each client library retries on its own schedule: gcsfs up to 6 attempts with
+sleeps up to 32 s, the Azure SDK up to 10 with exponential backoff (one 503
+became a 20 s stall). Both are cut to a single attempt here, as botocore and
+s3fs are for S3, so that ``RetryPolicy`` is the one layer that retries, bounds
+the time and counts every retry in ``stats()["retries"]``.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Mapping
+from typing import Any
+
+from zephon_stream.storage.retry import RetryPolicy
+
+GCS_PROTOCOLS = ("gs", "gcs")
+AZURE_PROTOCOLS = ("az", "abfs", "abfss")
+
+
+def filesystem_options(protocol: str, storage_options: Mapping[str, Any] | None, policy: RetryPolicy) -> dict[str, Any]:
+    """fsspec keyword arguments for a non-S3 ``protocol``: the user's options plus timeouts.
+
+    The per-attempt connect and read timeouts of ``policy`` bound each request
+    (gcsfs ``requests_timeout``, adlfs ``connection_timeout`` and
+    ``read_timeout``). Options the user passes explicitly win.
+    """
+    opts = dict(storage_options or {})
+    if protocol in GCS_PROTOCOLS:
+        # NOTE: pointed at an emulator, gcsfs would otherwise look for Google
+        # credentials, the metadata server included; Google's own client
+        # connects anonymously there too.
+        if "token" not in opts and os.environ.get("STORAGE_EMULATOR_HOST"):
+            opts["token"] = "anon"
+        if "requests_timeout" not in opts:
+            import aiohttp
+
+            opts["requests_timeout"] = aiohttp.ClientTimeout(
+                connect=policy.connect_timeout_s, sock_read=policy.read_timeout_s
+            )
+    elif protocol in AZURE_PROTOCOLS:
+        opts.setdefault("connection_timeout", max(1, round(policy.connect_timeout_s)))
+        opts.setdefault("read_timeout", max(1, round(policy.read_timeout_s)))
+    opts["skip_instance_cache"] = True
+    return opts
+
+
+def make_single_attempt(protocol: str, fs: Any) -> None:
+    """Turn off the client library's own retries on ``fs`` (gcsfs, adlfs; others untouched)."""
+    if protocol in GCS_PROTOCOLS:
+        _gcsfs_single_attempt(fs)
+    elif protocol in AZURE_PROTOCOLS:
+        _adlfs_single_attempt(fs)
+
+
+def _gcsfs_single_attempt(fs: Any) -> None:
+    # NOTE: gcsfs wraps its request methods in a retry decorator whose attempt
+    # count is fixed when the class is defined; ``GCSFileSystem.retries`` is
+    # not read afterwards. The undecorated methods, bound to this instance,
+    # make one attempt each.
+    for name in ("_request", "_get_file_request"):
+        method = getattr(type(fs), name, None)
+        raw = getattr(method, "__wrapped__", None)
+        if raw is not None:
+            setattr(fs, name, types.MethodType(raw, fs))
+
+
+def _adlfs_single_attempt(fs: Any) -> None:
+    # NOTE: adlfs builds its BlobServiceClient without retry settings; every
+    # blob client it derives shares the service client's retry policy object,
+    # so setting its counts to zero makes every request a single attempt.
+    client = getattr(fs, "service_client", None)
+    policy = getattr(getattr(client, "_config", None), "retry_policy", None)
+    if policy is None:
+        return
+    for name in ("total_retries", "connect_retries", "read_retries", "status_retries"):
+        if hasattr(policy, name):
+            setattr(policy, name, 0)
