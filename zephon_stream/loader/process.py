@@ -196,6 +196,11 @@ class ProcessProducer:
             self._conn.close()
             self._socket.close()
             self._conn = None  # type: ignore[assignment]
+        if not self._started and self._process.returncode is None:
+            # NOTE: a helper never given a run holds nothing but its socket;
+            # one still loading would notice the close only once its imports
+            # are done (up to a second or more on a busy machine).
+            self._process.kill()
         if wait and self._process.returncode is None:
             try:
                 self._process.wait(timeout=_EXIT_WAIT_S)
