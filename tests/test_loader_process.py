@@ -197,8 +197,8 @@ def test_the_helper_imports_no_torch_and_fits_its_memory_allowance(small_dataset
 
 @pytest.mark.parametrize("pipeline", ["process", "threads"])
 def test_batches_are_views_of_the_ring_unless_the_consumer_hoards_them(small_dataset, pipeline):
-    # NOTE: 64 rows of 128 tokens: one step a ring slot.
-    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=64, pipeline=pipeline) as loader:
+    # NOTE: 128 rows of 128 tokens: one step a ring slot (SLOT_TOKENS).
+    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=128, pipeline=pipeline) as loader:
         if pipeline == "process":
             steps_until_the_helper_serves(loader)  # NOTE: from here on, one ring
         low, high = loader.ring.address(), loader.ring.address() + loader.ring.nbytes

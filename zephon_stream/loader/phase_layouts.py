@@ -25,7 +25,7 @@ from zephon_stream.plan import GlobalOrder, ScheduleOrder
 # NOTE: a step of few tokens costs the producer and the trainer about as much
 # Python as a large one; below this many tokens a step, several consecutive
 # steps share one ring slot (one assembly, one message), up to the cap.
-SLOT_TOKENS = 8192
+SLOT_TOKENS = 16384
 MAX_STEPS_PER_SLOT = 16
 
 

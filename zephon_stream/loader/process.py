@@ -146,7 +146,8 @@ class ProcessProducer:
         step all the same)."""
         if self._error is not None:
             raise self._error
-        if self._process.poll() is not None:
+        # NOTE: asks without reaping (cheaper than Popen.poll); _fail reaps.
+        if os.waitid(os.P_PID, self._process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
             step = self._start_step + (cursor - self._start) // self._global_batch
             self._fail(f"while step {step} (global cursor {cursor}) was due")
 

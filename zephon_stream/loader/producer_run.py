@@ -81,13 +81,15 @@ class ProducerRun:
         # handed over as views of the slot's tensors, which keep the slot
         # held until the last of them is dropped.
         rows, step_batch = self._rows, self.layout.global_batch
-        for k in range(1, per_slot):
-            if self.end is not None and ready.cursor + k * step_batch >= self.end:
-                break  # NOTE: the run's last slot: rows past its end are not steps
-            part = {key: tensor[k * rows : (k + 1) * rows] for key, tensor in batch.items()}
+        steps = per_slot if self.end is None else min(per_slot, (self.end - ready.cursor) // step_batch)
+        # NOTE: one split per key (a torch slice per step and key cost ~2.5 us);
+        # a run's last slot may hold rows past its end, which are not steps.
+        keys = list(batch)
+        parts = zip(*(batch[key].split(rows)[:steps] for key in keys))
+        first = dict(zip(keys, next(parts)))
+        for k, views in enumerate(parts, start=1):
             self._pending.append((ReadyStep(index=ready.index * per_slot + k, cursor=ready.cursor + k * step_batch,
-                                            slot=ready.slot, data_sha256=""), part))  # fmt: skip
-        first = {key: tensor[:rows] for key, tensor in batch.items()}
+                                            slot=ready.slot, data_sha256=""), dict(zip(keys, views))))  # fmt: skip
         return ready, first
 
     def counters(self) -> dict[str, Any]:
