@@ -319,9 +319,15 @@ def test_stats_count_the_whole_run_across_phases_and_a_restarted_helper(urls, pi
     for key in FETCH_TOTALS:
         values = [stats[key] for stats in seen]
         assert values == sorted(values), (key, values)  # NOTE: totals never drop at a phase change
-    # NOTE: each phase reads blocks of its own; the run's total covers every phase's.
-    per_phase = [seen[3]["blocks_decoded"], seen[6]["blocks_decoded"], seen[9]["blocks_decoded"]]
-    assert 0 < per_phase[0] < per_phase[1] < per_phase[2] <= seen[-1]["blocks_decoded"]
+    # NOTE: each phase's run has a cache of its own, so it decodes every
+    # block it serves; the run's total covers every phase's (the last phase's
+    # counters alone would not).
+    served: dict[int, set] = {}
+    for step in range(10):
+        piece = loader.schedule.rank_slice(step, 1, 0)
+        served.setdefault(piece.phase, set()).update(zip(piece.stream.tolist(), piece.block.tolist()))
+    assert len(served) == 3
+    assert seen[9]["blocks_decoded"] >= sum(len(blocks) for blocks in served.values()) > max(map(len, served.values()))
     assert seen[-1]["steps"] == 13 + taken and seen[-1]["retries"] == 0
     if pipeline == "process":
         assert seen[-1]["blocks_fetched"] > seen[-4]["blocks_fetched"] and seen[-4]["steps"] == steps_at_the_kill

@@ -233,7 +233,7 @@ class BatchFeed:
         num_steps = None if end is None else (end - takeover) // batch
         start_step = spec.start_step + (takeover - spec.start) // batch
         self._next = self._new_run(run.layout, start=takeover, start_step=start_step, num_steps=num_steps,
-                                   hash_data=spec.hash_data, more_runs=False)  # fmt: skip
+                                   hash_data=spec.hash_data, more_runs=run.more_runs)  # fmt: skip
         run.producer.end_at((takeover - run.start) // slot_batch)
         run.end = takeover
 
@@ -272,8 +272,10 @@ class BatchFeed:
             delivery.close()
             ring.close()
             raise
-        return ProducerRun(ring=ring, delivery=delivery, producer=producer, layout=layout, start=start, end=end,
-                           spec=spec)  # fmt: skip
+        run = ProducerRun(ring=ring, delivery=delivery, producer=producer, layout=layout, start=start, end=end,
+                          spec=spec)  # fmt: skip
+        run.more_runs = more_runs
+        return run
 
     def _producer(self, spec: ProducerSpec, ring: SharedRing, *, more_runs: bool) -> ProcessProducer | ThreadProducer:
         helper = self._spare_helper

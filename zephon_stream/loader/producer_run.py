@@ -53,6 +53,7 @@ class ProducerRun:
         self.start = start
         self.end = end
         self.spec = spec
+        self.more_runs = False  # NOTE: another run follows (a helper taking this one over starts a spare)
         self._rows = spec.slot_layout.rows // spec.steps_per_slot
         self._pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]] = collections.deque()
 
