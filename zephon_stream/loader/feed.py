@@ -86,6 +86,7 @@ class BatchFeed:
         self._retiring: list[tuple[threading.Thread, ProducerRun]] = []
         self._totals = RunTotals()
         self._last_get_s: float | None = None
+        self._quiet = False
         self._step_s = 0.0
         if first_layout is not None:
             self.prepare(first_layout)
@@ -188,18 +189,8 @@ class BatchFeed:
         """
         run = self._run
         assert run is not None
-        now = time.perf_counter()
-        if self._last_get_s is not None:
-            # NOTE: the consumer's step, smoothed; it sets how far ahead runs start.
-            self._step_s = 0.8 * self._step_s + 0.2 * (now - self._last_get_s) if self._step_s else now - self._last_get_s
-        self._last_get_s = now
-        if self._retiring or self._exiting:
-            self._settle_retired(wait=False)
-        if self._next is not None and position == self._next.start:
-            self.switch(position)
-            run = self._run
-        elif self._next is None and not run.in_helper and self._spare_helper is not None:
-            self._hand_over(run, position)
+        if not self._quiet:
+            run = self._watch(run, position)
         try:
             return run.get()
         except HelperProcessError:
@@ -217,6 +208,27 @@ class BatchFeed:
                                   hash_data=run.spec.hash_data, more_runs=False, steps_per_slot=1)  # fmt: skip
         self._retire(run, wait=True)
         return self._run.get()
+
+    def _watch(self, run: ProducerRun, position: int) -> ProducerRun:
+        """Before a step: time the consumer, settle retired runs, switch to a
+        run started ahead or hand this one over; the run to read from."""
+        now = time.perf_counter()
+        if self._last_get_s is not None:
+            # NOTE: the consumer's step, smoothed; it sets how far ahead runs start.
+            self._step_s = 0.8 * self._step_s + 0.2 * (now - self._last_get_s) if self._step_s else now - self._last_get_s
+        self._last_get_s = now
+        if self._retiring or self._exiting:
+            self._settle_retired(wait=False)
+        if self._next is not None and position == self._next.start:
+            self.switch(position)
+            run = self._run
+        elif self._next is None and not run.in_helper and self._spare_helper is not None:
+            self._hand_over(run, position)
+        # NOTE: a run in the helper with no schedule and nothing left to
+        # settle needs no watching until the loader stops or seeks.
+        self._quiet = (run.in_helper and self._next is None and self._book.schedule is None
+                       and not self._retiring and not self._exiting)  # fmt: skip
+        return run
 
     def _hand_over(self, run: ProducerRun, position: int) -> None:
         """A helper that has become ready takes the rest of a run on threads
@@ -326,6 +338,7 @@ class BatchFeed:
 
     def stop(self) -> None:
         """Stop every run, the one in progress and one started ahead (idempotent)."""
+        self._quiet = False
         next_run, self._next = self._next, None
         run, self._run = self._run, None
         self._retire(next_run, wait=True)
