@@ -1,4 +1,8 @@
-"""Read throughput of StreamingLoader (one rank), local disk and S3 (moto).
+"""Read throughput of StreamingLoader (one rank), local disk and object stores.
+
+``--backend local`` (the default) gives the figures below; ``--backend
+moto|seaweedfs|gcs|azure`` measures the loader on that server against local
+disk in the same run (benchmarks/bench_read_remote.py says what it prints).
 
 Dataset: the Python standard library sources on this machine (site-packages
 excluded), written with the ``bytes`` tokenizer: about 30 million tokens.
@@ -60,17 +64,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 import zstandard
 
+from benchmarks.bench_read_remote import BACKENDS, remote_figures
 from tools.fault_proxy import FaultProxy
 from zephon_stream import Manifest, StreamingLoader, write_dataset
 from zephon_stream.storage import copy_dataset, open_store
+from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS
 from zephon_stream.storage.embedded_s3 import EmbeddedS3
 
 
-def build_dataset(out: Path, blocks_per_shard: int) -> Manifest:
+def build_dataset(out: Path, blocks_per_shard: int | None, *, copies: int = 1,
+                  block_tokens: int = DEFAULT_BLOCK_TOKENS) -> Manifest:
+    """The stdlib sources, ``copies`` times over (each copy read through its own
+    link to the folder, so the copies are distinct inputs)."""
     if not (out / "manifest").exists():
         root = Path(sysconfig.get_paths()["stdlib"])
-        files = sorted(str(p) for p in root.rglob("*.py") if "site-packages" not in p.parts)
-        write_dataset(files, str(out), tokenizer="bytes", blocks_per_shard=blocks_per_shard, progress=False)
+        rels = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if "site-packages" not in p.parts)
+        if copies == 1:
+            files = [str(root / rel) for rel in rels]
+        else:
+            files = []
+            for copy in range(copies):
+                link = out.parent / f"{out.name}-inputs" / f"copy{copy}"
+                link.parent.mkdir(parents=True, exist_ok=True)
+                if not link.exists():
+                    link.symlink_to(root)
+                files += [str(link / rel) for rel in rels]
+        write_dataset(files, str(out), tokenizer="bytes", blocks_per_shard=blocks_per_shard,
+                      block_tokens=block_tokens, progress=False)
     return Manifest.load(str(out))
 
 
@@ -165,12 +185,13 @@ def loader_tokens_per_s(url: str, options: dict | None, args: argparse.Namespace
             return time.process_time() + (process_cpu_s(loader.helper_pid) if loader.helper_pid else 0.0)
 
         first, cpu = time.perf_counter(), cpu_s()
-        marks = []
+        marks, first_pass_blocks = [], 0
         for index in range(passes * steps - 1):
             batch = next(batches)
             if (index + 2) % steps == 0:
                 synchronize()
                 marks.append((time.perf_counter(), cpu_s()))
+                first_pass_blocks = first_pass_blocks or loader.stats()["blocks_fetched"]
         assert batch["input"].device.type == device
         stats = loader.stats()
     tokens = rows * args.seq_len
@@ -183,6 +204,10 @@ def loader_tokens_per_s(url: str, options: dict | None, args: argparse.Namespace
         "passes": passes,
         "stall_s_per_step": stats["stall_s_per_step"],
         "blocks_fetched": stats["blocks_fetched"],
+        "first_pass_blocks": first_pass_blocks,
+        "cpu_s": first_cpu_done - cpu,
+        "fetch_ms_per_block": stats["fetch_s"] / max(1, stats["blocks_fetched"]) * 1e3,
+        "retries": stats["retries"],
     }
     if passes > 1:
         figures["steady_tokens_per_s"] = tokens * steps * (passes - 1) / (last[0] - first_done)
@@ -245,7 +270,18 @@ def dataset_parser(doc: str) -> argparse.ArgumentParser:
 
 def main() -> None:
     parser = dataset_parser(__doc__)
-    parser.add_argument("--blocks-per-shard", type=int, default=2)
+    parser.add_argument("--backend", default="local", choices=("local", *BACKENDS),
+                        help="local: the local figures (and moto's S3 section unless --local-only); any other: "
+                             "that server on loopback against local disk (benchmarks/bench_read_remote.py)")
+    parser.add_argument("--blocks-per-shard", type=int, default=None,
+                        help="default 2 for local and moto (moto copies the whole object per ranged GET), "
+                             "else the writer's default")
+    parser.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS)
+    parser.add_argument("--copies", type=int, default=1, help="copies of the stdlib sources in the dataset")
+    parser.add_argument("--trials", type=int, default=2, help="paired local/server trials (--backend)")
+    parser.add_argument("--fetch-concurrency", type=int, default=8,
+                        help="raw range reads at once (the loader's num_fetch_threads default)")
+    parser.add_argument("--raw-passes", type=int, default=2, help="passes over the blocks of the raw range reads")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3,
                         help="passes over the data for the throughput figures (the first, and the steady rest)")
@@ -265,9 +301,25 @@ def main() -> None:
     parser.add_argument("--packing-steps", type=int, default=300)
     args = parser.parse_args()
 
+    if args.blocks_per_shard is None and args.backend in ("local", "moto"):
+        args.blocks_per_shard = 2
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.data_dir or tmp) / "stdlib-bytes"
-        manifest = build_dataset(root, args.blocks_per_shard)
+        name = "stdlib-bytes"
+        if (args.copies, args.block_tokens, args.blocks_per_shard) != (1, DEFAULT_BLOCK_TOKENS, 2):
+            name += f"-x{args.copies}-b{args.block_tokens}-s{args.blocks_per_shard or 'default'}"
+        root = Path(args.data_dir or tmp) / name
+        manifest = build_dataset(root, args.blocks_per_shard, copies=args.copies, block_tokens=args.block_tokens)
+        if args.backend != "local":
+            print(f"dataset: {manifest.num_tokens} tokens, {manifest.num_blocks} blocks of {manifest.block_tokens} "
+                  f"tokens, {manifest.num_shards} shards, {manifest.compressed_bytes / 2**20:.1f} MiB compressed; "
+                  f"{args.local_batch} x {args.seq_len}")
+            epoch_steps = manifest.num_tokens // args.seq_len // args.local_batch - 2
+            figures = {"tokens": manifest.num_tokens, "blocks": manifest.num_blocks,
+                       "block_tokens": manifest.block_tokens, "seq_len": args.seq_len, "local_batch": args.local_batch,
+                       **remote_figures(manifest, root, args, epoch_steps)}
+            figures["load_average_1min"] = os.getloadavg()[0]
+            print(json.dumps(figures))
+            return
         if args.latency_only:
             print(json.dumps(latency_figure(root, args)))
             return

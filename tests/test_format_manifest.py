@@ -266,3 +266,57 @@ def test_fuzz_replaced_fields_only_raise_manifest_errors(key: str, value) -> Non
         Manifest.from_bytes(data, where="fuzz")
     except ManifestError:
         pass
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("path", "../x"), ("path", "a//b"), ("path", "s3:x"), ("path", ""), ("path", 7), ("path", "a/./b"),
+        ("path", "x" * 5000), ("path", "shards/00000001.zst"), ("path", "rejects.jsonl"), ("index_path", "/abs"),
+        ("num_tokens", 0), ("num_tokens", True), ("num_tokens", 2**64), ("num_tokens", 30.0), ("num_tokens", 40),
+        ("num_bytes", 299), ("num_bytes", -1), ("num_documents", -1), ("num_documents", False),
+        ("sha256", "XYZ"), ("sha256", "A" * 64), ("index_sha256", None),
+        ("block_offsets", (0, 100, 100, 300)), ("block_offsets", (5, 100, 200, 300)), ("block_offsets", (0, 100, 300)),
+        ("block_offsets", (0, 100, 200.0, 300)), ("block_offsets", (0, 100, True, 300)), ("block_offsets", [0, 100, 200, 300]),
+        ("block_offsets", (0, 200, 100, 300)), ("block_offsets", (0, 100, 200, 2**64)),
+    ],
+)
+def test_bulk_shard_checks_refuse_what_the_per_shard_checks_refuse(field: str, value) -> None:
+    from zephon_stream.format import validation
+
+    good = merged_manifest()
+    shards = list(good.shards)
+    shards[0] = dataclasses.replace(shards[0], **{field: value})
+    bad = object.__new__(Manifest)
+    bad.__dict__.update(good.__dict__)
+    object.__setattr__(bad, "shards", tuple(shards))
+    assert validation._shards_pass(good)
+    assert not validation._shards_pass(bad)
+    with pytest.raises(ManifestError):
+        validation.validate_manifest(bad)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("path", ""), ("path", 3), ("num_records", 9), ("num_records", -1), ("num_documents", True), ("num_rejected", 1.0)],
+)
+def test_bulk_source_checks_refuse_what_the_per_source_checks_refuse(field: str, value) -> None:
+    from zephon_stream.format import validation
+
+    good = merged_manifest()
+    sources = list(good.sources)
+    sources[0] = dataclasses.replace(sources[0], **{field: value})
+    bad = object.__new__(Manifest)
+    bad.__dict__.update(good.__dict__)
+    object.__setattr__(bad, "sources", tuple(sources))
+    assert validation._sources_pass(good)
+    assert not validation._sources_pass(bad)
+    with pytest.raises(ManifestError):
+        validation.validate_manifest(bad)
+
+
+def test_a_manifest_decoded_in_bulk_equals_one_decoded_field_by_field() -> None:
+    good = merged_manifest()
+    decoded = Manifest.from_bytes(good.to_bytes())
+    assert decoded == good and decoded.shards == good.shards and decoded.sources == good.sources
+    assert all(type(s.block_offsets) is tuple for s in decoded.shards)

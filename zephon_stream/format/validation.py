@@ -7,11 +7,15 @@ Each failure names the field and both values.
 
 from __future__ import annotations
 
+import itertools
 import operator
+import re
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from zephon_stream.errors import ManifestError, VersionError
-from zephon_stream.format.fields import HEX64, MAX_UINT64, check_relative_path
+from zephon_stream.format.fields import HEX64, MAX_PATH_CHARS, MAX_UINT64, check_relative_path
 from zephon_stream.format.fingerprint import compute_fingerprint
 from zephon_stream.format.spec import (
     DTYPE_NAMES,
@@ -116,6 +120,79 @@ def validate_source(i: int, source: SourceInfo) -> None:
         )
 
 
+# NOTE: the paths check_relative_path accepts, as one pattern (for the bulk check).
+_CLEAN_PATH = re.compile(r"(?:(?!\.\.?(?:/|\Z))[^/:\\\x00-\x1f\x7f]+)(?:/(?!\.\.?(?:/|\Z))[^/:\\\x00-\x1f\x7f]+)*")
+
+
+def _all_uints(values: list[Any], *, minimum: int = 0) -> bool:
+    return not values or (set(map(type, values)) == {int} and min(values) >= minimum and max(values) <= MAX_UINT64)
+
+
+def _all_clean_paths(paths: list[Any]) -> bool:
+    return not paths or (
+        set(map(type, paths)) == {str} and max(map(len, paths)) <= MAX_PATH_CHARS and all(map(_CLEAN_PATH.fullmatch, paths))
+    )
+
+
+def _all_hex64(values: list[Any]) -> bool:
+    return not values or (set(map(type, values)) == {str} and all(map(HEX64.fullmatch, values)))
+
+
+def _shards_pass(m: Manifest) -> bool:
+    """Whether every shard passes :func:`validate_shard` and the path uniqueness rule, checked in bulk.
+
+    NOTE: a manifest of a million blocks has tens of thousands of shards; this
+    checks them column by column in C loops, and the per-shard checks run only
+    when it fails, to word the error.
+    """
+    shards = m.shards
+    if not shards:
+        return True
+    paths, index_paths = [s.path for s in shards], [s.index_path for s in shards]
+    tokens, nbytes = [s.num_tokens for s in shards], [s.num_bytes for s in shards]
+    offsets = [s.block_offsets for s in shards]
+    if not (
+        _all_clean_paths(paths) and _all_clean_paths(index_paths)
+        and len({*paths, *index_paths, m.rejects_path}) == 2 * len(shards) + 1
+        and _all_uints(tokens, minimum=1) and _all_uints(nbytes, minimum=1)
+        and _all_uints([s.num_documents for s in shards])
+        and _all_hex64([s.sha256 for s in shards]) and _all_hex64([s.index_sha256 for s in shards])
+        and set(map(type, offsets)) == {tuple}
+    ):
+        return False
+    counts = np.fromiter(map(len, offsets), dtype=np.int64, count=len(offsets))
+    try:
+        expected = np.array([blocks_in(t, m.block_tokens) for t in tokens], dtype=np.int64)
+    except OverflowError:
+        return False
+    if not (np.array_equal(counts, expected + 1) and int(expected.max()) <= m.blocks_per_shard):
+        return False
+    if set(map(type, itertools.chain.from_iterable(offsets))) != {int}:
+        return False
+    try:
+        flat = np.fromiter(itertools.chain.from_iterable(offsets), dtype=np.int64, count=int(counts.sum()))
+        sizes = np.array(nbytes, dtype=np.int64)
+    except OverflowError:
+        return False
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    increasing = np.diff(flat) > 0
+    increasing[ends[:-1] - 1] = True  # NOTE: one shard's last offset and the next one's first
+    return bool(increasing.all() and (flat[starts] == 0).all() and (flat[ends - 1] == sizes).all())
+
+
+def _sources_pass(m: Manifest) -> bool:
+    """Whether every source passes :func:`validate_source`, checked in bulk (see :func:`_shards_pass`)."""
+    sources = m.sources
+    paths = [s.path for s in sources]
+    records, docs, rejected = ([getattr(s, f) for s in sources] for f in ("num_records", "num_documents", "num_rejected"))
+    return (
+        (not paths or (set(map(type, paths)) == {str} and all(paths)))
+        and _all_uints(records) and _all_uints(docs) and _all_uints(rejected)
+        and list(map(operator.add, docs, rejected)) == records
+    )
+
+
 def validate_manifest(m: Manifest) -> None:
     """Raise ManifestError (or a subclass) unless ``m`` is internally consistent."""
     version = m.version
@@ -133,28 +210,30 @@ def validate_manifest(m: Manifest) -> None:
     check_relative_path(m.rejects_path, field="rejects_path", where="manifest")
     _hex64("fingerprint", m.fingerprint)
 
-    tokens = blocks = documents = compressed = 0
-    seen: dict[str, str] = {}
-    for i, shard in enumerate(m.shards):
-        validate_shard(i, shard, block_tokens=block_tokens, blocks_per_shard=blocks_per_shard)
-        for field, path in (("path", shard.path), ("index_path", shard.index_path)):
-            if path in seen or path == m.rejects_path:
-                raise ManifestError(f"shards[{i}].{field}: path {path!r} is also used by {seen.get(path, 'rejects_path')}")
-            seen[path] = f"shards[{i}].{field}"
-        tokens += shard.num_tokens
-        blocks += shard.num_blocks
-        documents += shard.num_documents
-        compressed += shard.num_bytes
+    if not _shards_pass(m):
+        seen: dict[str, str] = {}
+        for i, shard in enumerate(m.shards):
+            validate_shard(i, shard, block_tokens=block_tokens, blocks_per_shard=blocks_per_shard)
+            for field, path in (("path", shard.path), ("index_path", shard.index_path)):
+                if path in seen or path == m.rejects_path:
+                    raise ManifestError(
+                        f"shards[{i}].{field}: path {path!r} is also used by {seen.get(path, 'rejects_path')}"
+                    )
+                seen[path] = f"shards[{i}].{field}"
+    tokens = sum(s.num_tokens for s in m.shards)
+    blocks = sum(len(s.block_offsets) for s in m.shards) - len(m.shards)
+    documents = sum(s.num_documents for s in m.shards)
+    compressed = sum(s.num_bytes for s in m.shards)
     _total("num_tokens", m.num_tokens, tokens, "the sum over shards")
     _total("num_blocks", m.num_blocks, blocks, "the sum over shards")
     _total("num_documents", m.num_documents, documents, "the sum over shards")
     _total("compressed_bytes", m.compressed_bytes, compressed, "the sum of shard num_bytes")
 
-    source_docs = rejected = 0
-    for i, source in enumerate(m.sources):
-        validate_source(i, source)
-        source_docs += source.num_documents
-        rejected += source.num_rejected
+    if not _sources_pass(m):
+        for i, source in enumerate(m.sources):
+            validate_source(i, source)
+    source_docs = sum(s.num_documents for s in m.sources)
+    rejected = sum(s.num_rejected for s in m.sources)
     _total("num_documents", m.num_documents, source_docs, "the sum over sources")
     _total("num_rejected", m.num_rejected, rejected, "the sum over sources")
 

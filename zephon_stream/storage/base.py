@@ -10,14 +10,15 @@ underscore primitives.
 from __future__ import annotations
 
 import abc
+import asyncio
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from zephon_stream.errors import PathEscapeError, TruncatedObjectError
 from zephon_stream.storage.redact import redact_text
-from zephon_stream.storage.retry import RetryPolicy, ShortReadError, call_with_retry
+from zephon_stream.storage.retry import RetryPolicy, ShortReadError, call_with_retry, call_with_retry_async
 
 T = TypeVar("T")
 
@@ -146,17 +147,64 @@ class Store(abc.ABC):
             data = self._read_range(rel, start, end)
             if len(data) == want:
                 return data
-            size = self._size(rel)
-            if size < end:
-                raise TruncatedObjectError(
-                    f"{self._name(rel)} bytes [{start}, {end}): object is truncated "
-                    f"(expected at least {end} bytes, got {size})"
-                )
-            raise ShortReadError(f"body ended after {len(data)} of {want} bytes")
+            raise self._short_read_error(rel, start, end, len(data), self._size(rel))
 
         data = self._run("read_range", rel, f" bytes [{start}, {end})", attempt)
         self._stats.add(reads=1, bytes_read=len(data))
         return data
+
+    def event_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop :meth:`read_range_async` runs on, or None where reads are blocking calls only.
+
+        A network store whose client is asynchronous (s3fs, gcsfs, adlfs) answers
+        its client's loop: many reads then wait there at once, with no thread each.
+        """
+        return None
+
+    async def read_range_async(self, path: str, start: int, end: int) -> bytes:
+        """:meth:`read_range` as a coroutine on :meth:`event_loop`: the same checks, retries and counters."""
+        rel = self._check(path)
+        if not (isinstance(start, int) and isinstance(end, int)) or start < 0 or end < start:
+            raise ValueError(f"{self._name(rel)}: invalid byte range [{start}, {end})")
+        if end == start:
+            return b""
+        want = end - start
+
+        async def attempt() -> bytes:
+            data = await self._read_range_async(rel, start, end)
+            if len(data) == want:
+                return data
+            raise self._short_read_error(rel, start, end, len(data), await self._size_async(rel))
+
+        try:
+            data = await call_with_retry_async(
+                attempt,
+                policy=self._retry,
+                what=f"read_range {self._name(rel)} bytes [{start}, {end})",
+                scrub=self.scrub,
+                on_retry=lambda: self._stats.add(retries=1),
+                stop=self._closing,
+            )
+        except Exception:
+            self._stats.add(errors=1)
+            raise
+        self._stats.add(reads=1, bytes_read=len(data))
+        return data
+
+    def _short_read_error(self, rel: str, start: int, end: int, got: int, size: int) -> Exception:
+        """What a body of ``got`` bytes means where ``end - start`` were asked of an object of ``size``."""
+        if size < end:
+            return TruncatedObjectError(
+                f"{self._name(rel)} bytes [{start}, {end}): object is truncated "
+                f"(expected at least {end} bytes, got {size})"
+            )
+        return ShortReadError(f"body ended after {got} of {end - start} bytes")
+
+    def _read_range_async(self, path: str, start: int, end: int) -> Awaitable[bytes]:
+        raise NotImplementedError(f"{type(self).__name__} has no event loop")
+
+    def _size_async(self, path: str) -> Awaitable[int]:
+        raise NotImplementedError(f"{type(self).__name__} has no event loop")
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Store ``data`` at ``path``: readers see the old object or the whole new one."""

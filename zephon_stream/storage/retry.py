@@ -23,7 +23,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from zephon_stream.errors import ConfigError, ObjectMissingError, StorageError, ZephonError
@@ -31,6 +31,9 @@ from zephon_stream.errors import ConfigError, ObjectMissingError, StorageError, 
 logger = logging.getLogger("zephon_stream.storage")
 
 T = TypeVar("T")
+
+# NOTE: how often an async backoff sleep looks whether its store was closed.
+_STOP_POLL_S = 0.05
 
 _TRANSIENT_CODES = frozenset(
     {
@@ -235,6 +238,41 @@ def describe_error(exc: BaseException) -> str:
     return text
 
 
+class _Attempts:
+    """One operation's attempts: decides, after each failure, to raise or how long to wait."""
+
+    def __init__(self, *, policy: RetryPolicy, what: str, scrub: Callable[[str], str]) -> None:
+        self._policy = policy
+        self._what = what
+        self._scrub = scrub
+        self._started = time.monotonic()
+        self.count = 0
+        self.detail = ""
+
+    def failed(self, exc: Exception) -> float:
+        """The sleep before the next attempt; raises when ``exc`` ends the operation."""
+        what = self._what
+        detail = self.detail = self._scrub(describe_error(exc))
+        if is_missing(exc):
+            raise ObjectMissingError(f"{what}: object not found ({detail})") from None
+        if not is_transient(exc):
+            raise StorageError(f"{what}: failed, not retryable ({detail})") from None
+        elapsed = time.monotonic() - self._started
+        sleep_s = self._policy.backoff_s(self.count - 1)
+        if self.count >= self._policy.max_attempts or elapsed + sleep_s > self._policy.timeout_s:
+            logger.warning("%s: giving up after %d attempts in %.1fs: %s", what, self.count, elapsed, detail)
+            raise StorageError(
+                f"{what}: failed after {self.count} attempts in {elapsed:.1f}s (last error: {detail})"
+            ) from None
+        logger.info("%s: attempt %d failed (%s); retrying in %.2fs", what, self.count, detail, sleep_s)
+        return sleep_s
+
+    def abandoned(self) -> StorageError:
+        return StorageError(
+            f"{self._what}: abandoned after {self.count} attempts, the store was closed (last error: {self.detail})"
+        )
+
+
 def call_with_retry(
     attempt: Callable[[], T],
     *,
@@ -261,32 +299,50 @@ def call_with_retry(
         StorageError: a non-transient failure, or transient ones past the bounds.
         ZephonError: raised by ``attempt`` itself, passed through unchanged.
     """
-    started = time.monotonic()
-    attempts = 0
+    attempts = _Attempts(policy=policy, what=what, scrub=scrub)
     while True:
-        attempts += 1
+        attempts.count += 1
         try:
             return attempt()
         except ZephonError:
             raise
-        except Exception as exc:  # noqa: BLE001 - classified below
-            detail = scrub(describe_error(exc))
-            if is_missing(exc):
-                raise ObjectMissingError(f"{what}: object not found ({detail})") from None
-            if not is_transient(exc):
-                raise StorageError(f"{what}: failed, not retryable ({detail})") from None
-            elapsed = time.monotonic() - started
-            sleep_s = policy.backoff_s(attempts - 1)
-            if attempts >= policy.max_attempts or elapsed + sleep_s > policy.timeout_s:
-                logger.warning("%s: giving up after %d attempts in %.1fs: %s", what, attempts, elapsed, detail)
-                raise StorageError(
-                    f"{what}: failed after {attempts} attempts in {elapsed:.1f}s (last error: {detail})"
-                ) from None
-            logger.info("%s: attempt %d failed (%s); retrying in %.2fs", what, attempts, detail, sleep_s)
+        except Exception as exc:  # noqa: BLE001 - classified by attempts.failed
+            sleep_s = attempts.failed(exc)
             on_retry()
             if stop is None:
                 time.sleep(sleep_s)
             elif stop.wait(sleep_s):
-                raise StorageError(
-                    f"{what}: abandoned after {attempts} attempts, the store was closed (last error: {detail})"
-                ) from None
+                raise attempts.abandoned() from None
+
+
+async def call_with_retry_async(
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    policy: RetryPolicy,
+    what: str,
+    scrub: Callable[[str], str],
+    on_retry: Callable[[], None] = lambda: None,
+    stop: threading.Event | None = None,
+) -> T:
+    """:func:`call_with_retry` for a coroutine: the same bounds, errors and counting.
+
+    Backoff sleeps on the event loop, so other requests on it go on meanwhile;
+    ``stop`` is looked at every ``_STOP_POLL_S`` of a sleep.
+    """
+    attempts = _Attempts(policy=policy, what=what, scrub=scrub)
+    while True:
+        attempts.count += 1
+        try:
+            return await attempt()
+        except ZephonError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified by attempts.failed
+            sleep_s = attempts.failed(exc)
+            on_retry()
+            deadline = time.monotonic() + sleep_s
+            while (left_s := deadline - time.monotonic()) > 0:
+                if stop is not None and stop.is_set():
+                    raise attempts.abandoned() from None
+                await asyncio.sleep(min(left_s, _STOP_POLL_S))
+            if stop is not None and stop.is_set():
+                raise attempts.abandoned() from None
