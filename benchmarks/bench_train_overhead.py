@@ -57,6 +57,18 @@ from zephon_stream import StreamingLoader
 PIPELINES = ("process", "threads")
 
 
+def warm_up(loader: StreamingLoader, steps: int) -> None:
+    """``steps`` steps, then more until the helper process serves them (a
+    run's first steps come from threads while the helper starts; the figures
+    here are the steady state)."""
+    for _ in range(steps):
+        next(loader)
+    deadline = time.monotonic() + 120
+    while loader.pipeline_mode == "process" and loader.helper_pid is None and time.monotonic() < deadline:
+        next(loader)
+        time.sleep(0.005)
+
+
 def python_work(iterations: int) -> int:
     """Pure-Python work that holds the interpreter lock throughout."""
     total = 0
@@ -86,8 +98,8 @@ def python_loop(url: str | None, args: argparse.Namespace, iterations: int, pipe
     if url is not None:
         loader = StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, pipeline=pipeline)
     try:
-        for _ in range(args.warm_steps if loader is not None else 0):
-            next(loader)
+        if loader is not None:
+            warm_up(loader, args.warm_steps)
         usage, cpu, started = resource.getrusage(resource.RUSAGE_THREAD), time.thread_time(), time.perf_counter()
         for _ in range(args.steps):
             if loader is not None:
@@ -109,8 +121,7 @@ def cpu_per_step_s(url: str, args: argparse.Namespace, pipeline: str) -> tuple[f
     whatever else the machine does. The helper's is its whole process (0 with
     threads)."""
     with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, pipeline=pipeline) as loader:
-        for _ in range(args.warm_steps):
-            next(loader)
+        warm_up(loader, args.warm_steps)
         pid = loader.helper_pid
         helper_start = process_cpu_s(pid) if pid else 0.0
         spent = 0.0

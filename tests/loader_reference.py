@@ -8,6 +8,7 @@ global position, so runs at different world sizes compare bit for bit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -95,3 +96,17 @@ def resume_points(order, global_batch: int, manifest, *, max_steps: int = 2000) 
         if inside_blocks(k) and manifest.block_location(blocks(k)[0][1])[1] > 0
     )
     return {"mid_block": mid_block, "mid_shard": mid_shard, "epoch": order.streams[0].lane_length}
+
+
+def steps_until_the_helper_serves(loader, *, pause_s: float = 0.02, timeout_s: float = 120.0) -> int:
+    """Take steps, pausing between them, until the loader's helper process
+    serves them (the first steps of a run may come from threads while the
+    helper starts); returns how many were taken."""
+    deadline = time.monotonic() + timeout_s
+    taken = 0
+    while loader.helper_pid is None:
+        assert time.monotonic() < deadline, f"no helper took over within {timeout_s} s"
+        next(loader)
+        taken += 1
+        time.sleep(pause_s)
+    return taken

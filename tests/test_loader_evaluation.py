@@ -4,10 +4,13 @@ mask False), and a second pass reads the same rows."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
+from fixtures_corpus import write_small_dataset
 from loader_reference import DirectReader
 from zephon_stream.errors import ConfigError
 from zephon_stream.loader.evaluation import IGNORE_INDEX, EvalLoader
@@ -53,3 +56,18 @@ def test_each_sample_is_read_once_per_pass_and_padding_is_masked(small_dataset, 
 def test_bad_sizes_are_refused(small_dataset):
     with pytest.raises(ConfigError, match="local_batch_size"):
         EvalLoader(small_dataset.url, seq_len=SEQ_LEN, local_batch_size=0)
+
+
+def test_a_rebuild_reuses_the_parsed_manifest_unless_the_dataset_was_written_again(stdlib_corpus, tmp_path):
+    url = str(tmp_path / "heldout")
+    first = write_small_dataset(stdlib_corpus, tmp_path / "heldout", "bytes", num_files=10)
+    with EvalLoader(url, seq_len=SEQ_LEN, local_batch_size=2) as one, EvalLoader(url, seq_len=SEQ_LEN,
+                                                                                   local_batch_size=2) as two:
+        # NOTE: what a validator's rebuild reads again is parsed and validated once.
+        assert one.manifests[0][1] is two.manifests[0][1]
+        assert one.manifests[0][1].fingerprint == first.manifest.fingerprint
+    shutil.rmtree(tmp_path / "heldout")  # NOTE: the same place, written again with more files
+    second = write_small_dataset(stdlib_corpus, tmp_path / "heldout", "bytes", num_files=12)
+    with EvalLoader(url, seq_len=SEQ_LEN, local_batch_size=2) as three:
+        assert three.manifests[0][1].fingerprint == second.manifest.fingerprint != first.manifest.fingerprint
+        assert three.num_samples > one.num_samples

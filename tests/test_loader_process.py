@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from loader_reference import run_step_hashes
+from loader_reference import run_step_hashes, steps_until_the_helper_serves
 from tools.reliability.common import process_table
 from zephon_stream import StreamingLoader
 from zephon_stream.errors import ConfigError, HelperProcessError
@@ -58,6 +58,13 @@ def helpers_running() -> set[int]:
         except OSError:
             continue
     return found
+
+
+def our_helpers() -> set[int]:
+    """Pids of the live helper processes this test process started (other
+    jobs on the machine may run helpers of their own)."""
+    table = process_table()
+    return {pid for pid in helpers_running() if table.get(pid, (None, 0))[1] == os.getpid()}
 
 
 def shm_entries() -> set[str]:
@@ -119,6 +126,7 @@ def test_narrow_rows_widened_by_torch_equal_the_host_assembly(token_dtype, unsig
 def test_a_killed_helper_raises_at_the_next_step_naming_it(small_dataset):
     shm = shm_entries()
     loader = StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, prefetch_steps=4)
+    taken = steps_until_the_helper_serves(loader)
     kept = [next(loader) for _ in range(3)]
     pid = loader.helper_pid
     with open(f"/proc/{pid}/maps") as maps:
@@ -126,11 +134,12 @@ def test_a_killed_helper_raises_at_the_next_step_naming_it(small_dataset):
     assert "/memfd:zephon-ring" in mapped and "/dev/shm" not in mapped  # NOTE: a ring with no name
     os.kill(pid, signal.SIGKILL)
     assert wait_gone(pid)
-    with pytest.raises(HelperProcessError, match=rf"helper process \(pid {pid}\) was killed by SIGKILL while step 3 "):
+    step = taken + 3
+    with pytest.raises(HelperProcessError, match=rf"helper process \(pid {pid}\) was killed by SIGKILL while step {step} "):
         next(loader)
     with pytest.raises(HelperProcessError):  # NOTE: and at every later step
         next(loader)
-    assert loader.position == 3 * 4
+    assert loader.position == step * 4
     assert all(batch["input"].shape == (4, 128) for batch in kept)
     loader.close()
     assert pid not in helpers_running() and shm_entries() == shm
@@ -143,7 +152,9 @@ def test_a_killed_trainer_takes_its_helper_with_it(small_dataset, tmp_path):
         import sys, time
         from zephon_stream import StreamingLoader
         loader = StreamingLoader({small_dataset.url!r}, seq_len=128, local_batch_size=4)
-        next(loader)
+        while loader.helper_pid is None:
+            next(loader)
+            time.sleep(0.02)
         print(loader.helper_pid, flush=True)
         time.sleep(120)
     """))
@@ -172,6 +183,7 @@ def test_the_helper_imports_no_torch_and_fits_its_memory_allowance(small_dataset
         url, options = bucket.url("data"), bucket.storage_options
         copy_dataset(small_dataset.url, url, dst_options=options)
     with StreamingLoader(url, seq_len=128, local_batch_size=4, storage_options=options) as loader:
+        steps_until_the_helper_serves(loader)
         for _ in range(20):
             next(loader)
         pid = loader.helper_pid
@@ -185,7 +197,10 @@ def test_the_helper_imports_no_torch_and_fits_its_memory_allowance(small_dataset
 
 @pytest.mark.parametrize("pipeline", ["process", "threads"])
 def test_batches_are_views_of_the_ring_unless_the_consumer_hoards_them(small_dataset, pipeline):
-    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, pipeline=pipeline) as loader:
+    # NOTE: 128 rows of 128 tokens: one step a ring slot (SLOT_TOKENS).
+    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=128, pipeline=pipeline) as loader:
+        if pipeline == "process":
+            steps_until_the_helper_serves(loader)  # NOTE: from here on, one ring
         low, high = loader.ring.address(), loader.ring.address() + loader.ring.nbytes
 
         def in_ring(batch):
@@ -198,10 +213,67 @@ def test_batches_are_views_of_the_ring_unless_the_consumer_hoards_them(small_dat
         assert [in_ring(b) for b in kept] == [True, False, False, False, False, False]
 
 
+@pytest.mark.parametrize("pipeline", ["process", "threads"])
+def test_small_steps_share_a_slot_and_a_hoarding_consumer_still_gets_every_step(small_dataset, pipeline):
+    # NOTE: 4 rows of 128 tokens: 16 steps a slot, handed over as views; the
+    # slots a consumer keeps count as held batches.
+    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, pipeline=pipeline, seed=2) as loader:
+        if pipeline == "process":
+            steps_until_the_helper_serves(loader)
+        start = loader.position
+        low, high = loader.ring.address(), loader.ring.address() + loader.ring.nbytes
+        kept = [next(loader) for _ in range(80)]
+        views = [all(low <= t.data_ptr() < high for t in batch.values()) for batch in kept]
+        assert views[:16] == [True] * 16 and not any(views[48:])
+    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, pipeline="threads", seed=2) as reference:
+        reference.load_state_dict({**reference.state_dict(), "position": start})
+        for batch in kept:
+            expected = next(reference)
+            assert all(torch.equal(batch[key], expected[key]) for key in expected)
+
+
 def test_the_helper_runs_at_the_niceness_asked_for(small_dataset):
     for nice in (0, 10):
         with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, helper_nice=nice) as loader:
-            next(loader)
+            steps_until_the_helper_serves(loader)
             assert os.getpriority(os.PRIO_PROCESS, loader.helper_pid) == os.getpriority(os.PRIO_PROCESS, 0) + nice
     with pytest.raises(ConfigError, match="helper_nice"):
         StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, helper_nice=25)
+
+
+def test_a_run_the_helper_takes_over_from_threads_reads_what_threads_read(small_dataset):
+    # NOTE: the first steps come from threads of this process while the
+    # helper starts; it takes over at a step boundary some steps ahead.
+    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, seed=3) as loader:
+        hashes, served_by = [], []
+        while len(served_by) < 2 or served_by[-1] is None or len(hashes) < served_by.index(loader.helper_pid) + 10:
+            hashes += run_step_hashes([loader], 1)
+            served_by.append(loader.helper_pid)
+            time.sleep(0.01)
+    assert served_by[0] is None and served_by[-1] is not None, "the helper never took over"
+    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, seed=3, pipeline="threads") as threads:
+        assert run_step_hashes([threads], len(hashes)) == hashes
+
+
+@pytest.mark.parametrize("moment", ["while_it_starts", "while_it_takes_over"])
+def test_a_helper_killed_during_a_hand_over_raises_and_leaves_nothing(small_dataset, moment):
+    shm = shm_entries()
+    loader = StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4)
+    if moment == "while_it_takes_over":
+        deadline = time.monotonic() + 120
+        # NOTE: the helper has been given the rest of the run from a cursor ahead; threads still serve.
+        while loader._feed.next_start is None:
+            assert time.monotonic() < deadline
+            next(loader)
+            time.sleep(0.01)
+        assert loader.helper_pid is None
+    (pid,) = our_helpers()
+    os.kill(pid, signal.SIGKILL)
+    assert wait_gone(pid)
+    with pytest.raises(HelperProcessError, match=rf"helper process \(pid {pid}\) was killed by SIGKILL"):
+        for _ in range(10_000):
+            next(loader)
+    with pytest.raises(HelperProcessError):
+        next(loader)
+    loader.close()
+    assert our_helpers() == set() and shm_entries() == shm

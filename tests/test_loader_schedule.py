@@ -6,6 +6,9 @@ runs end where asked."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 import numpy as np
 import torch
@@ -13,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loader_reference import DirectReader, run_step_hashes
+from loader_reference import DirectReader, run_step_hashes, steps_until_the_helper_serves
 from zephon_stream import Phase, StreamingLoader
-from zephon_stream.errors import ConfigError, StateMismatchError
+from zephon_stream.errors import ConfigError, HelperProcessError, StateMismatchError
 
 # NOTE: the fixture datasets have 4097-token blocks: every seq_len here tiles them.
 SEQ_LENS = (64, 128, 256, 512)
@@ -133,20 +136,30 @@ THREE_PHASES = [
 ]
 
 
+LONG_PHASES = [
+    Phase(start_step=0, global_batch=8, seq_len=256),
+    Phase(start_step=25, global_batch=12, seq_len=128, weights=(1, 3)),
+    Phase(start_step=50, global_batch=4, seq_len=512, weights=(0, 1)),
+]
+
+
 def test_the_helper_process_reads_what_threads_read_across_shape_changes(urls, reader):
-    with StreamingLoader(urls, schedule=THREE_PHASES, pipeline="threads", num_fetch_threads=2) as threads:
-        expected = run_step_hashes([threads], 10)
-    loaders = open_loaders(urls, THREE_PHASES, 2, pipeline="process")
+    with StreamingLoader(urls, schedule=LONG_PHASES, pipeline="threads", num_fetch_threads=2) as threads:
+        expected = run_step_hashes([threads], 75)
+    loaders = open_loaders(urls, LONG_PHASES, 2, pipeline="process")
     try:
         pids, hashes = [], []
-        for _ in range(10):
-            pids.append(loaders[0].helper_pid)
+        for _ in range(75):
             hashes += run_step_hashes(loaders, 1)
+            pids.append(loaders[0].helper_pid)
+            time.sleep(0.04)
         assert hashes == expected
         assert loaders[0].local_batch_size == 2 and loaders[0].seq_len == 512
-        # NOTE: one helper per phase: its ring is laid out for that phase's batch.
-        assert len(set(pids[1:5])) == len(set(pids[5:8])) == len(set(pids[8:])) == 1
-        assert len(set(pids[1:])) == 3
+        # NOTE: each phase's run has its own ring, laid out for its batch, and
+        # its own producer: threads until a helper is ready, then a helper.
+        helpers = [set(pids[a:b]) - {None} for a, b in ((0, 25), (25, 50), (50, 75))]
+        assert all(len(phase) <= 1 for phase in helpers)
+        assert len(set.union(*helpers)) == sum(map(len, helpers)) >= 1
     finally:
         close_all(loaders)
 
@@ -273,3 +286,48 @@ def test_a_batch_kept_across_a_boundary_stays_valid_after_its_ring_is_replaced(u
         assert loader.ring is not ring and after[0]["input"].shape == (12, 128)
         for key in copy:
             assert torch.equal(kept[key], copy[key])
+
+
+FETCH_TOTALS = ("bytes_fetched", "blocks_fetched", "blocks_decoded", "cache_misses", "fetch_s", "decode_s",
+                "assemble_s", "steps", "samples")  # fmt: skip
+
+
+@pytest.mark.parametrize("pipeline", ["process", "threads"])
+def test_stats_count_the_whole_run_across_phases_and_a_restarted_helper(urls, pipeline):
+    seen = []
+    with StreamingLoader(urls, schedule=THREE_PHASES, pipeline=pipeline, num_fetch_threads=2) as loader:
+        for _ in range(10):
+            next(loader)
+            seen.append(loader.stats())
+        taken = 0
+        if pipeline == "process":
+            # NOTE: the helper serving the last phase is killed; a seek to
+            # where the run stands starts another.
+            taken = steps_until_the_helper_serves(loader)
+            seen.append(loader.stats())
+            state = loader.state_dict()
+            steps_at_the_kill = seen[-1]["steps"]
+            os.kill(loader.helper_pid, signal.SIGKILL)
+            with pytest.raises(HelperProcessError):
+                for _ in range(10_000):
+                    next(loader)  # NOTE: steps it finished before it died may still come
+                    taken += 1
+            loader.load_state_dict(state)
+        for _ in range(3):
+            next(loader)
+            seen.append(loader.stats())
+    for key in FETCH_TOTALS:
+        values = [stats[key] for stats in seen]
+        assert values == sorted(values), (key, values)  # NOTE: totals never drop at a phase change
+    # NOTE: each phase's run has a cache of its own, so it decodes every
+    # block it serves; the run's total covers every phase's (the last phase's
+    # counters alone would not).
+    served: dict[int, set] = {}
+    for step in range(10):
+        piece = loader.schedule.rank_slice(step, 1, 0)
+        served.setdefault(piece.phase, set()).update(zip(piece.stream.tolist(), piece.block.tolist()))
+    assert len(served) == 3
+    assert seen[9]["blocks_decoded"] >= sum(len(blocks) for blocks in served.values()) > max(map(len, served.values()))
+    assert seen[-1]["steps"] == 13 + taken and seen[-1]["retries"] == 0
+    if pipeline == "process":
+        assert seen[-1]["blocks_fetched"] > seen[-4]["blocks_fetched"] and seen[-4]["steps"] == steps_at_the_kill

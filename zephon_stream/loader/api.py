@@ -23,14 +23,14 @@ from zephon_stream.loader.args import PIPELINE_MODES, check_loader_args, resolve
 from zephon_stream.loader.audit import AuditLog, addresses_sha256
 from zephon_stream.loader.device import CpuDelivery, CudaDelivery, resolve_device
 from zephon_stream.loader.feed import BatchFeed
-from zephon_stream.loader.layout import RankLayout, stream_shapes
-from zephon_stream.loader.layouts import LayoutBook, run_end_position
 from zephon_stream.loader.memory import MIB, MemoryBound
 from zephon_stream.loader.packing import PackingSpec
+from zephon_stream.loader.phase_layouts import LayoutBook, run_end_position
+from zephon_stream.loader.rank_layout import RankLayout
 from zephon_stream.loader.ring import SharedRing
-from zephon_stream.loader.schedule import Phase, resolve_phases, run_end_step
+from zephon_stream.loader.schedule import Phase, build_schedule
 from zephon_stream.loader.stats import LoaderStats, read_counters
-from zephon_stream.loader.streams import Stream, StreamSource, as_streams
+from zephon_stream.loader.streams import Stream, StreamSource, as_streams, open_sources
 from zephon_stream.plan import GlobalOrder, LoaderState, ScheduleOrder, ScheduleState
 
 __all__ = ["PIPELINE_MODES", "Phase", "Stream", "StreamingLoader"]
@@ -180,15 +180,16 @@ class StreamingLoader:
         self._closed = False
         self._sources: list[StreamSource] = []
         self._position = 0
+        self._end_for: RankLayout | None = None
+        self._end_position: int | None = None
         try:
             self.packing = PackingSpec(cross_document_targets=cross_document_targets, outputs=packing_outputs)
-            for index, stream in enumerate(self._streams):
-                self._sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options))
+            # NOTE: construction reads straight through, each stage handing
+            # its output on: streams -> phases -> layouts -> ring, delivery
+            # and helper (the feed).
+            self._sources = open_sources(self._streams, storage_options)
+            self._schedule = build_schedule(schedule, self._streams, self._sources, seed=seed, ends=self._ends)
             self.device = resolve_device(device)
-            if schedule is not None:
-                phases = resolve_phases(schedule, self._streams)
-                self._schedule = ScheduleOrder(stream_shapes(self._sources), phases, seed=seed)
-                run_end_step(self._schedule, **self._ends)  # NOTE: an end it cannot reach is refused now
             self._book = LayoutBook(
                 sources=self._sources,
                 weights=tuple(s.weight for s in self._streams),
@@ -202,24 +203,19 @@ class StreamingLoader:
                 num_fetch_threads=num_fetch_threads,
                 num_decode_threads=num_decode_threads,
                 helper_bytes=HELPER_PROCESS_BYTES if pipeline == "process" else 0,
+                handover=pipeline == "process" or self._schedule is not None,
+                share_slots=audit_log is None or self.rank != 0,
                 schedule=self._schedule,
                 packing=self.packing,
             )
+            first = self._book.first_layout(seq_len=seq_len, global_batch=self.global_batch_size, lanes=lanes,
+                                            window=window, max_memory_bytes=max_memory_bytes)  # fmt: skip
+            if first is not None:
+                self._use_layout(first)
             self._feed = BatchFeed(
                 book=self._book, streams=self._streams, storage_options=storage_options, pipeline_mode=pipeline,
-                helper_nice=helper_nice,
+                helper_nice=helper_nice, first_layout=first,
             )
-            if schedule is None:
-                self._layout = self._make_layout(lanes=lanes, window=window)
-                self._feed.open_ring(self._book.slot_layout(self.local_batch_size, self.seq_len))
-            else:
-                # NOTE: the memory bound is the most any phase this world size
-                # can read needs; a phase it cannot read is refused on entry.
-                readable = self._book.readable_phases()
-                for index in readable:
-                    self._book.for_phase(index).check_memory(max_memory_bytes)
-                if 0 in readable:
-                    self._enter_phase(0)
             if audit_log is not None and self.rank == 0:
                 self._audit = AuditLog(audit_log, header=self._audit_header(), storage_options=storage_options)
         except BaseException:
@@ -233,16 +229,16 @@ class StreamingLoader:
         layout.check_memory(self.max_memory_bytes)
         return layout
 
-    def _enter_phase(self, index: int) -> None:
-        """Read phase ``index`` from now on: its layout, shapes and ring."""
-        if self._layout is not None and self._layout.phase == index and self._feed.ring is not None:
-            return
-        layout = self._book.for_phase(index)
+    def _use_layout(self, layout: RankLayout) -> None:
+        """Read ``layout`` from now on (with a schedule: a phase's), with its shapes."""
         self._layout = layout
         self.global_batch_size = layout.global_batch
         self.local_batch_size = layout.global_batch // self.world_size
         self.seq_len = layout.order.config.seq_len
-        self._feed.open_ring(self._book.slot_layout(self.local_batch_size, self.seq_len))
+
+    def _enter_phase(self, index: int) -> None:
+        """Read phase ``index`` from now on."""
+        self._use_layout(self._book.for_phase(index))
 
     @property
     def memory_bound_bytes(self) -> int:
@@ -354,6 +350,7 @@ class StreamingLoader:
             phase = self._schedule.phase_at_position(self._position).index
             if phase in self._book.readable_phases():
                 self._enter_phase(phase)  # NOTE: else refused, naming the phase, at the next step
+                self._feed.prepare(self._layout)
             return
         state = LoaderState.from_dict(dict(state_dict))
         lanes = state.lanes if self._explicit_lanes is None else self._explicit_lanes
@@ -362,6 +359,7 @@ class StreamingLoader:
             self._layout = self._make_layout(lanes=lanes, window=window)
         state.validate(self._layout.order.state(0))
         self._feed.stop()
+        self._feed.prepare(self._layout)
         self._position = state.position
 
     # -- iteration -------------------------------------------------------------
@@ -377,17 +375,17 @@ class StreamingLoader:
             raise StopIteration
         feed = self._feed
         if feed.producer is None or self._position == self._layout.end_position:
-            # NOTE: one producer run per phase: at a boundary the next phase's
-            # producer starts with a ring laid out for its rows and seq_len.
-            feed.stop()
+            # NOTE: one producer run per phase, with a ring laid out for its
+            # rows and seq_len; the next phase's run was started ahead.
             if self._schedule is not None:
                 self._enter_phase(self._schedule.phase_at_position(self._position).index)
-            stops = [p for p in (end, self._layout.end_position) if p is not None]
-            num_steps = None if not stops else max(0, -(-(min(stops) - self._position) // self.global_batch_size))
-            feed.start(self._layout, start=self._position, start_step=self.step, num_steps=num_steps,
-                       hash_data=self._audit is not None)  # fmt: skip
+            if not feed.switch(self._position):
+                feed.stop()
+                feed.start(self._layout, **self._run_args(self._layout, self._position, end))
+        elif self._schedule is not None and feed.next_start is None:
+            self._start_next_phase_ahead(end)
         started = time.perf_counter()
-        ready, batch = feed.get()
+        ready, batch = feed.get(self._position)
         if batch is None:
             raise StopIteration
         stall_s = time.perf_counter() - started
@@ -398,6 +396,29 @@ class StreamingLoader:
             self._audit.append(self._audit_record(ready.cursor, ready.data_sha256))
         return batch
 
+    def _run_args(self, layout: RankLayout, start: int, end: int | None) -> dict[str, Any]:
+        """The keywords of a producer run of ``layout`` from cursor ``start`` to its end or ``end``."""
+        stops = [p for p in (end, layout.end_position) if p is not None]
+        num_steps = None if not stops else max(0, -(-(min(stops) - start) // layout.global_batch))
+        more_runs = layout.end_position is not None and (end is None or layout.end_position < end)
+        return {"start": start, "start_step": self._book.step_of(start, layout), "num_steps": num_steps,
+                "hash_data": self._audit is not None, "more_runs": more_runs}  # fmt: skip
+
+    def _start_next_phase_ahead(self, end: int | None) -> None:
+        """Start the next phase's run once the cursor is within the feed's
+        lead of the boundary, so its first blocks are fetched and its ring
+        filled before the consumer gets there."""
+        boundary = self._layout.end_position
+        if boundary is None or (end is not None and boundary >= end):
+            return
+        if boundary - self._position > self._feed.lead_steps(self._layout) * self.global_batch_size:
+            return
+        index = self._schedule.phase_at_position(boundary).index
+        if index not in self._book.readable_phases():
+            return  # NOTE: refused, naming the phase, when the cursor gets there
+        layout = self._book.for_phase(index)
+        self._feed.start_ahead(layout, **self._run_args(layout, boundary, end))
+
     def _audit_record(self, cursor: int, data_sha256: str) -> dict[str, Any]:
         positions = np.arange(cursor, cursor + self.global_batch_size, dtype=np.int64)
         addresses = addresses_sha256(positions, *self._layout.addresses(positions))
@@ -406,18 +427,21 @@ class StreamingLoader:
                 "local_batch_size": self.local_batch_size}  # fmt: skip
 
     def _run_end_position(self) -> int | None:
-        return run_end_position(self._book, self._layout, self._ends)
+        # NOTE: asked at every step; it changes only with the layout.
+        if self._end_for is not self._layout:
+            self._end_for, self._end_position = self._layout, run_end_position(self._book, self._layout, self._ends)
+        return self._end_position
 
     # -- counters and shutdown ---------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters since construction: steps, samples, stall time (the
-        consumer waiting) and their per-step averages; and, from the producer
-        since its last start or seek: bytes and blocks fetched and decoded,
-        cache hits and misses, retries, fetch/decode/assemble time, and the
-        block cache's current and peak bytes."""
-        ring = self._feed.ring if self._feed is not None else None
-        producer = read_counters(ring.counters) if ring is not None else {}
+        """Counters of the whole run since construction, across phase
+        boundaries, seeks and helper restarts: steps, samples, stall time
+        (the consumer waiting) and their per-step averages; bytes and blocks
+        fetched and decoded, cache hits and misses, retries, fetch/decode/
+        assemble time; and the block cache's current bytes, capacity and the
+        peak any producer run held."""
+        producer = self._feed.counters() if self._feed is not None else {}
         producer.pop("producer_steps", None)
         snapshot = self._stats.snapshot(
             memory_bound_bytes=self.memory_bound_bytes if self._layout is not None else 0,

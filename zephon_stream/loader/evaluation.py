@@ -24,13 +24,12 @@ import torch
 from zephon_stream.errors import ConfigError
 from zephon_stream.loader.args import resolve_rank_world
 from zephon_stream.loader.cache import BlockCache
-from zephon_stream.loader.layout import stream_shapes
 from zephon_stream.loader.packing import IGNORE_INDEX, PackingSpec, PackingWriter
 from zephon_stream.loader.pipeline import EndOfData, Pipeline, hand_back, reset_returned
 from zephon_stream.loader.planner import Planner
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
 from zephon_stream.loader.stats import LoaderStats
-from zephon_stream.loader.streams import Stream, StreamSource, as_streams
+from zephon_stream.loader.streams import Stream, StreamSource, as_streams, stream_shapes
 from zephon_stream.plan import EvalOrder
 
 

@@ -1,31 +1,53 @@
-"""The trainer's side of one rank's batches: the ring, its delivery and the producer filling it.
+"""The trainer's side of one rank's batches: producer runs, each with its ring and delivery.
 
-A producer run reads one stretch of the order (a whole run, or one phase of
-a schedule) into a ring whose slot layout fits that stretch's batch shape.
-``BatchFeed`` starts and stops those runs and swaps the ring when the next
-stretch's shape differs; the loader (loader/api.py) decides where runs start
-and end.
+A producer run reads one stretch of the order (a whole run, one phase of a
+schedule, or what is left of either from a cursor on) into a ring whose slot
+layout fits that stretch's batch shape. ``BatchFeed`` starts runs, may start
+the next one ahead of the cursor it begins at (its first blocks fetched and
+its ring filled before the consumer gets there), and switches to it at that
+cursor; the loader (loader/api.py) decides where runs start and end.
+
+How a start stays off the interpreter's start-up (docs/ARCHITECTURE.md,
+"Starting fast"): with ``pipeline="process"`` a helper process is started
+when the feed is made and loads while the trainer works. A run that begins
+before a helper is ready begins on threads of this process; once the helper
+reports ready, it is given the rest of the run from a cursor some steps
+ahead, fills a ring of its own from there, and the feed switches to it at
+that cursor. The order is a pure function of the cursor, so the batches are
+the same whichever producer made them.
 """
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from zephon_stream.errors import HelperProcessError
 from zephon_stream.loader.device import CpuDelivery, CudaDelivery, make_delivery
-from zephon_stream.loader.layout import RankLayout
-from zephon_stream.loader.layouts import LayoutBook
-from zephon_stream.loader.pipeline import EndOfData, ReadyStep, hand_back, reset_returned
+from zephon_stream.loader.phase_layouts import LayoutBook
+from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.process import ProcessProducer
 from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
-from zephon_stream.loader.ring import SharedRing, SlotLayout
+from zephon_stream.loader.producer_run import ProducerRun
+from zephon_stream.loader.rank_layout import RankLayout
+from zephon_stream.loader.ring import SharedRing
+from zephon_stream.loader.stats import RunTotals
 from zephon_stream.loader.streams import Stream
+
+# NOTE: how long before the cursor reaches it a run is started: long enough
+# for a producer to fetch and decode its first blocks (from S3 too) and fill
+# its ring; counted in the consumer's own steps, as timed.
+LEAD_S = 0.3
+_MAX_LEAD_STEPS = 4096
 
 
 class BatchFeed:
-    """Ring, delivery and producer of one rank.
+    """The producer runs of one rank.
 
     Args:
         book: the loader's layouts (device, host keys, ring slots, pipeline sizes).
@@ -33,6 +55,8 @@ class BatchFeed:
         storage_options: fsspec options (to the helper over its socket).
         pipeline_mode: ``"process"`` or ``"threads"``.
         helper_nice: niceness the helper process adds to itself.
+        first_layout: the layout the first run reads: its ring and delivery
+            are made now, then the helper is started.
     """
 
     def __init__(
@@ -43,49 +67,197 @@ class BatchFeed:
         storage_options: dict[str, Any] | None,
         pipeline_mode: str,
         helper_nice: int = 0,
+        first_layout: RankLayout | None = None,
     ) -> None:
-        self._device = book.device
-        self._host_keys = book.host_keys
-        self._num_slots = book.num_slots
+        self._book = book
         self._streams = tuple(streams)
         self._sources = list(book.sources)
         self._storage_options = storage_options
         self._pipeline_mode = pipeline_mode
         self._helper_nice = helper_nice
-        self._sizes = (book.prefetch_steps, book.num_fetch_threads, book.num_decode_threads)
-        self.ring: SharedRing | None = None
-        self.delivery: CpuDelivery | CudaDelivery | None = None
-        self.producer: ProcessProducer | ThreadProducer | None = None
+        self._run: ProducerRun | None = None
+        self._next: ProducerRun | None = None
+        self._prepared: tuple[SharedRing, CpuDelivery | CudaDelivery] | None = None
+        self._spare_helper: ProcessProducer | None = None
+        self._exiting: list[ProcessProducer] = []
+        # NOTE: runs whose producer is being stopped off the consumer's thread
+        # (joining a run's threads can take tens of ms); counted and released
+        # by the consumer's thread once stopped.
+        self._retiring: list[tuple[threading.Thread, ProducerRun]] = []
+        self._totals = RunTotals()
+        self._last_get_s: float | None = None
+        self._quiet = False
+        self._step_s = 0.0
+        if first_layout is not None:
+            self.prepare(first_layout)
         # NOTE: a helper started now loads its interpreter while the trainer
-        # builds its model; the first producer run takes it (later runs, after
-        # a seek or at a phase boundary, start their own).
-        self._spare_helper = ProcessProducer() if pipeline_mode == "process" else None
+        # builds its model; runs started before it is ready begin on threads.
+        self._spare_helper = ProcessProducer(nice=helper_nice) if pipeline_mode == "process" else None
 
-    def open_ring(self, slot_layout: SlotLayout) -> None:
-        """Use a ring of ``slot_layout`` (a new one unless the current one has it).
+    # -- what the loader reads ---------------------------------------------------
 
-        CPU batches the consumer holds from a replaced ring stay valid: they
-        keep its mapping until they are dropped.
+    @property
+    def ring(self) -> SharedRing | None:
+        """The ring of the run in progress (before the first run: the one prepared for it)."""
+        if self._run is not None:
+            return self._run.ring
+        return self._prepared[0] if self._prepared is not None else None
+
+    @property
+    def delivery(self) -> CpuDelivery | CudaDelivery | None:
+        """The delivery of the run in progress."""
+        return self._run.delivery if self._run is not None else None
+
+    @property
+    def producer(self) -> ProcessProducer | ThreadProducer | None:
+        """The producer of the run in progress, or None."""
+        return self._run.producer if self._run is not None else None
+
+    @property
+    def next_start(self) -> int | None:
+        """The cursor the run started ahead begins at, or None."""
+        return self._next.start if self._next is not None else None
+
+    def counters(self) -> dict[str, Any]:
+        """The producer counters of the whole run (loader/stats.py ``RunTotals``)."""
+        runs = [run for run in (self._run, self._next) if run is not None] + [run for _, run in self._retiring]
+        return self._totals.totals([run.counters() for run in runs])
+
+    def lead_steps(self, layout: RankLayout) -> int:
+        """Steps before its first cursor a run is started: ``LEAD_S`` of the
+        consumer's steps, and never fewer than the ring's slots."""
+        floor = self._book.num_slots + 2
+        if self._step_s <= 0:
+            return floor
+        return max(floor, min(_MAX_LEAD_STEPS, math.ceil(LEAD_S / self._step_s)))
+
+    # -- runs ------------------------------------------------------------------------
+
+    def prepare(self, layout: RankLayout, *, steps_per_slot: int | None = None) -> None:
+        """Make the ring and delivery of the next run, which reads ``layout``
+        (``steps_per_slot`` steps a slot, by default the book's), now."""
+        per_slot = self._book.steps_per_slot(layout) if steps_per_slot is None else steps_per_slot
+        rows = layout.global_batch // self._book.world_size
+        slot_layout = self._book.slot_layout(rows * per_slot, layout.order.config.seq_len)
+        if self._prepared is not None:
+            if self._prepared[0].layout == slot_layout:
+                return
+            self._release_prepared()
+        ring = SharedRing.create(num_slots=self._book.num_slots, layout=slot_layout)
+        try:
+            self._prepared = ring, make_delivery(self._book.device, ring=ring, host_keys=self._book.host_keys)
+        except BaseException:
+            ring.close()
+            raise
+
+    def _release_prepared(self) -> None:
+        if self._prepared is not None:
+            ring, delivery = self._prepared
+            self._prepared = None
+            delivery.close()
+            ring.close()
+
+    def start(self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None, hash_data: bool,
+              more_runs: bool = False) -> None:  # fmt: skip
+        """Start a run of ``num_steps`` steps of ``layout`` from cursor ``start``
+        (global step ``start_step``); ``more_runs``: another run follows this one."""
+        assert self._run is None and self._next is None
+        self._run = self._new_run(layout, start=start, start_step=start_step, num_steps=num_steps,
+                                  hash_data=hash_data, more_runs=more_runs)  # fmt: skip
+
+    def start_ahead(self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None,
+                    hash_data: bool, more_runs: bool = False) -> None:  # fmt: skip
+        """Start the run that follows the current one at cursor ``start`` now;
+        :meth:`switch` moves to it there."""
+        assert self._run is not None and self._next is None
+        self._next = self._new_run(layout, start=start, start_step=start_step, num_steps=num_steps,
+                                   hash_data=hash_data, more_runs=more_runs)  # fmt: skip
+
+    def switch(self, position: int) -> bool:
+        """Move to the run started ahead if it begins at ``position``; whether it did."""
+        if self._next is None or self._next.start != position:
+            return False
+        self._retire(self._run, wait=False)
+        self._run, self._next = self._next, None
+        return True
+
+    def get(self, position: int) -> tuple[ReadyStep | EndOfData, dict[str, torch.Tensor] | None]:
+        """The step at cursor ``position`` and its tensors (None at the end of the run).
+
+        Raises:
+            HelperProcessError: a helper died (the run's, or one starting).
         """
-        if self.ring is not None and self.ring.layout == slot_layout:
-            return
-        assert self.producer is None
-        if self.delivery is not None and self._device.type == "cuda":
-            # NOTE: the consumer may still be copying host labels (views of
-            # the pinned ring) to the device with non_blocking=True; the ring
-            # is unregistered below. Once per phase boundary, so the wait costs
-            # nothing per step. (Not run on a GPU yet.)
-            torch.cuda.synchronize(self._device)
-        self._release_ring()
-        self.ring = SharedRing.create(num_slots=self._num_slots, layout=slot_layout)
-        self.delivery = make_delivery(self._device, ring=self.ring, host_keys=self._host_keys)
+        run = self._run
+        assert run is not None
+        if not self._quiet:
+            run = self._watch(run, position)
+        try:
+            return run.get()
+        except HelperProcessError:
+            raise
+        except Exception:
+            if run.spec.steps_per_slot == 1:
+                raise
+        # NOTE: a slot of several steps failed as a whole (a corrupt block,
+        # storage that stayed down). Its steps are read again one a slot, so
+        # the good ones come and the error is raised at the step that needed
+        # the block, as always.
+        batch = run.layout.global_batch
+        self._run = self._new_run(run.layout, start=position, start_step=run.spec.start_step + (position - run.start) // batch,
+                                  num_steps=None if run.end is None else (run.end - position) // batch,
+                                  hash_data=run.spec.hash_data, more_runs=False, steps_per_slot=1)  # fmt: skip
+        self._retire(run, wait=True)
+        return self._run.get()
 
-    def start(
-        self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None, hash_data: bool
-    ) -> None:
-        """Start a producer run of ``num_steps`` steps of ``layout`` from cursor ``start`` (global step ``start_step``)."""
-        assert self.producer is None and self.ring is not None and self.delivery is not None
-        prefetch_steps, num_fetch_threads, num_decode_threads = self._sizes
+    def _watch(self, run: ProducerRun, position: int) -> ProducerRun:
+        """Before a step: time the consumer, settle retired runs, switch to a
+        run started ahead or hand this one over; the run to read from."""
+        now = time.perf_counter()
+        if self._last_get_s is not None:
+            # NOTE: the consumer's step, smoothed; it sets how far ahead runs start.
+            self._step_s = 0.8 * self._step_s + 0.2 * (now - self._last_get_s) if self._step_s else now - self._last_get_s
+        self._last_get_s = now
+        if self._retiring or self._exiting:
+            self._settle_retired(wait=False)
+        if self._next is not None and position == self._next.start:
+            self.switch(position)
+            run = self._run
+        elif self._next is None and not run.in_helper and self._spare_helper is not None:
+            self._hand_over(run, position)
+        # NOTE: a run in the helper with no schedule and nothing left to
+        # settle needs no watching until the loader stops or seeks.
+        self._quiet = (run.in_helper and self._next is None and self._book.schedule is None
+                       and not self._retiring and not self._exiting)  # fmt: skip
+        return run
+
+    def _hand_over(self, run: ProducerRun, position: int) -> None:
+        """A helper that has become ready takes the rest of a run on threads
+        from a cursor ahead of ``position``."""
+        if not self._spare_helper.ready():
+            return
+        batch, slot_batch = run.layout.global_batch, run.spec.slot_batch
+        ahead = position + self.lead_steps(run.layout) * batch - run.start
+        takeover = run.start + -(-ahead // slot_batch) * slot_batch  # NOTE: at a slot boundary of the run
+        end = run.end
+        if end is not None and takeover >= end:
+            return  # NOTE: this run ends first; the next run starts in the helper
+        spec = run.spec
+        num_steps = None if end is None else (end - takeover) // batch
+        start_step = spec.start_step + (takeover - spec.start) // batch
+        self._next = self._new_run(run.layout, start=takeover, start_step=start_step, num_steps=num_steps,
+                                   hash_data=spec.hash_data, more_runs=run.more_runs)  # fmt: skip
+        run.producer.end_at((takeover - run.start) // slot_batch)
+        run.end = takeover
+
+    def _new_run(self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None, hash_data: bool,
+                 more_runs: bool, steps_per_slot: int | None = None) -> ProducerRun:  # fmt: skip
+        book = self._book
+        per_slot = 1 if hash_data else book.steps_per_slot(layout) if steps_per_slot is None else steps_per_slot
+        if num_steps is not None:
+            per_slot = max(1, min(per_slot, num_steps))
+        self.prepare(layout, steps_per_slot=per_slot)
+        assert self._prepared is not None
+        (ring, delivery), self._prepared = self._prepared, None
         spec = ProducerSpec(
             layout=layout,
             streams=self._streams,
@@ -94,51 +266,93 @@ class BatchFeed:
             start=start,
             num_steps=num_steps,
             seq_len=layout.order.config.seq_len,
-            prefetch_steps=prefetch_steps,
-            num_fetch_threads=num_fetch_threads,
-            num_decode_threads=num_decode_threads,
+            prefetch_steps=book.prefetch_steps,
+            num_fetch_threads=book.num_fetch_threads,
+            num_decode_threads=book.num_decode_threads,
             hash_data=hash_data,
-            num_slots=self.ring.num_slots,
-            slot_layout=self.ring.layout,
+            num_slots=ring.num_slots,
+            slot_layout=ring.layout,
             start_step=start_step,
             helper_nice=self._helper_nice,
+            steps_per_slot=per_slot,
         )
-        reset_returned(self.ring, self.delivery.settle())
-        if self._pipeline_mode == "threads":
-            self.producer = ThreadProducer(spec, sources=self._sources, ring=self.ring)
-        else:
-            producer, self._spare_helper = self._spare_helper or ProcessProducer(), None
-            producer.start(spec, ring=self.ring)
-            self.producer = producer
+        ring.returned[:] = 1
+        end = None if num_steps is None else start + num_steps * layout.global_batch
+        try:
+            producer = self._producer(spec, ring, more_runs=more_runs)
+        except BaseException:
+            delivery.close()
+            ring.close()
+            raise
+        run = ProducerRun(ring=ring, delivery=delivery, producer=producer, layout=layout, start=start, end=end,
+                          spec=spec)  # fmt: skip
+        run.more_runs = more_runs
+        return run
 
-    def get(self) -> tuple[ReadyStep | EndOfData, dict[str, torch.Tensor] | None]:
-        """The next step and its tensors (None at the end of the run)."""
-        assert self.producer is not None and self.ring is not None and self.delivery is not None
-        for slot in self.delivery.reclaim():
-            hand_back(self.ring, slot)
-        ready = self.producer.get()
-        if isinstance(ready, EndOfData):
-            return ready, None
-        return ready, self.delivery.deliver(ready.slot)
+    def _producer(self, spec: ProducerSpec, ring: SharedRing, *, more_runs: bool) -> ProcessProducer | ThreadProducer:
+        helper = self._spare_helper
+        if helper is None or not helper.ready():
+            if self._pipeline_mode == "process" and helper is None:
+                self._spare_helper = ProcessProducer(nice=self._helper_nice)
+            return ThreadProducer(spec, sources=self._sources, ring=ring)
+        helper.start(spec, ring=ring)
+        # NOTE: the next run (a phase, a seek) gets a helper loaded meanwhile.
+        self._spare_helper = ProcessProducer(nice=self._helper_nice) if more_runs else None
+        return helper
+
+    def _retire(self, run: ProducerRun | None, *, wait: bool) -> None:
+        """End ``run``; with ``wait=False`` its producer stops off this thread."""
+        self._settle_retired(wait=False)
+        if run is None:
+            return
+        if wait:
+            run.producer.close()
+            self._end(run)
+        elif isinstance(run.producer, ProcessProducer):
+            # NOTE: the helper is left to exit on its own (reaped later); the
+            # run's steps were all taken, so its counters are final.
+            run.producer.close(wait=False)
+            self._exiting.append(run.producer)
+            self._end(run)
+        else:
+            stopper = threading.Thread(target=run.producer.close, name="zephon-retire", daemon=True)
+            stopper.start()
+            self._retiring.append((stopper, run))
+
+    def _end(self, run: ProducerRun) -> None:
+        self._totals.fold(run.counters())
+        run.release()
+
+    def _settle_retired(self, *, wait: bool) -> None:
+        """Count and release the runs whose producer has stopped (``wait``: all of them)."""
+        still = []
+        for stopper, run in self._retiring:
+            if wait:
+                stopper.join()
+            if stopper.is_alive():
+                still.append((stopper, run))
+            else:
+                self._end(run)
+        self._retiring = still
+        self._exiting = [helper for helper in self._exiting if not helper.reaped()]
 
     def stop(self) -> None:
-        """Stop the producer run, if any (idempotent)."""
-        if self.producer is not None:
-            self.producer.close()
-            self.producer = None
+        """Stop every run, the one in progress and one started ahead (idempotent)."""
+        self._quiet = False
+        next_run, self._next = self._next, None
+        run, self._run = self._run, None
+        self._retire(next_run, wait=True)
+        self._retire(run, wait=True)
+        self._settle_retired(wait=True)
+        self._last_get_s = None
 
     def close(self) -> None:
-        """Stop the producer; release the delivery and the ring (idempotent)."""
+        """Stop every run and helper, waiting for each (idempotent)."""
         self.stop()
         if self._spare_helper is not None:
             self._spare_helper.close()
             self._spare_helper = None
-        self._release_ring()
-
-    def _release_ring(self) -> None:
-        if self.delivery is not None:
-            self.delivery.close()
-            self.delivery = None
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
+        for helper in self._exiting:
+            helper.close()
+        self._exiting = []
+        self._release_prepared()

@@ -249,5 +249,10 @@ class FetchDecodePool:
                 done.cancel()
         for _ in self._fetchers:
             self._fetch_queue.put(None)
+        for _ in self._decoders:
+            try:
+                self._decode_queue.put_nowait(None)  # NOTE: wakes an idle decoder now, not at its next poll
+            except queue.Full:
+                break  # NOTE: a decoder takes the queued item, sees the close and returns
         for thread in self._fetchers + self._decoders:
             thread.join()

@@ -1,8 +1,11 @@
 """The loader's helper process: runs one rank's pipeline outside the trainer.
 
-Started by loader/process.py as ``python -m zephon_stream.loader.helper
-CONTROL_FD``, it receives a ``ProducerSpec`` and then the batch ring's
-descriptor over the control socket, maps the ring, and runs the pipeline on
+Started by loader/process.py as a fresh interpreter that takes its
+niceness (where the helper and the trainer share a core, the trainer goes
+first; the helper works ahead in the time the trainer leaves), imports this
+module and calls ``main([.., CONTROL_FD])``. It says it is ready, then
+receives a ``ProducerSpec`` and the batch ring's descriptor over the
+control socket, maps the ring, and runs the pipeline on
 its own threads. The thread that assembles a step also reports it, in a few
 packed bytes (:func:`encode`) after their length (:func:`frame`; the trainer
 reads them with :class:`MessageReader`); the consumer hands slots back through
@@ -37,6 +40,9 @@ from zephon_stream.loader.ring import SharedRing
 # end of a finite run, or a pickled error. On the socket each message follows
 # its length (``frame``).
 _STEP, _END, _ERROR = b"s", b"e", b"x"
+# NOTE: sent once, before the spec is read: the interpreter and the
+# pipeline's modules are loaded, so a run given now starts at once.
+READY = b"r"
 _STEP_FIELDS = struct.Struct("<qqq")
 _LENGTH = struct.Struct("<I")
 
@@ -64,19 +70,43 @@ class MessageReader:
         Raises:
             EOFError: the other end closed the socket.
         """
-        buffer = self._buffer
         while True:
-            if len(buffer) >= _LENGTH.size:
-                (size,) = _LENGTH.unpack_from(buffer)
-                end = _LENGTH.size + size
-                if len(buffer) >= end:
-                    message = bytes(buffer[_LENGTH.size : end])
-                    del buffer[:end]
-                    return message
-            chunk = self._sock.recv(1 << 16)
-            if not chunk:
-                raise EOFError("the loader's helper closed its control socket")
-            buffer += chunk
+            message = self._take()
+            if message is not None:
+                return message
+            self._receive(0)
+
+    def poll(self) -> bytes | None:
+        """The next message if it has arrived, else None (never waits).
+
+        Raises:
+            EOFError: the other end closed the socket.
+        """
+        message = self._take()
+        if message is None:
+            try:
+                self._receive(socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return None
+            message = self._take()
+        return message
+
+    def _take(self) -> bytes | None:
+        buffer = self._buffer
+        if len(buffer) >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(buffer)
+            end = _LENGTH.size + size
+            if len(buffer) >= end:
+                message = bytes(buffer[_LENGTH.size : end])
+                del buffer[:end]
+                return message
+        return None
+
+    def _receive(self, flags: int) -> None:
+        chunk = self._sock.recv(1 << 16, flags)
+        if not chunk:
+            raise EOFError("the loader's helper closed its control socket")
+        self._buffer += chunk
 
 
 def encode(item: ReadyStep | EndOfData | BaseException) -> bytes:
@@ -124,13 +154,10 @@ def _exit_when_the_trainer_hangs_up(conn: Connection) -> None:
 
 
 def serve(conn: Connection, control: socket.socket) -> None:
-    """Run the pipeline the first message describes; report each step."""
+    """Say it is ready; run the pipeline the first message describes; report each step."""
+    control.sendall(frame(READY))
     spec: ProducerSpec = conn.recv()
     (ring_fd,) = recvfds(control, 1)
-    if spec.helper_nice:
-        # NOTE: where the helper and the trainer share a core, the trainer
-        # goes first; the helper works ahead in the time the trainer leaves.
-        os.nice(spec.helper_nice)
 
     def emit(item: ReadyStep | EndOfData | BaseException) -> None:
         try:

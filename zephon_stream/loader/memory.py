@@ -77,6 +77,10 @@ class MemoryBound:
             (shared memory, pinned where CUDA is the device).
         helper_bytes: the helper process's own interpreter and libraries
             (0 with ``pipeline="threads"``).
+        handover_bytes: a second producer run's cache, frames in flight and
+            ring, while two overlap: a run on threads and the helper taking
+            it over, or a phase's run and the next one started ahead of the
+            boundary (0 where runs never overlap).
     """
 
     resident_blocks: int
@@ -85,18 +89,20 @@ class MemoryBound:
     compressed_bytes: int
     ring_bytes: int
     helper_bytes: int
+    handover_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         """The bound: the sum of the parts."""
-        return self.cache_bytes + self.compressed_bytes + self.ring_bytes + self.helper_bytes
+        return self.cache_bytes + self.compressed_bytes + self.ring_bytes + self.helper_bytes + self.handover_bytes
 
     def describe(self) -> str:
         """One line: the total and each part, in MiB."""
         return (
             f"{self.total_bytes / MIB:.1f} MiB = {self.resident_blocks} decoded blocks x "
             f"{self.block_bytes / MIB:.2f} MiB + {self.compressed_bytes / MIB:.1f} MiB compressed in flight + "
-            f"{self.ring_bytes / MIB:.1f} MiB batch ring + {self.helper_bytes / MIB:.1f} MiB helper process"
+            f"{self.ring_bytes / MIB:.1f} MiB batch ring + {self.helper_bytes / MIB:.1f} MiB helper process + "
+            f"{self.handover_bytes / MIB:.1f} MiB of a second run during a hand-over"
         )
 
 
@@ -110,6 +116,7 @@ def compute_memory_bound(
     num_decode_threads: int,
     ring_bytes: int,
     helper_bytes: int,
+    handover: bool = False,
 ) -> MemoryBound:
     """The bound for one rank's loader.
 
@@ -122,15 +129,18 @@ def compute_memory_bound(
         num_decode_threads: each holds one, and as many wait in the queue.
         ring_bytes: bytes of the batch ring.
         helper_bytes: the helper process's own footprint, or 0.
+        handover: whether two producer runs of this size may overlap.
     """
     resident = lanes_read * blocks_per_lane
+    compressed = (num_fetch_threads + 2 * num_decode_threads) * max_compressed_block_bytes
     return MemoryBound(
         resident_blocks=resident,
         block_bytes=block_bytes,
         cache_bytes=resident * block_bytes,
-        compressed_bytes=(num_fetch_threads + 2 * num_decode_threads) * max_compressed_block_bytes,
+        compressed_bytes=compressed,
         ring_bytes=ring_bytes,
         helper_bytes=helper_bytes,
+        handover_bytes=resident * block_bytes + compressed + ring_bytes if handover else 0,
     )
 
 

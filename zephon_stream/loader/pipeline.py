@@ -41,6 +41,12 @@ _PLAN_CHUNK_STEPS = 512
 # NOTE: the first batch waits only for a few planned steps; the rest of the
 # horizon is planned while its blocks decode.
 _FIRST_PLAN_STEPS = 8
+# NOTE: the counters in the ring's header are written after each of the first
+# steps, then at most every _PUBLISH_EVERY_S, and once more when the producer
+# stops: at one small row a step, writing them every step cost a fifth of
+# the producer's time.
+_EAGER_PUBLISH_STEPS = 16
+_PUBLISH_EVERY_S = 0.005
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -172,6 +178,9 @@ class Pipeline:
         self._seq_len = seq_len
         self._hash_data = hash_data
         self._stop = threading.Event()
+        self._end_steps: int | None = None  # NOTE: set by end_at from the consumer's thread
+        self._published_at = 0.0
+        self._steps_done = 0
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, prefetch_steps))
         self._emit = emit
         self._pool = FetchDecodePool(
@@ -180,6 +189,9 @@ class Pipeline:
             num_fetch_threads=num_fetch_threads,
             num_decode_threads=num_decode_threads,
         )
+        # NOTE: the stores' retries and errors before this run: on threads
+        # the stores outlive a run, and each run publishes its own counts.
+        self._store_base = self._store_counts()
         self._first_need: dict[BlockKey, int] = {}
         # NOTE: the producer's own references to blocks it has already waited
         # for, released with the cache entry; spares a locked lookup per row.
@@ -198,7 +210,10 @@ class Pipeline:
         chunk = _FIRST_PLAN_STEPS
         try:
             while not self._stop.is_set():
+                if self._end_steps is not None:
+                    self._planner.limit(self._end_steps)
                 if self._planner.finished():
+                    self._publish_counters(self._steps_done)
                     self._put(EndOfData())
                     return
                 self._planner.extend(chunk)
@@ -214,9 +229,11 @@ class Pipeline:
                     self._first_need.pop(key, None)
                     self._resident.pop(key, None)
         except CacheClosedError:
-            return
+            pass
         except BaseException as exc:  # noqa: BLE001 - raised again in the consumer
             self._put(exc)
+        finally:
+            self._publish_counters(self._steps_done)
 
     def _issue_fetches(self) -> None:
         next_index = self._planner.next_index
@@ -263,7 +280,11 @@ class Pipeline:
         digest = self._digest(slot) if self._hash_data else ""
         hits = len(plan.keys) - (sum(plan.keys.count(key) for key in new_keys) if new_keys else 0)
         self._stats.add(cache_hits=hits, assemble_s=time.perf_counter() - started)
-        self._publish_counters(plan.index + 1)
+        self._steps_done = plan.index + 1
+        now = time.perf_counter()
+        if plan.index < _EAGER_PUBLISH_STEPS or now - self._published_at >= _PUBLISH_EVERY_S:
+            self._publish_counters(self._steps_done)
+            self._published_at = now
         return ReadyStep(index=plan.index, cursor=plan.cursor, slot=index, data_sha256=digest)
 
     def _digest(self, slot: Slot) -> str:
@@ -271,16 +292,21 @@ class Pipeline:
         return batch_sha256(slot.sample_positions, tokens[:, :-1], tokens[:, 1:])
 
     def _publish_counters(self, steps: int) -> None:
-        # NOTE: every step, so keep it to one read of each lock (PRODUCER_KEYS order).
+        # NOTE: often, so keep it to one read of each lock (PRODUCER_KEYS order).
         values = self._stats.values(PIPELINE_KEYS)
+        retries, errors = self._store_counts()
+        resident, peak, forced = self._cache.counters()
+        values += (retries - self._store_base[0], errors - self._store_base[1], resident, peak,
+                   self._cache.capacity_bytes, forced, steps)  # fmt: skip
+        self._ring.counters[: len(values)] = values
+
+    def _store_counts(self) -> tuple[int, int]:
         retries = errors = 0
         for source in self._sources:
             store = source.store.stats()
             retries += store["retries"]
             errors += store["errors"]
-        resident, peak, forced = self._cache.counters()
-        values += (retries, errors, resident, peak, self._cache.capacity_bytes, forced, steps)
-        self._ring.counters[: len(values)] = values
+        return retries, errors
 
     def _put(self, item: Any) -> bool:
         if self._emit is not None:
@@ -297,6 +323,11 @@ class Pipeline:
         return False
 
     # -- consumer side --------------------------------------------------------
+
+    def end_at(self, num_steps: int) -> None:
+        """End the run after its first ``num_steps`` steps (another producer
+        takes over from there); steps past it may already be queued."""
+        self._end_steps = num_steps
 
     def get(self) -> ReadyStep | EndOfData:
         """The next step, waiting for it; re-raises a pipeline error in this thread.
@@ -326,8 +357,12 @@ class Pipeline:
         """
         self._stop.set()
         self._cache.close()
+        self._drain()  # NOTE: a producer blocked on a full queue sees the stop now, not at its next poll
         self._thread.join()
         self._pool.close()
+        self._drain()
+
+    def _drain(self) -> None:
         while True:
             try:
                 self._queue.get_nowait()

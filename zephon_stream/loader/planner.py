@@ -99,6 +99,12 @@ class Planner:
         """Whether every step to plan has been assembled."""
         return self._num_steps is not None and self._next_index >= self._num_steps
 
+    def limit(self, num_steps: int) -> None:
+        """Plan no step from index ``num_steps`` on (a run cut short; steps
+        already planned past it are neither fetched nor assembled)."""
+        if self._num_steps is None or num_steps < self._num_steps:
+            self._num_steps = num_steps
+
     def _horizon_end(self) -> int:
         end = self._next_index + self._retention_steps
         return end if self._num_steps is None else min(end, self._num_steps)
@@ -180,6 +186,8 @@ class Planner:
             self._plan_steps(1)
         first = max(self._fetch_cursor, self._next_index)
         stop = min(self._next_index + self._fetch_steps + 1, self._next_index + len(self._planned))
+        if self._num_steps is not None:
+            stop = min(stop, self._num_steps)
         for plan in itertools.islice(self._planned, first - self._next_index, stop - self._next_index):
             yield plan.index, plan.unique_keys
 

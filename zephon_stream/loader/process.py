@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from zephon_stream.errors import HelperProcessError
-from zephon_stream.loader.helper import MessageReader, decode
+from zephon_stream.loader.helper import READY, MessageReader, decode
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.producer import ProducerSpec
 from zephon_stream.loader.ring import SharedRing
@@ -36,6 +36,7 @@ from zephon_stream.loader.ring import SharedRing
 # control socket closes, before it is killed.
 _EXIT_WAIT_S = 5.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_LAUNCH = "import os, sys; os.nice({nice}); from zephon_stream.loader.helper import main; main(sys.argv)"
 
 
 def _how_it_ended(returncode: int | None) -> str:
@@ -52,23 +53,31 @@ def _how_it_ended(returncode: int | None) -> str:
 class ProcessProducer:
     """A helper process, started at once; :meth:`start` gives it its pipeline.
 
+    Args:
+        nice: niceness the helper adds to itself first thing.
+
     Raises:
         HelperProcessError: the helper could not be started.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, nice: int = 0) -> None:
         self._next_cursor = self._start = self._start_step = 0
-        self._global_batch = 1
+        self._global_batch = self._slot_batch = 1
         self._error: BaseException | None = None
         self._ended = False
         self._started = False
+        self._ready = False
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         # NOTE: the helper imports this very copy of zephon_stream, installed or not.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "zephon_stream.loader.helper", str(theirs.fileno())],
+                # NOTE: the niceness is taken before the imports, so that a
+                # helper loading beside the trainer's first steps yields to
+                # them; -P keeps the working directory off sys.path, so the
+                # helper imports the trainer's copy of zephon_stream.
+                [sys.executable, "-P", "-c", _LAUNCH.format(nice=int(nice)), str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 env=env,
@@ -82,18 +91,38 @@ class ProcessProducer:
         self._conn = Connection(os.dup(ours.fileno()))  # NOTE: sends the spec; steps come through the reader
         self._reader = MessageReader(ours)
 
+    def ready(self) -> bool:
+        """Whether the helper has loaded its interpreter and modules (never waits).
+
+        Raises:
+            HelperProcessError: the helper is gone.
+        """
+        if not self._ready:
+            try:
+                message = self._reader.poll()
+            except (EOFError, OSError):
+                self._fail("while it was starting")
+            if message is not None:
+                assert message == READY, message[:1]
+                self._ready = True
+        return self._ready
+
     def start(self, spec: ProducerSpec, *, ring: SharedRing) -> None:
         """Send the helper ``spec`` and the ring's descriptor; it starts producing."""
         assert not self._started, "a helper runs one pipeline"
         self._started = True
         self._next_cursor = spec.start
         self._start, self._start_step = spec.start, spec.start_step
-        self._global_batch = spec.layout.global_batch
+        self._global_batch, self._slot_batch = spec.layout.global_batch, spec.slot_batch
         try:
             self._conn.send(spec)
             sendfds(self._socket, [ring.fd])
         except OSError:
             self._fail("before it received its configuration")
+
+    def reaped(self) -> bool:
+        """Whether the helper has exited and been reaped (never waits)."""
+        return self._process.poll() is not None
 
     @property
     def pid(self) -> int:
@@ -110,6 +139,17 @@ class ProcessProducer:
             "no batch was taken from a slot it had not finished"
         )
         raise self._error
+
+    def check_alive(self, cursor: int) -> None:
+        """Raise if the helper is gone, naming the step at ``cursor`` as due
+        (a step of a slot already taken: a dead helper raises at the next
+        step all the same)."""
+        if self._error is not None:
+            raise self._error
+        # NOTE: asks without reaping (cheaper than Popen.poll); _fail reaps.
+        if os.waitid(os.P_PID, self._process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            step = self._start_step + (cursor - self._start) // self._global_batch
+            self._fail(f"while step {step} (global cursor {cursor}) was due")
 
     def get(self) -> ReadyStep | EndOfData:
         """The next step the helper finished, waiting for it.
@@ -130,11 +170,16 @@ class ProcessProducer:
         if self._process.poll() is not None:
             self._fail(due)
         try:
-            item = decode(self._reader.read())
+            message = self._reader.read()
+            if not self._ready:
+                assert message == READY, message[:1]
+                self._ready = True
+                message = self._reader.read()
+            item = decode(message)
         except (EOFError, OSError):
             self._fail(due)
         if isinstance(item, ReadyStep):
-            self._next_cursor = item.cursor + self._global_batch
+            self._next_cursor = item.cursor + self._slot_batch
             return item
         if isinstance(item, EndOfData):
             self._ended = True
@@ -142,13 +187,22 @@ class ProcessProducer:
         self._error = item
         raise self._error
 
-    def close(self) -> None:
-        """Close the control socket, which ends the helper; reap it (idempotent)."""
+    def close(self, *, wait: bool = True) -> None:
+        """Close the control socket, which ends the helper; reap it (idempotent).
+
+        With ``wait=False`` the helper is left to exit on its own; a later
+        ``close()`` reaps it.
+        """
         if self._conn is not None:
             self._conn.close()
             self._socket.close()
             self._conn = None  # type: ignore[assignment]
-        if self._process.returncode is None:
+        if not self._started and self._process.returncode is None:
+            # NOTE: a helper never given a run holds nothing but its socket;
+            # one still loading would notice the close only once its imports
+            # are done (up to a second or more on a busy machine).
+            self._process.kill()
+        if wait and self._process.returncode is None:
             try:
                 self._process.wait(timeout=_EXIT_WAIT_S)
             except subprocess.TimeoutExpired:

@@ -17,10 +17,13 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from zephon_stream.format.manifest import Manifest
 from zephon_stream.loader.cache import BlockCache
-from zephon_stream.loader.layout import RankLayout
 from zephon_stream.loader.pipeline import EndOfData, Pipeline, ReadyStep
+from zephon_stream.loader.planner import Planner
+from zephon_stream.loader.rank_layout import RankLayout
 from zephon_stream.loader.ring import SharedRing, SlotLayout
 from zephon_stream.loader.stats import LoaderStats
 from zephon_stream.loader.streams import Stream, StreamSource
@@ -47,6 +50,8 @@ class ProducerSpec:
         slot_layout: the ring's slot layout.
         start_step: the global step at ``start`` (in error messages).
         helper_nice: niceness the helper process adds to itself (ignored on threads).
+        steps_per_slot: consecutive steps assembled into one slot and
+            announced in one message.
     """
 
     layout: RankLayout
@@ -64,6 +69,12 @@ class ProducerSpec:
     slot_layout: SlotLayout
     start_step: int = 0
     helper_nice: int = 0
+    steps_per_slot: int = 1
+
+    @property
+    def slot_batch(self) -> int:
+        """Global positions one slot covers: ``steps_per_slot`` global batches."""
+        return self.layout.global_batch * self.steps_per_slot
 
     def __repr__(self) -> str:
         # NOTE: storage options may hold keys; they are never shown.
@@ -93,9 +104,34 @@ def start_pipeline(
 ) -> Pipeline:
     """Start the pipeline ``spec`` describes, writing into ``ring`` (``emit``:
     see :class:`Pipeline`)."""
-    layout = spec.layout
+    layout, per_slot = spec.layout, spec.steps_per_slot
+    if per_slot == 1:
+        planner = layout.planner(start=spec.start, num_steps=spec.num_steps)
+    else:
+        end = None if spec.num_steps is None else spec.start + spec.num_steps * layout.global_batch
+
+        def slice_slots(cursor: int, count: int) -> tuple[np.ndarray, ...]:
+            # NOTE: the planner's step is a slot's worth of consecutive steps,
+            # their rows in step order. A run's last slot may hold fewer:
+            # its rows past the run's end repeat its last step (their blocks
+            # are in use already) and are never handed over.
+            total = count * per_slot
+            valid = total if end is None else min(total, (end - cursor) // layout.global_batch)
+            arrays = layout.slice(cursor, valid)
+            if valid < total:
+                arrays = tuple(np.concatenate([a, np.repeat(a[-1:], total - valid, axis=0)]) for a in arrays)
+            return tuple(a.reshape(count, -1) for a in arrays)
+
+        planner = Planner(
+            slice_fn=slice_slots,
+            start=spec.start,
+            global_batch=spec.slot_batch,
+            num_steps=None if spec.num_steps is None else -(-spec.num_steps // per_slot),
+            fetch_steps=-(-layout.fetch_steps // per_slot),
+            retention_steps=-(-layout.retention_steps // per_slot) + 1,
+        )
     return Pipeline(
-        planner=layout.planner(start=spec.start, num_steps=spec.num_steps),
+        planner=planner,
         sources=sources,
         cache=BlockCache(capacity_bytes=layout.memory_bound.cache_bytes),
         ring=ring,
@@ -127,6 +163,10 @@ class ThreadProducer:
     def get(self) -> ReadyStep | EndOfData:
         """The next ready step (raises the pipeline's error at the step it hit)."""
         return self._pipeline.get()
+
+    def end_at(self, num_slots: int) -> None:
+        """End the run after its first ``num_slots`` slots."""
+        self._pipeline.end_at(num_slots)
 
     def close(self) -> None:
         """Stop every pipeline thread and wait for them."""

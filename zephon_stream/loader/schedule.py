@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from zephon_stream.errors import ConfigError
-from zephon_stream.loader.streams import Stream
+from zephon_stream.loader.streams import Stream, StreamSource, stream_shapes
 from zephon_stream.plan import ScheduleOrder, SchedulePhase
 
-__all__ = ["Phase", "local_batch_of", "resolve_phases", "run_end_step"]
+__all__ = ["Phase", "build_schedule", "local_batch_of", "resolve_phases", "run_end_step"]
 
 Phase = SchedulePhase
 """One phase of a loader's schedule (the plan's ``SchedulePhase``)."""
@@ -112,3 +112,24 @@ def run_end_step(
             )
         ends.append(end)
     return min(ends) if ends else None
+
+
+def build_schedule(
+    phases: Sequence[SchedulePhase | Mapping] | None,
+    streams: Sequence[Stream],
+    sources: Sequence[StreamSource],
+    *,
+    seed: int,
+    ends: Mapping,
+) -> ScheduleOrder | None:
+    """The schedule's order over the open streams, or None without phases.
+
+    Raises:
+        ConfigError: a bad phase, or a run end (``ends``: ``run_end_step``'s
+            keywords) the schedule can never reach.
+    """
+    if phases is None:
+        return None
+    order = ScheduleOrder(stream_shapes(sources), resolve_phases(phases, streams), seed=seed)
+    run_end_step(order, **ends)  # NOTE: an end it cannot reach is refused now, not at the end
+    return order

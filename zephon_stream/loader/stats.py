@@ -89,3 +89,47 @@ def read_counters(area: Any) -> dict[str, Any]:
     """The producer's counters from a float64 array, as plain numbers."""
     raw = area[: len(PRODUCER_KEYS)].tolist()
     return {key: (float(v) if key.endswith("_s") else int(v)) for key, v in zip(PRODUCER_KEYS, raw)}
+
+
+# NOTE: what a producer run publishes about its cache right now; every other
+# producer counter is a total of its run.
+CACHE_GAUGE_KEYS = ("cache_resident_bytes", "cache_peak_bytes", "cache_capacity_bytes")
+
+
+class RunTotals:
+    """The producer counters of a whole loader run: the runs that ended
+    (phases, seeks, a helper taking over, a restarted helper) added to the
+    ones in progress.
+
+    A producer run publishes its own counters from zero (loader/pipeline.py);
+    ``fold`` keeps them when the run ends, so totals never drop.
+    """
+
+    def __init__(self) -> None:
+        self._ended: dict[str, Any] = {key: 0 for key in PRODUCER_KEYS}
+
+    def fold(self, ended: dict[str, Any]) -> None:
+        """Keep the final counters of a run that has ended."""
+        for key, value in ended.items():
+            if key == "cache_peak_bytes":
+                self._ended[key] = max(self._ended[key], value)
+            elif key not in CACHE_GAUGE_KEYS:
+                self._ended[key] += value
+
+    def totals(self, running: list[dict[str, Any]]) -> dict[str, Any]:
+        """The totals so far, with the counters of the runs in progress.
+
+        The cache's resident bytes are those of the runs in progress, its
+        capacity that of the newest of them, its peak the most any run held.
+        """
+        out = dict(self._ended)
+        out["cache_resident_bytes"] = out["cache_capacity_bytes"] = 0
+        for counters in running:
+            for key, value in counters.items():
+                if key == "cache_peak_bytes":
+                    out[key] = max(out[key], value)
+                elif key == "cache_capacity_bytes":
+                    out[key] = value
+                else:
+                    out[key] += value
+        return out

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from zephon_stream.errors import ConfigError
+from zephon_stream.errors import ConfigError, ObjectMissingError
 from zephon_stream.format.manifest import Manifest
+from zephon_stream.format.spec import MANIFEST_NAME
 from zephon_stream.loader.fetcher import BlockJob
+from zephon_stream.plan import StreamShape
 from zephon_stream.storage import open_store
 
 
@@ -50,6 +53,32 @@ def as_streams(streams: str | Stream | Sequence[str | Stream]) -> list[Stream]:
     return out
 
 
+# NOTE: manifests this process parsed, by store URL and bytes. A loader or an
+# evaluation pass built again over the same datasets (TorchTitan's validator
+# builds its dataloader anew at each validation) reads each manifest again
+# but parses and validates it once; the bytes must match, so a dataset
+# written again at the same place is parsed again. A Manifest is immutable.
+_PARSED_MANIFESTS: OrderedDict[tuple[str, bytes], Manifest] = OrderedDict()
+_MAX_PARSED_MANIFESTS = 16
+
+
+def read_manifest(store: Any) -> Manifest:
+    """The manifest of the dataset in ``store`` (see ``Manifest.read``),
+    parsed once per process for the same bytes."""
+    try:
+        data = store.read(MANIFEST_NAME)
+    except ObjectMissingError:
+        return Manifest.read(store)  # NOTE: raises the error naming the dataset that is not there
+    key = (store.url, data)
+    manifest = _PARSED_MANIFESTS.get(key)
+    if manifest is None:
+        manifest = Manifest.from_bytes(data, where=f"manifest {store.url.rstrip('/')}/{MANIFEST_NAME}")
+        _PARSED_MANIFESTS[key] = manifest
+        while len(_PARSED_MANIFESTS) > _MAX_PARSED_MANIFESTS:
+            _PARSED_MANIFESTS.popitem(last=False)
+    return manifest
+
+
 def _max_frame_bytes(manifest: Manifest) -> int:
     """The largest compressed block of the dataset, over every shard at once (tens of thousands at scale)."""
     offsets = [s.block_offsets for s in manifest.shards]
@@ -78,7 +107,7 @@ class StreamSource:
         self.stream = stream
         self.store = open_store(stream.url, storage_options)
         try:
-            self.manifest = Manifest.read(self.store) if manifest is None else manifest
+            self.manifest = read_manifest(self.store) if manifest is None else manifest
         except BaseException:
             self.store.close()
             raise
@@ -131,3 +160,21 @@ class StreamSource:
     def close(self) -> None:
         """Close the store (connections, file handles)."""
         self.store.close()
+
+
+def open_sources(streams: Sequence[Stream], storage_options: dict[str, Any] | None) -> list[StreamSource]:
+    """Open every stream (its store and manifest), in order; none is left open on an error."""
+    sources: list[StreamSource] = []
+    try:
+        for index, stream in enumerate(streams):
+            sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options))
+    except BaseException:
+        for source in sources:
+            source.close()
+        raise
+    return sources
+
+
+def stream_shapes(sources: Sequence[StreamSource]) -> list[StreamShape]:
+    """The plan's shape of each open stream."""
+    return [StreamShape.from_counts(s.fingerprint, s.manifest.block_tokens, s.block_token_counts) for s in sources]

@@ -14,13 +14,19 @@ from collections.abc import Sequence
 import torch
 
 from zephon_stream.loader.device import ring_slots, ring_wide_keys
-from zephon_stream.loader.layout import RankLayout, build_order
 from zephon_stream.loader.memory import MemoryBound
 from zephon_stream.loader.packing import PackingSpec
+from zephon_stream.loader.rank_layout import RankLayout, build_order
 from zephon_stream.loader.ring import SharedRing, SlotLayout
 from zephon_stream.loader.schedule import local_batch_of, run_end_step
 from zephon_stream.loader.streams import StreamSource
 from zephon_stream.plan import GlobalOrder, ScheduleOrder
+
+# NOTE: a step of few tokens costs the producer and the trainer about as much
+# Python as a large one; below this many tokens a step, several consecutive
+# steps share one ring slot (one assembly, one message), up to the cap.
+SLOT_TOKENS = 16384
+MAX_STEPS_PER_SLOT = 16
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -37,6 +43,11 @@ class LayoutBook:
         token_dtype: the ring's token dtype (``<u2`` or ``<u4``).
         prefetch_steps, num_fetch_threads, num_decode_threads: the pipeline's sizes.
         helper_bytes: the helper process's own footprint (0 without one).
+        handover: whether producer runs may overlap (a helper taking over
+            from threads, or a phase's run started ahead).
+        share_slots: whether consecutive small steps may share a ring slot
+            (not with CUDA delivery, an audit log or packing outputs, which
+            take one step a slot).
         schedule: the schedule's order, or None.
         packing: cross-document targets and document outputs of every slot.
     """
@@ -53,6 +64,8 @@ class LayoutBook:
     num_fetch_threads: int
     num_decode_threads: int
     helper_bytes: int
+    handover: bool = False
+    share_slots: bool = True
     schedule: ScheduleOrder | None = None
     packing: PackingSpec = PackingSpec()
     phases: dict[int, RankLayout] = dataclasses.field(default_factory=dict)
@@ -62,6 +75,22 @@ class LayoutBook:
         """Slots of a ring."""
         return ring_slots(self.prefetch_steps, host_views=bool(self.host_keys))
 
+    def steps_per_slot(self, layout: RankLayout) -> int:
+        """Consecutive steps of ``layout`` one ring slot holds."""
+        return self._steps_per_slot(layout.global_batch // self.world_size, layout.order.config.seq_len)
+
+    def _steps_per_slot(self, rows: int, seq_len: int) -> int:
+        if not self.share_slots or self.device.type != "cpu" or self.packing.outputs:
+            # NOTE: cu_seqlens describes a whole step's rows, so a step with
+            # packing outputs cannot be cut out of a larger slot.
+            return 1
+        return max(1, min(MAX_STEPS_PER_SLOT, SLOT_TOKENS // (rows * seq_len)))
+
+    def slot_layout_of(self, layout: RankLayout) -> SlotLayout:
+        """The ring slot of ``layout``'s batches (``steps_per_slot`` steps of them)."""
+        rows = layout.global_batch // self.world_size
+        return self.slot_layout(rows * self.steps_per_slot(layout), layout.order.config.seq_len)
+
     def slot_layout(self, rows: int, seq_len: int) -> SlotLayout:
         """The ring slot of a batch of ``rows`` samples of ``seq_len``."""
         return SlotLayout(
@@ -70,7 +99,9 @@ class LayoutBook:
         )
 
     def _layout(self, order: GlobalOrder, global_batch: int, **phase) -> RankLayout:
-        slot = self.slot_layout(global_batch // self.world_size, order.config.seq_len)
+        rows, seq_len = global_batch // self.world_size, order.config.seq_len
+        per_slot = self._steps_per_slot(rows, seq_len)
+        slot = self.slot_layout(rows * per_slot, seq_len)
         return RankLayout(
             sources=self.sources,
             order=order,
@@ -82,6 +113,8 @@ class LayoutBook:
             num_decode_threads=self.num_decode_threads,
             ring_bytes=SharedRing.size_bytes(num_slots=self.num_slots, layout=slot),
             helper_bytes=self.helper_bytes,
+            handover=self.handover,
+            steps_per_slot=per_slot,
             **phase,
         )
 
@@ -118,6 +151,30 @@ class LayoutBook:
             )
             self.phases[index] = layout
         return layout
+
+    def first_layout(
+        self, *, seq_len: int | None, global_batch: int | None, lanes: int | None, window: int | None,
+        max_memory_bytes: int | None,
+    ) -> RankLayout | None:
+        """Every layout the loader may read, built and checked against
+        ``max_memory_bytes`` now; returns the one the cursor starts in (None:
+        a schedule whose first phase this world size cannot read, refused at
+        the first step).
+
+        NOTE: with a schedule the memory bound is the most any phase this
+        world size can read needs; a phase it cannot read is refused on entry.
+
+        Raises:
+            ConfigError: a layout over ``max_memory_bytes``.
+        """
+        if self.schedule is None:
+            layout = self.for_order(seq_len=seq_len, global_batch=global_batch, lanes=lanes, window=window)
+            layout.check_memory(max_memory_bytes)
+            return layout
+        readable = self.readable_phases()
+        for index in readable:
+            self.for_phase(index).check_memory(max_memory_bytes)
+        return self.for_phase(0) if 0 in readable else None
 
     def readable_phases(self) -> list[int]:
         """The phases whose global batch this world size divides."""

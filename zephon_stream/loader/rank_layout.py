@@ -22,8 +22,8 @@ from zephon_stream.loader.memory import (
     window_spread,
 )
 from zephon_stream.loader.planner import Planner
-from zephon_stream.loader.streams import StreamSource
-from zephon_stream.plan import GlobalOrder, OrderConfig, StreamShape, rank_positions
+from zephon_stream.loader.streams import StreamSource, stream_shapes
+from zephon_stream.plan import GlobalOrder, OrderConfig, rank_positions
 
 # NOTE: positions -> (stream, block, sample): a GlobalOrder's or a
 # ScheduleOrder's ``sample_at`` (the latter knows a phase's epoch heads).
@@ -37,11 +37,6 @@ _MAX_PATTERNS = 4
 # spans tens of thousands of steps, and planning that far ahead costs memory
 # and time for nothing.
 _MAX_BLOCK_AHEAD_STEPS = 256
-
-
-def stream_shapes(sources: Sequence[StreamSource]) -> list[StreamShape]:
-    """The plan's shape of each open stream."""
-    return [StreamShape.from_counts(s.fingerprint, s.manifest.block_tokens, s.block_token_counts) for s in sources]
 
 
 def build_order(
@@ -74,10 +69,14 @@ class RankLayout:
         num_decode_threads: concurrent decodes.
         ring_bytes: bytes of the batch ring.
         helper_bytes: the helper process's own footprint (0 without one).
+        handover: whether another run may overlap this one (memory bound).
         start_position: the cursor the order starts at (a phase's start; 0).
         end_position: the cursor it ends at (a phase's end; None).
         addresses: positions -> addresses (default: ``order.sample_at``).
         phase: the phase index (0 without a schedule).
+        steps_per_slot: consecutive steps a producer plans, fetches and
+            assembles as one (a ring slot's worth); its fetch horizon then
+            reaches up to ``2 * (steps_per_slot - 1)`` steps further.
     """
 
     def __init__(
@@ -93,10 +92,12 @@ class RankLayout:
         num_decode_threads: int,
         ring_bytes: int,
         helper_bytes: int,
+        handover: bool = False,
         start_position: int = 0,
         end_position: int | None = None,
         addresses: AddressFn | None = None,
         phase: int = 0,
+        steps_per_slot: int = 1,
     ) -> None:
         self.order = order
         self.start_position = start_position
@@ -130,7 +131,7 @@ class RankLayout:
                 samples_per_block=self.samples_per_block,
                 lanes=lanes,
                 global_batch=global_batch,
-                fetch_steps=self.fetch_steps,
+                fetch_steps=self.fetch_steps + 2 * (steps_per_slot - 1),
             ),
             block_bytes=max(s.full_block_bytes for s in sources),
             max_compressed_block_bytes=max(s.max_compressed_block_bytes for s in sources),
@@ -138,6 +139,7 @@ class RankLayout:
             num_decode_threads=num_decode_threads,
             ring_bytes=ring_bytes,
             helper_bytes=helper_bytes,
+            handover=handover,
         )
 
     def _count_lanes_read(self) -> int:

@@ -1,0 +1,108 @@
+"""One producer run as the trainer sees it: its ring, delivery and producer, and the cursors it covers.
+
+A run hands its steps over one at a time. Where consecutive small steps
+share a slot (loader/phase_layouts.py ``steps_per_slot``), each is handed
+over as views of the slot's tensors; the slot goes back to the producer once
+every view is dropped.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import torch
+
+from zephon_stream.loader.device import CpuDelivery, CudaDelivery
+from zephon_stream.loader.pipeline import EndOfData, ReadyStep, hand_back
+from zephon_stream.loader.process import ProcessProducer
+from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
+from zephon_stream.loader.rank_layout import RankLayout
+from zephon_stream.loader.ring import SharedRing
+from zephon_stream.loader.stats import read_counters
+
+
+class ProducerRun:
+    """One producer run: its ring, delivery and producer, and the cursors it covers.
+
+    Args:
+        ring: the run's own ring (overlapping runs never share one).
+        delivery: the ring's delivery.
+        producer: what fills the ring.
+        layout: the layout it reads.
+        start: the cursor of its first step.
+        end: the cursor it ends at, or None.
+        spec: the spec it was started with (a helper taking over reuses it).
+    """
+
+    def __init__(
+        self,
+        *,
+        ring: SharedRing,
+        delivery: CpuDelivery | CudaDelivery,
+        producer: ProcessProducer | ThreadProducer,
+        layout: RankLayout,
+        start: int,
+        end: int | None,
+        spec: ProducerSpec,
+    ) -> None:
+        self.ring = ring
+        self.delivery = delivery
+        self.producer = producer
+        self.layout = layout
+        self.start = start
+        self.end = end
+        self.spec = spec
+        self.more_runs = False  # NOTE: another run follows (a helper taking this one over starts a spare)
+        self._rows = spec.slot_layout.rows // spec.steps_per_slot
+        self._pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]] = collections.deque()
+
+    @property
+    def in_helper(self) -> bool:
+        """Whether a helper process fills the ring."""
+        return isinstance(self.producer, ProcessProducer)
+
+    def get(self) -> tuple[ReadyStep | EndOfData, dict[str, torch.Tensor] | None]:
+        """The next step and its tensors (None at the end of the run)."""
+        if self._pending:
+            ready, batch = self._pending.popleft()
+            if isinstance(self.producer, ProcessProducer):
+                self.producer.check_alive(ready.cursor)
+            return ready, batch
+        for slot in self.delivery.reclaim():
+            hand_back(self.ring, slot)
+        ready = self.producer.get()
+        if isinstance(ready, EndOfData):
+            return ready, None
+        batch = self.delivery.deliver(ready.slot)
+        per_slot = self.spec.steps_per_slot
+        if per_slot == 1:
+            return ready, batch
+        # NOTE: the slot holds consecutive steps, rows in step order; each is
+        # handed over as views of the slot's tensors, which keep the slot
+        # held until the last of them is dropped.
+        rows, step_batch = self._rows, self.layout.global_batch
+        steps = per_slot if self.end is None else min(per_slot, (self.end - ready.cursor) // step_batch)
+        # NOTE: one split per key (a torch slice per step and key cost ~2.5 us);
+        # a run's last slot may hold rows past its end, which are not steps.
+        keys = list(batch)
+        parts = zip(*(batch[key].split(rows)[:steps] for key in keys))
+        first = dict(zip(keys, next(parts)))
+        for k, views in enumerate(parts, start=1):
+            self._pending.append((ReadyStep(index=ready.index * per_slot + k, cursor=ready.cursor + k * step_batch,
+                                            slot=ready.slot, data_sha256=""), dict(zip(keys, views))))  # fmt: skip
+        return ready, first
+
+    def counters(self) -> dict[str, Any]:
+        """The producer's counters as last published."""
+        return read_counters(self.ring.counters)
+
+    def release(self) -> None:
+        """Release the delivery and the ring (CPU batches the consumer holds stay valid)."""
+        if self.delivery is not None and isinstance(self.delivery, CudaDelivery):
+            # NOTE: the consumer may still be copying host labels (views of
+            # the pinned ring) to the device with non_blocking=True; the ring
+            # is unregistered below. (Not run on a GPU yet.)
+            torch.cuda.synchronize(self.delivery.device)
+        self.delivery.close()
+        self.ring.close()
