@@ -75,6 +75,21 @@ def live_children() -> set[int]:
     return {pid for pid, (state, parent) in process_table().items() if parent == me and state != "Z"}
 
 
+def settled_fds(baseline: dict[str, int], *, timeout_s: float = 2.0) -> dict[str, int]:
+    """This process's descriptors once none is above ``baseline``, or at ``timeout_s``.
+
+    NOTE: with the S3 server in this process, the server's end of a connection
+    the client just closed stays open until its handler thread reads the EOF;
+    that lag is not a leak, and a leaked descriptor never comes back.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        fds = open_fds()
+        if all(fds[kind] <= baseline[kind] for kind in fds) or time.monotonic() >= deadline:
+            return fds
+        time.sleep(0.05)
+
+
 def churn(
     *, url: str, cycles: int, steps: int = 20, storage_options: dict[str, Any] | None = None,
     seq_len: int = 256, local_batch_size: int = 8, pipeline: str = "process",
@@ -113,7 +128,7 @@ def churn(
         loader.close()
         del loader
         gc.collect()
-        fds = open_fds()
+        fds = settled_fds(fds_before)
         # NOTE: a leak is a thread that was not there before; an unrelated
         # thread of the process may end meanwhile, which is not one.
         leaked = sorted(t.name for t in _own_threads() - baseline)
