@@ -23,9 +23,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
+
+# NOTE: the helper EmbeddedS3 uses too; tools import the library, never the reverse.
+from zephon_stream.storage.embedded_s3 import exported_env
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -296,22 +299,6 @@ class LoopbackServer:
     def __repr__(self) -> str:
         where = f"{self._host}:{self._port} pid {self.pid}" if self._port else "stopped"
         return f"{type(self).__name__}({where})"
-
-
-@contextlib.contextmanager
-def exported_env(values: dict[str, str]) -> Iterator[None]:
-    """Set ``values`` in ``os.environ`` while the block runs (child processes
-    inherit them), then restore what was there."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def answers_http(url: str, timeout_s: float = 2.0) -> bool:
