@@ -15,13 +15,11 @@ outside telemetry host at start. It serves the published development account
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fcntl
 import os
 import shutil
 import subprocess as sp
 import sys
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.server_process import ServerProcess, answers_http, exported_env, free_ports, serve_until_signalled
+from tools.server_process import LoopbackServer, answers_http, serve_until_signalled
 
 AZURITE_VERSION = "3.37.0"
 ACCOUNT_NAME = "devstoreaccount1"
@@ -99,8 +97,11 @@ def connection_string(blob_endpoint: str, account_key: str = ACCOUNT_KEY) -> str
     )
 
 
-class Azurite:
+class Azurite(LoopbackServer):
     """Azurite's blob service on 127.0.0.1, as a context manager.
+
+    ``start()`` installs Azurite first if it is missing (FileNotFoundError
+    when it cannot be).
 
     Args:
         data_dir: where blobs and metadata live; None makes a temporary
@@ -110,6 +111,10 @@ class Azurite:
         host: the address to bind.
     """
 
+    _server_name = "Azurite"
+    _dir_prefix = "zs-azurite-"
+    _log_name = "azurite.log"
+
     def __init__(
         self,
         *,
@@ -118,33 +123,8 @@ class Azurite:
         containers: Iterable[str] = (),
         host: str = "127.0.0.1",
     ) -> None:
-        self._host = host
-        self._requested_port = port
+        super().__init__(data_dir=data_dir, port=port, host=host)
         self._containers = list(containers)
-        self._owns_dir = data_dir is None
-        self._data_dir = Path(data_dir) if data_dir is not None else None
-        self._port = 0
-        self._process: ServerProcess | None = None
-
-    @property
-    def data_dir(self) -> Path:
-        if self._data_dir is None:
-            raise RuntimeError("Azurite is not started")
-        return self._data_dir
-
-    @property
-    def port(self) -> int:
-        return self._port
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
-    def endpoint_url(self) -> str:
-        if not self._port:
-            raise RuntimeError("Azurite is not started")
-        return f"http://{self._host}:{self._port}"
 
     def connection_string(self, endpoint_url: str | None = None) -> str:
         """The development account's connection string, via ``endpoint_url`` (a proxy) if given."""
@@ -158,26 +138,13 @@ class Azurite:
         """Variables that point adlfs in a child process at this server."""
         return {"AZURE_STORAGE_CONNECTION_STRING": self.connection_string()}
 
-    def exported_env(self) -> contextlib.AbstractContextManager[None]:
-        """Point this process's ``AZURE_STORAGE_CONNECTION_STRING`` at the server while the block runs."""
-        return exported_env(self.env())
+    def _binary(self) -> str:
+        return azurite_blob_binary()
 
-    def start(self) -> "Azurite":
-        """Start the blob service (installing Azurite if needed), wait until it answers, create the containers.
-
-        Raises:
-            FileNotFoundError: Azurite is missing and cannot be installed.
-            ServerStartError: it exited or did not answer (the message quotes its log).
-        """
-        if self._process is not None and self._process.running:
-            return self
-        binary = azurite_blob_binary()
-        if self._data_dir is None:
-            self._data_dir = Path(tempfile.mkdtemp(prefix="zs-azurite-"))
-        workspace = self._data_dir / "workspace"
+    def _argv(self, binary: str) -> list[str]:
+        workspace = self.data_dir / "workspace"
         workspace.mkdir(parents=True, exist_ok=True)
-        self._port = self._requested_port or free_ports(1, self._host)[0]
-        argv = [
+        return [
             binary,
             "--blobHost", self._host,
             "--blobPort", str(self._port),
@@ -187,45 +154,20 @@ class Azurite:
             "--loose",
             "--disableTelemetry",
         ]  # fmt: skip
-        self._process = ServerProcess(
-            name=f"Azurite on {self._host}:{self._port}",
-            argv=argv,
-            ready=lambda: answers_http(f"{self.endpoint_url}/{ACCOUNT_NAME}?comp=list"),
-            log_path=self._data_dir / "azurite.log",
-        )
-        try:
-            self._process.start()
-            for container in self._containers:
-                self.create_container(container)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+
+    def _ready(self) -> bool:
+        return answers_http(f"{self.endpoint_url}/{ACCOUNT_NAME}?comp=list")
+
+    def _populate(self) -> None:
+        for container in self._containers:
+            self.create_container(container)
 
     def kill(self) -> None:
         """SIGKILL the server; port and data are kept for ``restart()``.
 
         Blobs written within ``METADATA_SAVE_INTERVAL_S`` before are lost.
         """
-        if self._process is not None:
-            self._process.kill()
-
-    def restart(self) -> "Azurite":
-        """Start the server again on the same port and data."""
-        if self._process is None:
-            raise RuntimeError("Azurite was never started")
-        self._process.restart()
-        return self
-
-    def stop(self) -> None:
-        """Stop the server; a temporary data folder is removed."""
-        if self._process is not None:
-            self._process.stop()
-            self._process = None
-        if self._owns_dir and self._data_dir is not None:
-            shutil.rmtree(self._data_dir, ignore_errors=True)
-            self._data_dir = None
-        self._port = 0
+        super().kill()
 
     def create_container(self, name: str) -> str:
         """Create container ``name`` (existing is fine) and return ``az://name``."""
@@ -238,16 +180,6 @@ class Azurite:
             except ResourceExistsError:
                 pass
         return f"az://{name}"
-
-    def __enter__(self) -> "Azurite":
-        return self.start()
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        where = f"{self._host}:{self._port} pid {self.pid}" if self._port else "stopped"
-        return f"Azurite({where})"
 
 
 def main(argv: list[str] | None = None) -> int:

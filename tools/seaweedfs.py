@@ -18,7 +18,6 @@ From Python (tests, benchmarks)::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shlex
 import shutil
@@ -32,7 +31,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.server_process import ServerProcess, answers_http, exported_env, free_ports, serve_until_signalled
+from tools.server_process import LoopbackServer, answers_http, free_ports, serve_until_signalled
 
 ACCESS_KEY = "zephon-test-key"
 SECRET_KEY = "zephon-test-secret-value"
@@ -69,7 +68,7 @@ def weed_binary() -> str:
     return path
 
 
-class SeaweedFS:
+class SeaweedFS(LoopbackServer):
     """``weed mini`` on 127.0.0.1 serving S3, as a context manager.
 
     Args:
@@ -80,6 +79,10 @@ class SeaweedFS:
         host: the address to bind.
     """
 
+    _server_name = "SeaweedFS"
+    _dir_prefix = "zs-seaweedfs-"
+    _log_name = "weed.log"
+
     def __init__(
         self,
         *,
@@ -88,35 +91,11 @@ class SeaweedFS:
         buckets: Iterable[str] = (),
         host: str = "127.0.0.1",
     ) -> None:
-        self._host = host
-        self._requested_port = port
+        super().__init__(data_dir=data_dir, port=port, host=host)
         self._buckets = list(buckets)
-        self._owns_dir = data_dir is None
-        self._data_dir = Path(data_dir) if data_dir is not None else None
         self._ports: dict[str, int] = {}
-        self._process: ServerProcess | None = None
         self._client: Any = None
         self._client_lock = threading.Lock()
-
-    @property
-    def data_dir(self) -> Path:
-        if self._data_dir is None:
-            raise RuntimeError("SeaweedFS is not started")
-        return self._data_dir
-
-    @property
-    def port(self) -> int:
-        return self._ports.get("s3.port", 0)
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
-    def endpoint_url(self) -> str:
-        if not self.port:
-            raise RuntimeError("SeaweedFS is not started")
-        return f"http://{self._host}:{self.port}"
 
     def storage_options(self) -> dict[str, Any]:
         """s3fs options reaching this server with its key pair."""
@@ -137,13 +116,19 @@ class SeaweedFS:
             "AWS_EC2_METADATA_DISABLED": "true",
         }
 
-    def exported_env(self) -> contextlib.AbstractContextManager[None]:
-        """Point this process's AWS variables at the server while the block runs."""
-        return exported_env(self.env())
+    def _binary(self) -> str:
+        return weed_binary()
 
-    def _argv(self) -> list[str]:
+    def _pick_ports(self) -> None:
+        ports = free_ports(len(_PORT_FLAGS), self._host)
+        if self._requested_port:
+            ports[0] = self._requested_port
+        self._ports = dict(zip(_PORT_FLAGS, ports))
+        self._port = self._ports["s3.port"]
+
+    def _argv(self, binary: str) -> list[str]:
         argv = [
-            weed_binary(),
+            binary,
             "mini",
             f"-dir={self.data_dir}",
             f"-ip={self._host}",
@@ -161,7 +146,7 @@ class SeaweedFS:
         argv += [f"-{flag}={port}" for flag, port in self._ports.items()]
         return argv
 
-    def _env(self) -> dict[str, str]:
+    def _process_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
         # NOTE: weed mini turns these into the one identity it accepts, so
         # requests signed with any other key are refused.
@@ -169,50 +154,12 @@ class SeaweedFS:
         env["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY
         return env
 
-    def start(self) -> "SeaweedFS":
-        """Start the server, wait until S3 answers, and create the buckets.
+    def _ready(self) -> bool:
+        return answers_http(self.endpoint_url + "/")
 
-        Raises:
-            FileNotFoundError: ``weed`` is not installed.
-            ServerStartError: it exited or did not answer (the message quotes its log).
-        """
-        if self._process is not None and self._process.running:
-            return self
-        weed_binary()  # NOTE: fails before any folder is made, with the install hint
-        if self._data_dir is None:
-            self._data_dir = Path(tempfile.mkdtemp(prefix="zs-seaweedfs-"))
-        self._data_dir.mkdir(parents=True, exist_ok=True)
-        ports = free_ports(len(_PORT_FLAGS), self._host)
-        if self._requested_port:
-            ports[0] = self._requested_port
-        self._ports = dict(zip(_PORT_FLAGS, ports))
-        self._process = ServerProcess(
-            name=f"SeaweedFS on {self._host}:{self.port}",
-            argv=self._argv(),
-            ready=lambda: answers_http(self.endpoint_url + "/"),
-            log_path=self.data_dir / "weed.log",
-            env=self._env(),
-        )
-        try:
-            self._process.start()
-            for bucket in self._buckets:
-                self.create_bucket(bucket)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL the server; ports and data are kept for ``restart()``."""
-        if self._process is not None:
-            self._process.kill()
-
-    def restart(self) -> "SeaweedFS":
-        """Start the server again on the same ports and data (after ``kill()`` or not)."""
-        if self._process is None:
-            raise RuntimeError("SeaweedFS was never started")
-        self._process.restart()
-        return self
+    def _populate(self) -> None:
+        for bucket in self._buckets:
+            self.create_bucket(bucket)
 
     def stop(self) -> None:
         """Stop the server; a temporary data folder is removed."""
@@ -220,17 +167,12 @@ class SeaweedFS:
             if self._client is not None:
                 self._client.close()
                 self._client = None
-        if self._process is not None:
-            self._process.stop()
-            self._process = None
+        super().stop()
         # NOTE: weed keeps gRPC unix sockets in /tmp named by port; a SIGKILLed
         # server leaves them behind, and the ports are ours alone.
         for port in self._ports.values():
             for leftover in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
                 leftover.unlink(missing_ok=True)
-        if self._owns_dir and self._data_dir is not None:
-            shutil.rmtree(self._data_dir, ignore_errors=True)
-            self._data_dir = None
         self._ports = {}
 
     def client(self) -> Any:
@@ -261,16 +203,6 @@ class SeaweedFS:
         except (client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
             pass
         return f"s3://{name}"
-
-    def __enter__(self) -> "SeaweedFS":
-        return self.start()
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        where = f"{self._host}:{self.port} pid {self.pid}" if self.port else "stopped"
-        return f"SeaweedFS({where})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,27 +1,34 @@
 """One object-store server as a child process: start, wait until it answers, stop by pid.
 
 The launchers in ``tools/seaweedfs.py``, ``tools/fake_gcs.py`` and
-``tools/azurite.py`` build a command line and a readiness probe; this module
-runs it. ``kill()`` SIGKILLs the server and ``restart()`` starts the same
-command again, on the same ports and data folder, which is how tests simulate
-a server that dies under a running job and comes back.
+``tools/azurite.py`` subclass ``LoopbackServer``, which holds what they share
+(data folder, port, start/stop/kill/restart, context manager); each gives its
+command line, readiness probe, buckets and client options. ``ServerProcess``
+runs the command. ``kill()`` SIGKILLs the server and ``restart()`` starts the
+same command again, on the same ports and data folder, which is how tests
+simulate a server that dies under a running job and comes back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess as sp
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+# NOTE: the helper EmbeddedS3 uses too; tools import the library, never the reverse.
+from zephon_stream.storage.embedded_s3 import exported_env
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -153,20 +160,145 @@ class ServerProcess:
         return self.start()
 
 
-@contextlib.contextmanager
-def exported_env(values: dict[str, str]) -> Iterator[None]:
-    """Set ``values`` in ``os.environ`` while the block runs (child processes
-    inherit them), then restore what was there."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+_Server = TypeVar("_Server", bound="LoopbackServer")
+
+
+class LoopbackServer:
+    """A server launched on ``host`` with its data in a folder, as a context manager.
+
+    Subclasses set ``_server_name``, ``_dir_prefix`` and ``_log_name`` and give
+    ``_binary``, ``_argv``, ``_ready``, ``_populate`` (buckets or containers
+    made once it answers) and ``env``; ``_pick_ports`` and ``_process_env``
+    have defaults.
+
+    Args:
+        data_dir: where the data live; None makes a temporary folder, removed
+            by ``stop()``. A given folder is kept.
+        port: the port clients use; 0 picks a free one.
+        host: the address to bind.
+    """
+
+    _server_name: ClassVar[str]  # in the child process's messages (``"fake-gcs-server"``)
+    _dir_prefix: ClassVar[str]  # of a temporary data folder
+    _log_name: ClassVar[str]  # the server's log, in the data folder
+
+    def __init__(self, *, data_dir: str | os.PathLike[str] | None, port: int, host: str) -> None:
+        self._host = host
+        self._requested_port = port
+        self._owns_dir = data_dir is None
+        self._data_dir = Path(data_dir) if data_dir is not None else None
+        self._port = 0
+        self._process: ServerProcess | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        if self._data_dir is None:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        return self._data_dir
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def endpoint_url(self) -> str:
+        if not self._port:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        return f"http://{self._host}:{self._port}"
+
+    def env(self) -> dict[str, str]:
+        """Variables that point a client in a child process at this server."""
+        raise NotImplementedError
+
+    def exported_env(self) -> contextlib.AbstractContextManager[None]:
+        """Set ``env()`` in this process while the block runs."""
+        return exported_env(self.env())
+
+    def _binary(self) -> str:
+        """The server's executable; raises FileNotFoundError with an install hint."""
+        raise NotImplementedError
+
+    def _argv(self, binary: str) -> list[str]:
+        """The command line (data folder and ports are chosen by then)."""
+        raise NotImplementedError
+
+    def _ready(self) -> bool:
+        """Whether the server answers."""
+        raise NotImplementedError
+
+    def _populate(self) -> None:
+        """Create what the constructor asked for, once the server answers."""
+
+    def _pick_ports(self) -> None:
+        self._port = self._requested_port or free_ports(1, self._host)[0]
+
+    def _process_env(self) -> dict[str, str] | None:
+        return None
+
+    def start(self: _Server) -> _Server:
+        """Start the server, wait until it answers, and create its buckets.
+
+        Raises:
+            FileNotFoundError: the server is not installed (before any folder is made).
+            ServerStartError: it exited or did not answer (the message quotes its log).
+        """
+        if self._process is not None and self._process.running:
+            return self
+        binary = self._binary()
+        if self._data_dir is None:
+            self._data_dir = Path(tempfile.mkdtemp(prefix=self._dir_prefix))
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        self._pick_ports()
+        self._process = ServerProcess(
+            name=f"{self._server_name} on {self._host}:{self._port}",
+            argv=self._argv(binary),
+            ready=self._ready,
+            log_path=self._data_dir / self._log_name,
+            env=self._process_env(),
+        )
+        try:
+            self._process.start()
+            self._populate()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the server; ports and data are kept for ``restart()``."""
+        if self._process is not None:
+            self._process.kill()
+
+    def restart(self: _Server) -> _Server:
+        """Start the server again on the same ports and data (after ``kill()`` or not)."""
+        if self._process is None:
+            raise RuntimeError(f"{type(self).__name__} was never started")
+        self._process.restart()
+        return self
+
+    def stop(self) -> None:
+        """Stop the server; a temporary data folder is removed."""
+        if self._process is not None:
+            self._process.stop()
+            self._process = None
+        if self._owns_dir and self._data_dir is not None:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
+            self._data_dir = None
+        self._port = 0
+
+    def __enter__(self: _Server) -> _Server:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = f"{self._host}:{self._port} pid {self.pid}" if self._port else "stopped"
+        return f"{type(self).__name__}({where})"
 
 
 def answers_http(url: str, timeout_s: float = 2.0) -> bool:

@@ -48,6 +48,22 @@ def _free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def exported_env(values: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` while the block runs (child processes
+    inherit them), then restore what was there."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class EmbeddedS3:
     """A moto S3 server on 127.0.0.1, as a context manager.
 
@@ -102,17 +118,8 @@ class EmbeddedS3:
     def exported_env(self) -> Iterator[None]:
         """Point this process's AWS variables at the server while the block
         runs (child processes inherit them), then restore the old values."""
-        values = self.env()
-        saved = {name: os.environ.get(name) for name in values}
-        os.environ.update(values)
-        try:
+        with exported_env(self.env()):
             yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
     def _pick_port(self) -> int:
         port = self._requested_port
