@@ -44,6 +44,7 @@ from zephon_stream.loader.streams import Stream
 # its ring; counted in the consumer's own steps, as timed.
 LEAD_S = 0.3
 _MAX_LEAD_STEPS = 4096
+_HELPER_POLL_S = 0.001  # NOTE: how often a run on threads asks whether the starting helper is ready
 
 
 class BatchFeed:
@@ -88,6 +89,7 @@ class BatchFeed:
         self._last_get_s: float | None = None
         self._quiet = False
         self._step_s = 0.0
+        self._helper_polled_s = 0.0
         if first_layout is not None:
             self.prepare(first_layout)
         # NOTE: a helper started now loads its interpreter while the trainer
@@ -222,7 +224,11 @@ class BatchFeed:
         if self._next is not None and position == self._next.start:
             self.switch(position)
             run = self._run
-        elif self._next is None and not run.in_helper and self._spare_helper is not None:
+        elif (self._next is None and not run.in_helper and self._spare_helper is not None
+              and now - self._helper_polled_s >= _HELPER_POLL_S):  # fmt: skip
+            # NOTE: asking a starting helper costs a failed recv (~12 us);
+            # at tiny steps, asked every step, that was half the step.
+            self._helper_polled_s = now
             self._hand_over(run, position)
         # NOTE: a run in the helper with no schedule and nothing left to
         # settle needs no watching until the loader stops or seeks.
