@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -90,6 +91,17 @@ def s3_url(s3_bucket: S3Env) -> Callable[[str], str]:
 def s3_options(s3_bucket: S3Env) -> dict[str, Any]:
     """Storage options reaching the session's server (same bucket as ``s3_bucket``)."""
     return s3_bucket.storage_options
+
+
+@pytest.fixture
+def blob(s3_bucket: S3Env) -> bytes:
+    """A 2 MiB object ``data/blob.bin`` on the clean server, and its bytes."""
+    from zephon_stream.storage import open_store
+
+    payload = os.urandom(2 << 20)
+    with open_store(s3_bucket.url("data"), s3_bucket.storage_options) as store:
+        store.write_atomic("blob.bin", payload)
+    return payload
 
 
 @pytest.fixture

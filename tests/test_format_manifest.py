@@ -268,6 +268,17 @@ def test_fuzz_replaced_fields_only_raise_manifest_errors(key: str, value) -> Non
         pass
 
 
+def with_first_entry_changed(good: Manifest, entries: str, field: str, value) -> Manifest:
+    """``good`` with field ``field`` of its first ``entries`` item set to ``value``,
+    built without the constructor's checks (what a decoder in bulk could be handed)."""
+    items = list(getattr(good, entries))
+    items[0] = dataclasses.replace(items[0], **{field: value})
+    bad = object.__new__(Manifest)
+    bad.__dict__.update(good.__dict__)
+    object.__setattr__(bad, entries, tuple(items))
+    return bad
+
+
 @pytest.mark.parametrize(
     "field, value",
     [
@@ -285,11 +296,7 @@ def test_bulk_shard_checks_refuse_what_the_per_shard_checks_refuse(field: str, v
     from zephon_stream.format import validation
 
     good = merged_manifest()
-    shards = list(good.shards)
-    shards[0] = dataclasses.replace(shards[0], **{field: value})
-    bad = object.__new__(Manifest)
-    bad.__dict__.update(good.__dict__)
-    object.__setattr__(bad, "shards", tuple(shards))
+    bad = with_first_entry_changed(good, "shards", field, value)
     assert validation._shards_pass(good)
     assert not validation._shards_pass(bad)
     with pytest.raises(ManifestError):
@@ -304,11 +311,7 @@ def test_bulk_source_checks_refuse_what_the_per_source_checks_refuse(field: str,
     from zephon_stream.format import validation
 
     good = merged_manifest()
-    sources = list(good.sources)
-    sources[0] = dataclasses.replace(sources[0], **{field: value})
-    bad = object.__new__(Manifest)
-    bad.__dict__.update(good.__dict__)
-    object.__setattr__(bad, "sources", tuple(sources))
+    bad = with_first_entry_changed(good, "sources", field, value)
     assert validation._sources_pass(good)
     assert not validation._sources_pass(bad)
     with pytest.raises(ManifestError):

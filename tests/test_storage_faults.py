@@ -19,15 +19,6 @@ FAST_RETRY = RetryPolicy(max_attempts=30, initial_backoff_s=0.005, max_backoff_s
 MIXED_20 = {"error_500": 0.05, "error_503": 0.05, "reset": 0.04, "truncate": 0.04, "stall": 0.01, "slow_body": 0.01}
 
 
-@pytest.fixture
-def blob(s3_bucket):
-    """A 2 MiB object on the clean server, and its bytes."""
-    payload = os.urandom(2 << 20)
-    with open_store(s3_bucket.url("data"), s3_bucket.storage_options) as store:
-        store.write_atomic("blob.bin", payload)
-    return payload
-
-
 def test_reads_survive_20_percent_faults_with_identical_bytes(s3_bucket, fault_proxy, blob):
     proxy = fault_proxy(rates=MIXED_20, seed=3, stall_s=0.2, slow_body_s=0.05)
     with open_store(s3_bucket.url("data"), s3_bucket.options_via(proxy.endpoint_url), retry=FAST_RETRY) as store:
@@ -164,30 +155,3 @@ def test_expanding_s3_inputs_survives_faults(s3_bucket, fault_proxy):
         got = expand_inputs([f"{url}/part-3.jsonl", url], options, retry=FAST_RETRY)
         assert got == [expected[3], *expected[:3], expected[4]]  # listed once, where first matched
     assert proxy.counts()["error_500"] + proxy.counts()["error_503"] > 0
-
-
-def test_close_cuts_short_an_operation_waiting_to_retry(s3_bucket, fault_proxy, blob):
-    proxy = fault_proxy()
-    policy = RetryPolicy(max_attempts=50, initial_backoff_s=0.5, max_backoff_s=2.0, timeout_s=120)
-    store = open_store(s3_bucket.url("data"), s3_bucket.options_via(proxy.endpoint_url), retry=policy)
-    assert store.read_range("blob.bin", 0, 4) == blob[:4]
-    proxy.stop()  # the endpoint is gone for good
-    outcome: list[BaseException] = []
-
-    def reader() -> None:
-        try:
-            store.read_range("blob.bin", 0, 4)
-        except BaseException as exc:  # noqa: BLE001 - checked below
-            outcome.append(exc)
-
-    thread = threading.Thread(target=reader)
-    thread.start()
-    time.sleep(1.0)
-    closed_at = time.monotonic()
-    store.close()
-    thread.join(timeout=30)
-    assert not thread.is_alive() and time.monotonic() - closed_at < 5.0
-    assert isinstance(outcome[0], StorageError) and "closed" in str(outcome[0]) and "blob.bin" in str(outcome[0])
-    proxy.start()
-    assert store.read_range("blob.bin", 0, 4) == blob[:4]  # a closed store can still be used again
-    store.close()
