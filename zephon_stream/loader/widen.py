@@ -11,6 +11,7 @@ the host assembler computes (loader/assembler.py).
 
 from __future__ import annotations
 
+import functools
 import re
 
 import torch
@@ -35,6 +36,7 @@ def release(version: str) -> tuple[int, int]:
     return int(found[1]), int(found[2])
 
 
+@functools.cache  # NOTE: asked on every copy; the answer is fixed per process and device
 def direct_unsigned_copy(*, torch_version: str, device_type: str) -> bool:
     """Whether ``copy_`` widens uint16/uint32 to int64 on ``device_type`` in this torch.
 
