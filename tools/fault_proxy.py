@@ -4,8 +4,11 @@ Per request, with configured probabilities drawn from a seeded generator, it
 answers 500, 503, 429 or 403 without forwarding, resets the connection, stalls before
 forwarding, drips the response body slowly, or sends fewer body bytes than
 Content-Length and closes. It can also add a fixed latency to every request,
-and it can be stopped and started again on the same port to play an endpoint
-that drops out. ``counts()`` says what it injected.
+refuse the first N requests made on a presigned URL (a store that takes no
+query-string signatures, or a URL that expired), and it can be stopped and
+started again on the same port to play an endpoint that drops out.
+``counts()`` says what it injected, and how many requests came on presigned
+URLs (``presigned``).
 
 Library use::
 
@@ -147,6 +150,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _proxy(self) -> None:
         proxy = self.server.proxy
         body = self._read_body()
+        if proxy._refuses_presigned(self.path):
+            self._send_error_xml(403, "AccessDenied")
+            return
         fault = proxy._draw(self.command)
         if proxy.latency_s:
             time.sleep(proxy.latency_s)
@@ -217,6 +223,8 @@ class FaultProxy:
         stall_s: how long a ``stall`` waits before forwarding.
         slow_body_s: how long a ``slow_body`` takes to drip its body.
         fault_methods: HTTP methods eligible for faults (None: all).
+        refuse_presigned: requests on a presigned URL (a signature in the
+            query string) answered 403 AccessDenied, from the first.
     """
 
     def __init__(
@@ -232,6 +240,7 @@ class FaultProxy:
         drip_pieces: int = 10,
         fault_methods: tuple[str, ...] | None = None,
         host: str = "127.0.0.1",
+        refuse_presigned: int = 0,
     ) -> None:
         parsed = urllib.parse.urlsplit(upstream)
         if parsed.scheme != "http" or not parsed.hostname or not parsed.port:
@@ -249,11 +258,12 @@ class FaultProxy:
         self.slow_body_s = slow_body_s
         self.drip_pieces = drip_pieces
         self.fault_methods = tuple(m.upper() for m in fault_methods) if fault_methods else None
+        self.refuse_presigned = refuse_presigned
         self._host = host
         self._port = port
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(("requests", *FAULT_KINDS), 0)
+        self._counts = dict.fromkeys(("requests", "presigned", "presigned_refused", *FAULT_KINDS), 0)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
@@ -333,6 +343,17 @@ class FaultProxy:
     def _unregister(self, conn: socket.socket) -> None:
         with self._lock:
             self._connections.discard(conn)
+
+    def _refuses_presigned(self, path: str) -> bool:
+        query = urllib.parse.urlsplit(path).query
+        if "Signature=" not in query:  # NOTE: SigV2 ``Signature``, SigV4 ``X-Amz-Signature``
+            return False
+        with self._lock:
+            self._counts["presigned"] += 1
+            if self._counts["presigned_refused"] < self.refuse_presigned:
+                self._counts["presigned_refused"] += 1
+                return True
+        return False
 
     def _draw(self, method: str) -> str | None:
         with self._lock:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import email.utils
+import logging
 import os
 import threading
 import urllib.parse
@@ -29,6 +30,9 @@ from zephon_stream.storage.base import Store
 from zephon_stream.storage.cloud_clients import filesystem_options, make_single_attempt
 from zephon_stream.storage.redact import redact_options, redact_url, secret_values
 from zephon_stream.storage.retry import RetryPolicy
+from zephon_stream.storage.s3_presigned import PresignedRanges, PresignRefused, presigned_reads_allowed
+
+logger = logging.getLogger("zephon_stream.storage")
 
 S3_PROTOCOLS = ("s3", "s3a")
 _FSSPEC_KWARGS = frozenset({"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"})
@@ -109,6 +113,7 @@ def s3_filesystem_options(storage_options: Mapping[str, Any] | None, policy: Ret
     every retry. Options the user passes explicitly win.
     """
     opts = dict(storage_options or {})
+    opts.pop("zephon_presigned_reads", None)
     client_kwargs = dict(opts.get("client_kwargs") or {})
     if not opts.get("endpoint_url") and not client_kwargs.get("endpoint_url"):
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -179,6 +184,8 @@ class FsspecStore(Store):
         self._first_call_lock = threading.Lock()
         self._warm_process = -1
         self._first_call_async_lock: tuple[int, asyncio.Lock] | None = None
+        self._presigned: PresignedRanges | None = None
+        self._presigned_ok = self._protocol in S3_PROTOCOLS and presigned_reads_allowed(self._options)
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -209,6 +216,7 @@ class FsspecStore(Store):
                 else:
                     make_single_attempt(self._protocol, fs)
                 self._root, self._fs_process, self._fs = root.rstrip("/"), _process[0], fs
+                self._presigned = PresignedRanges(fs, kwargs, self._retry) if self._presigned_ok else None
             return self._fs, self._root
 
     def _full(self, path: str) -> tuple[Any, str]:
@@ -251,6 +259,20 @@ class FsspecStore(Store):
 
     async def _read_range_async(self, path: str, start: int, end: int) -> bytes:
         _, full = self._full(path)
+        presigned = self._presigned
+        if presigned is not None and self._presigned_ok:
+            if self._warm_process != _process[0]:
+                await self._call_async("set_session")
+            try:
+                return await presigned.read(full, start, end)
+            except PresignRefused as exc:
+                # NOTE: s3fs makes the same read with signed headers. A real
+                # access error then comes from it, in its words; if s3fs may
+                # read where the URL may not, this store reads through s3fs.
+                data = await self._call_async("_cat_file", full, start=start, end=end)
+                self._presigned_ok = False
+                logger.warning("%s: %s; reading through s3fs from now on", self.url, self.scrub(str(exc)))
+                return data
         return await self._call_async("_cat_file", full, start=start, end=end)
 
     async def _size_async(self, path: str) -> int:
@@ -265,7 +287,11 @@ class FsspecStore(Store):
         return self._call("cat_file", full)
 
     def _read_range(self, path: str, start: int, end: int) -> bytes:
-        _, full = self._full(path)
+        fs, full = self._full(path)
+        if self._presigned is not None and self._presigned_ok:
+            from fsspec.asyn import sync
+
+            return sync(fs.loop, self._read_range_async, path, start, end)
         return self._call("cat_file", full, start=start, end=end)
 
     def _write(self, path: str, data: bytes) -> None:
@@ -333,8 +359,13 @@ class FsspecStore(Store):
         with self._fs_lock:
             fs, self._fs = self._fs, None
             self._warm_process = -1
+            presigned, self._presigned = self._presigned, None
             if fs is None or self._fs_process != _process[0]:
                 return
+            if presigned is not None:
+                from fsspec.asyn import sync
+
+                sync(fs.loop, presigned.close)
             close_filesystem(fs)
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -109,6 +109,15 @@ class ShortReadError(ConnectionError):
     """
 
 
+class HttpStatusError(Exception):
+    """An HTTP answer other than the data, from a client of this package's own (no library's error to carry it)."""
+
+    def __init__(self, status: int, code: str | None, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
 def _chain(exc: BaseException) -> list[BaseException]:
     seen: list[BaseException] = []
     current: BaseException | None = exc
@@ -184,6 +193,8 @@ def http_status(exc: BaseException) -> tuple[int | None, str | None]:
     botocore puts them in ``response``, azure-core in ``status_code`` and
     ``error_code``, gcsfs's ``HttpError`` in ``code``, aiohttp in ``status``.
     """
+    if isinstance(exc, HttpStatusError):
+        return exc.status, exc.code
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
