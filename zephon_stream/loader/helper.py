@@ -142,14 +142,22 @@ def portable_error(exc: BaseException) -> BaseException:
         return RuntimeError(f"loader helper process (pid {os.getpid()}): {type(exc).__name__}: {exc}\n{text}")
 
 
-def _exit_when_the_trainer_hangs_up(conn: Connection) -> None:
-    try:
-        conn.recv_bytes()
-    except (EOFError, OSError):
-        pass
-    # NOTE: the trainer closed the loader or is gone (no message is ever sent
-    # this way); nothing here holds state worth saving: the ring has no name
-    # to unlink.
+def _wake_until_the_trainer_hangs_up(control: socket.socket, ring: SharedRing | None) -> None:
+    # NOTE: the trainer sends a byte when it hands a slot back to a pipeline
+    # waiting for one (loader/pipeline.py ``hand_back``).
+    while True:
+        try:
+            woken = control.recv(256)
+        except InterruptedError:
+            continue
+        except OSError:
+            woken = b""
+        if not woken:
+            break
+        if ring is not None:
+            ring.slot_returned.set()
+    # NOTE: the trainer closed the loader or is gone; nothing here holds
+    # state worth saving: the ring has no name to unlink.
     os._exit(0)
 
 
@@ -165,14 +173,15 @@ def serve(conn: Connection, control: socket.socket) -> None:
         except OSError:
             os._exit(0)  # NOTE: the trainer is gone; there is no one to tell
 
+    ring = None
     try:
         ring = SharedRing.attach(fd=ring_fd, num_slots=spec.num_slots, layout=spec.slot_layout)
         start_pipeline(spec, sources=spec.open_sources(), ring=ring, emit=emit)
     except BaseException as exc:  # noqa: BLE001 - reported to the trainer
         emit(exc)
-    # NOTE: the pipeline's thread reports every step; this one waits for the
-    # trainer to close the socket.
-    _exit_when_the_trainer_hangs_up(conn)
+    # NOTE: the pipeline's thread reports every step; this one passes on the
+    # trainer's wake-ups until it closes the socket.
+    _wake_until_the_trainer_hangs_up(control, ring)
 
 
 def main(argv: list[str]) -> None:

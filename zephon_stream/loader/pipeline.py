@@ -103,25 +103,37 @@ class FreeSlots:
             self._next = (index + 1) % len(returned)
             return index
         wait_s = _FREE_POLL_MIN_S
-        while not stop.is_set():
-            # NOTE: a snapshot: the consumer sets flags while this reads them
-            # (numpy refuses to count a changing array).
-            ready = np.flatnonzero(returned.copy())
-            if ready.size:
-                index = int(ready[0])
-                returned[index] = 0
-                self._next = (index + 1) % len(returned)
-                return index
-            # NOTE: the producer waits here only when it is a whole ring ahead
-            # of the consumer, so a short poll costs the consumer nothing.
-            time.sleep(wait_s)
-            wait_s = min(2 * wait_s, _FREE_POLL_MAX_S)
-        return None
+        waiting, woken = self._ring.producer_waiting, self._ring.slot_returned
+        try:
+            while not stop.is_set():
+                woken.clear()
+                waiting[0] = 1
+                # NOTE: a snapshot: the consumer sets flags while this reads them
+                # (numpy refuses to count a changing array).
+                ready = np.flatnonzero(returned.copy())
+                if ready.size:
+                    index = int(ready[0])
+                    returned[index] = 0
+                    self._next = (index + 1) % len(returned)
+                    return index
+                # NOTE: the producer waits here only when it is a whole ring
+                # ahead of the consumer, which wakes it when it hands a slot
+                # back. The flags are read and written without a fence, so a
+                # wake-up can be missed: the bounded wait covers that.
+                woken.wait(wait_s)
+                wait_s = min(2 * wait_s, _FREE_POLL_MAX_S)
+            return None
+        finally:
+            waiting[0] = 0
 
 
 def hand_back(ring: SharedRing, slot: int) -> None:
-    """The consumer is done with ``slot``: the producer may fill it again."""
+    """The consumer is done with ``slot``: the producer may fill it again (woken if it waits for one)."""
     ring.returned[slot] = 1
+    waiting = ring.producer_waiting
+    if waiting[0]:
+        waiting[0] = 0
+        ring.notify()
 
 
 def reset_returned(ring: SharedRing, busy: Sequence[int]) -> None:

@@ -36,7 +36,7 @@ from zephon_stream.loader.ring import SharedRing
 # control socket closes, before it is killed.
 _EXIT_WAIT_S = 5.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-_LAUNCH = "import os, sys; os.nice({nice}); from zephon_stream.loader.helper import main; main(sys.argv)"
+_LAUNCH = "import os, sys; from zephon_stream.loader.helper import main; os.nice({nice}); main(sys.argv)"
 
 
 def _how_it_ended(returncode: int | None) -> str:
@@ -119,6 +119,15 @@ class ProcessProducer:
             sendfds(self._socket, [ring.fd])
         except OSError:
             self._fail("before it received its configuration")
+        ring.notify = self._wake
+
+    def _wake(self) -> None:
+        # NOTE: a lost wake-up only delays the helper by its bounded wait; a
+        # helper that is gone shows at the next get().
+        try:
+            self._socket.send(b"w", socket.MSG_DONTWAIT)
+        except OSError:
+            pass
 
     def reaped(self) -> bool:
         """Whether the helper has exited and been reaped (never waits)."""

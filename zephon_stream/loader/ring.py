@@ -13,11 +13,12 @@ nothing is left behind however the processes sharing it end. It is passed to
 the helper process as a file descriptor.
 
 A small header in front of the slots holds the producer's counters, so the
-consumer reads them without a message, and one ``returned`` flag per slot:
-the consumer sets it when it is done with the slot and the producer clears
-it when it takes the slot to fill. Handing a slot back is then one byte
-written, not a message: no system call and no wake-up of the producer in the
-trainer's step.
+consumer reads them without a message, one ``returned`` flag per slot and a
+``producer_waiting`` flag. The consumer sets a slot's flag when it is done
+with the slot and the producer clears it when it takes the slot to fill.
+Handing a slot back is then one byte written, not a message: no system call
+in the trainer's step, unless the producer has said it waits for a slot
+(a whole ring ahead); then the consumer wakes it (``notify``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import mmap
 import os
 import sys
 import tempfile
+import threading
 
 import numpy as np
 
@@ -44,7 +46,7 @@ def _align(offset: int) -> int:
 
 
 def _header_bytes(num_slots: int) -> int:
-    return _align(HEADER_COUNTERS * 8 + num_slots)
+    return _align(HEADER_COUNTERS * 8 + num_slots + 1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,6 +159,13 @@ class SharedRing:
         self._array = np.frombuffer(self._map, np.uint8)
         self.counters = self._array[: HEADER_COUNTERS * 8].view(np.float64)
         self.returned = self._array[HEADER_COUNTERS * 8 : HEADER_COUNTERS * 8 + num_slots]
+        self.producer_waiting = self._array[HEADER_COUNTERS * 8 + num_slots : HEADER_COUNTERS * 8 + num_slots + 1]
+        # NOTE: set when a slot comes back while the producer waits. In one
+        # process the consumer sets it (``notify``); a helper process's ring
+        # has it set by the thread that reads the consumer's wake-ups, and the
+        # consumer's ``notify`` is then a byte sent to the helper.
+        self.slot_returned = threading.Event()
+        self.notify = self.slot_returned.set
         self._offsets = layout.offsets()
         # NOTE: one array per slot over the mapping itself (not a slice of
         # another array), so that every view of a slot refers to its slab and
@@ -238,6 +247,7 @@ class SharedRing:
         mapping alive until they go (the descriptor is closed regardless)."""
         self.counters = None  # type: ignore[assignment]
         self.returned = None  # type: ignore[assignment]
+        self.producer_waiting = None  # type: ignore[assignment]
         self._array = None  # type: ignore[assignment]
         self._slabs = []
         try:
