@@ -232,6 +232,34 @@ def test_small_steps_share_a_slot_and_a_hoarding_consumer_still_gets_every_step(
             assert all(torch.equal(batch[key], expected[key]) for key in expected)
 
 
+@pytest.mark.parametrize("pipeline", ["process", "threads"])
+def test_a_slot_is_not_refilled_while_the_consumer_keeps_views_derived_from_its_tensors(small_dataset, pipeline):
+    # NOTE: a slot's tensors are made once and handed over again; what the
+    # consumer derives from them (a slice, a detach(), a numpy view) must keep
+    # the slot from the producer as the tensors themselves do.
+    settings = {"seq_len": 128, "local_batch_size": 4, "seed": 5}
+    with StreamingLoader(small_dataset.url, pipeline=pipeline, **settings) as loader:
+        if pipeline == "process":
+            steps_until_the_helper_serves(loader)
+        start = loader.position
+        kept = []
+        for step in range(60):
+            batch = next(loader)
+            derived = (batch["input"][:, :16], batch["labels"].detach(), batch["positions"].numpy()[:, 3:])
+            kept.append(derived if step % 3 == 0 else None)
+            del batch, derived
+        for _ in range(200):
+            next(loader)
+    with StreamingLoader(small_dataset.url, pipeline="threads", **settings) as reference:
+        reference.load_state_dict({**reference.state_dict(), "position": start})
+        for derived in kept:
+            expected = next(reference)
+            if derived is not None:
+                assert torch.equal(derived[0], expected["input"][:, :16])
+                assert torch.equal(derived[1], expected["labels"])
+                assert np.array_equal(derived[2], expected["positions"].numpy()[:, 3:])
+
+
 def test_the_helper_runs_at_the_niceness_asked_for(small_dataset):
     for nice in (0, 10):
         with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, helper_nice=nice) as loader:

@@ -32,6 +32,7 @@ import torch
 from zephon_stream.loader.handback import SlotReturns
 from zephon_stream.loader.packing import host_scalars
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing
+from zephon_stream.loader.slot_views import SlotViews, cached_views_available
 from zephon_stream.loader.widen import widen
 
 BATCH_KEYS = ("input", "labels", "positions", "sample_positions")
@@ -120,20 +121,44 @@ class CpuDelivery:
         for index in range(ring.num_slots):
             slot = ring.slot(index)
             self._arrays.append({**slot.wide, "sample_positions": slot.sample_positions, **slot.packing})
+        # NOTE: each slot's tensors, made at its first delivery (loader/slot_views.py).
+        self._views: list[SlotViews | None] = [None] * ring.num_slots
+        self._cached = cached_views_available()
+
+    def _slot_views(self, index: int, steps_per_slot: int) -> SlotViews:
+        views = self._views[index]
+        if views is None or len(views.steps) != (steps_per_slot if steps_per_slot > 1 else 0):
+            views = self._views[index] = SlotViews(self._arrays[index], steps_per_slot)
+        return views
 
     def deliver(self, index: int) -> dict[str, torch.Tensor]:
         """The consumer's tensors for slot ``index``."""
-        batch = {key: torch.from_numpy(array) for key, array in self._arrays[index].items()}
+        return self.deliver_steps(index, steps_per_slot=1, steps=1)[0]
+
+    def deliver_steps(self, index: int, *, steps_per_slot: int, steps: int) -> list[dict[str, torch.Tensor]]:
+        """The consumer's tensors for the first ``steps`` of the ``steps_per_slot`` steps slot ``index`` holds."""
+        if self._cached:
+            views = self._slot_views(index, steps_per_slot)
+            batches = [dict(step) for step in views.steps[:steps]] if steps_per_slot > 1 else [dict(views.whole)]
+        else:
+            whole = {key: torch.from_numpy(array) for key, array in self._arrays[index].items()}
+            batches = [whole]
+            if steps_per_slot > 1:
+                keys = list(whole)
+                parts = (whole[key].unflatten(0, (steps_per_slot, -1)).unbind(0)[:steps] for key in keys)
+                batches = [dict(zip(keys, step)) for step in zip(*parts)]
         if len(self._held) < self._max_held:
             self._held.append(index)
-            return batch
-        # NOTE: the consumer keeps earlier batches; this one is copied so the
+            return batches
+        # NOTE: the consumer keeps earlier batches; these are copied so the
         # slot can go back to the producer.
-        batch = {key: tensor.clone() for key, tensor in batch.items()}
         self._done.append(index)
-        return batch
+        return [{key: tensor.clone() for key, tensor in batch.items()} for batch in batches]
 
     def _in_use(self, index: int) -> bool:
+        views = self._views[index]
+        if views is not None:
+            return views.in_use()
         # NOTE: 3 = the dict's entry, the loop variable and getrefcount's argument.
         return any(sys.getrefcount(array) > 3 for array in self._arrays[index].values())
 
@@ -154,7 +179,7 @@ class CpuDelivery:
 
     def close(self) -> None:
         """Drop this delivery's arrays (batches the consumer holds stay valid)."""
-        self._held, self._done, self._arrays = [], [], []
+        self._held, self._done, self._arrays, self._views = [], [], [], []
 
 
 class CudaDelivery:

@@ -54,7 +54,6 @@ class ProducerRun:
         self.end = end
         self.spec = spec
         self.more_runs = False  # NOTE: another run follows (a helper taking this one over starts a spare)
-        self._rows = spec.slot_layout.rows // spec.steps_per_slot
         self._pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]] = collections.deque()
 
     @property
@@ -74,24 +73,19 @@ class ProducerRun:
         ready = self.producer.get()
         if isinstance(ready, EndOfData):
             return ready, None
-        batch = self.delivery.deliver(ready.slot)
         per_slot = self.spec.steps_per_slot
         if per_slot == 1:
-            return ready, batch
+            return ready, self.delivery.deliver(ready.slot)
         # NOTE: the slot holds consecutive steps, rows in step order; each is
         # handed over as views of the slot's tensors, which keep the slot
-        # held until the last of them is dropped.
-        rows, step_batch = self._rows, self.layout.global_batch
+        # held until the last of them is dropped. A run's last slot may hold
+        # rows past its end, which are not steps.
+        step_batch = self.layout.global_batch
         steps = per_slot if self.end is None else min(per_slot, (self.end - ready.cursor) // step_batch)
-        # NOTE: one unbind per key (a torch slice per step and key cost ~2.5 us,
-        # split ~15% more than unbind); a run's last slot may hold rows past
-        # its end, which are not steps.
-        keys = list(batch)
-        parts = zip(*(batch[key].unflatten(0, (per_slot, rows)).unbind(0)[:steps] for key in keys))
-        first = dict(zip(keys, next(parts)))
-        for k, views in enumerate(parts, start=1):
+        first, *rest = self.delivery.deliver_steps(ready.slot, steps_per_slot=per_slot, steps=steps)
+        for k, batch in enumerate(rest, start=1):
             self._pending.append((ReadyStep(index=ready.index * per_slot + k, cursor=ready.cursor + k * step_batch,
-                                            slot=ready.slot, data_sha256=""), dict(zip(keys, views))))  # fmt: skip
+                                            slot=ready.slot, data_sha256=""), batch))  # fmt: skip
         return ready, first
 
     def counters(self) -> dict[str, Any]:

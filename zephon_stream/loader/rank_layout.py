@@ -35,8 +35,11 @@ _MAX_LANE_SCAN_STEPS = 8192
 _MAX_PATTERNS = 4
 # NOTE: a cap on the block look-ahead in steps: with short samples a block
 # spans tens of thousands of steps, and planning that far ahead costs memory
-# and time for nothing.
+# and time for nothing. Tiny steps (batch 1) may look ahead up to this many
+# tokens instead: at 10 us a step, 256 steps of 1024 tokens were 2.5 ms, less
+# than decoding the next block takes, and the producer stalled at each block.
 _MAX_BLOCK_AHEAD_STEPS = 256
+_MAX_BLOCK_AHEAD_TOKENS = 1 << 22
 
 
 def build_order(
@@ -119,7 +122,8 @@ class RankLayout:
         # each lane's next block is decoded while it reads the current one
         # even when the consumer is fast.
         block_steps = math.ceil(self.samples_per_block * lanes / global_batch)
-        self.fetch_steps = max(fetch_steps, min(block_steps, _MAX_BLOCK_AHEAD_STEPS))
+        cap = max(_MAX_BLOCK_AHEAD_STEPS, _MAX_BLOCK_AHEAD_TOKENS // (global_batch * order.config.seq_len))
+        self.fetch_steps = max(fetch_steps, min(block_steps, cap))
         self.retention_steps = retention_steps(
             spread=self.spread, lanes=lanes, global_batch=global_batch, fetch_steps=self.fetch_steps
         )

@@ -1,0 +1,68 @@
+"""The CPU tensors of each ring slot, made once and handed over again each time the slot comes round.
+
+A torch tensor costs 1.5-2 us to make (``from_numpy``, or one view of
+``unbind``), and at tiny steps that was most of the trainer's ``next()``: four
+keys a step, and in a slot of 16 steps 64 views. A slot always holds the same
+bytes at the same place, so its tensors (and its steps' views) are made the
+first time the slot is delivered and kept; the consumer gets fresh dicts of
+the same tensors.
+
+What tells that the consumer is done with a slot: nothing outside this cache
+refers to any of its tensors (their Python reference counts) or to their
+memory (the use count of each tensor's storage, which counts every tensor
+made from it, views of views and ``detach()`` included). Both are compared
+with what they were when the cache was made. Where torch does not offer the
+storage's use count, tensors are made afresh at each delivery, as before.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+# NOTE: torch's own count of the references to a storage (c10 intrusive_ptr
+# use_count); private, hence looked up, with the uncached way as the fallback.
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _counts(tensors: list[torch.Tensor], wholes: list[torch.Tensor]) -> list[int]:
+    # NOTE: measured the same way each time (the list's entry and the
+    # argument), so that only references from outside change the counts.
+    counts = [sys.getrefcount(tensors[i]) for i in range(len(tensors))]
+    counts += [_storage_use_count(wholes[i].untyped_storage()._cdata) for i in range(len(wholes))]
+    return counts
+
+
+class SlotViews:
+    """The tensors of one slot: the whole slot's, and each step's views when the slot holds several steps.
+
+    Args:
+        arrays: the slot's arrays by key (views of the ring).
+        steps_per_slot: consecutive steps the slot holds, rows in step order.
+    """
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], steps_per_slot: int) -> None:
+        self.whole = {key: torch.from_numpy(array) for key, array in arrays.items()}
+        self.steps: list[dict[str, torch.Tensor]] = []
+        if steps_per_slot > 1:
+            keys = list(self.whole)
+            # NOTE: one unbind per key (a torch slice per step and key cost
+            # ~2.5 us, split ~15% more than unbind).
+            parts = [self.whole[key].unflatten(0, (steps_per_slot, -1)).unbind(0) for key in keys]
+            self.steps = [dict(zip(keys, views)) for views in zip(*parts)]
+            del parts
+        self._tensors = [*self.whole.values(), *(t for step in self.steps for t in step.values())]
+        self._wholes = list(self.whole.values())
+        self._idle_counts = _counts(self._tensors, self._wholes)
+
+    def in_use(self) -> bool:
+        """Whether anything outside this cache refers to the slot's tensors or their memory."""
+        return _counts(self._tensors, self._wholes) != self._idle_counts
+
+
+def cached_views_available() -> bool:
+    """Whether this torch tells a storage's use count (else every delivery makes its tensors afresh)."""
+    return _storage_use_count is not None
