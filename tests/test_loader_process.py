@@ -22,6 +22,7 @@ from zephon_stream import StreamingLoader
 from zephon_stream.errors import ConfigError, HelperProcessError
 from zephon_stream.loader.api import HELPER_PROCESS_BYTES
 from zephon_stream.loader.assembler import StepAssembler
+from zephon_stream.loader.process import ProcessProducer
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
 from zephon_stream.loader.widen import widen
 
@@ -258,6 +259,30 @@ def test_a_slot_is_not_refilled_while_the_consumer_keeps_views_derived_from_its_
                 assert torch.equal(derived[0], expected["input"][:, :16])
                 assert torch.equal(derived[1], expected["labels"])
                 assert np.array_equal(derived[2], expected["positions"].numpy()[:, 3:])
+
+
+def test_a_helper_loads_its_streams_client_libraries_and_skips_schemes_it_cannot():
+    # NOTE: the S3 client library is loaded before the helper says it is
+    # ready; a scheme with no library (or none installed) is left to the store
+    # that needs it, which names what to install.
+    mapped = {}
+    for schemes in ((), ("s3", "no-such-scheme")):
+        helper = ProcessProducer(nice=3, schemes=schemes)
+        try:
+            deadline = time.monotonic() + 60
+            while not helper.ready():
+                assert time.monotonic() < deadline, f"the helper ({schemes}) never said it was ready"
+                time.sleep(0.01)
+            assert os.getpriority(os.PRIO_PROCESS, helper.pid) == os.getpriority(os.PRIO_PROCESS, 0) + 3
+            with open(f"/proc/{helper.pid}/maps") as maps:
+                mapped[schemes] = maps.read()
+        finally:
+            helper.close()
+        assert helper.reaped()
+    # NOTE: aiohttp (s3fs's HTTP client) has native parts: mapped once it is imported.
+    assert "aiohttp" not in mapped[()]
+    assert "aiohttp" in mapped[("s3", "no-such-scheme")]
+    assert all("libtorch" not in text for text in mapped.values())
 
 
 def test_the_helper_runs_at_the_niceness_asked_for(small_dataset):

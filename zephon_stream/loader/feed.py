@@ -38,6 +38,7 @@ from zephon_stream.loader.rank_layout import RankLayout
 from zephon_stream.loader.ring import SharedRing
 from zephon_stream.loader.stats import RunTotals
 from zephon_stream.loader.streams import Stream
+from zephon_stream.storage.urls import url_scheme
 
 # NOTE: how long before the cursor reaches it a run is started: long enough
 # for a producer to fetch and decode its first blocks (from S3 too) and fill
@@ -76,6 +77,7 @@ class BatchFeed:
         self._storage_options = storage_options
         self._pipeline_mode = pipeline_mode
         self._helper_nice = helper_nice
+        self._schemes = tuple(sorted({url_scheme(stream.url) for stream in self._streams} - {"file", "local"}))
         self._run: ProducerRun | None = None
         self._next: ProducerRun | None = None
         self._prepared: tuple[SharedRing, CpuDelivery | CudaDelivery] | None = None
@@ -94,7 +96,7 @@ class BatchFeed:
             self.prepare(first_layout)
         # NOTE: a helper started now loads its interpreter while the trainer
         # builds its model; runs started before it is ready begin on threads.
-        self._spare_helper = ProcessProducer(nice=helper_nice) if pipeline_mode == "process" else None
+        self._spare_helper = ProcessProducer(nice=helper_nice, schemes=self._schemes) if pipeline_mode == "process" else None
 
     # -- what the loader reads ---------------------------------------------------
 
@@ -299,11 +301,11 @@ class BatchFeed:
         helper = self._spare_helper
         if helper is None or not helper.ready():
             if self._pipeline_mode == "process" and helper is None:
-                self._spare_helper = ProcessProducer(nice=self._helper_nice)
+                self._spare_helper = ProcessProducer(nice=self._helper_nice, schemes=self._schemes)
             return ThreadProducer(spec, sources=self._sources, ring=ring)
         helper.start(spec, ring=ring)
         # NOTE: the next run (a phase, a seek) gets a helper loaded meanwhile.
-        self._spare_helper = ProcessProducer(nice=self._helper_nice) if more_runs else None
+        self._spare_helper = ProcessProducer(nice=self._helper_nice, schemes=self._schemes) if more_runs else None
         return helper
 
     def _retire(self, run: ProducerRun | None, *, wait: bool) -> None:

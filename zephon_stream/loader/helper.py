@@ -1,9 +1,11 @@
 """The loader's helper process: runs one rank's pipeline outside the trainer.
 
-Started by loader/process.py as a fresh interpreter that takes its
-niceness (where the helper and the trainer share a core, the trainer goes
-first; the helper works ahead in the time the trainer leaves), imports this
-module and calls ``main([.., CONTROL_FD])``. It says it is ready, then
+Started by loader/process.py as a fresh interpreter that imports this module
+and calls ``main([.., CONTROL_FD, NICE, SCHEMES])``. It loads the client
+libraries of its streams' URL schemes (s3fs and botocore's models took 0.5 s
+at the first S3 read), takes its niceness (where the helper and the trainer
+share a core, the trainer goes first; the helper works ahead in the time the
+trainer leaves), and says it is ready, then
 receives a ``ProducerSpec`` and the batch ring's descriptor over the
 control socket, maps the ring, and runs the pipeline on
 its own threads. The thread that assembles a step also reports it, in a few
@@ -33,6 +35,7 @@ from multiprocessing.reduction import recvfds
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.producer import ProducerSpec, start_pipeline
 from zephon_stream.loader.ring import SharedRing
+from zephon_stream.storage.cloud_clients import warm_client_library
 
 
 # NOTE: a message is one kind byte and its body: a step's index, cursor and
@@ -185,9 +188,15 @@ def serve(conn: Connection, control: socket.socket) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Entry point: ``CONTROL_FD``."""
+    """Entry point: ``CONTROL_FD NICE SCHEMES`` (schemes comma-separated, maybe none)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    control_fd = int(argv[1])
+    control_fd, nice, schemes = int(argv[1]), int(argv[2]), argv[3]
+    for scheme in filter(None, schemes.split(",")):
+        try:
+            warm_client_library(scheme)
+        except ImportError:
+            pass  # NOTE: the store that needs it says so, naming the extra to install
+    os.nice(nice)
     try:
         serve(Connection(control_fd), socket.socket(fileno=os.dup(control_fd)))
     except (EOFError, OSError):

@@ -36,7 +36,7 @@ from zephon_stream.loader.ring import SharedRing
 # control socket closes, before it is killed.
 _EXIT_WAIT_S = 5.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-_LAUNCH = "import os, sys; from zephon_stream.loader.helper import main; os.nice({nice}); main(sys.argv)"
+_LAUNCH = "import sys; from zephon_stream.loader.helper import main; main(sys.argv)"
 
 
 def _how_it_ended(returncode: int | None) -> str:
@@ -54,13 +54,15 @@ class ProcessProducer:
     """A helper process, started at once; :meth:`start` gives it its pipeline.
 
     Args:
-        nice: niceness the helper adds to itself first thing.
+        nice: niceness the helper adds to itself once loaded.
+        schemes: URL schemes of the streams it will read (``s3``, ``gs``, ...):
+            their client libraries are loaded before it says it is ready.
 
     Raises:
         HelperProcessError: the helper could not be started.
     """
 
-    def __init__(self, *, nice: int = 0) -> None:
+    def __init__(self, *, nice: int = 0, schemes: tuple[str, ...] = ()) -> None:
         self._next_cursor = self._start = self._start_step = 0
         self._global_batch = self._slot_batch = 1
         self._error: BaseException | None = None
@@ -78,7 +80,7 @@ class ProcessProducer:
                 # threads meanwhile) the imports took 1.2-1.7 s instead of
                 # 0.3-0.5 s. -P keeps the working directory off sys.path, so
                 # the helper imports the trainer's copy of zephon_stream.
-                [sys.executable, "-P", "-c", _LAUNCH.format(nice=int(nice)), str(theirs.fileno())],
+                [sys.executable, "-P", "-c", _LAUNCH, str(theirs.fileno()), str(int(nice)), ",".join(schemes)],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 env=env,

@@ -78,3 +78,27 @@ def _adlfs_single_attempt(fs: Any) -> None:
     for name in ("total_retries", "connect_retries", "read_retries", "status_retries"):
         if hasattr(policy, name):
             setattr(policy, name, 0)
+
+
+def warm_client_library(scheme: str) -> None:
+    """Load what the first client of ``scheme`` in this process needs, before it is needed.
+
+    The first S3 read of a fresh process took 0.5-0.6 s, all but 45 ms of it
+    importing s3fs and aiobotocore and parsing botocore's S3 models; a helper
+    process that knows its streams' schemes pays that before it says it is
+    ready instead of at its first step. Unknown schemes: nothing to do.
+    """
+    if scheme in ("s3", "s3a"):
+        import s3fs  # noqa: F401 - the import is the work
+
+        from zephon_stream.storage.fsspec_store import shared_aio_session
+
+        loader = shared_aio_session().get_component("data_loader")
+        loader.load_service_model("s3", "service-2")
+        loader.load_service_model("s3", "endpoint-rule-set-1")
+        for name in ("partitions", "endpoints", "sdk-default-configuration"):
+            loader.load_data(name)
+    elif scheme in GCS_PROTOCOLS:
+        import gcsfs  # noqa: F401
+    elif scheme in AZURE_PROTOCOLS:
+        import adlfs  # noqa: F401

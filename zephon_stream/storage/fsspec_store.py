@@ -53,7 +53,7 @@ _CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TO
                    "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
 
 
-def _shared_aio_session() -> Any:
+def shared_aio_session() -> Any:
     """One aiobotocore session per process and credential environment.
 
     NOTE: each session parses botocore's S3 service model on its first client
@@ -139,7 +139,7 @@ def s3_filesystem_options(storage_options: Mapping[str, Any] | None, policy: Ret
     # NOTE: options s3fs does not know go to the session (e.g. ``profile``),
     # so only an options set without them may share the process's session.
     if opts.get("session") is None and _s3fs_accepts(opts):
-        opts["session"] = _shared_aio_session()
+        opts["session"] = shared_aio_session()
     return opts
 
 

@@ -21,6 +21,12 @@ def is_local_url(url: str | os.PathLike[str]) -> bool:
     return match is None or match.group("scheme").lower() in ("file", "local")
 
 
+def url_scheme(url: str | os.PathLike[str]) -> str:
+    """The lower-case scheme of ``url`` (``file`` for a plain path)."""
+    match = _SCHEME.match(os.fspath(url))
+    return "file" if match is None else match.group("scheme").lower()
+
+
 def local_path(url: str | os.PathLike[str]) -> str:
     """The filesystem path of a local ``url`` (``file:///x`` -> ``/x``)."""
     text = os.fspath(url)
