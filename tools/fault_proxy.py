@@ -390,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-ms", type=float, default=0.0, help="latency added to every request")
     parser.add_argument("--stall-s", type=float, default=1.0)
     parser.add_argument("--slow-body-s", type=float, default=0.5)
+    parser.add_argument("--refuse-presigned", type=int, default=0, metavar="N",
+                        help="answer the first N requests on a presigned URL 403 AccessDenied")
     args = parser.parse_args(argv)
     rates = {}
     for item in args.rate:
@@ -403,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         latency_s=args.latency_ms / 1000.0,
         stall_s=args.stall_s,
         slow_body_s=args.slow_body_s,
+        refuse_presigned=args.refuse_presigned,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
