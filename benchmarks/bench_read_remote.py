@@ -14,6 +14,10 @@ figure has its baseline measured in the same run:
 3. Where the loader's time goes per fetched block: its mean latency per GET
    (``stats()["fetch_s"] / blocks_fetched``) and the CPU (trainer + helper
    process) the server run spends beyond the local run, per block fetched.
+   Then the whole run's CPU: the trainer and its helper (reaped children),
+   and the server process, against wall time; from those, the best ratio to
+   local disk this machine's cores allow with the server on them (the work
+   of the server run spread perfectly over every core).
 4. The first batch, cold and after ``load_state_dict`` at 90% of the epoch
    (a seek), median of ``--repeats``.
 5. The loader through the fault proxy adding ``--latency-ms`` to every
@@ -30,6 +34,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -45,8 +50,8 @@ BUCKET = "bench-read"
 
 
 @contextlib.contextmanager
-def backend_server(name: str) -> Iterator[tuple[str, dict[str, Any], Callable[[str], dict[str, Any]], str]]:
-    """``(dataset URL, storage options, options via an endpoint, server endpoint)`` of a started server."""
+def backend_server(name: str) -> Iterator[tuple[str, dict[str, Any], Callable[[str], dict[str, Any]], str, int | None]]:
+    """``(dataset URL, storage options, options via an endpoint, server endpoint, server pid)`` of a started server."""
     if name in ("moto", "seaweedfs"):
         if name == "moto":
             from zephon_stream.storage.embedded_s3 import EmbeddedS3
@@ -59,19 +64,22 @@ def backend_server(name: str) -> Iterator[tuple[str, dict[str, Any], Callable[[s
         with server:
             server.create_bucket(BUCKET)
             options = server.storage_options()
-            yield f"s3://{BUCKET}/ds", options, lambda endpoint: {**options, "endpoint_url": endpoint}, server.endpoint_url
+            yield (f"s3://{BUCKET}/ds", options, lambda endpoint: {**options, "endpoint_url": endpoint},
+                   server.endpoint_url, getattr(server, "pid", None))
     elif name == "gcs":
         from tools.fake_gcs import FakeGcs
 
         with FakeGcs(buckets=[BUCKET]) as server:
             options = server.storage_options()
-            yield f"gs://{BUCKET}/ds", options, lambda endpoint: {**options, "endpoint_url": endpoint}, server.endpoint_url
+            yield (f"gs://{BUCKET}/ds", options, lambda endpoint: {**options, "endpoint_url": endpoint},
+                   server.endpoint_url, server.pid)
     elif name == "azure":
         from tools.azurite import Azurite
 
         with Azurite(containers=[BUCKET]) as server:
             yield (f"az://{BUCKET}/ds", server.storage_options(),
-                   lambda endpoint: {"connection_string": server.connection_string(endpoint)}, server.endpoint_url)
+                   lambda endpoint: {"connection_string": server.connection_string(endpoint)}, server.endpoint_url,
+                   server.pid)
     else:
         raise ValueError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
 
@@ -108,6 +116,30 @@ def raw_range_reads(url: str, options: dict[str, Any], manifest: Manifest, concu
     }
 
 
+def _own_cpu_s() -> float:
+    # NOTE: reaped children count: the loader's helper is reaped when it closes.
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def _process_cpu_s(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_with_cpu(run: Callable[[], dict], server_pid: int | None) -> dict:
+    """``run()``'s figures plus its wall time, its CPU in this process and its reaped children, and the server's."""
+    started, own, server = time.perf_counter(), _own_cpu_s(), _process_cpu_s(server_pid)
+    figures = run()
+    figures["run_wall_s"] = time.perf_counter() - started
+    figures["run_loader_cpu_s"] = _own_cpu_s() - own
+    figures["run_server_cpu_s"] = _process_cpu_s(server_pid) - server
+    return figures
+
+
 def spread(values: list[float]) -> str:
     return f"{min(values):.2f}-{max(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
@@ -116,24 +148,28 @@ def remote_figures(manifest: Manifest, root: Path, args: argparse.Namespace, epo
     """Every figure of one backend (module docstring); prints them as it goes."""
     from benchmarks.bench_read import first_batch_s, loader_tokens_per_s
 
-    with backend_server(args.backend) as (url, options, options_via, endpoint):
+    cores = os.cpu_count() or 1
+    with backend_server(args.backend) as (url, options, options_via, endpoint, server_pid):
         started = time.perf_counter()
         copy_dataset(root, url, dst_options=options)
         print(f"{args.backend}: dataset copied to {url} in {time.perf_counter() - started:.1f} s")
         trials = []
         for trial in range(args.trials):
-            order = (("local", str(root), None), ("remote", url, options))
+            order = (("local", str(root), None, None), ("remote", url, options, server_pid))
             runs = {}
-            for name, where, opts in order if trial % 2 == 0 else order[::-1]:
-                runs[name] = loader_tokens_per_s(where, opts, args, epoch_steps, passes=args.epochs)
+            for name, where, opts, pid in order if trial % 2 == 0 else order[::-1]:
+                runs[name] = run_with_cpu(
+                    lambda: loader_tokens_per_s(where, opts, args, epoch_steps, passes=args.epochs), pid)  # noqa: B023
             local, remote = runs["local"], runs["remote"]
             extra_cpu_s = (remote["cpu_s"] - local["cpu_s"]) / max(1, remote["first_pass_blocks"])
+            remote_floor_s = (remote["run_loader_cpu_s"] + remote["run_server_cpu_s"]) / cores
             trial_figures = {
                 "local": local,
                 "remote": remote,
                 "ratio_first": remote["tokens_per_s"] / local["tokens_per_s"],
                 "ratio_steady": remote.get("steady_tokens_per_s", 0) / local.get("steady_tokens_per_s", 1),
                 "extra_cpu_ms_per_block": extra_cpu_s * 1e3,
+                "ratio_cpu_bound": local["run_wall_s"] / remote_floor_s if remote_floor_s else None,
             }
             trials.append(trial_figures)
             print(f"trial {trial + 1}: loader {args.backend} first pass {remote['tokens_per_s'] / 1e6:.1f} M tok/s, "
@@ -143,6 +179,12 @@ def remote_figures(manifest: Manifest, root: Path, args: argparse.Namespace, epo
                   f"(target >= 0.8); {remote['fetch_ms_per_block']:.1f} ms a GET in the loader, "
                   f"{trial_figures['extra_cpu_ms_per_block']:.1f} ms CPU a block beyond local, "
                   f"{remote['retries']} retries")
+            if server_pid is not None:
+                print(f"  whole runs: local {local['run_loader_cpu_s']:.2f} s CPU in {local['run_wall_s']:.2f} s; "
+                      f"{args.backend}: loader {remote['run_loader_cpu_s']:.2f} s + server "
+                      f"{remote['run_server_cpu_s']:.2f} s CPU in {remote['run_wall_s']:.2f} s; on {cores} cores "
+                      f"the {args.backend} run takes at least {remote_floor_s:.2f} s: at best "
+                      f"{trial_figures['ratio_cpu_bound']:.2f} x local")
         raw = raw_range_reads(url, options, manifest, args.fetch_concurrency, passes=args.raw_passes)
         best_local = max(t["local"].get("steady_tokens_per_s", t["local"]["tokens_per_s"]) for t in trials)
         print(f"raw range reads of the same blocks, {raw['concurrency']} at once: {raw['tokens_per_s'] / 1e6:.1f} M tok/s "
@@ -166,6 +208,9 @@ def remote_figures(manifest: Manifest, root: Path, args: argparse.Namespace, epo
               f"{slow['tokens_per_s'] / 1e6:.1f} M tok/s, steady {slow_rate / 1e6:.1f} M = "
               f"{slow_rate / best_local:.2f} x the best local steady rate")
 
+    bounds = [t["ratio_cpu_bound"] for t in trials if t["ratio_cpu_bound"] is not None]
+    if bounds and server_pid is not None:
+        print(f"best ratio these {cores} cores allow with the server on them (whole runs): {spread(bounds)}")
     ratios_first = [t["ratio_first"] for t in trials]
     ratios_steady = [t["ratio_steady"] for t in trials]
     print(f"ratio {args.backend} / local disk over {len(trials)} paired trials: first pass {spread(ratios_first)}, "
