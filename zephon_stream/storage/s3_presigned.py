@@ -119,7 +119,9 @@ class PresignedRanges:
         if fs._s3 is None:
             await fs.set_session()
         bucket, key, _ = fs.split_path(full)
-        url = await fs._s3.generate_presigned_url(
+        # NOTE: get_s3 answers the bucket's own region's client where s3fs caches regions.
+        client = await fs.get_s3(bucket)
+        url = await client.generate_presigned_url(
             ClientMethod="get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=URL_LIFETIME_S
         )
         self._urls[full] = (url, now)
