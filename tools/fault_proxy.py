@@ -346,7 +346,8 @@ class FaultProxy:
 
     def _refuses_presigned(self, path: str) -> bool:
         query = urllib.parse.urlsplit(path).query
-        if "Signature=" not in query:  # NOTE: SigV2 ``Signature``, SigV4 ``X-Amz-Signature``
+        # NOTE: S3 SigV2 ``Signature``, SigV4 ``X-Amz-Signature``, an Azure SAS's ``sig``.
+        if "Signature=" not in query and "sig=" not in query:
             return False
         with self._lock:
             self._counts["presigned"] += 1

@@ -30,7 +30,8 @@ from zephon_stream.storage.base import Store
 from zephon_stream.storage.cloud_clients import filesystem_options, make_single_attempt
 from zephon_stream.storage.redact import redact_options, redact_url, secret_values
 from zephon_stream.storage.retry import RetryPolicy
-from zephon_stream.storage.s3_presigned import PresignedRanges, PresignRefused, presigned_reads_allowed
+from zephon_stream.storage.presigned import OPTION as PRESIGNED_OPTION
+from zephon_stream.storage.presigned import PresignedRanges, PresignRefused, presigned_reads_allowed
 
 logger = logging.getLogger("zephon_stream.storage")
 
@@ -113,7 +114,7 @@ def s3_filesystem_options(storage_options: Mapping[str, Any] | None, policy: Ret
     every retry. Options the user passes explicitly win.
     """
     opts = dict(storage_options or {})
-    opts.pop("zephon_presigned_reads", None)
+    opts.pop(PRESIGNED_OPTION, None)
     client_kwargs = dict(opts.get("client_kwargs") or {})
     if not opts.get("endpoint_url") and not client_kwargs.get("endpoint_url"):
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -185,7 +186,7 @@ class FsspecStore(Store):
         self._warm_process = -1
         self._first_call_async_lock: tuple[int, asyncio.Lock] | None = None
         self._presigned: PresignedRanges | None = None
-        self._presigned_ok = self._protocol in S3_PROTOCOLS and presigned_reads_allowed(self._options)
+        self._presigned_ok = presigned_reads_allowed(self._protocol, self._options)
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -207,7 +208,8 @@ class FsspecStore(Store):
                 if self._protocol in S3_PROTOCOLS:
                     kwargs = s3_filesystem_options(self._options, self._retry)
                 else:
-                    kwargs = filesystem_options(self._protocol, self._options, self._retry)
+                    client_options = {k: v for k, v in self._options.items() if k != PRESIGNED_OPTION}
+                    kwargs = filesystem_options(self._protocol, client_options, self._retry)
                 fs, root = fsspec.core.url_to_fs(self._raw_url, **kwargs)
                 if self._protocol in S3_PROTOCOLS:
                     # NOTE: s3fs's own retry loop (class default 5) is on top of
@@ -216,7 +218,8 @@ class FsspecStore(Store):
                 else:
                     make_single_attempt(self._protocol, fs)
                 self._root, self._fs_process, self._fs = root.rstrip("/"), _process[0], fs
-                self._presigned = PresignedRanges(fs, kwargs, self._retry) if self._presigned_ok else None
+                self._presigned = (PresignedRanges(fs, self._protocol, kwargs, self._retry)
+                                   if self._presigned_ok else None)  # fmt: skip
             return self._fs, self._root
 
     def _full(self, path: str) -> tuple[Any, str]:
@@ -261,17 +264,18 @@ class FsspecStore(Store):
         _, full = self._full(path)
         presigned = self._presigned
         if presigned is not None and self._presigned_ok:
-            if self._warm_process != _process[0]:
+            if self._warm_process != _process[0] and self._protocol in S3_PROTOCOLS:
                 await self._call_async("set_session")
             try:
                 return await presigned.read(full, start, end)
             except PresignRefused as exc:
-                # NOTE: s3fs makes the same read with signed headers. A real
-                # access error then comes from it, in its words; if s3fs may
-                # read where the URL may not, this store reads through s3fs.
+                # NOTE: the client library makes the same read, signed its own
+                # way. A real access error then comes from it, in its words; if
+                # it may read where the URL may not, this store reads through it.
                 data = await self._call_async("_cat_file", full, start=start, end=end)
                 self._presigned_ok = False
-                logger.warning("%s: %s; reading through s3fs from now on", self.url, self.scrub(str(exc)))
+                library = "s3fs" if self._protocol in S3_PROTOCOLS else "adlfs"
+                logger.warning("%s: %s; reading through %s from now on", self.url, self.scrub(str(exc)), library)
                 return data
         return await self._call_async("_cat_file", full, start=start, end=end)
 
