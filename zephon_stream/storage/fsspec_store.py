@@ -31,7 +31,7 @@ from zephon_stream.storage.cloud_clients import filesystem_options, make_single_
 from zephon_stream.storage.redact import redact_options, redact_url, secret_values
 from zephon_stream.storage.retry import RetryPolicy
 from zephon_stream.storage.presigned import OPTION as PRESIGNED_OPTION
-from zephon_stream.storage.presigned import PresignedRanges, PresignRefused, presigned_reads_allowed
+from zephon_stream.storage.presigned import PresignedRanges, PresignRefused, presigned_reads_allowed, signs_urls
 
 logger = logging.getLogger("zephon_stream.storage")
 
@@ -219,7 +219,7 @@ class FsspecStore(Store):
                     make_single_attempt(self._protocol, fs)
                 self._root, self._fs_process, self._fs = root.rstrip("/"), _process[0], fs
                 self._presigned = (PresignedRanges(fs, self._protocol, kwargs, self._retry)
-                                   if self._presigned_ok else None)  # fmt: skip
+                                   if self._presigned_ok and signs_urls(fs, self._protocol) else None)  # fmt: skip
             return self._fs, self._root
 
     def _full(self, path: str) -> tuple[Any, str]:

@@ -93,6 +93,17 @@ async def _s3_url(fs: Any, full: str) -> str:
     )
 
 
+def signs_urls(fs: Any, protocol: str) -> bool:
+    """Whether ``fs`` can make the URLs: on Azure, a store with a token credential (Entra ID) cannot."""
+    if protocol in S3_PROTOCOLS:
+        return True
+    service = getattr(fs, "service_client", None)
+    if service is None:
+        return False
+    credential = service.credential
+    return bool(getattr(credential, "account_key", None)) or "?" in service.url or credential is None
+
+
 async def _azure_url(fs: Any, full: str) -> str:
     container, blob, _ = fs.split_path(full)
     service = fs.service_client
