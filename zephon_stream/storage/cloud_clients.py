@@ -5,6 +5,10 @@ sleeps up to 32 s, the Azure SDK up to 10 with exponential backoff (one 503
 became a 20 s stall). Both are cut to a single attempt here, as botocore and
 s3fs are for S3, so that ``RetryPolicy`` is the one layer that retries, bounds
 the time and counts every retry in ``stats()["retries"]``.
+
+Also here, for every store: which URL schemes each client library serves,
+the storage options a library is given (the user's, less this package's own
+``zephon_presigned_reads``), and the warm-up a helper process runs for them.
 """
 
 from __future__ import annotations
@@ -16,8 +20,19 @@ from typing import Any
 
 from zephon_stream.storage.retry import RetryPolicy
 
+S3_PROTOCOLS = ("s3", "s3a")
 GCS_PROTOCOLS = ("gs", "gcs")
 AZURE_PROTOCOLS = ("az", "abfs", "abfss")
+# NOTE: a storage option of this package's own (storage/presigned.py): no
+# client library knows it, so none is given it.
+PRESIGNED_READS_OPTION = "zephon_presigned_reads"
+
+
+def client_options(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of the user's storage options without this package's own."""
+    opts = dict(storage_options or {})
+    opts.pop(PRESIGNED_READS_OPTION, None)
+    return opts
 
 
 def filesystem_options(protocol: str, storage_options: Mapping[str, Any] | None, policy: RetryPolicy) -> dict[str, Any]:
@@ -27,7 +42,7 @@ def filesystem_options(protocol: str, storage_options: Mapping[str, Any] | None,
     (gcsfs ``requests_timeout``, adlfs ``connection_timeout`` and
     ``read_timeout``). Options the user passes explicitly win.
     """
-    opts = dict(storage_options or {})
+    opts = client_options(storage_options)
     if protocol in GCS_PROTOCOLS:
         # NOTE: pointed at an emulator, gcsfs would otherwise look for Google
         # credentials, the metadata server included; Google's own client
@@ -88,7 +103,7 @@ def warm_client_library(scheme: str) -> None:
     process that knows its streams' schemes pays that before it says it is
     ready instead of at its first step. Unknown schemes: nothing to do.
     """
-    if scheme in ("s3", "s3a"):
+    if scheme in S3_PROTOCOLS:
         import s3fs  # noqa: F401 - the import is the work
 
         from zephon_stream.storage.fsspec_store import shared_aio_session

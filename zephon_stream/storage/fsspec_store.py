@@ -27,15 +27,13 @@ import fsspec
 from fsspec.utils import get_protocol
 
 from zephon_stream.storage.base import Store
-from zephon_stream.storage.cloud_clients import filesystem_options, make_single_attempt
+from zephon_stream.storage.cloud_clients import S3_PROTOCOLS, client_options, filesystem_options, make_single_attempt
+from zephon_stream.storage.presigned import PresignedRanges, PresignRefused, presigned_reads_allowed, signs_urls
 from zephon_stream.storage.redact import redact_options, redact_url, secret_values
 from zephon_stream.storage.retry import RetryPolicy
-from zephon_stream.storage.presigned import OPTION as PRESIGNED_OPTION
-from zephon_stream.storage.presigned import PresignedRanges, PresignRefused, presigned_reads_allowed, signs_urls
 
 logger = logging.getLogger("zephon_stream.storage")
 
-S3_PROTOCOLS = ("s3", "s3a")
 _FSSPEC_KWARGS = frozenset({"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"})
 _process = [0]
 
@@ -113,8 +111,7 @@ def s3_filesystem_options(storage_options: Mapping[str, Any] | None, policy: Ret
     read timeouts so that ``RetryPolicy`` is the only retry layer and counts
     every retry. Options the user passes explicitly win.
     """
-    opts = dict(storage_options or {})
-    opts.pop(PRESIGNED_OPTION, None)
+    opts = client_options(storage_options)
     client_kwargs = dict(opts.get("client_kwargs") or {})
     if not opts.get("endpoint_url") and not client_kwargs.get("endpoint_url"):
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -208,8 +205,7 @@ class FsspecStore(Store):
                 if self._protocol in S3_PROTOCOLS:
                     kwargs = s3_filesystem_options(self._options, self._retry)
                 else:
-                    client_options = {k: v for k, v in self._options.items() if k != PRESIGNED_OPTION}
-                    kwargs = filesystem_options(self._protocol, client_options, self._retry)
+                    kwargs = filesystem_options(self._protocol, self._options, self._retry)
                 fs, root = fsspec.core.url_to_fs(self._raw_url, **kwargs)
                 if self._protocol in S3_PROTOCOLS:
                     # NOTE: s3fs's own retry loop (class default 5) is on top of

@@ -34,6 +34,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from zephon_stream.storage.cloud_clients import AZURE_PROTOCOLS, PRESIGNED_READS_OPTION, S3_PROTOCOLS
 from zephon_stream.storage.retry import HttpStatusError, RetryPolicy
 
 URL_LIFETIME_S = 3600
@@ -46,12 +47,6 @@ _ERROR_CODE = re.compile(rb"<Code>([A-Za-z0-9.]{1,64})</Code>")
 _S3FS_ONLY_OPTIONS = ("requester_pays", "s3_additional_kwargs", "version_aware")
 
 
-S3_PROTOCOLS = ("s3", "s3a")
-AZURE_PROTOCOLS = ("az", "abfs", "abfss")
-# NOTE: a key the client libraries do not know; the store takes it out of the
-# options it hands them.
-OPTION = "zephon_presigned_reads"
-
 
 class PresignRefused(Exception):
     """The store refused a presigned GET that its client library may still be allowed to make."""
@@ -59,7 +54,7 @@ class PresignRefused(Exception):
 
 def presigned_reads_allowed(protocol: str, options: Mapping[str, Any]) -> bool:
     """Whether reads of a ``protocol`` store with these options may go over presigned URLs."""
-    if options.get(OPTION) is False:
+    if options.get(PRESIGNED_READS_OPTION) is False:
         return False
     if protocol in S3_PROTOCOLS:
         return not any(options.get(name) for name in _S3FS_ONLY_OPTIONS)
