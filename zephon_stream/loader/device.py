@@ -32,7 +32,7 @@ import torch
 from zephon_stream.loader.handback import SlotReturns
 from zephon_stream.loader.packing import host_scalars
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing
-from zephon_stream.loader.slot_views import SlotViews, cached_views_available
+from zephon_stream.loader.slot_views import SlotViews, cached_views_available, slot_tensors
 from zephon_stream.loader.widen import widen
 
 BATCH_KEYS = ("input", "labels", "positions", "sample_positions")
@@ -127,7 +127,7 @@ class CpuDelivery:
 
     def _slot_views(self, index: int, steps_per_slot: int) -> SlotViews:
         views = self._views[index]
-        if views is None or len(views.steps) != (steps_per_slot if steps_per_slot > 1 else 0):
+        if views is None or views.steps_per_slot != steps_per_slot:
             views = self._views[index] = SlotViews(self._arrays[index], steps_per_slot)
         return views
 
@@ -139,14 +139,10 @@ class CpuDelivery:
         """The consumer's tensors for the first ``steps`` of the ``steps_per_slot`` steps slot ``index`` holds."""
         if self._cached:
             views = self._slot_views(index, steps_per_slot)
-            batches = [dict(step) for step in views.steps[:steps]] if steps_per_slot > 1 else [dict(views.whole)]
+            whole, per_step = views.whole, views.steps
         else:
-            whole = {key: torch.from_numpy(array) for key, array in self._arrays[index].items()}
-            batches = [whole]
-            if steps_per_slot > 1:
-                keys = list(whole)
-                parts = (whole[key].unflatten(0, (steps_per_slot, -1)).unbind(0)[:steps] for key in keys)
-                batches = [dict(zip(keys, step)) for step in zip(*parts)]
+            whole, per_step = slot_tensors(self._arrays[index], steps_per_slot)
+        batches = [dict(step) for step in per_step[:steps]] if per_step else [dict(whole)]
         if len(self._held) < self._max_held:
             self._held.append(index)
             return batches

@@ -36,6 +36,20 @@ def _counts(tensors: list[torch.Tensor], wholes: list[torch.Tensor]) -> list[int
     return counts
 
 
+def slot_tensors(
+    arrays: Mapping[str, np.ndarray], steps_per_slot: int
+) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
+    """The slot's arrays as tensors, and each step's views of them when the slot holds several steps."""
+    whole = {key: torch.from_numpy(array) for key, array in arrays.items()}
+    if steps_per_slot == 1:
+        return whole, []
+    keys = list(whole)
+    # NOTE: one unbind per key (a torch slice per step and key cost ~2.5 us,
+    # split ~15% more than unbind).
+    parts = [whole[key].unflatten(0, (steps_per_slot, -1)).unbind(0) for key in keys]
+    return whole, [dict(zip(keys, views)) for views in zip(*parts)]
+
+
 class SlotViews:
     """The tensors of one slot: the whole slot's, and each step's views when the slot holds several steps.
 
@@ -45,15 +59,8 @@ class SlotViews:
     """
 
     def __init__(self, arrays: Mapping[str, np.ndarray], steps_per_slot: int) -> None:
-        self.whole = {key: torch.from_numpy(array) for key, array in arrays.items()}
-        self.steps: list[dict[str, torch.Tensor]] = []
-        if steps_per_slot > 1:
-            keys = list(self.whole)
-            # NOTE: one unbind per key (a torch slice per step and key cost
-            # ~2.5 us, split ~15% more than unbind).
-            parts = [self.whole[key].unflatten(0, (steps_per_slot, -1)).unbind(0) for key in keys]
-            self.steps = [dict(zip(keys, views)) for views in zip(*parts)]
-            del parts
+        self.steps_per_slot = steps_per_slot
+        self.whole, self.steps = slot_tensors(arrays, steps_per_slot)
         self._tensors = [*self.whole.values(), *(t for step in self.steps for t in step.values())]
         self._wholes = list(self.whole.values())
         self._idle_counts = _counts(self._tensors, self._wholes)
