@@ -96,7 +96,11 @@ class BatchFeed:
             self.prepare(first_layout)
         # NOTE: a helper started now loads its interpreter while the trainer
         # builds its model; runs started before it is ready begin on threads.
-        self._spare_helper = ProcessProducer(nice=helper_nice, schemes=self._schemes) if pipeline_mode == "process" else None
+        self._spare_helper = self._new_helper() if pipeline_mode == "process" else None
+
+    def _new_helper(self) -> ProcessProducer:
+        """A helper process starting now, loading the client libraries of the loader's streams."""
+        return ProcessProducer(nice=self._helper_nice, schemes=self._schemes)
 
     # -- what the loader reads ---------------------------------------------------
 
@@ -301,11 +305,11 @@ class BatchFeed:
         helper = self._spare_helper
         if helper is None or not helper.ready():
             if self._pipeline_mode == "process" and helper is None:
-                self._spare_helper = ProcessProducer(nice=self._helper_nice, schemes=self._schemes)
+                self._spare_helper = self._new_helper()
             return ThreadProducer(spec, sources=self._sources, ring=ring)
         helper.start(spec, ring=ring)
         # NOTE: the next run (a phase, a seek) gets a helper loaded meanwhile.
-        self._spare_helper = ProcessProducer(nice=self._helper_nice, schemes=self._schemes) if more_runs else None
+        self._spare_helper = self._new_helper() if more_runs else None
         return helper
 
     def _retire(self, run: ProducerRun | None, *, wait: bool) -> None:
