@@ -136,12 +136,9 @@ class Store(abc.ABC):
             ObjectMissingError: no object at ``path``.
             StorageError: transient failures outlasted the retry policy.
         """
-        rel = self._check(path)
-        if not (isinstance(start, int) and isinstance(end, int)) or start < 0 or end < start:
-            raise ValueError(f"{self._name(rel)}: invalid byte range [{start}, {end})")
-        if end == start:
+        rel, want = self._check_range(path, start, end)
+        if not want:
             return b""
-        want = end - start
 
         def attempt() -> bytes:
             data = self._read_range(rel, start, end)
@@ -163,12 +160,9 @@ class Store(abc.ABC):
 
     async def read_range_async(self, path: str, start: int, end: int) -> bytes:
         """:meth:`read_range` as a coroutine on :meth:`event_loop`: the same checks, retries and counters."""
-        rel = self._check(path)
-        if not (isinstance(start, int) and isinstance(end, int)) or start < 0 or end < start:
-            raise ValueError(f"{self._name(rel)}: invalid byte range [{start}, {end})")
-        if end == start:
+        rel, want = self._check_range(path, start, end)
+        if not want:
             return b""
-        want = end - start
 
         async def attempt() -> bytes:
             data = await self._read_range_async(rel, start, end)
@@ -265,6 +259,13 @@ class Store(abc.ABC):
     # -- shared plumbing --------------------------------------------------
     def _check(self, path: str) -> str:
         return check_relative_path(path, root=self._url)
+
+    def _check_range(self, path: str, start: int, end: int) -> tuple[str, int]:
+        """``(relative path, bytes wanted)`` of a range read, or ValueError naming the object."""
+        rel = self._check(path)
+        if not (isinstance(start, int) and isinstance(end, int)) or start < 0 or end < start:
+            raise ValueError(f"{self._name(rel)}: invalid byte range [{start}, {end})")
+        return rel, end - start
 
     def _name(self, rel: str) -> str:
         return f"{self._url}/{rel}" if rel else self._url
