@@ -155,8 +155,9 @@ def test_import_graph_has_no_circles():
     circles = [
         f"{', '.join(group)}: {describe(graph, shortest_cycle(graph, group))}" for group in strongly_connected(graph)
     ]
-    assert not circles, f"{len(circles)} import circle(s) (modules that reach each other: one circle):\n" + "\n".join(
-        f"  {c}" for c in circles
+    assert not circles, (
+        f"{len(circles)} import circle(s); each line names the modules that reach one another, then one circle "
+        "through them with the file and line of each import:\n" + "\n".join(f"  {c}" for c in circles)
     )
 
 
