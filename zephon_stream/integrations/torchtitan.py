@@ -227,9 +227,9 @@ class ZephonDataLoader(BaseDataLoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Seek to a state saved by any dp degree (an empty dict is a fresh start)."""
-        value = loader_state_from_titan(state_dict)
-        if value is not None:
-            self._loader.load_state_dict(value)
+        if not state_dict:
+            return
+        self._loader.load_state_dict(loader_state_from_titan(state_dict))
 
     def close(self) -> None:
         """Stop the loader's threads (idempotent)."""

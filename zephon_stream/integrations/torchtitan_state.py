@@ -27,15 +27,13 @@ def titan_state(loader_state: dict[str, Any]) -> dict[str, Any]:
     return {STATE_KEY: json.dumps(loader_state, sort_keys=True)}
 
 
-def loader_state_from_titan(state_dict: dict[str, Any]) -> dict[str, Any] | None:
-    """The loader state inside a checkpoint entry (None for an empty dict: a fresh start).
+def loader_state_from_titan(state_dict: dict[str, Any]) -> Any:
+    """The loader state inside a (non-empty) checkpoint entry, JSON decoded.
 
     Raises:
         StateMismatchError: no ``"zephon"`` key (naming the keys found, and a
             TorchTitan per-rank state as such), or a value that is not JSON.
     """
-    if not state_dict:
-        return None
     if STATE_KEY not in state_dict:
         found = ", ".join(sorted(map(str, state_dict)))
         per_rank = any(str(k).startswith("dp_rank_") for k in state_dict)
