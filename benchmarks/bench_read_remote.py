@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks.read_measurements import first_batch_s, loader_tokens_per_s
 from tools.fault_proxy import FaultProxy
 from zephon_stream import Manifest
 from zephon_stream.storage import copy_dataset, open_store
@@ -146,8 +147,6 @@ def spread(values: list[float]) -> str:
 
 def remote_figures(manifest: Manifest, root: Path, args: argparse.Namespace, epoch_steps: int) -> dict:
     """Every figure of one backend (module docstring); prints them as it goes."""
-    from benchmarks.bench_read import first_batch_s, loader_tokens_per_s
-
     cores = os.cpu_count() or 1
     with backend_server(args.backend) as (url, options, options_via, endpoint, server_pid):
         started = time.perf_counter()

@@ -1,5 +1,9 @@
 """The dataset manifest: msgpack codec, validation and block arithmetic.
 
+Its entries (``TokenizerInfo``, ``ShardInfo``, ``SourceInfo``) live in
+``entries.py``, re-exported here where the format's users import them from;
+its consistency rules live in ``validation.py``, which ``validate()`` calls.
+
 The manifest is written last; its presence commits the dataset. Every field
 is checked on load, with both values named on a mismatch (docs/FORMAT.md,
 "Validation").
@@ -17,158 +21,19 @@ import msgpack
 import numpy as np
 
 from zephon_stream.errors import ManifestError, ObjectMissingError, VersionError
+from zephon_stream.format.entries import ShardInfo, SourceInfo, TokenizerInfo, entries_unchecked
 from zephon_stream.format.fields import FieldReader, check_relative_path, unpack_map
 from zephon_stream.format.fingerprint import FINGERPRINT_HEADER, compute_fingerprint  # noqa: F401 (re-exported)
-from zephon_stream.format.spec import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    MAX_VOCAB_SIZE,
-    REJECTS_NAME,
-    dtype_name,
-    np_dtype,
-)
+from zephon_stream.format.spec import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, REJECTS_NAME, dtype_name, np_dtype
+from zephon_stream.format.validation import validate_manifest
+
+__all__ = ["FINGERPRINT_HEADER", "Manifest", "ShardInfo", "SourceInfo", "TokenizerInfo", "compute_fingerprint"]
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
     # NOTE: cached arrays are shared by every caller; make accidental writes fail.
     array.flags.writeable = False
     return array
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenizerInfo:
-    """Identity of the tokenizer that produced the tokens."""
-
-    kind: str
-    name: str
-    vocab_size: int
-    eos_id: int
-    bos_id: int | None
-    fingerprint: str
-
-    def to_obj(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "name": self.name,
-            "vocab_size": self.vocab_size,
-            "eos_id": self.eos_id,
-            "bos_id": self.bos_id,
-            "fingerprint": self.fingerprint,
-        }
-
-    @classmethod
-    def from_obj(cls, obj: Any, *, where: str) -> TokenizerInfo:
-        fields = FieldReader(obj, where=f"{where}: tokenizer")
-        return cls(
-            kind=fields.string("kind"),
-            name=fields.string("name", allow_empty=True),
-            vocab_size=fields.uint("vocab_size", minimum=1, maximum=MAX_VOCAB_SIZE),
-            eos_id=fields.uint("eos_id", maximum=MAX_VOCAB_SIZE - 1),
-            bos_id=fields.optional_uint("bos_id", maximum=MAX_VOCAB_SIZE - 1),
-            fingerprint=fields.string("fingerprint"),
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShardInfo:
-    """One shard object and its document-index sidecar."""
-
-    path: str
-    num_tokens: int
-    num_bytes: int
-    sha256: str
-    block_offsets: tuple[int, ...]
-    index_path: str
-    index_sha256: str
-    num_documents: int
-
-    @property
-    def num_blocks(self) -> int:
-        """Blocks in this shard."""
-        return len(self.block_offsets) - 1
-
-    def to_obj(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "num_tokens": self.num_tokens,
-            "num_bytes": self.num_bytes,
-            "sha256": self.sha256,
-            "block_offsets": list(self.block_offsets),
-            "index_path": self.index_path,
-            "index_sha256": self.index_sha256,
-            "num_documents": self.num_documents,
-        }
-
-    @classmethod
-    def from_obj(cls, obj: Any, *, where: str) -> ShardInfo:
-        fields = FieldReader(obj, where=where)
-        offsets = fields.array("block_offsets")
-        return cls(
-            path=fields.get("path"),
-            num_tokens=fields.uint("num_tokens", minimum=1),
-            num_bytes=fields.uint("num_bytes", minimum=1),
-            sha256=fields.hex_digest("sha256"),
-            block_offsets=tuple(offsets),
-            index_path=fields.get("index_path"),
-            index_sha256=fields.hex_digest("index_sha256"),
-            num_documents=fields.uint("num_documents"),
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class SourceInfo:
-    """One input source and how its records were accounted for."""
-
-    path: str
-    num_records: int
-    num_documents: int
-    num_rejected: int
-
-    def to_obj(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "num_records": self.num_records,
-            "num_documents": self.num_documents,
-            "num_rejected": self.num_rejected,
-        }
-
-    @classmethod
-    def from_obj(cls, obj: Any, *, where: str) -> SourceInfo:
-        fields = FieldReader(obj, where=where)
-        return cls(
-            path=fields.string("path"),
-            num_records=fields.uint("num_records"),
-            num_documents=fields.uint("num_documents"),
-            num_rejected=fields.uint("num_rejected"),
-        )
-
-
-_SHARD_KEYS = frozenset(
-    ("path", "num_tokens", "num_bytes", "sha256", "block_offsets", "index_path", "index_sha256", "num_documents")
-)
-_SOURCE_KEYS = frozenset(("path", "num_records", "num_documents", "num_rejected"))
-
-
-def _entries_unchecked(shards: list[Any], sources: list[Any]) -> tuple[list[ShardInfo], list[SourceInfo]] | None:
-    """Shard and source entries built without per-field checks, when every map has exactly the
-    expected keys (and block offsets are arrays); None otherwise. Their values are for validation to check."""
-    if not all(type(s) is dict and s.keys() == _SHARD_KEYS and type(s["block_offsets"]) is list for s in shards):
-        return None
-    if not all(type(s) is dict and s.keys() == _SOURCE_KEYS for s in sources):
-        return None
-    # NOTE: new maps, not the decoded ones: a refused manifest is decoded again from those.
-    shard_infos = [_unchecked(ShardInfo, {**s, "block_offsets": tuple(s["block_offsets"])}) for s in shards]
-    return shard_infos, [_unchecked(SourceInfo, dict(s)) for s in sources]
-
-
-def _unchecked(cls: type[Any], fields: dict[str, Any]) -> Any:
-    # NOTE: a frozen dataclass's __init__ sets each field through
-    # object.__setattr__; taking the decoded map as the instance's __dict__
-    # builds the same object several times faster (a map per shard and source).
-    obj = object.__new__(cls)
-    object.__setattr__(obj, "__dict__", fields)
-    return obj
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,7 +184,7 @@ class Manifest:
                 fingerprint=fields.hex_digest("fingerprint"),
             )
 
-        entries = _entries_unchecked(shards, sources)
+        entries = entries_unchecked(shards, sources)
         if entries is not None:
             # NOTE: entries of the expected shape skip the field-by-field reads
             # (tens of thousands of shards and sources at scale): validation
@@ -368,8 +233,6 @@ class Manifest:
 
     def validate(self) -> None:
         """Check every field and every derived total; raise ManifestError if any is off."""
-        from zephon_stream.format.validation import validate_manifest
-
         validate_manifest(self)
 
     # -- block arithmetic -------------------------------------------------

@@ -10,11 +10,12 @@ from __future__ import annotations
 import itertools
 import operator
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from zephon_stream.errors import ManifestError, VersionError
+from zephon_stream.format.entries import ShardInfo, SourceInfo, TokenizerInfo
 from zephon_stream.format.fields import HEX64, MAX_PATH_CHARS, MAX_UINT64, check_relative_path
 from zephon_stream.format.fingerprint import compute_fingerprint
 from zephon_stream.format.spec import (
@@ -27,8 +28,28 @@ from zephon_stream.format.spec import (
     dtype_name,
 )
 
-if TYPE_CHECKING:
-    from zephon_stream.format.manifest import Manifest, ShardInfo, SourceInfo, TokenizerInfo
+
+class ManifestFields(Protocol):
+    """The fields of a manifest these rules read (``manifest.Manifest`` has them).
+
+    NOTE: the rules name the fields they check and nothing else of the
+    manifest, so this module sits below ``manifest.py``, which calls it.
+    """
+
+    version: tuple[int, int]
+    dtype: str
+    tokenizer: TokenizerInfo
+    block_tokens: int
+    blocks_per_shard: int
+    num_tokens: int
+    num_blocks: int
+    num_documents: int
+    num_rejected: int
+    compressed_bytes: int
+    shards: tuple[ShardInfo, ...]
+    sources: tuple[SourceInfo, ...]
+    fingerprint: str
+    rejects_path: str
 
 
 def _uint(name: str, value: Any, *, minimum: int = 0, maximum: int = MAX_UINT64) -> int:
@@ -138,7 +159,7 @@ def _all_hex64(values: list[Any]) -> bool:
     return not values or (set(map(type, values)) == {str} and all(map(HEX64.fullmatch, values)))
 
 
-def _shards_pass(m: Manifest) -> bool:
+def _shards_pass(m: ManifestFields) -> bool:
     """Whether every shard passes :func:`validate_shard` and the path uniqueness rule, checked in bulk.
 
     NOTE: a manifest of a million blocks has tens of thousands of shards; this
@@ -181,7 +202,7 @@ def _shards_pass(m: Manifest) -> bool:
     return bool(increasing.all() and (flat[starts] == 0).all() and (flat[ends - 1] == sizes).all())
 
 
-def _sources_pass(m: Manifest) -> bool:
+def _sources_pass(m: ManifestFields) -> bool:
     """Whether every source passes :func:`validate_source`, checked in bulk (see :func:`_shards_pass`)."""
     sources = m.sources
     paths = [s.path for s in sources]
@@ -193,7 +214,7 @@ def _sources_pass(m: Manifest) -> bool:
     )
 
 
-def validate_manifest(m: Manifest) -> None:
+def validate_manifest(m: ManifestFields) -> None:
     """Raise ManifestError (or a subclass) unless ``m`` is internally consistent."""
     version = m.version
     if len(version) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in version):

@@ -8,6 +8,10 @@ Batches come from a pipeline (loader/pipeline.py) that runs ahead by
 (loader/process.py, loader/helper.py) that writes finished rows into a
 shared-memory ring (loader/ring.py); this process only takes a slot and hands
 its tensors over (loader/device.py).
+
+Here: construction and the steps. What the loader shows of itself (shapes,
+cursor, memory bound, counters) is ``introspection.py``; its state out and
+the seek in are ``checkpointing.py``; both are bases of ``StreamingLoader``.
 """
 
 from __future__ import annotations
@@ -21,17 +25,18 @@ import torch
 
 from zephon_stream.loader.args import PIPELINE_MODES, check_loader_args, resolve_rank_world
 from zephon_stream.loader.audit import AuditLog, addresses_sha256
-from zephon_stream.loader.device import CpuDelivery, CudaDelivery, resolve_device
+from zephon_stream.loader.checkpointing import LoaderCheckpointing
+from zephon_stream.loader.device import resolve_device
 from zephon_stream.loader.feed import BatchFeed
-from zephon_stream.loader.memory import MIB, MemoryBound
+from zephon_stream.loader.introspection import LoaderIntrospection
+from zephon_stream.loader.memory import MIB
 from zephon_stream.loader.packing import PackingSpec
 from zephon_stream.loader.phase_layouts import LayoutBook, run_end_position
 from zephon_stream.loader.rank_layout import RankLayout
-from zephon_stream.loader.ring import SharedRing
 from zephon_stream.loader.schedule import Phase, build_schedule
 from zephon_stream.loader.stats import LoaderStats, read_counters
 from zephon_stream.loader.streams import Stream, StreamSource, as_streams, open_sources
-from zephon_stream.plan import GlobalOrder, LoaderState, ScheduleOrder, ScheduleState
+from zephon_stream.plan import ScheduleOrder
 
 __all__ = ["PIPELINE_MODES", "Phase", "Stream", "StreamingLoader"]
 
@@ -42,7 +47,7 @@ __all__ = ["PIPELINE_MODES", "Phase", "Stream", "StreamingLoader"]
 HELPER_PROCESS_BYTES = 128 * MIB
 
 
-class StreamingLoader:
+class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
     """Streams one rank's share of every global batch from local or S3 datasets.
 
     Iterating yields dicts of ``int64`` tensors: ``input``, ``labels`` and
@@ -224,11 +229,6 @@ class StreamingLoader:
 
     # -- configuration ---------------------------------------------------------
 
-    def _make_layout(self, *, lanes: int | None, window: int | None) -> RankLayout:
-        layout = self._book.for_order(seq_len=self.seq_len, global_batch=self.global_batch_size, lanes=lanes, window=window)
-        layout.check_memory(self.max_memory_bytes)
-        return layout
-
     def _use_layout(self, layout: RankLayout) -> None:
         """Read ``layout`` from now on (with a schedule: a phase's), with its shapes."""
         self._layout = layout
@@ -240,127 +240,10 @@ class StreamingLoader:
         """Read phase ``index`` from now on."""
         self._use_layout(self._book.for_phase(index))
 
-    @property
-    def memory_bound_bytes(self) -> int:
-        """The most host memory this loader's pipeline holds at once (bytes)."""
-        return self.memory_bound.total_bytes
-
-    @property
-    def memory_bound(self) -> MemoryBound:
-        """The memory bound by part (with a schedule: of the phase that needs the most)."""
-        if self._schedule is None:
-            return self._layout.memory_bound
-        return self._book.largest_bound()
-
-    @property
-    def delivery(self) -> CpuDelivery | CudaDelivery:
-        """The delivery that hands batches over (read-only; for inspection).
-
-        On CUDA it holds the ring's pinned registration and the copy stream
-        (``slots_pinned()``, ``copy_stream``).
-        """
-        return self._feed.delivery
-
-    @property
-    def ring(self) -> SharedRing:
-        """The batch ring shared with the producer (read-only; for inspection)."""
-        assert self._feed.ring is not None
-        return self._feed.ring
-
-    @property
-    def helper_pid(self) -> int | None:
-        """The helper process's id while one runs, else None."""
-        producer = self._feed.producer if self._feed is not None else None
-        return producer.pid if producer is not None else None
-
-    @property
-    def manifests(self) -> list[tuple[str, Any]]:
-        """``(url, Manifest)`` of each stream."""
-        return [(s.url, s.manifest) for s in self._sources]
-
-    @property
-    def position(self) -> int:
-        """The global cursor ``P``: samples all ranks' consumers have received."""
-        return self._position
-
-    @property
-    def lanes(self) -> int:
-        """Lanes ``C`` of the order in use (with a schedule: of the current phase)."""
-        return self.order.lanes
-
-    @property
-    def order(self) -> GlobalOrder:
-        """The global order this loader reads (with a schedule: the current
-        phase's; see ``schedule``) (for provenance and tests)."""
-        return self._book.order_at(self._position, self._layout)
-
-    @property
-    def schedule(self) -> ScheduleOrder | None:
-        """The schedule's order (plan layer), or None without a schedule."""
-        return self._schedule
-
-    @property
-    def phase(self) -> int:
-        """The phase the next step belongs to (0 without a schedule)."""
-        return 0 if self._schedule is None else self._schedule.phase_at_position(self._position).index
-
-    @property
-    def step(self) -> int:
-        """The global step the next batch belongs to, counted from 0: the
-        number of steps consumed before it (the audit log's ``step``, what
-        ``zephon-stream which --step`` takes)."""
-        return self._book.step_of(self._position, self._layout)
-
-    def progress(self) -> list[dict[str, Any]]:
-        """Per-stream progress (phase, epoch, samples consumed) at the current cursor."""
-        return self._book.progress(self._position, self._layout)
-
     def _audit_header(self) -> dict[str, Any]:
         state = self._book.state(0, self._layout)
         state.pop("position")
         return {"state": state, "urls": [s.url for s in self._sources]}
-
-    # -- torch Stateful ----------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """The global state (plain ints, strings and lists), equal on every rank.
-
-        Version 1 (``LoaderState``) without a schedule, version 2
-        (``ScheduleState``: the phases begun, every stream's progress) with one.
-        """
-        return self._book.state(self._position, self._layout)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Seek to a saved state in O(1), at this loader's world size.
-
-        Lanes and window left unset in the constructor are taken from the
-        state; everything else must match. With a schedule, a version 1 state
-        loads as its first phase; a phase that has begun must be unchanged,
-        phases not begun may be added or edited.
-
-        Raises:
-            StateMismatchError: naming each field (and phase) that differs, with both values.
-            VersionError: a state version this code does not read.
-        """
-        if self._schedule is not None:
-            scheduled = ScheduleState.from_dict(dict(state_dict))
-            scheduled.validate(self._schedule)
-            self._feed.stop()
-            self._position = scheduled.position
-            phase = self._schedule.phase_at_position(self._position).index
-            if phase in self._book.readable_phases():
-                self._enter_phase(phase)  # NOTE: else refused, naming the phase, at the next step
-                self._feed.prepare(self._layout)
-            return
-        state = LoaderState.from_dict(dict(state_dict))
-        lanes = state.lanes if self._explicit_lanes is None else self._explicit_lanes
-        window = state.window if self._explicit_window is None else self._explicit_window
-        if (lanes, window) != (self._layout.order.lanes, self._layout.order.config.window):
-            self._layout = self._make_layout(lanes=lanes, window=window)
-        state.validate(self._layout.order.state(0))
-        self._feed.stop()
-        self._feed.prepare(self._layout)
-        self._position = state.position
 
     # -- iteration -------------------------------------------------------------
 
@@ -432,25 +315,7 @@ class StreamingLoader:
             self._end_for, self._end_position = self._layout, run_end_position(self._book, self._layout, self._ends)
         return self._end_position
 
-    # -- counters and shutdown ---------------------------------------------------
-
-    def stats(self) -> dict[str, Any]:
-        """Counters of the whole run since construction, across phase
-        boundaries, seeks and helper restarts: steps, samples, stall time
-        (the consumer waiting) and their per-step averages; bytes and blocks
-        fetched and decoded, cache hits and misses, retries, fetch/decode/
-        assemble time; and the block cache's current bytes, capacity and the
-        peak any producer run held."""
-        producer = self._feed.counters() if self._feed is not None else {}
-        producer.pop("producer_steps", None)
-        snapshot = self._stats.snapshot(
-            memory_bound_bytes=self.memory_bound_bytes if self._layout is not None else 0,
-            position=self._position if hasattr(self, "_position") else 0,
-        )
-        snapshot.update(producer)
-        steps = max(1, snapshot["steps"])
-        snapshot["bytes_fetched_per_step"] = snapshot.get("bytes_fetched", 0) / steps
-        return snapshot
+    # -- shutdown ----------------------------------------------------------------
 
     def close(self) -> None:
         """Stop the helper process (or threads) and release stores, files,
@@ -481,11 +346,3 @@ class StreamingLoader:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        urls = ", ".join(s.url for s in self._sources)
-        phases = "" if self._schedule is None else f", phases={len(self._schedule.phases)}"
-        return (
-            f"StreamingLoader([{urls}], seq_len={self.seq_len}, local_batch_size={self.local_batch_size}{phases}, "
-            f"rank={self.rank}, world_size={self.world_size}, position={self._position})"
-        )

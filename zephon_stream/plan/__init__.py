@@ -36,8 +36,8 @@ from zephon_stream.plan.evaluation import EvalOrder, EvalSlice
 from zephon_stream.plan.mixture import OrderConfig, canonical_weights, lane_map, split_lanes
 from zephon_stream.plan.order import GlobalOrder, StreamPlan
 from zephon_stream.plan.permutation import derive_key, derive_key_int, permute, permute_int
-from zephon_stream.plan.schedule import SchedulePhase, StreamCarry
-from zephon_stream.plan.schedule_order import PhaseSlice, ScheduleOrder
+from zephon_stream.plan.schedule import PhaseSlice, SchedulePhase, StreamCarry
+from zephon_stream.plan.schedule_order import ScheduleOrder
 from zephon_stream.plan.schedule_state import SCHEDULE_STATE_VERSION, ScheduleState
 from zephon_stream.plan.shape import StreamShape
 from zephon_stream.plan.slicing import BlockPlan, RankSlice, rank_positions, step_positions

@@ -5,7 +5,8 @@ docs/ORDER.md ("Schedules") specifies it. A phase is today's ``GlobalOrder``
 with, per stream, a *head* (the rest of the epoch it was in, ``plan/rest.py``)
 and the epoch its own lane cut starts at. All of it is arithmetic on the start
 steps and global batches, done once when the schedule is built; a query looks
-the phase up by bisection.
+the phase up by bisection. ``PhaseSlice`` is what a query of a phase's steps
+returns (``schedule_order.ScheduleOrder.rank_slice``, ``rank_steps``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from zephon_stream.plan.mixture import OrderConfig, Weight
 from zephon_stream.plan.order import GlobalOrder
 from zephon_stream.plan.rest import EpochRest, EpochSlots, LaneBase
 from zephon_stream.plan.shape import StreamShape
+from zephon_stream.plan.slicing import check_slice_args
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -260,3 +262,32 @@ def build_phases(shapes: list[StreamShape], specs: list[SchedulePhase], seed: in
             ]
             position += length
     return phases
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class PhaseSlice:
+    """One rank's share of one or more consecutive steps of one phase.
+
+    Attributes:
+        phase: phase index.
+        first_step: the global step of the first row of ``positions``.
+        positions: global positions, ``[rows]`` for one step or ``[steps, rows]``.
+        stream, block, sample: the address of each position (``int64``, same shape).
+        seq_len: the phase's seq_len (tokens of a sample: ``seq_len + 1``).
+    """
+
+    phase: int
+    first_step: int
+    positions: np.ndarray
+    stream: np.ndarray
+    block: np.ndarray
+    sample: np.ndarray
+    seq_len: int
+
+
+def check_phase_slice(phase: Phase, local: int, world_size: int, rank: int) -> None:
+    """``check_slice_args`` for a step of ``phase``, naming the phase on error."""
+    try:
+        check_slice_args(local, phase.global_batch, world_size, rank)
+    except ConfigError as exc:
+        raise ConfigError(f"phase {phase.index} (start step {phase.start_step}): {exc}") from exc

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,43 +24,16 @@ from zephon_stream.plan.mixture import OrderConfig
 from zephon_stream.plan.order import SMALL_BATCH
 from zephon_stream.plan.schedule import (
     Phase,
+    PhaseSlice,
     SchedulePhase,
     StreamCarry,
     build_phases,
     carry_after,
+    check_phase_slice,
 )
 from zephon_stream.plan.schedule_state import ScheduleState, phase_record, stream_record
 from zephon_stream.plan.shape import StreamShape
-from zephon_stream.plan.slicing import check_slice_args, rank_positions
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class PhaseSlice:
-    """One rank's share of one or more consecutive steps of one phase.
-
-    Attributes:
-        phase: phase index.
-        first_step: the global step of the first row of ``positions``.
-        positions: global positions, ``[rows]`` for one step or ``[steps, rows]``.
-        stream, block, sample: the address of each position (``int64``, same shape).
-        seq_len: the phase's seq_len (tokens of a sample: ``seq_len + 1``).
-    """
-
-    phase: int
-    first_step: int
-    positions: np.ndarray
-    stream: np.ndarray
-    block: np.ndarray
-    sample: np.ndarray
-    seq_len: int
-
-
-def check_phase_slice(phase: Phase, local: int, world_size: int, rank: int) -> None:
-    """``check_slice_args`` for a step of ``phase``, naming the phase on error."""
-    try:
-        check_slice_args(local, phase.global_batch, world_size, rank)
-    except ConfigError as exc:
-        raise ConfigError(f"phase {phase.index} (start step {phase.start_step}): {exc}") from exc
+from zephon_stream.plan.slicing import rank_positions
 
 
 class ScheduleOrder:

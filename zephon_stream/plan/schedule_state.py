@@ -9,17 +9,33 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from zephon_stream.errors import StateMismatchError, VersionError
 from zephon_stream.plan.state import MAX_POSITION, LoaderState
 
 if TYPE_CHECKING:
     from zephon_stream.plan.schedule import Phase
-    from zephon_stream.plan.schedule_order import ScheduleOrder
     from zephon_stream.plan.shape import StreamShape
 
 SCHEDULE_STATE_VERSION = 2
+
+
+class ScheduledOrder(Protocol):
+    """What a state is checked against (``schedule_order.ScheduleOrder`` has
+    it): the seed, the streams' shapes, the built phases and each stream's
+    progress at a cursor.
+
+    NOTE: the state reads nothing else of the order, so it sits below
+    ``schedule_order.py``, which builds states.
+    """
+
+    seed: int
+    shapes: list[StreamShape]
+    phases: list[Phase]
+
+    def progress(self, position: int) -> list[dict]: ...
+
 # NOTE: the fields of a begun phase that fix its order, in the order errors
 # list them; ``global_batch`` also fixes where later phases start.
 PHASE_FIELDS = ("start_step", "seq_len", "lanes", "window", "weights", "lane_counts", "global_batch")
@@ -169,7 +185,7 @@ class ScheduleState:
             fingerprints=list(data["fingerprints"]), phases=phases, streams=streams,
         )  # fmt: skip
 
-    def validate(self, order: ScheduleOrder) -> None:
+    def validate(self, order: ScheduledOrder) -> None:
         """Check this (loaded) state can resume ``order``: no begun phase changed.
 
         Phases that have not begun may be added, edited or removed, and
@@ -199,7 +215,7 @@ class ScheduleState:
         if problems:
             raise StateMismatchError("loader state does not match this schedule: " + "; ".join(problems))
 
-    def _phase_problems(self, order: ScheduleOrder) -> list[str]:
+    def _phase_problems(self, order: ScheduledOrder) -> list[str]:
         problems, extra = [], len(order.shapes) - len(self.fingerprints)
         for k, saved in enumerate(self.phases):
             where = f"phase {k} (start step {saved['start_step']})"

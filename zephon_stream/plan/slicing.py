@@ -14,16 +14,27 @@ costs O(B / W) and never touches the other lanes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from zephon_stream.errors import ConfigError
 
-if TYPE_CHECKING:
-    from zephon_stream.plan.order import GlobalOrder
-
 _SMALL_PIECE = 64
+
+
+class SampleOrder(Protocol):
+    """What slicing reads of an order (``order.GlobalOrder`` has it): its lanes
+    and the sample address of each position.
+
+    NOTE: slicing needs nothing else of the order, so it sits below
+    ``order.py``, which calls it.
+    """
+
+    @property
+    def lanes(self) -> int: ...
+
+    def sample_at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -136,7 +147,7 @@ def step_positions(position: int, global_batch: int, lanes: int) -> np.ndarray:
 
 
 def rank_slice(
-    order: GlobalOrder, position: int, global_batch: int, world_size: int, rank: int
+    order: SampleOrder, position: int, global_batch: int, world_size: int, rank: int
 ) -> RankSlice:
     """Rank ``rank``'s positions and sample addresses for the step at ``position``."""
     positions = rank_positions(position, global_batch, world_size, rank, order.lanes)
@@ -145,7 +156,7 @@ def rank_slice(
 
 
 def blocks_for(
-    order: GlobalOrder,
+    order: SampleOrder,
     position: int,
     global_batch: int,
     world_size: int,

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from zephon_stream.errors import TokenizerError
-from zephon_stream.writer.tokenizers import EOS_CANDIDATES, Tokenizer
+from zephon_stream.writer.tokenizer_base import EOS_CANDIDATES, Tokenizer
 
 # NOTE: a bare .tiktoken file holds ranks only; this is the split pattern of
 # the widely used cl100k_base encoding, recorded in the fingerprint.

@@ -1,0 +1,235 @@
+"""``ZephonDataLoader.Config`` and how its entries read: the mixture's
+``"url:weight"`` entries and a schedule's phases, counted in TorchTitan train
+steps, as the loader's phases.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from zephon_stream.errors import ConfigError
+from zephon_stream.integrations.torchtitan_base import BaseDataLoader, redacted_config_dict, redacted_config_repr
+from zephon_stream.loader.packing import PackingSpec
+
+__all__ = ["ZephonDataLoaderConfig", "parse_stream_spec", "phase_dicts", "titan_schedule"]
+
+
+@dataclass(kw_only=True, slots=True)
+class ZephonDataLoaderConfig(BaseDataLoader.Config):
+    """The configuration of :class:`ZephonDataLoader` (``ZephonDataLoader.Config``)."""
+
+    streams: list[str] = field(default_factory=list)
+    """Weighted datasets for a mixture: ``"url"`` or ``"url:weight"`` entries
+    (CLI: comma separated). Use this or ``dataset_path``, not both."""
+
+    seed: int = 0
+    """Seed of the block permutation and window shuffle."""
+
+    lanes: int | None = None
+    """Lanes of the global order; None: the first global batch size. Keep it
+    fixed for a run: it is part of the saved state."""
+
+    window: int | None = None
+    """Shuffle window in samples within a lane; None: the loader's default."""
+
+    prefetch_steps: int = 4
+    """Steps assembled ahead of the consumer."""
+
+    max_memory_bytes: int | None = None
+    """Refuse a configuration whose computed memory bound exceeds this."""
+
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    """fsspec options (S3 endpoint, keys...); never logged."""
+
+    device: str | None = None
+    """``"cuda"``: token ids cross to the current CUDA device at their
+    stored width from the pinned ring and are widened there: ``input`` and
+    ``positions`` arrive on the device, ``labels`` as a pinned CPU tensor,
+    because TorchTitan 0.3.0's trainer counts valid labels into a CPU
+    tensor before it moves the batch itself. None: CPU tensors."""
+
+    pipeline: str = "process"
+    """``"process"``: fetch, decode and assembly run in a helper process,
+    outside the trainer's interpreter; ``"threads"``: in the trainer's
+    process (debugging)."""
+
+    helper_nice: int = 10
+    """Niceness added to the helper process: on a core it shares with the
+    trainer, the trainer runs first. 0: equals."""
+
+    max_steps: int | None = None
+    """Finite run: iteration ends (``DataloaderExhausted``) after this many
+    global steps, counted from the start of the run (cursor 0), so a
+    resumed run ends at the same sample. None: no step limit."""
+
+    max_epochs: int | None = None
+    """Finite run: end at the step where stream ``epochs_stream`` has read
+    this many whole epochs (counted from the start of the run)."""
+
+    epochs_stream: int = 0
+    """The stream (index in ``streams``) ``max_epochs`` counts."""
+
+    end_after_phase: int | None = None
+    """Finite run: end at the end of this phase (index) of ``phases``."""
+
+    infinite: bool = True
+    """False: one pass over the data, ending where the first stream's
+    first epoch ends (TorchTitan's validator asks for this when
+    ``validator.steps = -1``). True: epochs repeat."""
+
+    phases: str = ""
+    """A data schedule: the JSON list of its phases (CLI:
+    ``--dataloader.phases '[{"step": 1, ...}, ...]'``; a job function may
+    also pass the list itself). Each phase has ``step``, the TorchTitan
+    train step it starts at (the first train step is 1, so the first
+    phase has ``step: 1``), and optionally ``seq_len``, ``global_batch``
+    (default: the previous phase's; the first phase's: the trainer's
+    seq_len and local batch x dp), ``lanes``, ``window`` (default:
+    ``lanes``/``window`` above) and ``weights`` (one per stream, 0 = not
+    read; default: the streams' weights). A phase's ``global_batch`` must
+    be the trainer's local batch x dp while it is read: change the batch
+    by relaunching at the phase's step with ``--training.local_batch_size``
+    = global_batch / dp."""
+
+    gradient_accumulation_steps: int = 1
+    """Batches the trainer takes per train step (TorchTitan's
+    ``training.global_batch_size`` / (local batch x dp)); it converts the
+    phases' train steps into loader steps. Keep it fixed for a run."""
+
+    cross_document_targets: str = "ignore"
+    """The label of each input EOS, whose next token starts another
+    document: ``"ignore"`` (-100, TorchTitan's ``IGNORE_INDEX``: what
+    TorchTitan's own text loader trains, no position learns the next
+    document's first token) or ``"predict"`` (that token, the plain shifted
+    window). Either resumes the other's checkpoint."""
+
+    packing_outputs: bool = False
+    """Also put ``segment_ids``, ``document_lengths``, ``cu_seqlens``
+    (tensors) and ``num_cu_seqlens``, ``max_seqlen`` (ints, so the trainer
+    leaves them on the host) in ``input_dict`` (docs/PACKING.md). TorchTitan
+    passes every ``input_dict`` entry but ``input`` to the model, so this
+    needs a model or ``post_dataloading_process`` that takes them."""
+
+    def __post_init__(self) -> None:
+        if self.dataset_path and self.streams:
+            raise ConfigError("dataloader: set dataset_path or streams, not both")
+        if not self.dataset_path and not self.streams:
+            raise ConfigError("dataloader: set dataset_path (one dataset URL) or streams (a mixture)")
+        for spec in self.streams:
+            parse_stream_spec(spec)
+        if self.prefetch_steps < 1:
+            raise ConfigError(f"dataloader.prefetch_steps must be >= 1 (got {self.prefetch_steps})")
+        if self.max_steps is not None and self.max_steps < 0:
+            raise ConfigError(f"dataloader.max_steps must be >= 0 (got {self.max_steps})")
+        if self.gradient_accumulation_steps < 1:
+            raise ConfigError(
+                f"dataloader.gradient_accumulation_steps must be >= 1 (got {self.gradient_accumulation_steps})"
+            )
+        phase_dicts(self.phases)
+        PackingSpec(cross_document_targets=self.cross_document_targets, outputs=self.packing_outputs)
+
+    def to_dict(self) -> dict:
+        """The config as TorchTitan logs and saves it, secrets redacted."""
+        return redacted_config_dict(self)
+
+    def __repr__(self) -> str:
+        return redacted_config_repr(self, "ZephonDataLoader.Config")
+
+
+def parse_stream_spec(spec: str) -> tuple[str, float]:
+    """Split a ``"url"`` or ``"url:weight"`` mixture entry.
+
+    The text after the last ``:`` is a weight when it parses as a positive
+    finite number; otherwise the whole entry is the URL (so ``s3://b/ds`` and
+    ``/data/ds`` need no weight).
+
+    Args:
+        spec: one entry of ``Config.streams``.
+
+    Returns:
+        ``(url, weight)``; the weight defaults to 1.
+
+    Raises:
+        ConfigError: an empty URL, or a weight that is zero, negative or not finite.
+    """
+    text = spec.strip()
+    url, sep, suffix = text.rpartition(":")
+    weight = _number(suffix) if sep and not suffix.startswith("/") else None
+    if weight is None:
+        url, weight = text, 1.0
+    elif not math.isfinite(weight) or weight <= 0:
+        raise ConfigError(f"dataloader.streams entry {spec!r}: weight must be a positive number (got {suffix!r})")
+    if not url:
+        raise ConfigError(f"dataloader.streams entry {spec!r}: empty dataset URL")
+    return url, weight
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def phase_dicts(phases: list[dict[str, Any]] | str) -> list[dict[str, Any]]:
+    """``Config.phases`` as a list of dicts (a JSON string is parsed).
+
+    Raises:
+        ConfigError: not JSON, not a list of objects, or a phase without ``step``.
+    """
+    if isinstance(phases, str):
+        try:
+            phases = json.loads(phases) if phases.strip() else []
+        except ValueError as exc:
+            raise ConfigError(f"dataloader.phases: not a JSON list of phases ({exc})") from exc
+    if not isinstance(phases, (list, tuple)) or not all(isinstance(p, dict) for p in phases):
+        raise ConfigError(f"dataloader.phases: expected a list of phase tables, got {phases!r}")
+    for k, phase in enumerate(phases):
+        if "start_step" in phase or not isinstance(phase.get("step"), int) or phase["step"] < 1:
+            raise ConfigError(
+                f"dataloader.phases[{k}]: give 'step', the TorchTitan train step the phase starts at "
+                f"(the first train step is 1), not 'start_step' (got {phase!r})"
+            )
+    return [dict(p) for p in phases]
+
+
+def titan_schedule(
+    phases: list[dict[str, Any]],
+    *,
+    seq_len: int,
+    global_batch: int,
+    lanes: int | None,
+    window: int | None,
+    accumulation: int,
+) -> list[dict[str, Any]]:
+    """Phases counted in TorchTitan train steps as the loader's phases.
+
+    Train step ``s`` (from 1) takes loader steps ``[(s - 1) a, s a)`` with
+    ``a = accumulation``. A phase without ``seq_len`` or ``global_batch``
+    keeps the previous phase's; the first phase takes the trainer's, unless
+    a later phase changes it: then the first phase must give it, because the
+    trainer's value changes at the relaunch and the first phase has begun.
+
+    Raises:
+        ConfigError: the first phase leaves out a size a later phase changes.
+    """
+    for name in ("seq_len", "global_batch"):
+        if name not in phases[0] and any(name in p for p in phases[1:]):
+            raise ConfigError(
+                f"dataloader.phases[0]: give {name} when a later phase changes it (the trainer's value "
+                "changes when the job is relaunched for that phase, and the first phase must not)"
+            )
+    out = []
+    sizes = {"seq_len": seq_len, "global_batch": global_batch}
+    for phase in phases:
+        sizes = {name: phase.get(name, value) for name, value in sizes.items()}
+        entry: dict[str, Any] = {"start_step": (phase["step"] - 1) * accumulation, **sizes}
+        if lanes is not None:
+            entry["lanes"] = lanes
+        if window is not None:
+            entry["window"] = window
+        out.append(entry | {k: v for k, v in phase.items() if k != "step"})
+    return out

@@ -1,0 +1,83 @@
+"""A ``StreamingLoader`` as a torch ``Stateful``: the global state out, a seek in.
+
+``LoaderCheckpointing`` is a base of ``api.StreamingLoader``; a seek stops
+the producer run in flight and prepares the feed for the layout at the new
+cursor (with a schedule: its phase's), which the next step starts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from zephon_stream.loader.rank_layout import RankLayout
+from zephon_stream.plan import LoaderState, ScheduleOrder, ScheduleState
+
+if TYPE_CHECKING:
+    from zephon_stream.loader.feed import BatchFeed
+    from zephon_stream.loader.phase_layouts import LayoutBook
+
+__all__ = ["LoaderCheckpointing"]
+
+
+class LoaderCheckpointing:
+    """``state_dict`` and ``load_state_dict`` (mixed into ``StreamingLoader``).
+
+    A seek into a phase enters it through the loader's ``_enter_phase``, as a step does.
+    """
+
+    # NOTE: what a seek reads and sets, from ``StreamingLoader``'s construction.
+    seq_len: int | None
+    global_batch_size: int | None
+    max_memory_bytes: int | None
+    _book: LayoutBook
+    _feed: BatchFeed
+    _layout: RankLayout | None
+    _schedule: ScheduleOrder | None
+    _explicit_lanes: int | None
+    _explicit_window: int | None
+    _position: int
+
+    def state_dict(self) -> dict[str, Any]:
+        """The global state (plain ints, strings and lists), equal on every rank.
+
+        Version 1 (``LoaderState``) without a schedule, version 2
+        (``ScheduleState``: the phases begun, every stream's progress) with one.
+        """
+        return self._book.state(self._position, self._layout)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Seek to a saved state in O(1), at this loader's world size.
+
+        Lanes and window left unset in the constructor are taken from the
+        state; everything else must match. With a schedule, a version 1 state
+        loads as its first phase; a phase that has begun must be unchanged,
+        phases not begun may be added or edited.
+
+        Raises:
+            StateMismatchError: naming each field (and phase) that differs, with both values.
+            VersionError: a state version this code does not read.
+        """
+        if self._schedule is not None:
+            scheduled = ScheduleState.from_dict(dict(state_dict))
+            scheduled.validate(self._schedule)
+            self._feed.stop()
+            self._position = scheduled.position
+            phase = self._schedule.phase_at_position(self._position).index
+            if phase in self._book.readable_phases():
+                self._enter_phase(phase)  # NOTE: else refused, naming the phase, at the next step
+                self._feed.prepare(self._layout)
+            return
+        state = LoaderState.from_dict(dict(state_dict))
+        lanes = state.lanes if self._explicit_lanes is None else self._explicit_lanes
+        window = state.window if self._explicit_window is None else self._explicit_window
+        if (lanes, window) != (self._layout.order.lanes, self._layout.order.config.window):
+            self._layout = self._make_layout(lanes=lanes, window=window)
+        state.validate(self._layout.order.state(0))
+        self._feed.stop()
+        self._feed.prepare(self._layout)
+        self._position = state.position
+
+    def _make_layout(self, *, lanes: int | None, window: int | None) -> RankLayout:
+        layout = self._book.for_order(seq_len=self.seq_len, global_batch=self.global_batch_size, lanes=lanes, window=window)
+        layout.check_memory(self.max_memory_bytes)
+        return layout
