@@ -169,8 +169,7 @@ def open_demo_store(config: DemoConfig) -> Iterator[str]:
             "or pass --store with a local folder or an s3:// URL"
         ) from None
     try:
-        if config.s3_port and server.port != config.s3_port:
-            print(f"port {config.s3_port} on 127.0.0.1 is taken; the embedded S3 server uses port {server.port} instead")
+        # NOTE: a taken --s3-port is reported once, by EmbeddedS3's warning.
         print(f"embedded S3 (moto) serving on {server.endpoint_url}")
         bucket = server.create_bucket(DEFAULT_BUCKET)
         with server.exported_env():
