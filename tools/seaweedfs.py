@@ -129,6 +129,10 @@ class SeaweedFS(LoopbackServer):
     def _argv(self, binary: str) -> list[str]:
         argv = [
             binary,
+            # NOTE: glog's files (weed.INFO, weed.<host>.<user>.log.*) would go
+            # to the temp folder and outlive the server; to stderr they land in
+            # the server's log in the data folder, as every other line does.
+            "-logtostderr",
             "mini",
             f"-dir={self.data_dir}",
             f"-ip={self._host}",
