@@ -197,10 +197,14 @@ def _print_step(out: dict[str, Any], samples: list[Any], accumulation: int) -> N
         rank = "" if s.rank is None else f" rank {s.rank}"
         print(f"position {s.position}{rank}: stream {s.stream} {s.dataset} {s.shard_path} "
               f"block {s.block} (#{s.block_in_shard} in shard) sample {s.sample} "
-              f"tokens [{s.token_start}, {s.token_start + s.num_tokens})")  # fmt: skip
+              f"dataset tokens [{s.token_start}, {s.token_start + s.num_tokens})")  # fmt: skip
         for d in s.documents:
-            print(f"    {d.source} record {d.record}: sample tokens "
+            # NOTE: both counts, so an excerpt that starts mid-document is not
+            # read as the document's first tokens.
+            print(f"    {d.source} record {d.record}: document tokens [{d.document_token_start}, "
+                  f"{d.document_token_end}) of {d.num_tokens} = sample tokens "
                   f"[{d.sample_token_start}, {d.sample_token_end})")  # fmt: skip
         if s.text is not None:
+            print(f"    text of sample tokens [0, {s.num_tokens}):")
             for line in s.text.splitlines() or [""]:
                 print(f"    | {line}")
