@@ -39,7 +39,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--schedule", metavar="FILE",
         help='JSON schedule: {"seed": S, "phases": [{"start_step": 0, "global_batch": B, '
-        '"seq_len": L, "lanes": C, "window": 0, "weights": [...]}, ...]} (or the phases list alone)',
+        '"seq_len": L, "lanes": C, "window": 0, "weights": [...]}, ...]} (or the phases list alone), '
+        "in a file or inline",
     )  # fmt: skip
     parser.add_argument("--seq-len", type=int, help="tokens per sample input (without --schedule)")
     parser.add_argument("--global-batch", type=int, help="samples per global step B (without --schedule)")
@@ -78,7 +79,9 @@ def _phases(args: argparse.Namespace) -> tuple[int, list[Any]]:
         )  # fmt: skip
         return args.seed, [phase]
     try:
-        data = json.loads(Path(args.schedule).read_text())
+        # NOTE: inline JSON too, so one printed command line (the demo's) is all it takes.
+        inline = args.schedule.lstrip().startswith(("{", "["))
+        data = json.loads(args.schedule if inline else Path(args.schedule).read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--schedule {args.schedule}: cannot read a JSON schedule: {exc}") from exc
     seed = args.seed

@@ -218,8 +218,12 @@ class _Launch:
             str(self.pid_dir),
         ]
         self._out = open(self.output, "wb")
-        # NOTE: set here so torchrun does not print its banner about setting it.
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        # NOTE: OMP_NUM_THREADS is set here so torchrun does not print its
+        # banner about setting it; TMPDIR so its torchelastic_* folders (which
+        # it never removes) go to the workdir, not the machine's temp folder.
+        tmp = workdir / "tmp"
+        tmp.mkdir(exist_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
         self.process = subprocess.Popen(command, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.started = time.monotonic()
 
@@ -365,7 +369,7 @@ def run_demo(config: DemoConfig, *, plot: str | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     for stale in ("reference.jsonl", "interrupted.jsonl", "resumed.jsonl"):
         (workdir / stale).unlink(missing_ok=True)
-    for stale in ("ckpt", "ckpt-reference", "pids"):
+    for stale in ("ckpt", "ckpt-reference", "pids", "tmp"):
         shutil.rmtree(workdir / stale, ignore_errors=True)
     try:
         with open_demo_store(config) as url:
@@ -386,6 +390,12 @@ def run_demo(config: DemoConfig, *, plot: str | None = None) -> int:
         if plot:
             report.write_plot(result, plot)
             print(f"plot written to {plot}")
+        if config.store is not None:
+            urls = [url, url + "-anneal"] if config.schedule else [url]
+            command = report.which_command(urls, step=config.kill_step, world_size=config.world_sizes[1], seed=config.seed,
+                                           seq_len=config.seq_len, global_batch=config.global_batch, phases=config.phases())  # fmt: skip
+            print(f"\nthe dataset stays in {url}; `which` shows the samples of any step with the demo's settings, "
+                  f"here step {config.kill_step}, the first after the resize:\n  {command}")  # fmt: skip
         elapsed = time.monotonic() - started
         removed = not config.keep and config.workdir is None
         print(f"\ndemo finished in {elapsed:.0f}s; logs and checkpoints in {workdir}" + (" (removed)" if removed else ""))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -253,3 +254,25 @@ def write_plot(report: DemoReport, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def which_command(
+    urls: Sequence[str],
+    *,
+    step: int,
+    world_size: int,
+    seed: int,
+    seq_len: int,
+    global_batch: int,
+    phases: list[dict[str, Any]] | None = None,
+) -> str:
+    """The ``zephon-stream which`` line that shows step ``step`` of the demo's
+    datasets ``urls`` with the demo's settings (its ``phases`` inline when it
+    trains on a schedule), read by ``world_size`` ranks."""
+    if phases is not None:
+        schedule = json.dumps({"seed": seed, "phases": phases}, separators=(",", ":"))
+        settings = ["--schedule", schedule]
+    else:
+        settings = ["--seq-len", str(seq_len), "--global-batch", str(global_batch), "--seed", str(seed)]
+    words = ["zephon-stream", "which", *urls, "--step", str(step), *settings, "--world-size", str(world_size), "--text"]
+    return shlex.join(words)
