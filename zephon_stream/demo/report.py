@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -252,6 +253,7 @@ def write_plot(report: DemoReport, path: str) -> None:
     ax_loss.set_title(f"zephon-stream demo: kill, resume at another world size ({verdict})")
     ax_loss.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
