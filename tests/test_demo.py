@@ -187,7 +187,7 @@ def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(st
         assert which_batch_hash(urls, step, schedule, capsys) == events[step]["hash"], step
     # The demo prints the `which` line for its kept dataset, settings and all; run as printed, it
     # shows the step the resumed run read first.
-    printed = done.stdout.split("the first after the resize:\n  ")[1].splitlines()[0]
+    printed = done.stdout.split("(the first after the resize), with the demo's settings:\n  ")[1].splitlines()[0]
     args = shlex.split(printed)
     assert args[:4] == ["zephon-stream", "which", *urls] and "--schedule" in args, printed
     assert args[args.index("--step") + 1] == "6" and args[args.index("--world-size") + 1] == "1"

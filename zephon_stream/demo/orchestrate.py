@@ -394,8 +394,8 @@ def run_demo(config: DemoConfig, *, plot: str | None = None) -> int:
             urls = [url, url + "-anneal"] if config.schedule else [url]
             command = report.which_command(urls, step=config.kill_step, world_size=config.world_sizes[1], seed=config.seed,
                                            seq_len=config.seq_len, global_batch=config.global_batch, phases=config.phases())  # fmt: skip
-            print(f"\nthe dataset stays in {url}; `which` shows the samples of any step with the demo's settings, "
-                  f"here step {config.kill_step}, the first after the resize:\n  {command}")  # fmt: skip
+            print(f"\nthe dataset stays in {url}; the samples of step {config.kill_step} (the first after the resize), "
+                  f"with the demo's settings:\n  {command}")  # fmt: skip
         elapsed = time.monotonic() - started
         removed = not config.keep and config.workdir is None
         print(f"\ndemo finished in {elapsed:.0f}s; logs and checkpoints in {workdir}" + (" (removed)" if removed else ""))
