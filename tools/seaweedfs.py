@@ -94,6 +94,7 @@ class SeaweedFS(LoopbackServer):
         super().__init__(data_dir=data_dir, port=port, host=host)
         self._buckets = list(buckets)
         self._ports: dict[str, int] = {}
+        self._tmp: Path | None = None
         self._client: Any = None
         self._client_lock = threading.Lock()
 
@@ -156,6 +157,12 @@ class SeaweedFS(LoopbackServer):
         # requests signed with any other key are refused.
         env["AWS_ACCESS_KEY_ID"] = ACCESS_KEY
         env["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY
+        # NOTE: weed puts a gRPC unix socket per port in its TMPDIR, and a
+        # SIGKILLed server leaves them there; a folder of its own (short, for
+        # the socket path limit) goes away in stop().
+        if self._tmp is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="zs-weed-tmp-"))
+        env["TMPDIR"] = str(self._tmp)
         return env
 
     def _ready(self) -> bool:
@@ -172,11 +179,9 @@ class SeaweedFS(LoopbackServer):
                 self._client.close()
                 self._client = None
         super().stop()
-        # NOTE: weed keeps gRPC unix sockets in /tmp named by port; a SIGKILLed
-        # server leaves them behind, and the ports are ours alone.
-        for port in self._ports.values():
-            for leftover in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
-                leftover.unlink(missing_ok=True)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
         self._ports = {}
 
     def client(self) -> Any:
