@@ -94,7 +94,6 @@ class SeaweedFS(LoopbackServer):
         super().__init__(data_dir=data_dir, port=port, host=host)
         self._buckets = list(buckets)
         self._ports: dict[str, int] = {}
-        self._tmp: Path | None = None
         self._client: Any = None
         self._client_lock = threading.Lock()
 
@@ -157,12 +156,6 @@ class SeaweedFS(LoopbackServer):
         # requests signed with any other key are refused.
         env["AWS_ACCESS_KEY_ID"] = ACCESS_KEY
         env["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY
-        # NOTE: weed puts a gRPC unix socket per port in its TMPDIR, and a
-        # SIGKILLed server leaves them there; a folder of its own (short, for
-        # the socket path limit) goes away in stop().
-        if self._tmp is None:
-            self._tmp = Path(tempfile.mkdtemp(prefix="zs-weed-tmp-"))
-        env["TMPDIR"] = str(self._tmp)
         return env
 
     def _ready(self) -> bool:
@@ -179,9 +172,13 @@ class SeaweedFS(LoopbackServer):
                 self._client.close()
                 self._client = None
         super().stop()
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+        # NOTE: weed puts a gRPC unix socket per port in /tmp whatever TMPDIR
+        # says (no flag moves them); it removes them when stopped, but a
+        # SIGKILLed server leaves them behind, and the ports are ours alone.
+        for folder in {Path("/tmp"), Path(tempfile.gettempdir())}:
+            for port in self._ports.values():
+                for leftover in folder.glob(f"seaweedfs-*-{port}.sock"):
+                    leftover.unlink(missing_ok=True)
         self._ports = {}
 
     def client(self) -> Any:
