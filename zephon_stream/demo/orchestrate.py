@@ -218,12 +218,10 @@ class _Launch:
             str(self.pid_dir),
         ]
         self._out = open(self.output, "wb")
-        # NOTE: OMP_NUM_THREADS is set here so torchrun does not print its
-        # banner about setting it; TMPDIR so its torchelastic_* folders (which
-        # it never removes) go to the workdir, not the machine's temp folder.
-        tmp = workdir / "tmp"
-        tmp.mkdir(exist_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
+        # NOTE: OMP_NUM_THREADS set, torchrun prints no banner about it; TMPDIR in the
+        # workdir keeps its torchelastic_* folders (never removed) out of the machine's.
+        (workdir / "tmp").mkdir(exist_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(workdir / "tmp")}
         self.process = subprocess.Popen(command, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.started = time.monotonic()
 
