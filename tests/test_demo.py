@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -112,7 +113,14 @@ def run_demo(stdlib_corpus, tmp_path, *args: str) -> tuple[subprocess.CompletedP
     for path in stdlib_corpus.files[:20]:
         command += ["--input", str(path)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    # NOTE: the machine's temp folder, as the demo sees it: it must be empty
+    # afterwards (torchrun's torchelastic_* folders go to the workdir).
+    machine_tmp = tmp_path / "machine-tmp"
+    machine_tmp.mkdir()
+    env["TMPDIR"] = str(machine_tmp)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    left = sorted(path.name for path in machine_tmp.iterdir())
+    assert left == [], f"the demo left {left} in the temp folder"
     return done, done.stdout + done.stderr
 
 
@@ -132,6 +140,12 @@ def test_demo_end_to_end_resumes_at_another_world_size_with_the_same_data(stdlib
 
 def which_batch_hash(urls: list[str], step: int, schedule: Path, capsys) -> str:
     """The demo's hash of global step ``step``, from ``zephon-stream which --step`` alone."""
+    return which_args_hash(["which", *urls, "--step", str(step), "--schedule", str(schedule), "--world-size", "1"],
+                           capsys)  # fmt: skip
+
+
+def which_args_hash(args: list[str], capsys) -> str:
+    """The demo's hash of the step that ``zephon-stream ARGS`` (a ``which`` line) shows."""
     import hashlib
 
     import numpy as np
@@ -139,11 +153,11 @@ def which_batch_hash(urls: list[str], step: int, schedule: Path, capsys) -> str:
     from zephon_stream.cli import main
     from zephon_stream.reader import DatasetReader
 
-    assert main(["which", *urls, "--step", str(step), "--schedule", str(schedule), "--world-size", "1", "--json"]) == 0
+    assert main([arg for arg in args if arg != "--text"] + ["--json"]) == 0
     samples = json.loads(capsys.readouterr().out)["samples"]
     rows = []
     for s in samples:
-        with DatasetReader.open(urls[s["stream"]]) as reader:
+        with DatasetReader.open(s["dataset"]) as reader:
             rows.append(reader.read_tokens(s["token_start"], s["token_start"] + s["num_tokens"]).astype(np.int64))
     digest = hashlib.sha256(np.stack([r[:-1] for r in rows]).tobytes())
     digest.update(np.stack([r[1:] for r in rows]).tobytes())
@@ -171,3 +185,26 @@ def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(st
     events = {r["step"]: r for r in steps if r["event"] == "step"}
     for step in (0, 3, 4, 7, 9):
         assert which_batch_hash(urls, step, schedule, capsys) == events[step]["hash"], step
+    # The demo prints the `which` line for its kept dataset, settings and all; run as printed, it
+    # shows the step the resumed run read first.
+    printed = done.stdout.split("(the first after the resize), with the demo's settings:\n  ")[1].splitlines()[0]
+    args = shlex.split(printed)
+    assert args[:4] == ["zephon-stream", "which", *urls] and "--schedule" in args, printed
+    assert args[args.index("--step") + 1] == "6" and args[args.index("--world-size") + 1] == "1"
+    assert which_args_hash(args[1:], capsys) == events[6]["hash"]
+
+
+def test_the_demo_which_line_carries_the_demo_settings(small_dataset, capsys):
+    """With --store the demo prints this line; `which` takes it as printed."""
+    config = DemoConfig()
+    command = report.which_command([small_dataset.url], step=config.kill_step, world_size=config.world_sizes[1],
+                                   seed=config.seed, seq_len=config.seq_len, global_batch=config.global_batch)  # fmt: skip
+    assert command == (f"zephon-stream which {shlex.quote(small_dataset.url)} --step 20 --seq-len 128 "
+                       "--global-batch 12 --seed 0 --world-size 1 --text")  # fmt: skip
+    from zephon_stream.cli import main
+
+    assert main(shlex.split(command)[1:]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("step 20 (from 0; TorchTitan train step 21 without accumulation): positions [240, 252), "
+                              "seq_len 128, lanes 12, seed 0\n")  # fmt: skip
+    assert printed.count(" rank 0: ") == 12

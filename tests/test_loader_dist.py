@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,9 @@ SEED = 9
 
 def torchrun(nproc: int, args: list[str], env: dict[str, str], timeout_s: float = 240, worker: Path = WORKER) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(worker), *args]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    # NOTE: torchrun leaves a torchelastic_* folder in its TMPDIR; this one is removed.
+    with tempfile.TemporaryDirectory(prefix="zs-torchrun-") as tmp:
+        result = subprocess.run(cmd, env={**env, "TMPDIR": tmp}, capture_output=True, text=True, timeout=timeout_s)
     assert result.returncode == 0, f"torchrun failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
 
 

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -350,7 +351,9 @@ def torchrun(script: str, nproc: int, *args: str, env: dict[str, str] | None = N
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(WORKERS / script), *args]
     full_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    out = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=240)
+    # NOTE: torchrun leaves a torchelastic_* folder in its TMPDIR; this one is removed.
+    with tempfile.TemporaryDirectory(prefix="zs-torchrun-") as tmp:
+        out = subprocess.run(cmd, env={**full_env, "TMPDIR": tmp}, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, f"{script} x{nproc} failed:\n{out.stdout[-4000:]}\n{out.stderr[-6000:]}"
 
 

@@ -45,6 +45,10 @@ def test_each_sample_is_traced_to_the_bytes_of_its_source_documents(small_datase
                 source = Path(d.source).read_bytes()
                 part = tokens[d.sample_token_start : d.sample_token_end]
                 into_doc = s.token_start + d.sample_token_start - d.token_start
+                # The part's place in its document, beside its place in the sample.
+                assert d.document_token_start == into_doc
+                assert d.document_token_end - d.document_token_start == part.size
+                assert 0 <= d.document_token_start < d.document_token_end <= d.num_tokens
                 text_part = part[part != eos] if d.sample_token_end == d.token_end - s.token_start else part
                 expected = np.frombuffer(source[into_doc : into_doc + text_part.size], dtype=np.uint8)
                 assert np.array_equal(text_part, expected), (d.source, d.record)
@@ -104,8 +108,17 @@ def test_which_command_prints_json_and_text(small_dataset, capsys):
         "step 4 (from 0; TorchTitan train step 5 without accumulation): positions [32, 40), seq_len 64, lanes 8, seed 2\n"
     )
     assert f"rank 0: stream 0 {first['dataset']} {first['shard_path']} block {first['block']}" in printed
-    assert f"{first['documents'][0]['source']} record {first['documents'][0]['record']}" in printed
+    for doc in first["documents"]:
+        # NOTE: an excerpt from mid-document says where in the document it is,
+        # not only where in the sample.
+        assert (f"    {doc['source']} record {doc['record']}: document tokens [{doc['document_token_start']}, "
+                f"{doc['document_token_end']}) of {doc['token_end'] - doc['token_start']} = sample tokens "
+                f"[{doc['sample_token_start']}, {doc['sample_token_end']})\n") in printed  # fmt: skip
+    assert f"dataset tokens [{first['token_start']}, {first['token_start'] + SEQ_LEN + 1})" in printed
+    assert printed.count(f"    text of sample tokens [0, {SEQ_LEN + 1}):\n") == BATCH
     assert printed.count("    | ") >= BATCH
+    mid_document = [d for s in expected for d in s["documents"] if d["document_token_start"] > 0]
+    assert mid_document and all(d["sample_token_start"] == 0 for d in mid_document)
 
 
 def test_which_command_position_range_and_errors(small_dataset, capsys):

@@ -129,6 +129,10 @@ class SeaweedFS(LoopbackServer):
     def _argv(self, binary: str) -> list[str]:
         argv = [
             binary,
+            # NOTE: glog's files (weed.INFO, weed.<host>.<user>.log.*) would go
+            # to the temp folder and outlive the server; to stderr they land in
+            # the server's log in the data folder, as every other line does.
+            "-logtostderr",
             "mini",
             f"-dir={self.data_dir}",
             f"-ip={self._host}",
@@ -168,11 +172,13 @@ class SeaweedFS(LoopbackServer):
                 self._client.close()
                 self._client = None
         super().stop()
-        # NOTE: weed keeps gRPC unix sockets in /tmp named by port; a SIGKILLed
-        # server leaves them behind, and the ports are ours alone.
-        for port in self._ports.values():
-            for leftover in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
-                leftover.unlink(missing_ok=True)
+        # NOTE: weed puts a gRPC unix socket per port in /tmp whatever TMPDIR
+        # says (no flag moves them); it removes them when stopped, but a
+        # SIGKILLed server leaves them behind, and the ports are ours alone.
+        for folder in {Path("/tmp"), Path(tempfile.gettempdir())}:
+            for port in self._ports.values():
+                for leftover in folder.glob(f"seaweedfs-*-{port}.sock"):
+                    leftover.unlink(missing_ok=True)
         self._ports = {}
 
     def client(self) -> Any:

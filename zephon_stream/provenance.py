@@ -36,6 +36,10 @@ class DocumentPart:
         token_end: one past its last token (its EOS).
         sample_token_start: first token of the document inside the sample (0-based).
         sample_token_end: one past its last token inside the sample.
+        document_token_start: the same first token, counted from the
+            document's first token (0 when the sample holds its start).
+        document_token_end: one past the same last token, counted the same
+            way (``token_end - token_start`` when the sample holds its end).
     """
 
     source: str
@@ -44,6 +48,13 @@ class DocumentPart:
     token_end: int
     sample_token_start: int
     sample_token_end: int
+    document_token_start: int
+    document_token_end: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the whole document, its EOS included."""
+        return self.token_end - self.token_start
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,17 +227,22 @@ def _describe(
         offset = j * seq_len
         base = manifest.token_offset_of_block(b)
         spans = reader.documents_of_block(b, offset, offset + seq_len + 1)
-        parts = tuple(
-            DocumentPart(
-                source=d.source,
-                record=d.record,
-                token_start=d.token_start,
-                token_end=d.token_end,
-                sample_token_start=max(d.token_start - base - offset, 0),
-                sample_token_end=min(d.token_end - base - offset, seq_len + 1),
+        first = base + offset
+        parts = []
+        for d in spans:
+            start, end = max(d.token_start - first, 0), min(d.token_end - first, seq_len + 1)
+            parts.append(
+                DocumentPart(
+                    source=d.source,
+                    record=d.record,
+                    token_start=d.token_start,
+                    token_end=d.token_end,
+                    sample_token_start=start,
+                    sample_token_end=end,
+                    document_token_start=first + start - d.token_start,
+                    document_token_end=first + end - d.token_start,
+                )
             )
-            for d in spans
-        )
         decoded = None
         if text:
             tokens = reader.read_block(b)[offset : offset + seq_len + 1]
@@ -242,9 +258,9 @@ def _describe(
                 block=b,
                 block_in_shard=in_shard,
                 sample=j,
-                token_start=base + offset,
+                token_start=first,
                 num_tokens=seq_len + 1,
-                documents=parts,
+                documents=tuple(parts),
                 text=decoded,
             )
         )

@@ -177,12 +177,15 @@ def loader_kill_resume(
         folder = work / f"run{run}"
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
+        # NOTE: torchrun leaves torchelastic_* folders in its TMPDIR; these go with the run's folder.
+        (folder / "tmp").mkdir()
+        run_env = {**env, "TMPDIR": str(folder / "tmp")}
         w0 = rng.choice(worlds)
         w1 = rng.choice([w for w in worlds if w != w0])
         kill_at = rng.randint(2, total_steps - 2)
         hashes = folder / "killed.txt"
         proc = _torchrun(w0, [*common, "--steps", str(total_steps), "--ckpt-root", str(folder / "ckpt"),
-                              "--hashes", str(hashes)], env)
+                              "--hashes", str(hashes)], run_env)
         deadline = time.monotonic() + timeout_s
         while len(_read_hashes(hashes)) < kill_at:
             if proc.poll() is not None:
@@ -200,7 +203,7 @@ def loader_kill_resume(
         start = committed[-1]
         out = folder / "resumed.txt"
         proc = _torchrun(w1, [*common, "--steps", str(resume_steps), "--resume", str(folder / "ckpt" / f"step{start}"),
-                              "--ckpt-root", str(folder / "ckpt2"), "--hashes", str(out)], env)
+                              "--ckpt-root", str(folder / "ckpt2"), "--hashes", str(out)], run_env)
         try:
             log, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -39,7 +39,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--schedule", metavar="FILE",
         help='JSON schedule: {"seed": S, "phases": [{"start_step": 0, "global_batch": B, '
-        '"seq_len": L, "lanes": C, "window": 0, "weights": [...]}, ...]} (or the phases list alone)',
+        '"seq_len": L, "lanes": C, "window": 0, "weights": [...]}, ...]} (or the phases list alone), '
+        "in a file or inline",
     )  # fmt: skip
     parser.add_argument("--seq-len", type=int, help="tokens per sample input (without --schedule)")
     parser.add_argument("--global-batch", type=int, help="samples per global step B (without --schedule)")
@@ -78,7 +79,9 @@ def _phases(args: argparse.Namespace) -> tuple[int, list[Any]]:
         )  # fmt: skip
         return args.seed, [phase]
     try:
-        data = json.loads(Path(args.schedule).read_text())
+        # NOTE: inline JSON too, so one printed command line (the demo's) is all it takes.
+        inline = args.schedule.lstrip().startswith(("{", "["))
+        data = json.loads(args.schedule if inline else Path(args.schedule).read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--schedule {args.schedule}: cannot read a JSON schedule: {exc}") from exc
     seed = args.seed
@@ -197,10 +200,14 @@ def _print_step(out: dict[str, Any], samples: list[Any], accumulation: int) -> N
         rank = "" if s.rank is None else f" rank {s.rank}"
         print(f"position {s.position}{rank}: stream {s.stream} {s.dataset} {s.shard_path} "
               f"block {s.block} (#{s.block_in_shard} in shard) sample {s.sample} "
-              f"tokens [{s.token_start}, {s.token_start + s.num_tokens})")  # fmt: skip
+              f"dataset tokens [{s.token_start}, {s.token_start + s.num_tokens})")  # fmt: skip
         for d in s.documents:
-            print(f"    {d.source} record {d.record}: sample tokens "
+            # NOTE: both counts, so an excerpt that starts mid-document is not
+            # read as the document's first tokens.
+            print(f"    {d.source} record {d.record}: document tokens [{d.document_token_start}, "
+                  f"{d.document_token_end}) of {d.num_tokens} = sample tokens "
                   f"[{d.sample_token_start}, {d.sample_token_end})")  # fmt: skip
         if s.text is not None:
+            print(f"    text of sample tokens [0, {s.num_tokens}):")
             for line in s.text.splitlines() or [""]:
                 print(f"    | {line}")

@@ -169,8 +169,7 @@ def open_demo_store(config: DemoConfig) -> Iterator[str]:
             "or pass --store with a local folder or an s3:// URL"
         ) from None
     try:
-        if config.s3_port and server.port != config.s3_port:
-            print(f"port {config.s3_port} on 127.0.0.1 is taken; the embedded S3 server uses port {server.port} instead")
+        # NOTE: a taken --s3-port is reported once, by EmbeddedS3's warning.
         print(f"embedded S3 (moto) serving on {server.endpoint_url}")
         bucket = server.create_bucket(DEFAULT_BUCKET)
         with server.exported_env():
@@ -219,8 +218,10 @@ class _Launch:
             str(self.pid_dir),
         ]
         self._out = open(self.output, "wb")
-        # NOTE: set here so torchrun does not print its banner about setting it.
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        # NOTE: OMP_NUM_THREADS set, torchrun prints no banner about it; TMPDIR in the
+        # workdir keeps its torchelastic_* folders (never removed) out of the machine's.
+        (workdir / "tmp").mkdir(exist_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(workdir / "tmp")}
         self.process = subprocess.Popen(command, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.started = time.monotonic()
 
@@ -366,7 +367,7 @@ def run_demo(config: DemoConfig, *, plot: str | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     for stale in ("reference.jsonl", "interrupted.jsonl", "resumed.jsonl"):
         (workdir / stale).unlink(missing_ok=True)
-    for stale in ("ckpt", "ckpt-reference", "pids"):
+    for stale in ("ckpt", "ckpt-reference", "pids", "tmp"):
         shutil.rmtree(workdir / stale, ignore_errors=True)
     try:
         with open_demo_store(config) as url:
@@ -387,6 +388,12 @@ def run_demo(config: DemoConfig, *, plot: str | None = None) -> int:
         if plot:
             report.write_plot(result, plot)
             print(f"plot written to {plot}")
+        if config.store is not None:
+            urls = [url, url + "-anneal"] if config.schedule else [url]
+            command = report.which_command(urls, step=config.kill_step, world_size=config.world_sizes[1], seed=config.seed,
+                                           seq_len=config.seq_len, global_batch=config.global_batch, phases=config.phases())  # fmt: skip
+            print(f"\nthe dataset stays in {url}; the samples of step {config.kill_step} (the first after the resize), "
+                  f"with the demo's settings:\n  {command}")  # fmt: skip
         elapsed = time.monotonic() - started
         removed = not config.keep and config.workdir is None
         print(f"\ndemo finished in {elapsed:.0f}s; logs and checkpoints in {workdir}" + (" (removed)" if removed else ""))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -251,5 +253,28 @@ def write_plot(report: DemoReport, path: str) -> None:
     ax_loss.set_title(f"zephon-stream demo: kill, resume at another world size ({verdict})")
     ax_loss.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def which_command(
+    urls: Sequence[str],
+    *,
+    step: int,
+    world_size: int,
+    seed: int,
+    seq_len: int,
+    global_batch: int,
+    phases: list[dict[str, Any]] | None = None,
+) -> str:
+    """The ``zephon-stream which`` line that shows step ``step`` of the demo's
+    datasets ``urls`` with the demo's settings (its ``phases`` inline when it
+    trains on a schedule), read by ``world_size`` ranks."""
+    if phases is not None:
+        schedule = json.dumps({"seed": seed, "phases": phases}, separators=(",", ":"))
+        settings = ["--schedule", schedule]
+    else:
+        settings = ["--seq-len", str(seq_len), "--global-batch", str(global_batch), "--seed", str(seed)]
+    words = ["zephon-stream", "which", *urls, "--step", str(step), *settings, "--world-size", str(world_size), "--text"]
+    return shlex.join(words)

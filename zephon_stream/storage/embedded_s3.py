@@ -34,9 +34,17 @@ _START_TIMEOUT_S = 60.0
 
 
 def _port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now, as the OS decides it
+    for one that sets ``SO_REUSEADDR`` (moto's werkzeug server does)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # NOTE: without SO_REUSEADDR the bind fails while connections of an
+        # earlier server on the port linger in TIME-WAIT (a minute after a
+        # demo), though nothing listens and the server itself would bind; with
+        # it, only a listening socket (or one bound without it) refuses us.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
+            sock.listen(1)
         except OSError:
             return False
     return True
@@ -68,8 +76,9 @@ class EmbeddedS3:
     """A moto S3 server on 127.0.0.1, as a context manager.
 
     Args:
-        port: port to listen on; 0 picks a free one. A requested port that is
-            taken is reported (logged) and a free one is used instead.
+        port: port to listen on; 0 picks a free one. A requested port that
+            another socket listens on is reported once (a warning on the
+            ``zephon_stream.storage`` logger) and a free one is used instead.
         subprocess: run the server as a child process instead of a thread.
         host: address to bind (loopback by default).
     """
@@ -125,7 +134,7 @@ class EmbeddedS3:
         port = self._requested_port
         if port and not _port_is_free(self._host, port):
             port_new = _free_port(self._host)
-            logger.warning("embedded S3: port %d on %s is in use; using port %d instead", port, self._host, port_new)
+            logger.warning("embedded S3: port %d on %s is in use; serving on port %d instead", port, self._host, port_new)
             return port_new
         return port
 

@@ -1,0 +1,94 @@
+"""The suite leaves nothing in the machine's temp folder outside folders it removes.
+
+Loaded as a pytest plugin by tests/conftest.py. For the session, child
+processes (servers, torchrun and its ranks, CLI runs) get a TMPDIR of their
+own, and the session fails, naming them, when anything is left in it at the
+end: a launcher that leaves files behind (torchrun's ``torchelastic_*``
+folders, SeaweedFS's ``weed.*`` logs) is caught whatever else runs on the
+machine, since no other process writes there. That folder is removed either
+way. This process keeps the machine's temp folder (pytest's ``tmp_path`` lives
+there); what it writes is covered by the fixtures that use it, and names
+that leaks took before are reported if they appear there during the session.
+tiktoken, which caches files it loads (even a local ``.tiktoken`` file) in
+``data-gym-cache`` under the temp folder, caches in a session folder instead.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# NOTE: what leaked from the suite before; new ones in the machine's temp
+# folder are reported (not failed: other processes on the machine write there).
+KNOWN_LEAKS = ("weed.*", "torchelastic_*", "torchinductor_*", "data-gym-cache", "seaweedfs-*.sock")
+
+_state = pytest.StashKey[dict]()
+
+
+def _known(folder: Path) -> set[str]:
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return set()
+    return {name for name in names if any(fnmatch.fnmatch(name, pattern) for pattern in KNOWN_LEAKS)}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # NOTE: resolved (and cached by tempfile) before TMPDIR changes, so this
+    # process and pytest's tmp_path keep the machine's temp folder.
+    machine = Path(tempfile.gettempdir())
+    children = Path(tempfile.mkdtemp(prefix="zs-suite-children-tmp-"))
+    config.stash[_state] = {
+        "machine": machine,
+        "before": _known(machine),
+        "children": children,
+        "previous": os.environ.get("TMPDIR"),
+    }
+    os.environ["TMPDIR"] = str(children)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After the session's fixtures are torn down: what the children left, and new known leaks."""
+    state = session.config.stash.get(_state, None)
+    if state is None:
+        return
+    if state["previous"] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = state["previous"]
+    children: Path = state["children"]
+    left = sorted(os.listdir(children)) if children.is_dir() else []
+    shutil.rmtree(children, ignore_errors=True)
+    appeared = sorted(_known(state["machine"]) - state["before"])
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if appeared and reporter is not None:
+        reporter.write_line(
+            f"note: new in {state['machine']} during the session (from this suite or another process): "
+            + ", ".join(appeared),
+            yellow=True,
+        )
+    if left:
+        message = (
+            f"the suite's child processes left {len(left)} entries in their temp folder "
+            f"(TMPDIR={children}, now removed): {', '.join(left[:20])}"
+        )
+        if reporter is not None:
+            reporter.write_line(message, red=True, bold=True)
+        else:
+            print(message)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiktoken_cache(tmp_path_factory: pytest.TempPathFactory):
+    """tiktoken's cache for the session, unless the caller chose one."""
+    with pytest.MonkeyPatch.context() as patch:
+        if "TIKTOKEN_CACHE_DIR" not in os.environ:
+            patch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path_factory.mktemp("tiktoken-cache")))
+        yield os.environ["TIKTOKEN_CACHE_DIR"]
