@@ -15,25 +15,17 @@ import json
 import os
 import pathlib
 import shutil
-import signal
-import subprocess
-import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from zephon_stream.errors import ConfigError, ZephonError
+from zephon_stream.demo.launch import TorchrunJob, last_step, read_events, wait_until
+from zephon_stream.errors import ConfigError
 
 DEFAULT_BUCKET = "zephon-demo"
 DATASET_NAME = "stdlib-bytes"
-RUN_TIMEOUT_S = 600.0
-_POLL_S = 0.05
-
-
-class DemoFailedError(ZephonError, RuntimeError):
-    """A demo run that failed, or data that did not match the reference."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -197,94 +189,6 @@ def convert(config: DemoConfig, url: str, inputs: Sequence[str] = ()) -> Any:
     return summary
 
 
-class _Launch:
-    """One torchrun job in its own session, with its workers' pid files."""
-
-    def __init__(self, *, name: str, world_size: int, workdir: pathlib.Path, args: list[str]) -> None:
-        self.name = name
-        self.world_size = world_size
-        self.pid_dir = workdir / "pids" / name
-        self.output = workdir / f"{name}.out"
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={world_size}",
-            "-m",
-            "zephon_stream.demo.train",
-            *args,
-            "--pid-dir",
-            str(self.pid_dir),
-        ]
-        self._out = open(self.output, "wb")
-        # NOTE: OMP_NUM_THREADS set, torchrun prints no banner about it; TMPDIR in the
-        # workdir keeps its torchelastic_* folders (never removed) out of the machine's.
-        (workdir / "tmp").mkdir(exist_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(workdir / "tmp")}
-        self.process = subprocess.Popen(command, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.started = time.monotonic()
-
-    def wait(self, timeout_s: float = RUN_TIMEOUT_S) -> None:
-        try:
-            code = self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise DemoFailedError(f"run {self.name} did not finish within {timeout_s:.0f}s; output: {self.output}") from None
-        finally:
-            self._out.close()
-        if code != 0:
-            raise DemoFailedError(f"run {self.name} (W={self.world_size}) exited with code {code}:\n{self.tail()}")
-
-    def kill(self) -> None:
-        """SIGKILL every worker and torchrun itself: no handler runs, nothing is flushed."""
-        # NOTE: torchrun starts each worker in a session of its own, so killing
-        # torchrun's process group would leave the workers running.
-        for pid_file in sorted(self.pid_dir.glob("rank-*.pid")):
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-        self._out.close()
-
-    def tail(self, lines: int = 15) -> str:
-        """The end of the workers' own output (their traceback), else of torchrun's."""
-        text = self.output.read_text(errors="replace").splitlines()
-        # NOTE: torchrun prefixes worker lines with [rankN]; its own trailer only says a child failed.
-        worker = [line for line in text if line.startswith("[rank")]
-        return "\n".join((worker or text)[-lines:]) + f"\n(full output: {self.output})"
-
-
-def _read_events(path: pathlib.Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        # NOTE: a kill can cut the last line short; every complete line is whole JSON.
-        with contextlib.suppress(json.JSONDecodeError):
-            records.append(json.loads(line))
-    return records
-
-
-def _wait_until(launch: _Launch, events: pathlib.Path, reached: Callable[[list[dict[str, Any]]], bool], what: str) -> None:
-    """Block until the run's event log satisfies ``reached``."""
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if reached(_read_events(events)):
-            return
-        if launch.process.poll() is not None:
-            launch.wait(0)
-            raise DemoFailedError(f"run {launch.name} finished before {what}; raise --steps")
-        time.sleep(_POLL_S)
-    launch.kill()
-    raise DemoFailedError(f"run {launch.name}: no {what} within {RUN_TIMEOUT_S:.0f}s")
-
-
-def _last_step(records: list[dict[str, Any]]) -> int:
-    return max((r["step"] for r in records if r["event"] == "step"), default=-1)
-
-
 def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_size: int) -> dict[str, Any]:
     """Run the reference, the interrupted and the resumed jobs; return where their logs are."""
     data = [url, url + "-anneal"] if config.schedule else [url]
@@ -303,7 +207,7 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
 
     print(f"\nreference run: {config.steps} steps (0 to {config.steps - 1}) at W={config.reference_world_size}, uninterrupted")
     start = time.monotonic()
-    ref = _Launch(
+    ref = TorchrunJob(
         name="reference",
         world_size=config.reference_world_size,
         workdir=workdir,
@@ -317,14 +221,14 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
     ckpt_dir = workdir / "ckpt"
     print(f"interrupted run: W={first}, checkpoint every {config.ckpt_every} steps, SIGKILL once steps 0 to {kill_step - 1} are checkpointed")
     start = time.monotonic()
-    job = _Launch(
+    job = TorchrunJob(
         name="interrupted",
         world_size=first,
         workdir=workdir,
         args=[*common, "--events", str(logs["interrupted"]), "--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(config.ckpt_every),
               "--hold-after", str(kill_step + config.steps_lost)],
     )
-    _wait_until(
+    wait_until(
         job,
         logs["interrupted"],
         lambda records: any(r["event"] == "checkpoint" and r["steps_done"] >= kill_step for r in records),
@@ -334,15 +238,15 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
     # after the last checkpoint are lost and the resumed run redoes them. The
     # workers hold after those steps (--hold-after), so no later checkpoint
     # can complete before the kill lands.
-    _wait_until(job, logs["interrupted"], lambda records: any(r["event"] == "holding" for r in records), f"step {kill_step + config.steps_lost - 1}")
+    wait_until(job, logs["interrupted"], lambda records: any(r["event"] == "holding" for r in records), f"step {kill_step + config.steps_lost - 1}")
     job.kill()
-    last_step = _last_step(_read_events(logs["interrupted"]))
+    killed_at = last_step(read_events(logs["interrupted"]))
     seconds["interrupted"] = time.monotonic() - start
-    print(f"  killed (SIGKILL, {first} workers + torchrun) after {seconds['interrupted']:.1f}s, with step {last_step} the last logged step")
+    print(f"  killed (SIGKILL, {first} workers + torchrun) after {seconds['interrupted']:.1f}s, with step {killed_at} the last logged step")
 
     print(f"resumed run: W={second}, from step {kill_step}, the newest complete checkpoint in {ckpt_dir}")
     start = time.monotonic()
-    resumed = _Launch(
+    resumed = TorchrunJob(
         name="resumed",
         world_size=second,
         workdir=workdir,
@@ -351,7 +255,7 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
     resumed.wait()
     seconds["resumed"] = time.monotonic() - start
     print(f"  done in {seconds['resumed']:.1f}s")
-    return {"logs": logs, "seconds": seconds, "last_step_before_kill": last_step}
+    return {"logs": logs, "seconds": seconds, "last_step_before_kill": killed_at}
 
 
 def run_demo(config: DemoConfig, *, plot: str | None = None) -> int:
@@ -377,9 +281,9 @@ def run_demo(config: DemoConfig, *, plot: str | None = None) -> int:
             manifest = Manifest.load(url)
             outcome = run_training(config, url, workdir, vocab_size=manifest.tokenizer.vocab_size)
         result = report.build(
-            reference=_read_events(outcome["logs"]["reference"]),
-            interrupted=_read_events(outcome["logs"]["interrupted"]),
-            resumed=_read_events(outcome["logs"]["resumed"]),
+            reference=read_events(outcome["logs"]["reference"]),
+            interrupted=read_events(outcome["logs"]["interrupted"]),
+            resumed=read_events(outcome["logs"]["resumed"]),
             kill_step=config.kill_step,
             last_step_before_kill=outcome["last_step_before_kill"],
         )
