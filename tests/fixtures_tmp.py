@@ -9,7 +9,7 @@ machine, since no other process writes there. That folder is removed either
 way. This process keeps the machine's temp folder (pytest's ``tmp_path`` lives
 there); what it writes is covered by the fixtures that use it, and names
 that leaks took before are reported if they appear there during the session.
-tiktoken, which caches files it loads (even a local ``.tiktoken`` file) in
+tiktoken, which caches the files of named encodings it loads in
 ``data-gym-cache`` under the temp folder, caches in a session folder instead.
 """
 

@@ -57,13 +57,26 @@ def test_a_session_whose_children_clean_up_passes_and_leaves_nothing(tmp_path):
     assert os.listdir(machine) == []
 
 
-def test_tiktoken_caches_what_it_loads_in_the_session_folder(tiktoken_cache, tmp_path):
-    """tiktoken keeps a copy of every file it loads, a local ``.tiktoken`` file too; not in the temp folder."""
+def test_a_local_tiktoken_file_is_read_without_a_copy_in_any_cache(tiktoken_cache, tmp_path):
+    """A ``.tiktoken`` file is parsed in place: no copy in tiktoken's cache (by default under the temp folder)."""
     pytest.importorskip("tiktoken")
     from zephon_stream.writer.tokenizers import load_tokenizer
 
     path = tmp_path / "bytes.tiktoken"
     path.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
     before = set(os.listdir(tiktoken_cache))
-    assert load_tokenizer(f"tiktoken:{path}").vocab_size == 257
-    assert len(set(os.listdir(tiktoken_cache)) - before) == 1
+    tokenizer = load_tokenizer(f"tiktoken:{path}")
+    assert tokenizer.vocab_size == 257
+    assert tokenizer.encode_batch(["hi"]) == [[ord("h"), ord("i")]]
+    assert set(os.listdir(tiktoken_cache)) == before
+
+
+def test_a_malformed_tiktoken_file_names_its_line(tmp_path):
+    pytest.importorskip("tiktoken")
+    from zephon_stream.errors import TokenizerError
+    from zephon_stream.writer.tokenizers import load_tokenizer
+
+    path = tmp_path / "bad.tiktoken"
+    path.write_text("YQ== 0\nnot-base64! 1\n")
+    with pytest.raises(TokenizerError, match=r"bad.tiktoken line 2: cannot parse ranks"):
+        load_tokenizer(f"tiktoken:{path}")

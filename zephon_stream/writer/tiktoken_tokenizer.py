@@ -4,6 +4,7 @@ ranks from a ``.tiktoken`` file."""
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import os
 from pathlib import Path
@@ -119,16 +120,12 @@ def load_tiktoken(
         TokenizerError: unknown name, files not available offline, or an unreadable file.
     """
     import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
 
     if name.endswith(".tiktoken") or os.sep in name:
         path = Path(name)
         if not path.is_file():
             raise TokenizerError(f"tiktoken file {name}: not found")
-        try:
-            ranks = load_tiktoken_bpe(str(path))
-        except Exception as exc:  # tiktoken raises plain ValueError/binascii errors
-            raise TokenizerError(f"tiktoken file {name}: cannot parse ranks: {exc}") from exc
+        ranks = read_tiktoken_ranks(path)
         specials = {TIKTOKEN_EOS: max(ranks.values()) + 1}
         return TiktokenTokenizer(
             name=name,
@@ -158,6 +155,26 @@ def load_tiktoken(
         eos_id=eos_id,
         bos_id=bos_id,
     )
+
+
+def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    """The ranks of a ``.tiktoken`` file: one ``base64(token) rank`` pair a line.
+
+    NOTE: read here rather than with tiktoken's ``load_tiktoken_bpe``, which
+    copies every file it reads into a cache under the machine's temp folder.
+    """
+    ranks = {}
+    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+        if not line:
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except (ValueError, binascii.Error) as exc:
+            raise TokenizerError(f"tiktoken file {path} line {number}: cannot parse ranks: {exc}") from exc
+    if not ranks:
+        raise TokenizerError(f"tiktoken file {path}: holds no ranks")
+    return ranks
 
 
 def _offline_error(name: str, exc: BaseException) -> TokenizerError:
