@@ -59,9 +59,10 @@ class ShareReader:
         self._fresh_key: tuple[int, int, int] | None = None
         self.rebuilds = 0
 
-    def layout(self, global_batch: int, participants: int, index: int) -> tuple[int, int, int, int]:
+    def layout(self, global_batch: int, participants: int, index: int) -> tuple[int, int, int, int | None]:
         """``(world, rank, local_batch, rows)`` of the loader that reads participant
-        ``index`` of ``participants``'s share for this group rank.
+        ``index`` of ``participants``'s share for this group rank; ``rows`` is
+        None where the loader reads the share itself.
 
         Where the world of group ranks divides the global batch, that world's
         rank slice is the share; else the step is read whole (world 1) and cut
@@ -70,7 +71,7 @@ class ShareReader:
         world = participants * self.group_world_size
         vrank = index * self.group_world_size + self.group_rank
         if global_batch % world == 0:
-            return world, vrank, global_batch // world, global_batch // world
+            return world, vrank, global_batch // world, None
         return 1, 0, global_batch, -(-global_batch // world)
 
     def order_state(self) -> dict[str, Any]:
@@ -108,7 +109,7 @@ class ShareReader:
                 batch = {k: v.clone() for k, v in next(loader).items()}
             finally:
                 loader.close()
-        if world == 1:
+        if rows is not None:
             vrank = piece.index * self.group_world_size + self.group_rank
             batch = cut_and_pad(batch, start=vrank * rows, stop=min((vrank + 1) * rows, global_batch), rows=rows)
         return batch
