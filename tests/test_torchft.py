@@ -4,28 +4,21 @@ lost or repeated, through a kill and heal, a group leaving, a failed commit."""
 
 from __future__ import annotations
 
+import io
+import subprocess
+import sys
+
 import pytest
 
 pytest.importorskip("torchft")
 
-from torchft_harness import lost_and_repeated, reference_digests, run_groups  # noqa: E402
+from zephon_stream.demo.torchft_demo import EVENTS, FAIL, GLOBAL_BATCH, GROUP_BATCH, HOLD, KILL, LEAVE  # noqa: E402
+from zephon_stream.demo.torchft_demo import report, run_demo_groups  # noqa: E402
+from zephon_stream.demo.torchft_run import lost_and_repeated, reference_digests, run_groups  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-GROUP_BATCH = 4
-GLOBAL_BATCH = 10
 STEPS = 20
-KILL, HOLD, LEAVE, FAIL = 4, 7, 11, 15
-# NOTE: group 1 is SIGKILLed in the middle of step KILL and restarted (it
-# heals); the others wait for it at step HOLD; group 2 leaves for good at step
-# LEAVE; group 0 fails its commit at step FAIL (manager.report_error after its
-# allreduce, so the others commit with its gradients).
-EVENTS = {
-    0: {"hold_at": [HOLD, "g1r0.life2.ready"], "fail_at": FAIL},
-    1: {"kill_at": KILL},
-    2: {"hold_at": [HOLD, "g1r0.life2.ready"], "leave_at": LEAVE},
-}
-
 
 
 def check_tokens(run, dataset: str, *, lanes: int, loader: int = 0) -> int:
@@ -64,14 +57,11 @@ def check_schedule_happened(run, *, killed: str, leaver: str | None, failer: str
     assert any(not r["committed"] for r in recs[failer] if r["step"] == FAIL)
 
 
-@pytest.mark.parametrize("async_quorum", [True, False], ids=["async_quorum", "sync_quorum"])
-def test_per_replica_batches_lose_and_repeat_no_sample_through_kill_heal_leave_and_failed_commit(
-    small_dataset, tmp_path, async_quorum
+def test_per_replica_batches_lose_and_repeat_no_sample_through_kill_heal_leave_and_failed_commit_async(
+    small_dataset, tmp_path
 ):
     loaders = [{"policy": "per_replica", "group_batch": GROUP_BATCH}]
-    if not async_quorum:
-        loaders.append({"policy": "fixed_global", "global_batch": GLOBAL_BATCH})
-    run = run_groups(tmp_path, dataset=small_dataset.url, groups=3, group_world_size=1, async_quorum=async_quorum,
+    run = run_groups(tmp_path, dataset=small_dataset.url, groups=3, group_world_size=1, async_quorum=True,
                      loaders=loaders, steps=STEPS, lanes=12, events=EVENTS, restart={1: "g0r0.step"})  # fmt: skip
     counts = run.counts("ours")
     per_step = check_no_sample_lost_or_repeated(counts[0])
@@ -79,20 +69,42 @@ def test_per_replica_batches_lose_and_repeat_no_sample_through_kill_heal_leave_a
     assert all(len(p) % GROUP_BATCH == 0 and p for p in per_step.values()), per_step
     check_schedule_happened(run, killed="g1r0", leaver="g2r0", failer="g0r0")
     assert run.finals["g0r0"]["states"] == run.finals["g1r0"]["states"]
-    if async_quorum:
-        # NOTE: the trap was sprung: rows went to a healing group, and were served again.
-        healing = [r for rs in run.records.values() for r in rs if r["rank"] is not None and not r["counted"]]
-        assert healing, "no group healed with a participating rank in the asynchronous quorum"
-    else:
-        fixed = check_no_sample_lost_or_repeated(counts[1])
-        wrong = {t: p for t, p in fixed.items() if p != list(range(t * GLOBAL_BATCH, (t + 1) * GLOBAL_BATCH))}
-        assert not wrong, f"fixed_global steps that differ from the failure-free run's: {wrong}"
-        check_tokens(run, small_dataset.url, lanes=12, loader=1)
-    ours = lost_and_repeated(counts[0].sum(dim=0))
-    theirs = lost_and_repeated(run.counts("sampler"))
+    # NOTE: the trap was sprung: rows went to a healing group, and were served again.
+    healing = [r for rs in run.records.values() for r in rs if r["rank"] is not None and not r["counted"]]
+    assert healing, "no group healed with a participating rank in the asynchronous quorum"
+    ours, theirs = lost_and_repeated(counts[0].sum(dim=0)), lost_and_repeated(run.counts("sampler"))
     assert ours[:2] == (0, 0)
     check_tokens(run, small_dataset.url, lanes=12)
     print(f"\nlost, repeated, trained: ours {ours}, torchft DistributedSampler {theirs}")
+
+
+def test_sync_quorum_per_replica_exact_and_fixed_global_steps_equal_the_failure_free_run(small_dataset, tmp_path):
+    # NOTE: the run of `zephon-stream demo --torchft`, whose table and verdict are checked too.
+    run = run_demo_groups(tmp_path, small_dataset.url, steps=STEPS)
+    counts = run.counts("ours")
+    per_step = check_no_sample_lost_or_repeated(counts[0])
+    assert all(len(p) % GROUP_BATCH == 0 and p for p in per_step.values()), per_step
+    check_schedule_happened(run, killed="g1r0", leaver="g2r0", failer="g0r0")
+    assert run.finals["g0r0"]["states"] == run.finals["g1r0"]["states"]
+    # NOTE: the synchronous quorum heals before the step: no share is ever owed, the order is read in order.
+    assert not [r for rs in run.records.values() for r in rs if r["rank"] is not None and not r["counted"]]
+    assert [p for t in sorted(per_step) for p in sorted(per_step[t])] == list(range(int(counts[0].sum())))
+    fixed = check_no_sample_lost_or_repeated(counts[1])
+    wrong = {t: p for t, p in fixed.items() if p != list(range(t * GLOBAL_BATCH, (t + 1) * GLOBAL_BATCH))}
+    assert not wrong, f"fixed_global steps that differ from the failure-free run's: {wrong}"
+    check_tokens(run, small_dataset.url, lanes=12)
+    check_tokens(run, small_dataset.url, lanes=12, loader=1)
+    table = io.StringIO()
+    assert report(run, small_dataset.url, steps=STEPS, out=table) == 0, table.getvalue()
+    assert "DIFFERS" not in table.getvalue() and "lost 0, repeated 0 of" in table.getvalue()
+    ours, theirs = lost_and_repeated(counts[0].sum(dim=0)), lost_and_repeated(run.counts("sampler"))
+    print(f"\n{table.getvalue()}lost, repeated, trained: ours {ours}, torchft DistributedSampler {theirs}")
+
+
+def test_demo_command_offers_the_torchft_run():
+    done = subprocess.run([sys.executable, "-m", "zephon_stream", "demo", "--help"], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0 and "--torchft" in done.stdout
 
 
 def test_groups_of_two_ranks_lose_and_repeat_no_sample_through_kill_heal_and_failed_commit(small_dataset, tmp_path):

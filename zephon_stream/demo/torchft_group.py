@@ -10,7 +10,8 @@ group (group ``r`` of ``G`` takes positions ``r, r+G, ...``, its counter
 starting again with the process). A healing group receives both with the
 loader's data state through torchft's own transfer.
 
-Usage: python group.py SPEC_JSON  (keys below, in ``main``).
+Usage: python -m zephon_stream.demo.torchft_group SPEC_JSON (written by
+demo/torchft_run.py; keys below, in ``main``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Run torchft replica groups (tests/dist_torchft/group.py) as processes on
-loopback with a real lighthouse, and read back what their committed steps trained."""
+"""Run torchft replica groups (demo/torchft_group.py) as processes on
+loopback with a real lighthouse, and read back what their committed steps
+trained (``zephon-stream demo --torchft`` and tests/test_torchft.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,14 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-GROUP = Path(__file__).resolve().parent / "dist_torchft" / "group.py"
+from zephon_stream.errors import ZephonError
+
+# NOTE: the worker processes must import this copy of the package.
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+class RunError(ZephonError, RuntimeError):
+    """A replica group exited with an error, or the run did not finish in time."""
 
 
 @dataclass
@@ -75,7 +82,8 @@ def run_groups(
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=400, heartbeat_timeout_ms=1500)
     rows = max(k.get("group_batch", 0) * groups for k in loaders) + max(k.get("global_batch", 0) for k in loaders)
     max_positions = steps * rows * 2 + 64
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "GLOG_minloglevel": "2"}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {"RUST_LOG": "warn", **os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "GLOG_minloglevel": "2"}
     procs: dict[tuple[int, int], subprocess.Popen] = {}
     exit_codes: dict[str, list[int]] = {}
 
@@ -85,7 +93,7 @@ def run_groups(
                 "lighthouse": lighthouse.address(), "seq_len": seq_len, "loaders": loaders, "lanes": lanes, "dataset": dataset,
                 "sampler_groups": groups, "events": events.get(group, {})}  # fmt: skip
         log = (out / f"g{group}r{rank}.life{life}.log").open("w")
-        return subprocess.Popen([sys.executable, str(GROUP), json.dumps(spec)], env=env, stdout=log,
+        return subprocess.Popen([sys.executable, "-m", "zephon_stream.demo.torchft_group", json.dumps(spec)], env=env, stdout=log,
                                 stderr=subprocess.STDOUT)  # fmt: skip
 
     try:
@@ -105,7 +113,7 @@ def run_groups(
                 code = proc.poll()
                 if code is not None and code != 0 and (g, r) in to_restart - restarted:
                     if code != -signal.SIGKILL:
-                        raise AssertionError(f"group {g} rank {r} exited {code}:\n{_log_tail(out, g, r)}")
+                        raise RunError(f"group {g} rank {r} exited {code}:\n{_log_tail(out, g, r)}")
                     exit_codes.setdefault(f"g{g}r{r}", []).append(code)
                     wait_for = out / restart[g]
                     while not wait_for.exists():
@@ -114,12 +122,12 @@ def run_groups(
                     procs[(g, r)] = start(g, r, 2)
                     restarted.add((g, r))
             if time.monotonic() > deadline:
-                raise AssertionError(f"torchft run did not finish in {timeout_s} s:\n" + _all_tails(out, procs))
+                raise RunError(f"torchft run did not finish in {timeout_s} s:\n" + _all_tails(out, procs))
             time.sleep(0.05)
         for (g, r), proc in procs.items():
             exit_codes.setdefault(f"g{g}r{r}", []).append(proc.returncode)
             if proc.returncode != 0:
-                raise AssertionError(f"group {g} rank {r} exited {proc.returncode}:\n{_log_tail(out, g, r)}")
+                raise RunError(f"group {g} rank {r} exited {proc.returncode}:\n{_log_tail(out, g, r)}")
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -138,9 +146,9 @@ def run_groups(
 def _check_alive(procs: dict, out: Path, deadline: float) -> None:
     for (g, r), proc in procs.items():
         if proc.poll() not in (None, 0, -signal.SIGKILL):
-            raise AssertionError(f"group {g} rank {r} exited {proc.returncode}:\n{_log_tail(out, g, r)}")
+            raise RunError(f"group {g} rank {r} exited {proc.returncode}:\n{_log_tail(out, g, r)}")
     if time.monotonic() > deadline:
-        raise AssertionError("torchft run timed out:\n" + _all_tails(out, procs))
+        raise RunError("torchft run timed out:\n" + _all_tails(out, procs))
 
 
 def _log_tail(out: Path, group: int, rank: int) -> str:
