@@ -76,26 +76,28 @@ def test_trained_ranks_refuses_a_rank_counted_twice():
 
 @pytest.fixture
 def manager_factory():
+    """Managers of one replica group each, each under its own lighthouse."""
     from torch.distributed import TCPStore
     from torchft import Manager, ProcessGroupGloo
     from torchft.coordination import LighthouseServer
 
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=100, heartbeat_timeout_ms=1000)
     made = []
 
     def make(*, async_quorum: bool = True):
+        lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=100, heartbeat_timeout_ms=1000)
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), load_state_dict=lambda s: None,
                           state_dict=lambda: {}, min_replica_size=1, use_async_quorum=async_quorum,
-                          timeout=timedelta(seconds=10), rank=0, world_size=1, store_addr="127.0.0.1",
-                          store_port=store.port, lighthouse_addr=lighthouse.address(), replica_id="solo")  # fmt: skip
-        made.append((manager, store))
+                          timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=20), rank=0, world_size=1,
+                          store_addr="127.0.0.1", store_port=store.port, lighthouse_addr=lighthouse.address(),
+                          replica_id="solo")  # fmt: skip
+        made.append((manager, store, lighthouse))
         return manager
 
     yield make
-    for manager, _ in made:
+    for manager, _, lighthouse in made:
         manager.shutdown(wait=False)
-    lighthouse.shutdown()
+        lighthouse.shutdown()
 
 
 def make_loader(dataset, manager, **config):
@@ -149,3 +151,19 @@ def test_config_errors_name_the_fix(small_dataset, manager_factory):
     with pytest.raises(ConfigError, match=r"group_batch_size.*group_world_size 3 divides \(got 4\)"):
         TorchFTLoader(small_dataset.url, manager=manager, config=TorchFTConfig(seq_len=16, group_batch_size=4),
                       group_world_size=3)  # fmt: skip
+
+
+def test_a_checkpointed_state_resumes_with_the_managers_step_at_the_next_rows(small_dataset, manager_factory):
+    manager = manager_factory()
+    with make_loader(small_dataset, manager) as loader:
+        for _ in range(3):
+            manager.start_quorum()
+            next(loader)
+            manager.should_commit()
+        checkpoint = {"manager": manager.state_dict(), "dataloader": loader.state_dict()}
+    resumed = manager_factory()
+    with make_loader(small_dataset, resumed) as loader:
+        resumed.load_state_dict(checkpoint["manager"])
+        loader.load_state_dict(checkpoint["dataloader"])
+        resumed.start_quorum()
+        assert sorted(next(loader)["sample_positions"].tolist()) == [12, 13, 14, 15]

@@ -234,7 +234,9 @@ class TorchFTLoader:
         index = rank if rank is not None and rank < participants else 0
         batch = self._reader.read(plan.pieces[index], global_batch=self._step_batch(plan.pieces[index]),
                                   fresh=index >= participants - plan.fresh)  # fmt: skip
-        trained = trained_ranks(onehot.tolist(), participants, step=step) if work.wait() else None
+        # NOTE: an errored Manager skips the allreduce (its tensor is only ours); that step cannot commit here.
+        done = work.wait() and manager.errored() is None
+        trained = trained_ranks(onehot.tolist(), participants, step=step) if done else None
         with self._lock:
             self._pending = (step, participants, trained)
         self.last_step = StepRecord(step=step, participants=participants, participating_rank=rank, counted=counted,
