@@ -127,6 +127,11 @@ class TorchFTLoader:
         if not 0 <= group_rank < group_world_size:
             raise ConfigError(f"group_rank {group_rank} is outside group_world_size {group_world_size}")
         self.manager = manager
+        # NOTE: the one-hot vector goes through the Manager's process group:
+        # on the batches' device, so that an NCCL group can reduce it.
+        self._collective_device = torch.device(options.get("device") or "cpu")
+        if self._collective_device.type == "cuda" and not torch.cuda.is_available():
+            self._collective_device = torch.device("cpu")
         lanes = config.lanes or (self.group_batch if config.policy == "per_replica" else self.global_batch)
         self._reader = ShareReader(streams, group_rank=group_rank, group_world_size=group_world_size,
                                    seq_len=config.seq_len, seed=config.seed, lanes=lanes, window=config.window,
@@ -228,6 +233,7 @@ class TorchFTLoader:
         onehot = torch.zeros(participants, dtype=torch.float32)
         if counted and rank is not None:
             onehot[rank] = 1.0
+        onehot = onehot.to(self._collective_device)
         work = manager.allreduce(onehot, reduce_op=ReduceOp.SUM)
         # NOTE: a group outside the participants trains nothing that counts; it
         # reads participant 0's share so that its step has the usual shape.
