@@ -36,10 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from zephon_stream import StreamingLoader, write_dataset  # noqa: E402
-from zephon_stream.integrations.torchft import TorchFTConfig, TorchFTLoader  # noqa: E402
-from zephon_stream.integrations.torchft_plan import Piece  # noqa: E402
-from zephon_stream.integrations.torchft_rows import ShareReader  # noqa: E402
+from zephon_stream import StreamingLoader, write_dataset
+from zephon_stream.integrations.torchft import TorchFTConfig, TorchFTLoader
+from zephon_stream.integrations.torchft_plan import Piece
+from zephon_stream.integrations.torchft_rows import ShareReader
 
 
 def build(out: Path) -> str:
@@ -77,7 +77,7 @@ def stable_cpu(url: str, *, rows: int, seq_len: int, steps: int, compute_s: floa
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=100)
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=30)), load_state_dict=lambda s: None,
-                      state_dict=lambda: {}, min_replica_size=1, rank=0, world_size=1, store_addr="127.0.0.1",
+                      state_dict=dict, min_replica_size=1, rank=0, world_size=1, store_addr="127.0.0.1",
                       store_port=store.port, lighthouse_addr=lighthouse.address(), replica_id="bench")  # fmt: skip
     ours, plain = [], []
     try:

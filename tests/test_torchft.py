@@ -12,9 +12,22 @@ import pytest
 
 pytest.importorskip("torchft")
 
-from zephon_stream.demo.torchft_demo import EVENTS, FAIL, GLOBAL_BATCH, GROUP_BATCH, HOLD, KILL, LEAVE  # noqa: E402
-from zephon_stream.demo.torchft_demo import report, run_demo_groups  # noqa: E402
-from zephon_stream.demo.torchft_run import lost_and_repeated, reference_digests, run_groups  # noqa: E402
+from zephon_stream.demo.torchft_demo import (
+    EVENTS,
+    FAIL,
+    GLOBAL_BATCH,
+    GROUP_BATCH,
+    HOLD,
+    KILL,
+    LEAVE,
+    report,
+    run_demo_groups,
+)
+from zephon_stream.demo.torchft_run import (
+    lost_and_repeated,
+    reference_digests,
+    run_groups,
+)
 
 pytestmark = pytest.mark.slow
 

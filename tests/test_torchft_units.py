@@ -11,9 +11,13 @@ import pytest
 
 pytest.importorskip("torchft")
 
-from zephon_stream.errors import ConfigError, StateMismatchError  # noqa: E402
-from zephon_stream.integrations.torchft import TorchFTConfig, TorchFTLoader, TorchFTOrderError  # noqa: E402
-from zephon_stream.integrations.torchft_plan import (  # noqa: E402
+from zephon_stream.errors import ConfigError, StateMismatchError
+from zephon_stream.integrations.torchft import (
+    TorchFTConfig,
+    TorchFTLoader,
+    TorchFTOrderError,
+)
+from zephon_stream.integrations.torchft_plan import (
     IncompleteStepError,
     ReplicaDataState,
     advance,
@@ -87,7 +91,7 @@ def manager_factory():
         lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=100, heartbeat_timeout_ms=1000)
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), load_state_dict=lambda s: None,
-                          state_dict=lambda: {}, min_replica_size=1, use_async_quorum=async_quorum,
+                          state_dict=dict, min_replica_size=1, use_async_quorum=async_quorum,
                           timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=20), rank=0, world_size=1,
                           store_addr="127.0.0.1", store_port=store.port, lighthouse_addr=lighthouse.address(),
                           replica_id="solo")  # fmt: skip

@@ -20,7 +20,12 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
-from zephon_stream.demo.torchft_run import Run, lost_and_repeated, reference_digests, run_groups
+from zephon_stream.demo.torchft_run import (
+    Run,
+    lost_and_repeated,
+    reference_digests,
+    run_groups,
+)
 
 GROUP_BATCH = 4
 GLOBAL_BATCH = 10

@@ -42,7 +42,7 @@ from zephon_stream.integrations.torchft_plan import (
 from zephon_stream.integrations.torchft_rows import RESERVED_OPTIONS, ShareReader
 from zephon_stream.loader.api import Stream
 
-__all__ = ["TorchFTConfig", "TorchFTLoader", "TorchFTOrderError", "StepRecord"]
+__all__ = ["StepRecord", "TorchFTConfig", "TorchFTLoader", "TorchFTOrderError"]
 
 
 class TorchFTOrderError(ConfigError):
@@ -301,7 +301,7 @@ class TorchFTLoader:
     def __enter__(self) -> TorchFTLoader:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
