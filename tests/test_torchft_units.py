@@ -117,7 +117,7 @@ def test_next_before_the_quorum_or_twice_in_one_quorum_is_an_error_naming_the_fi
             next(loader)
         manager.start_quorum()
         next(loader)
-        with pytest.raises(TorchFTOrderError, match=r"twice in one quorum \(step 0\).*manager.start_quorum\(\)"):
+        with pytest.raises(TorchFTOrderError, match=r"2 times in one quorum \(step 0, microbatches=1\).*manager.start_quorum\(\)"):
             next(loader)
 
 
@@ -171,3 +171,25 @@ def test_a_checkpointed_state_resumes_with_the_managers_step_at_the_next_rows(sm
         loader.load_state_dict(checkpoint["dataloader"])
         resumed.start_quorum()
         assert sorted(next(loader)["sample_positions"].tolist()) == [12, 13, 14, 15]
+
+
+def test_microbatches_split_each_step_and_a_step_cut_short_is_an_error(small_dataset, manager_factory):
+    manager = manager_factory()
+    with make_loader(small_dataset, manager, microbatches=2) as loader:
+        manager.start_quorum()
+        halves = [next(loader)["sample_positions"].tolist() for _ in range(2)]
+        assert sorted(halves[0] + halves[1]) == [0, 1, 2, 3] and len(halves[0]) == 2
+        with pytest.raises(TorchFTOrderError, match=r"next\(loader\) 3 times in one quorum .*microbatches=2"):
+            next(loader)
+        manager.should_commit()
+        manager.start_quorum()
+        assert sorted(next(loader)["sample_positions"].tolist() + next(loader)["sample_positions"].tolist()) == [
+            4, 5, 6, 7
+        ]
+        manager.should_commit()
+        manager.start_quorum()
+        next(loader)
+        manager.should_commit()
+        manager.start_quorum()
+        with pytest.raises(TorchFTOrderError, match=r"after 1 of 2 micro-batches of the last step"):
+            next(loader)

@@ -66,6 +66,9 @@ class TorchFTConfig:
         window: window-shuffle size (0: one block's samples).
         seed: order seed.
         state_key: the key of the data state in the ``Manager``'s state dict.
+        microbatches: ``next()`` calls per step (gradient accumulation, as
+            TorchTitan's ``train_step`` makes them): each returns the next
+            ``1/microbatches`` of this rank's rows of the step (``per_replica``).
     """
 
     seq_len: int
@@ -76,6 +79,7 @@ class TorchFTConfig:
     window: int = 0
     seed: int = 0
     state_key: str = "zephon_stream"
+    microbatches: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +147,7 @@ class TorchFTLoader:
         # healed is the peer's.
         self._pending: tuple[int, int, frozenset[int] | None] | None = None
         self._last_quorum: object = None
+        self._microbatches: list[dict[str, torch.Tensor]] = []
         self._error: Exception | None = None
         self.last_step: StepRecord | None = None
         manager.register_state_dict_fn(config.state_key, self._load_from_peer, self.state_dict)
@@ -210,6 +215,8 @@ class TorchFTLoader:
 
     def __next__(self) -> dict[str, torch.Tensor]:
         manager = self.manager
+        if self._microbatches and getattr(manager, "_quorum_future", None) is self._last_quorum:
+            return self._microbatches.pop(0)
         quorum = self._quorum_started()
         manager.wait_quorum()
         step = manager.current_step()
@@ -247,7 +254,11 @@ class TorchFTLoader:
             self._pending = (step, participants, trained)
         self.last_step = StepRecord(step=step, participants=participants, participating_rank=rank, counted=counted,
                                     trained=trained)  # fmt: skip
-        return batch
+        if self.config.microbatches == 1:
+            return batch
+        parts = [dict(zip(batch, values)) for values in zip(*(t.chunk(self.config.microbatches) for t in batch.values()))]
+        self._microbatches = parts[1:]
+        return parts[0]
 
     def _step_batch(self, piece: Any) -> int:
         if self.config.policy == "fixed_global":
@@ -266,8 +277,16 @@ class TorchFTLoader:
             )
         if quorum is self._last_quorum:
             raise TorchFTOrderError(
-                f"next(loader) twice in one quorum (step {self.manager.current_step()}): the rows of a step depend "
-                f"on its quorum; call optimizer.zero_grad() or manager.start_quorum() before each next(loader)"
+                f"next(loader) {self.config.microbatches + 1} times in one quorum (step "
+                f"{self.manager.current_step()}, microbatches={self.config.microbatches}): the rows of a step depend "
+                f"on its quorum; call optimizer.zero_grad() or manager.start_quorum() before each step's first "
+                f"next(loader)"
+            )
+        if self._microbatches:
+            raise TorchFTOrderError(
+                f"a new quorum after {self.config.microbatches - len(self._microbatches)} of "
+                f"{self.config.microbatches} micro-batches of the last step: their rows would count as trained; "
+                f"take every micro-batch of a step before optimizer.zero_grad() / manager.start_quorum()"
             )
         return quorum
 
@@ -320,7 +339,15 @@ def check_config(config: TorchFTConfig, options: dict[str, Any], group_world_siz
         if not isinstance(batch, int) or batch < 1 or batch % group_world_size:
             raise ConfigError(f"per_replica needs group_batch_size, an int >= 1 that group_world_size "
                               f"{group_world_size} divides (got {batch!r})")  # fmt: skip
+        if not isinstance(config.microbatches, int) or config.microbatches < 1 or (
+            batch // group_world_size
+        ) % config.microbatches:
+            raise ConfigError(f"microbatches must be an int >= 1 that divides the rows per rank, group_batch_size "
+                              f"{batch} / group_world_size {group_world_size} (got {config.microbatches!r})")  # fmt: skip
         return batch, None
+    if config.microbatches != 1:
+        raise ConfigError(f"fixed_global takes one next() per step (got microbatches={config.microbatches!r}): "
+                          f"its rows per rank change with the participants")  # fmt: skip
     batch = config.global_batch_size
     if not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"fixed_global needs global_batch_size, an int >= 1 (got {batch!r})")
