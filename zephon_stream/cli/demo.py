@@ -63,10 +63,23 @@ def register(subparsers: Any) -> None:
         help="train on a data schedule: pretrain, anneal on a new mixture with a second dataset (the kill and "
         "resize fall inside it), long context at twice --seq-len",
     )
+    parser.add_argument(
+        "--torchft",
+        action="store_true",
+        help="instead: three torchft replica groups under a real lighthouse, one SIGKILLed and restarted, one "
+        "leaving, one failing a commit; samples lost and repeated against torchft's DistributedSampler (exit 1 "
+        "if any is lost or repeated; 20 steps; needs the torchft extra)",
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.torchft:
+        import sys
+
+        from zephon_stream.demo.torchft_demo import run_torchft_demo
+
+        return run_torchft_demo(workdir=args.workdir, out=sys.stdout)
     from zephon_stream.demo.orchestrate import DemoConfig, run_demo
 
     config = DemoConfig(
