@@ -7,7 +7,9 @@ an uninterrupted single-rank reading (docs/ELASTIC.md gives the commands).
 - two agents, one SIGKILLed with its worker (a lost node): the survivor
   restarts its group alone at W = 1;
 - an agent joining a running job (a repaired node): the running agent
-  restarts its group with the newcomer at W = 2.
+  restarts its group with the newcomer at W = 2;
+- the rendezvous store hosted outside the agents: the loss of the agent whose
+  worker is rank 0 leaves the other going on alone.
 
 The worker is tests/dist_elastic/elastic_worker.py. The agents' temp folders
 (``torchelastic_*``) go to a folder of the test (TMPDIR), and every process a
@@ -136,6 +138,10 @@ class ElasticJob:
                 code = None
             assert code == 0, f"agent {name} ended with {code}\n{self.output()}"
 
+    def agent_of(self, pid: int) -> str:
+        """The agent whose worker ``pid`` is."""
+        return next(name for name, agent in self.agents.items() if pid in descendants(agent.pid))
+
     def kill(self, name: str) -> None:
         """SIGKILL an agent and its workers at once, as a lost node."""
         for pid in descendants(self.agents[name].pid):
@@ -217,7 +223,6 @@ def elastic_agent_args(port: int, *, host: bool) -> list[str]:
             "--rdzv-id=elastic-test", f"--rdzv-conf={RDZV_CONF},is_host={int(host)}", "--max-restarts=3"]
 
 
-
 @pytest.mark.slow
 @pytest.mark.torchrun
 def test_two_agents_one_killed_the_survivor_goes_on_alone_from_the_newest_checkpoint(elastic_job, reference):
@@ -247,3 +252,27 @@ def test_an_agent_joining_restarts_the_running_group_at_two_ranks_from_the_newes
     assert [(s["world_size"], s["start_step"]) for s in starts] == [(1, 0), (2, 8)], starts
     # NOTE: a membership change is not a failure: it spends no --max-restarts.
     assert starts[-1]["restart_count"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.torchrun
+def test_with_the_store_outside_the_agents_losing_rank_0s_agent_leaves_the_other_going_on_alone(elastic_job, reference):
+    from torch.distributed import TCPStore
+
+    # NOTE: the c10d rendezvous keeps its state in this store; hosted by a
+    # process that does not leave (here the test), no agent's loss takes it along.
+    store = TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+    elastic_job.launch("first", elastic_agent_args(store.port, host=False), NO_SHARED_STORE)
+    elastic_job.launch("second", elastic_agent_args(store.port, host=False), NO_SHARED_STORE)
+    events = elastic_job.wait_for(held(1), f"hold after {HOLD_AFTER} steps")
+    holding = next(e for e in events if e["event"] == "holding")
+    assert holding["world_size"] == 2
+    lost = elastic_job.agent_of(holding["pid"])
+    elastic_job.kill(lost)
+    survivor = ({"first", "second"} - {lost}).pop()
+    elastic_job.wait_agents([survivor])
+
+    starts = check_run(elastic_job.events(), reference)
+    assert (starts[-1]["world_size"], starts[-1]["start_step"]) == (1, 8), starts
+    del store
+
