@@ -17,6 +17,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("torchtitan", reason="needs the [torchtitan] extra")
 pytest.importorskip("torchft", reason="needs the [torchft] extra")
@@ -90,7 +91,7 @@ def test_titan_ft_groups_lose_and_repeat_no_sample_through_kill_heal_leave_and_a
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     extra = {"dump": str(dump), "interval": 4, "local_batch": LOCAL_BATCH, "microbatches": MICROBATCHES,
-             "groups": 3, "positions": 400}  # fmt: skip
+             "groups": 3, "positions": 400, "device": "cuda" if torch.cuda.is_available() else None}  # fmt: skip
     events = {0: {"hold_at": [5, "g1r0.life2.ready"]}, 1: {"kill_at": 3},
               2: {"hold_at": [5, "g1r0.life2.ready"], "leave_at": 8}}  # fmt: skip
     run = run_groups(tmp_path / "a", dataset=small_dataset.url, groups=3, group_world_size=1, async_quorum=True,

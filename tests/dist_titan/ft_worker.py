@@ -17,7 +17,8 @@ carry it, so at the end it says what was trained, whatever the loader believes.
 
 Usage: python ft_worker.py SPEC_JSON (demo/torchft_run.py's spec, plus
 ``dump`` (checkpoint base folder), ``interval``, ``local_batch``,
-``microbatches``, ``groups`` and ``positions``, the length of ``counts``).
+``microbatches``, ``groups``, ``positions`` (the length of ``counts``) and
+``device`` (the loader's)).
 """
 
 from __future__ import annotations
@@ -58,7 +59,12 @@ class Counts(Stateful):
         self.counts.copy_(state_dict["counts"])
 
 
+def phase(name: str) -> None:
+    print(f"ft_worker: {name} at {time.time():.3f}", flush=True)
+
+
 def main() -> None:
+    phase("start")
     spec = json.loads(sys.argv[1])
     out = Path(spec["out"])
     group, life = spec["group"], spec["life"]
@@ -72,13 +78,15 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"file://{out}/{name}.life{life}.pg", rank=0, world_size=1)
 
     # FaultTolerantTrainer.init_distributed: config.fault_tolerance.build()
+    phase("dist")
     ft_manager = TorchFTManager(FaultTolerance(enable=True, replica_id=group, group_size=spec["groups"],
                                                process_group="gloo", process_group_timeout_ms=15000))  # fmt: skip
     manager = ft_manager.manager
+    phase("manager")
     # FaultTolerantTrainer.__init__: get_dp_info, then config.dataloader.build(...)
     batch_degree, batch_rank = ft_manager.get_dp_info(1, 0)
     dataloader = ZephonFTDataLoader.Config(dataset_path=spec["dataset"], seed=3, lanes=spec["lanes"],
-                                           pipeline="threads", prefetch_steps=2,
+                                           pipeline="threads", prefetch_steps=2, device=spec.get("device"),
                                            # NOTE: the reference rows are read with the plain loader's default.
                                            cross_document_targets="predict").build(
         dp_world_size=batch_degree, dp_rank=batch_rank, tokenizer=None, seq_len=spec["seq_len"],
@@ -101,7 +109,9 @@ def main() -> None:
     # ZephonFTTrainer.__init__: bind after the trainer knows its accumulation.
     dataloader.bind_torchft(ft_manager, microbatches=spec["microbatches"])
     # FaultTolerantTrainer.train: checkpointer.load(step=...)
+    phase("bound")
     loaded = checkpointer.load(step=-1)
+    phase("loaded")
 
     records = (out / f"{name}.life{life}.jsonl").open("w")
     (out / f"{name}.life{life}.ready").write_text("")
@@ -121,7 +131,9 @@ def main() -> None:
         batches = []
         for _ in range(spec["microbatches"]):
             input_dict, labels = next(data_iterator)
-            batches.append((input_dict, labels, dataloader.last_sample_positions))
+            # NOTE: with device="cuda" the inputs arrive on the GPU; the counting model is on the host.
+            input_dict = {key: value.cpu() for key, value in input_dict.items()}
+            batches.append((input_dict, labels, dataloader.last_sample_positions.cpu()))
         step = manager.current_step()
         if events.get("kill_at") is not None and life == 1 and step >= events["kill_at"]:
             records.flush()
