@@ -26,7 +26,11 @@ from torchtitan.experiments.torchft.checkpoint import TorchFTCheckpointManager  
 from torchtitan.experiments.torchft.config.job_config import FaultTolerance  # noqa: E402
 from torchtitan.experiments.torchft.manager import TorchFTManager  # noqa: E402
 
-from zephon_stream.demo.torchft_run import lost_and_repeated, reference_digests, run_groups  # noqa: E402
+from zephon_stream.demo.torchft_run import (  # noqa: E402
+    lost_and_repeated,
+    reference_digests,
+    run_groups,
+)
 from zephon_stream.errors import ConfigError  # noqa: E402
 from zephon_stream.integrations.torchtitan_torchft import (  # noqa: E402
     ZephonFTCheckpointManager,

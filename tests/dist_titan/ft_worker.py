@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from titan_setup import TrainState  # NOTE: this folder is sys.path[0]
 from torch.distributed import ReduceOp, TCPStore
 from torch.distributed.checkpoint.stateful import Stateful
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
@@ -41,9 +42,11 @@ from torchtitan.experiments.torchft.config.job_config import FaultTolerance
 from torchtitan.experiments.torchft.manager import TorchFTManager
 from torchtitan.experiments.torchft.optimizer import TorchFTOptimizersContainer
 
-from titan_setup import TrainState  # noqa: E402 (this folder is sys.path[0])
 from zephon_stream.demo.torchft_group import row_digest, wait_for
-from zephon_stream.integrations.torchtitan_torchft import ZephonFTCheckpointManager, ZephonFTDataLoader
+from zephon_stream.integrations.torchtitan_torchft import (
+    ZephonFTCheckpointManager,
+    ZephonFTDataLoader,
+)
 
 
 class Counts(Stateful):

@@ -30,18 +30,32 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torchtitan.experiments.torchft.checkpoint import TorchFTCheckpointManager
 
 from zephon_stream.errors import ConfigError
 from zephon_stream.integrations.torchtitan_base import (
+    INSTALL_HINT,
     BaseDataLoader,
     check_tokenizer,
     local_shape,
     redacted_config_repr,
 )
 from zephon_stream.integrations.torchtitan_batches import titan_input_dict
-from zephon_stream.integrations.torchtitan_config import ZephonDataLoaderConfig, parse_stream_spec
-from zephon_stream.integrations.torchtitan_state import loader_state_from_titan, titan_state
+from zephon_stream.integrations.torchtitan_config import (
+    ZephonDataLoaderConfig,
+    parse_stream_spec,
+)
+from zephon_stream.integrations.torchtitan_state import (
+    loader_state_from_titan,
+    titan_state,
+)
+
+try:
+    from torchtitan.experiments.torchft.checkpoint import TorchFTCheckpointManager
+except ModuleNotFoundError as exc:  # NOTE: as torchtitan_base: only a missing TorchTitan gets the hint
+    if (exc.name or "").split(".")[0] not in ("torchtitan", "torchdata"):
+        raise
+    raise ModuleNotFoundError(f"{__name__} needs TorchTitan ({exc.name} is not installed): {INSTALL_HINT}",
+                              name=exc.name) from exc  # fmt: skip
 
 __all__ = ["ZephonFTCheckpointManager", "ZephonFTDataLoader", "check_titan_ft_config"]
 
