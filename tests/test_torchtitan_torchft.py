@@ -131,7 +131,8 @@ def test_titan_ft_groups_lose_and_repeat_no_sample_through_kill_heal_leave_and_a
 
 
 def test_config_refuses_what_a_torchft_run_cannot_honour():
-    for bad in ({"max_steps": 3}, {"phases": '[{"step": 1}]'}, {"infinite": False}, {"packing_outputs": True}):
+    for bad in ({"max_steps": 3}, {"phases": '[{"step": 1}]'}, {"infinite": False}, {"packing_outputs": True},
+                {"gradient_accumulation_steps": 2}):
         with pytest.raises(ConfigError, match="not supported under torchft"):
             ZephonFTDataLoader.Config(dataset_path="/data/ds", **bad)
 

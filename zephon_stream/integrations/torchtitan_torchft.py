@@ -72,8 +72,9 @@ class ZephonFTDataLoaderConfig(ZephonDataLoaderConfig):
 
     Every field of ``ZephonDataLoader.Config`` but those a torchft run cannot
     honour: ``phases`` (a schedule keys on the steps of one world),
-    ``max_steps``, ``max_epochs``, ``end_after_phase``, ``infinite=False`` and
-    ``packing_outputs``.
+    ``max_steps``, ``max_epochs``, ``end_after_phase``, ``infinite=False``,
+    ``packing_outputs`` and ``gradient_accumulation_steps`` (``bind_torchft``
+    takes the trainer's).
     """
 
     state_key: str = "zephon_stream"
@@ -91,6 +92,8 @@ class ZephonFTDataLoaderConfig(ZephonDataLoaderConfig):
                 ("end_after_phase", self.end_after_phase, None),
                 ("infinite", self.infinite, True),
                 ("packing_outputs", self.packing_outputs, False),
+                # NOTE: the trainer hands its accumulation to bind_torchft.
+                ("gradient_accumulation_steps", self.gradient_accumulation_steps, 1),
             )
             if value not in (default, [], ())
         ]
