@@ -14,7 +14,9 @@
 #   2 tests: the CUDA delivery (pinned ring, side-stream copies, labels copied
 #     non_blocking behind a long kernel, close() waiting for them), the
 #     delivery's decisions on CPU, the TorchTitan loader on CUDA, TorchTitan's
-#     train_step batch lines, the helper process
+#     train_step batch lines, TorchTitan's torchft pieces with replica groups
+#     as processes (the loader delivering on CUDA, ZephonFTTrainer importing
+#     with the triton that CUDA torch brings), the helper process
 #   3 benchmarks: bench_handback.py, bench_device.py, bench_train_overhead.py
 #     --consumer model, bench_read.py --local-only
 # The last lines say which steps failed (and the failing tests), or ALL OK.
@@ -101,6 +103,9 @@ main() {
   step "2 pytest loader_cuda + device" 150 "${pytest[@]}" tests/test_loader_cuda.py tests/test_loader_device.py \
     "tests/test_loader_packing.py::test_cuda_delivery_gives_the_cpu_outputs_with_host_scalars"
   step "2 pytest torchtitan gpu+trainer" 120 "${pytest[@]}" tests/test_torchtitan_gpu.py tests/test_torchtitan_trainer.py
+  # NOTE: needs torchft and its opentelemetry packages among the wheels; without
+  # them the file skips (the summary line then reads ok: check the skip reasons).
+  step "2 pytest torchtitan torchft" 150 "${pytest[@]}" tests/test_torchtitan_torchft.py
   step "2 pytest loader_process" 90 "${pytest[@]}" tests/test_loader_process.py
   local bench=(bash -c 'bench "$@"' bench)
   step "3 bench_handback" 45 "${bench[@]}" bench_handback benchmarks/bench_handback.py --steps 5000 --repeats 3

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,10 +72,14 @@ def run_groups(
     events: dict[int, dict],
     restart: dict[int, str] | None = None,
     timeout_s: float = 150.0,
+    worker: Sequence[str] = ("-m", "zephon_stream.demo.torchft_group"),
+    extra: dict | None = None,
 ) -> Run:
     """Start a lighthouse and ``groups`` groups of ``group_world_size`` ranks;
     ``events[g]`` schedules group ``g``'s kill, hold, leave and failed commit
-    (group.py); ``restart[g]`` restarts a killed group once the file it names exists."""
+    (group.py); ``restart[g]`` restarts a killed group once the file it names exists.
+    ``worker`` is the Python argv of a group rank (it gets the spec as its last
+    argument, with ``extra``'s keys added)."""
     from torchft.coordination import LighthouseServer
 
     out = tmp / "run"
@@ -91,9 +96,9 @@ def run_groups(
         spec = {"out": str(out), "group": group, "group_rank": rank, "group_world_size": group_world_size,
                 "life": life, "steps": steps, "max_positions": max_positions, "async_quorum": async_quorum,
                 "lighthouse": lighthouse.address(), "seq_len": seq_len, "loaders": loaders, "lanes": lanes, "dataset": dataset,
-                "sampler_groups": groups, "events": events.get(group, {})}  # fmt: skip
+                "sampler_groups": groups, "events": events.get(group, {}), **(extra or {})}  # fmt: skip
         log = (out / f"g{group}r{rank}.life{life}.log").open("w")
-        return subprocess.Popen([sys.executable, "-m", "zephon_stream.demo.torchft_group", json.dumps(spec)], env=env, stdout=log,
+        return subprocess.Popen([sys.executable, *worker, json.dumps(spec)], env=env, stdout=log,
                                 stderr=subprocess.STDOUT)  # fmt: skip
 
     try:

@@ -17,7 +17,9 @@ nothing else in zephon_stream imports it. Its parts: ``torchtitan_base.py``
 ``torchtitan_config.py`` (``ZephonDataLoader.Config``, mixture entries and
 phases), ``torchtitan_state.py`` (the checkpoint entry) and
 ``torchtitan_batches.py`` (the ``input_dict`` a step hands the trainer); each
-public name is importable from here.
+public name is importable from here. Under TorchTitan's torchft trainer,
+``torchtitan_torchft.py`` (``ZephonFTDataLoader``, ``ZephonFTCheckpointManager``)
+and ``torchtitan_torchft_trainer.py`` (``ZephonFTTrainer``) serve replica groups.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 the end of a finite run, the trainer's shape keywords, configs printed without
 secrets and the trainer's tokenizer checked against the datasets.
 
-NOTE: this is the only module of zephon_stream that imports TorchTitan; a
-missing TorchTitan (or torchdata) raises here with the install hint.
+NOTE: this is the module of zephon_stream that imports TorchTitan (besides
+torchtitan_torchft*.py, which import its torchft experiment and come after
+it); a missing TorchTitan (or torchdata) raises here with the install hint.
 """
 
 from __future__ import annotations
