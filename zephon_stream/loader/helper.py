@@ -66,6 +66,7 @@ class MessageReader:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._buffer = bytearray()
+        self._at = 0  # NOTE: where the next message starts in the buffer
 
     def read(self) -> bytes:
         """The next message, waiting for it.
@@ -95,13 +96,20 @@ class MessageReader:
         return message
 
     def _take(self) -> bytes | None:
-        buffer = self._buffer
-        if len(buffer) >= _LENGTH.size:
-            (size,) = _LENGTH.unpack_from(buffer)
-            end = _LENGTH.size + size
+        buffer, at = self._buffer, self._at
+        if len(buffer) - at >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(buffer, at)
+            start = at + _LENGTH.size
+            end = start + size
             if len(buffer) >= end:
-                message = bytes(buffer[_LENGTH.size : end])
-                del buffer[:end]
+                message = bytes(buffer[start:end])
+                # NOTE: an offset, not a deletion at the front per message;
+                # the buffer is emptied when all of it has been read.
+                if end == len(buffer):
+                    buffer.clear()
+                    self._at = 0
+                else:
+                    self._at = end
                 return message
         return None
 
@@ -109,6 +117,9 @@ class MessageReader:
         chunk = self._sock.recv(1 << 16, flags)
         if not chunk:
             raise EOFError("the loader's helper closed its control socket")
+        if self._at:
+            del self._buffer[: self._at]
+            self._at = 0
         self._buffer += chunk
 
 
@@ -126,7 +137,8 @@ def decode(message: bytes) -> ReadyStep | EndOfData | BaseException:
     kind = message[:1]
     if kind == _STEP:
         index, cursor, slot = _STEP_FIELDS.unpack_from(message, 1)
-        return ReadyStep(index=index, cursor=cursor, slot=slot, data_sha256=message[1 + _STEP_FIELDS.size :].decode())
+        digest = message[1 + _STEP_FIELDS.size :].decode() if len(message) > 1 + _STEP_FIELDS.size else ""
+        return ReadyStep(index, cursor, slot, digest)
     if kind == _END:
         return EndOfData()
     assert kind == _ERROR, kind

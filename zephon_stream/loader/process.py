@@ -36,6 +36,7 @@ from zephon_stream.loader.ring import SharedRing
 # control socket closes, before it is killed.
 _EXIT_WAIT_S = 5.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_GONE_FLAGS = os.WEXITED | os.WNOHANG | os.WNOWAIT
 _LAUNCH = "import sys; from zephon_stream.loader.helper import main; main(sys.argv)"
 
 
@@ -152,16 +153,26 @@ class ProcessProducer:
         )
         raise self._error
 
+    def _gone(self) -> bool:
+        # NOTE: asks without reaping (one system call, cheaper than
+        # Popen.poll and its lock); _fail reaps.
+        try:
+            return os.waitid(os.P_PID, self._process.pid, _GONE_FLAGS) is not None
+        except ChildProcessError:
+            return True  # NOTE: already reaped
+
+    def _due(self, cursor: int) -> str:
+        step = self._start_step + (cursor - self._start) // self._global_batch
+        return f"while step {step} (global cursor {cursor}) was due"
+
     def check_alive(self, cursor: int) -> None:
         """Raise if the helper is gone, naming the step at ``cursor`` as due
         (a step of a slot already taken: a dead helper raises at the next
         step all the same)."""
         if self._error is not None:
             raise self._error
-        # NOTE: asks without reaping (cheaper than Popen.poll); _fail reaps.
-        if os.waitid(os.P_PID, self._process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            step = self._start_step + (cursor - self._start) // self._global_batch
-            self._fail(f"while step {step} (global cursor {cursor}) was due")
+        if self._gone():
+            self._fail(self._due(cursor))
 
     def get(self) -> ReadyStep | EndOfData:
         """The next step the helper finished, waiting for it.
@@ -175,12 +186,10 @@ class ProcessProducer:
             raise self._error
         if self._ended:
             return EndOfData()
-        step = self._start_step + (self._next_cursor - self._start) // self._global_batch
-        due = f"while step {step} (global cursor {self._next_cursor}) was due"
         # NOTE: a dead helper raises at the next step even when steps it
-        # finished before it died are still queued (one waitpid, no wait).
-        if self._process.poll() is not None:
-            self._fail(due)
+        # finished before it died are still queued (one waitid, no wait).
+        if self._gone():
+            self._fail(self._due(self._next_cursor))
         try:
             message = self._reader.read()
             if not self._ready:
@@ -189,8 +198,8 @@ class ProcessProducer:
                 message = self._reader.read()
             item = decode(message)
         except (EOFError, OSError):
-            self._fail(due)
-        if isinstance(item, ReadyStep):
+            self._fail(self._due(self._next_cursor))
+        if type(item) is ReadyStep:
             self._next_cursor = item.cursor + self._slot_batch
             return item
         if isinstance(item, EndOfData):
