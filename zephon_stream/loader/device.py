@@ -132,8 +132,17 @@ class CpuDelivery:
         return views
 
     def deliver(self, index: int) -> dict[str, torch.Tensor]:
-        """The consumer's tensors for slot ``index``."""
-        return self.deliver_steps(index, steps_per_slot=1, steps=1)[0]
+        """The consumer's tensors for slot ``index`` (a slot of one step)."""
+        if not self._cached:
+            return self.deliver_steps(index, steps_per_slot=1, steps=1)[0]
+        views = self._views[index]
+        if views is None or views.steps_per_slot != 1:
+            views = self._slot_views(index, 1)
+        if len(self._held) < self._max_held:
+            self._held.append(index)
+            return dict(views.whole)
+        self._done.append(index)
+        return {key: tensor.clone() for key, tensor in views.whole.items()}
 
     def deliver_steps(self, index: int, *, steps_per_slot: int, steps: int) -> list[dict[str, torch.Tensor]]:
         """The consumer's tensors for the first ``steps`` of the ``steps_per_slot`` steps slot ``index`` holds."""
