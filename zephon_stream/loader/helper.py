@@ -32,6 +32,7 @@ import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recvfds
 
+from zephon_stream.loader.liveness import hold
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.producer import ProducerSpec, start_pipeline
 from zephon_stream.loader.ring import SharedRing
@@ -191,6 +192,9 @@ def serve(conn: Connection, control: socket.socket) -> None:
     ring = None
     try:
         ring = SharedRing.attach(fd=ring_fd, num_slots=spec.num_slots, layout=spec.slot_layout)
+        # NOTE: held by this (main) thread until the process ends; the
+        # trainer reads it at every step to know this process lives.
+        hold(ring.address() + ring.helper_lock_offset)
         start_pipeline(spec, sources=spec.open_sources(), ring=ring, emit=emit)
     except BaseException as exc:  # noqa: BLE001 - reported to the trainer
         emit(exc)

@@ -142,11 +142,12 @@ def hand_back(ring: SharedRing, slot: int) -> None:
     """The consumer is done with ``slot``: the producer may fill it again
     (woken if it waits and this is the ``wake_after``-th slot back since it
     began to, see :class:`FreeSlots`)."""
-    ring.returned[slot] = 1
-    waiting = ring.producer_waiting
-    left = waiting[0]
+    flags = ring.flags
+    flags[slot] = 1
+    waiting = ring.num_slots  # NOTE: the producer_waiting byte follows the slots' flags
+    left = flags[waiting]
     if left:
-        waiting[0] = left - 1
+        flags[waiting] = left - 1
         if left == 1:
             ring.notify()
 

@@ -70,6 +70,7 @@ class ProcessProducer:
         self._ended = False
         self._started = False
         self._ready = False
+        self._lock_word: memoryview | None = None
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         # NOTE: the helper imports this very copy of zephon_stream, installed or not.
@@ -92,6 +93,7 @@ class ProcessProducer:
         finally:
             theirs.close()
         self._socket = ours
+        self._pid = self._process.pid
         self._conn = Connection(os.dup(ours.fileno()))  # NOTE: sends the spec; steps come through the reader
         self._reader = MessageReader(ours)
 
@@ -124,6 +126,7 @@ class ProcessProducer:
         except OSError:
             self._fail("before it received its configuration")
         ring.notify = self._wake
+        self._lock_word = ring.helper_lock_word
 
     def _wake(self) -> None:
         # NOTE: a lost wake-up only delays the helper by its bounded wait; a
@@ -154,8 +157,12 @@ class ProcessProducer:
         raise self._error
 
     def _gone(self) -> bool:
-        # NOTE: asks without reaping (one system call, cheaper than
-        # Popen.poll and its lock); _fail reaps.
+        # NOTE: the helper's main thread holds its liveness lock while it
+        # lives (loader/liveness.py): its pid in the lock word, read without
+        # a system call. Else (not locked yet, or its holder died) the kernel
+        # is asked, without reaping; _fail reaps.
+        if self._lock_word is not None and self._lock_word[0] == self._pid:
+            return False
         try:
             return os.waitid(os.P_PID, self._process.pid, _GONE_FLAGS) is not None
         except ChildProcessError:
@@ -214,6 +221,7 @@ class ProcessProducer:
         With ``wait=False`` the helper is left to exit on its own; a later
         ``close()`` reaps it.
         """
+        self._lock_word = None  # NOTE: the ring it views is released after this
         if self._conn is not None:
             self._conn.close()
             self._socket.close()
