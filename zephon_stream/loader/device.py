@@ -128,7 +128,7 @@ class CpuDelivery:
     def _slot_views(self, index: int, steps_per_slot: int) -> SlotViews:
         views = self._views[index]
         if views is None or views.steps_per_slot != steps_per_slot:
-            views = self._views[index] = SlotViews(self._arrays[index], steps_per_slot)
+            views = self._views[index] = SlotViews(self._arrays[index], steps_per_slot, self._ring.slab(index))
         return views
 
     def deliver(self, index: int) -> dict[str, torch.Tensor]:

@@ -28,11 +28,26 @@ import torch
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
+def _views_of(slab: np.ndarray, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """``arrays`` (views of ``slab``) as views of one tensor over ``slab``: they share one storage."""
+    base = torch.from_numpy(slab)
+    start = slab.__array_interface__["data"][0]
+    out = {}
+    for key, array in arrays.items():
+        offset = array.__array_interface__["data"][0] - start
+        assert array.flags.c_contiguous and 0 <= offset and offset + array.nbytes <= slab.nbytes, key
+        dtype = torch.from_numpy(np.empty(0, array.dtype)).dtype
+        out[key] = base[offset : offset + array.nbytes].view(dtype).view(array.shape)
+    return out
+
+
 def slot_tensors(
-    arrays: Mapping[str, np.ndarray], steps_per_slot: int
+    arrays: Mapping[str, np.ndarray], steps_per_slot: int, slab: np.ndarray | None = None
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
-    """The slot's arrays as tensors, and each step's views of them when the slot holds several steps."""
-    whole = {key: torch.from_numpy(array) for key, array in arrays.items()}
+    """The slot's arrays as tensors, and each step's views of them when the
+    slot holds several steps. With ``slab`` (the slot's bytes, which the
+    arrays view) every tensor is a view of one storage over it."""
+    whole = _views_of(slab, arrays) if slab is not None else {key: torch.from_numpy(array) for key, array in arrays.items()}
     if steps_per_slot == 1:
         return whole, []
     keys = list(whole)
@@ -46,20 +61,22 @@ class SlotViews:
     """The tensors of one slot: the whole slot's, and each step's views when the slot holds several steps.
 
     Args:
-        arrays: the slot's arrays by key (views of the ring).
+        arrays: the slot's arrays by key (views of ``slab``).
         steps_per_slot: consecutive steps the slot holds, rows in step order.
+        slab: the slot's bytes.
     """
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], steps_per_slot: int) -> None:
+    def __init__(self, arrays: Mapping[str, np.ndarray], steps_per_slot: int, slab: np.ndarray) -> None:
         self.steps_per_slot = steps_per_slot
-        self.whole, self.steps = slot_tensors(arrays, steps_per_slot)
+        # NOTE: every tensor of the slot views one storage, so one use count
+        # says whether any view of any of them is still held.
+        self.whole, self.steps = slot_tensors(arrays, steps_per_slot, slab)
         self._tensors = (*self.whole.values(), *(t for step in self.steps for t in step.values()))
-        # NOTE: each storage's address, taken once (making a storage object
-        # per check cost ~0.3 us each); it stays valid while the whole tensor
-        # here holds its storage. No storage object is kept: a consumer's own
-        # storage object (the same Python object while one is alive) must
-        # count as a use.
-        self._cdata = tuple(whole.untyped_storage()._cdata for whole in self.whole.values())
+        # NOTE: the storage's address, taken once (making a storage object
+        # per check cost ~0.3 us); it stays valid while the tensors here hold
+        # the storage. No storage object is kept: a consumer's own storage
+        # object (the same Python object while one is alive) must count as a use.
+        self._cdata = (next(iter(self.whole.values())).untyped_storage()._cdata,)
         self._idle_refs = [sys.getrefcount(tensor) for tensor in self._tensors]
         self._idle_uses = [_storage_use_count(cdata) for cdata in self._cdata]
 
