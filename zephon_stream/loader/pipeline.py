@@ -33,6 +33,7 @@ from zephon_stream.loader.streams import StreamSource
 
 _POLL_S = 0.1
 _FREE_POLL_MIN_S = 0.0002
+_FREE_POLL_FIRST_MIN_S = 0.0001
 _FREE_POLL_MAX_S = 0.002
 # NOTE: the most returned slots a waiting producer asks to be woken after (a byte of the ring's header).
 MAX_WAKE_AFTER = 255
@@ -97,6 +98,12 @@ class FreeSlots:
         self._ring = ring
         self._next = 0
         self._wake_after = max(1, min(MAX_WAKE_AFTER, wake_after))
+        # NOTE: when the last wait ended, and the first look of the next one:
+        # a quarter of the time between the last two waits' ends (about the
+        # consumer's step while the producer is ahead), so a returned slot is
+        # found within a fraction of a step.
+        self._waited_at: float | None = None
+        self._first_look_s = _FREE_POLL_MIN_S
 
     def acquire(self, stop: threading.Event) -> int | None:
         """A returned slot (its flag cleared), waiting for one; None once ``stop`` is set."""
@@ -108,7 +115,7 @@ class FreeSlots:
             returned[index] = 0
             self._next = (index + 1) % len(returned)
             return index
-        wait_s = _FREE_POLL_MIN_S
+        wait_s = self._first_look_s
         waiting, woken = self._ring.producer_waiting, self._ring.slot_returned
         try:
             while not stop.is_set():
@@ -121,6 +128,11 @@ class FreeSlots:
                     index = int(ready[0])
                     returned[index] = 0
                     self._next = (index + 1) % len(returned)
+                    now = time.monotonic()
+                    if self._waited_at is not None:
+                        look = (now - self._waited_at) / 4
+                        self._first_look_s = min(_FREE_POLL_MAX_S, max(_FREE_POLL_FIRST_MIN_S, look))
+                    self._waited_at = now
                     return index
                 # NOTE: the producer waits here only when it is a whole ring
                 # ahead of the consumer. A wake-up costs the consumer's thread
@@ -128,9 +140,9 @@ class FreeSlots:
                 # trainer's CPU, measured), so the consumer wakes it only
                 # once ``wake_after`` slots came back unnoticed, with steps
                 # still queued; until then the producer finds them itself at
-                # its next look. The flags are read and written without a
-                # fence, so a wake-up can be missed or come early: the bounded
-                # wait covers both.
+                # its next look, paced by the consumer's steps. The flags are
+                # read and written without a fence, so a wake-up can be
+                # missed or come early: the bounded wait covers both.
                 woken.wait(wait_s)
                 wait_s = min(2 * wait_s, _FREE_POLL_MAX_S)
             return None
