@@ -14,11 +14,13 @@ the helper process as a file descriptor.
 
 A small header in front of the slots holds the producer's counters, so the
 consumer reads them without a message, one ``returned`` flag per slot, a
-``producer_waiting`` flag and the helper's liveness lock (loader/liveness.py). The consumer sets a slot's flag when it is done
-with the slot and the producer clears it when it takes the slot to fill.
-Handing a slot back is then one byte written, not a message: no system call
-in the trainer's step, unless the producer has said it waits for a slot
-(a whole ring ahead); then the consumer wakes it (``notify``).
+``producer_waiting`` count and the helper's liveness lock
+(loader/liveness.py). The consumer sets a slot's flag when it is done with
+the slot and the producer clears it when it takes the slot to fill. Handing
+a slot back is then one byte written, not a message: no system call in the
+trainer's step, unless the producer waits for a slot (a whole ring ahead)
+and the count of hand-backs it asked to be woken after runs out; then the
+consumer wakes it (``notify``; loader/pipeline.py ``FreeSlots``).
 """
 
 from __future__ import annotations
