@@ -170,8 +170,10 @@ class CpuDelivery:
     def reclaim(self) -> list[int]:
         """Slots the consumer no longer refers to, handed back once each."""
         free, self._done = self._done, []
-        for index in list(self._held):
-            if not self._in_use(index):
+        views = self._views
+        for index in tuple(self._held):
+            slot = views[index]
+            if not (slot.in_use() if slot is not None else self._in_use(index)):
                 self._held.remove(index)
                 free.append(index)
         return free

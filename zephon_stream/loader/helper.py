@@ -48,6 +48,7 @@ _STEP, _END, _ERROR = b"s", b"e", b"x"
 # pipeline's modules are loaded, so a run given now starts at once.
 READY = b"r"
 _STEP_FIELDS = struct.Struct("<qqq")
+_STEP_KIND, _STEP_END = _STEP[0], 1 + _STEP_FIELDS.size
 _LENGTH = struct.Struct("<I")
 
 
@@ -135,11 +136,11 @@ def encode(item: ReadyStep | EndOfData | BaseException) -> bytes:
 
 def decode(message: bytes) -> ReadyStep | EndOfData | BaseException:
     """What :func:`encode` sent."""
-    kind = message[:1]
-    if kind == _STEP:
+    if message[0] == _STEP_KIND:
         index, cursor, slot = _STEP_FIELDS.unpack_from(message, 1)
-        digest = message[1 + _STEP_FIELDS.size :].decode() if len(message) > 1 + _STEP_FIELDS.size else ""
+        digest = message[_STEP_END:].decode() if len(message) > _STEP_END else ""
         return ReadyStep(index, cursor, slot, digest)
+    kind = message[:1]
     if kind == _END:
         return EndOfData()
     assert kind == _ERROR, kind

@@ -194,8 +194,10 @@ class ProcessProducer:
         if self._ended:
             return EndOfData()
         # NOTE: a dead helper raises at the next step even when steps it
-        # finished before it died are still queued (one waitid, no wait).
-        if self._gone():
+        # finished before it died are still queued (its liveness lock read
+        # here, else one waitid; no wait).
+        lock_word = self._lock_word
+        if (lock_word is None or lock_word[0] != self._pid) and self._gone():
             self._fail(self._due(self._next_cursor))
         try:
             message = self._reader.read()
