@@ -23,6 +23,9 @@ and the in-process threads). Figures, each over the trials:
   involuntary context switches per step, alone and with the loader: how
   often, and for how long, anything (the helper included) took its core.
 
+The CPU the trainer's thread spends in ``next()`` itself, per step, is
+benchmarks/bench_next.py's figure.
+
 ``--consumer model`` (CUDA): a small causal transformer in bf16 (about 2 M
 parameters and about 100 M, byte vocabulary), forward, backward and AdamW per
 step. Baseline: the same batch already on the GPU, reused. Figures: the
@@ -51,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from benchmarks.bench_read import build_dataset, dataset_parser, process_cpu_s
+from benchmarks.bench_read import build_dataset, dataset_parser
 from zephon_stream import StreamingLoader
 
 PIPELINES = ("process", "threads")
@@ -114,34 +117,8 @@ def python_loop(url: str | None, args: argparse.Namespace, iterations: int, pipe
     return {"wall_s": wall, "cpu_s": cpu, "involuntary_switches": switches}
 
 
-def cpu_per_step_s(url: str, args: argparse.Namespace, pipeline: str) -> tuple[float, float]:
-    """``(trainer, helper)`` CPU seconds per step, with the batches ready (the
-    consumer pauses 2 ms a step). The trainer's figure is the CPU time its own
-    thread spends in ``next(loader)``: what the trainer's interpreter pays,
-    whatever else the machine does. The helper's is its whole process (0 with
-    threads)."""
-    with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, pipeline=pipeline) as loader:
-        warm_up(loader, args.warm_steps)
-        pid = loader.helper_pid
-        helper_start = process_cpu_s(pid) if pid else 0.0
-        spent = 0.0
-        for _ in range(args.steps):
-            time.sleep(0.002)
-            started = time.thread_time()
-            next(loader)
-            spent += time.thread_time() - started
-        helper = (process_cpu_s(pid) - helper_start) if pid else 0.0
-    return spent / args.steps, helper / args.steps
-
-
 def python_consumer(url: str, args: argparse.Namespace) -> dict:
     figures = {}
-    for pipeline in PIPELINES:
-        trainer, helper = min(cpu_per_step_s(url, args, pipeline) for _ in range(args.repeats))
-        figures[f"trainer_cpu_us_per_step_{pipeline}"] = trainer * 1e6
-        figures[f"helper_cpu_us_per_step_{pipeline}"] = helper * 1e6
-        print(f"{pipeline}: the trainer's thread spends {trainer * 1e6:.0f} us of CPU per step in next()"
-              + (f"; the helper process {helper * 1e6:.0f} us" if pipeline == "process" else ""))
     for work_ms in args.work_ms:
         iterations = calibrate(work_ms)
         trials: dict[str, list[dict]] = {name: [] for name in ("alone", *PIPELINES)}

@@ -22,6 +22,7 @@ from zephon_stream import StreamingLoader
 from zephon_stream.errors import ConfigError, HelperProcessError
 from zephon_stream.loader.api import HELPER_PROCESS_BYTES
 from zephon_stream.loader.assembler import StepAssembler
+from zephon_stream.loader.liveness import OWNER_DIED
 from zephon_stream.loader.process import ProcessProducer
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
 from zephon_stream.loader.widen import widen
@@ -133,8 +134,11 @@ def test_a_killed_helper_raises_at_the_next_step_naming_it(small_dataset):
     with open(f"/proc/{pid}/maps") as maps:
         mapped = maps.read()
     assert "/memfd:zephon-ring" in mapped and "/dev/shm" not in mapped  # NOTE: a ring with no name
+    lock_word = loader.ring.helper_lock_word
+    assert lock_word[0] == pid, "the helper holds its liveness lock: no system call per step to know it lives"
     os.kill(pid, signal.SIGKILL)
     assert wait_gone(pid)
+    assert lock_word[0] & OWNER_DIED, "the kernel marks the lock of the killed helper"
     step = taken + 3
     with pytest.raises(HelperProcessError, match=rf"helper process \(pid {pid}\) was killed by SIGKILL while step {step} "):
         next(loader)

@@ -128,12 +128,21 @@ class CpuDelivery:
     def _slot_views(self, index: int, steps_per_slot: int) -> SlotViews:
         views = self._views[index]
         if views is None or views.steps_per_slot != steps_per_slot:
-            views = self._views[index] = SlotViews(self._arrays[index], steps_per_slot)
+            views = self._views[index] = SlotViews(self._arrays[index], steps_per_slot, self._ring.slab(index))
         return views
 
     def deliver(self, index: int) -> dict[str, torch.Tensor]:
-        """The consumer's tensors for slot ``index``."""
-        return self.deliver_steps(index, steps_per_slot=1, steps=1)[0]
+        """The consumer's tensors for slot ``index`` (a slot of one step)."""
+        if not self._cached:
+            return self.deliver_steps(index, steps_per_slot=1, steps=1)[0]
+        views = self._views[index]
+        if views is None or views.steps_per_slot != 1:
+            views = self._slot_views(index, 1)
+        if len(self._held) < self._max_held:
+            self._held.append(index)
+            return dict(views.whole)
+        self._done.append(index)
+        return {key: tensor.clone() for key, tensor in views.whole.items()}
 
     def deliver_steps(self, index: int, *, steps_per_slot: int, steps: int) -> list[dict[str, torch.Tensor]]:
         """The consumer's tensors for the first ``steps`` of the ``steps_per_slot`` steps slot ``index`` holds."""
@@ -161,8 +170,10 @@ class CpuDelivery:
     def reclaim(self) -> list[int]:
         """Slots the consumer no longer refers to, handed back once each."""
         free, self._done = self._done, []
-        for index in list(self._held):
-            if not self._in_use(index):
+        views = self._views
+        for index in tuple(self._held):
+            slot = views[index]
+            if not (slot.in_use() if slot is not None else self._in_use(index)):
                 self._held.remove(index)
                 free.append(index)
         return free

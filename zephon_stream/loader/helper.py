@@ -32,6 +32,7 @@ import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recvfds
 
+from zephon_stream.loader.liveness import hold
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.producer import ProducerSpec, start_pipeline
 from zephon_stream.loader.ring import SharedRing
@@ -47,6 +48,7 @@ _STEP, _END, _ERROR = b"s", b"e", b"x"
 # pipeline's modules are loaded, so a run given now starts at once.
 READY = b"r"
 _STEP_FIELDS = struct.Struct("<qqq")
+_STEP_KIND, _STEP_END = _STEP[0], 1 + _STEP_FIELDS.size
 _LENGTH = struct.Struct("<I")
 
 
@@ -66,6 +68,7 @@ class MessageReader:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._buffer = bytearray()
+        self._at = 0  # NOTE: where the next message starts in the buffer
 
     def read(self) -> bytes:
         """The next message, waiting for it.
@@ -95,13 +98,20 @@ class MessageReader:
         return message
 
     def _take(self) -> bytes | None:
-        buffer = self._buffer
-        if len(buffer) >= _LENGTH.size:
-            (size,) = _LENGTH.unpack_from(buffer)
-            end = _LENGTH.size + size
+        buffer, at = self._buffer, self._at
+        if len(buffer) - at >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(buffer, at)
+            start = at + _LENGTH.size
+            end = start + size
             if len(buffer) >= end:
-                message = bytes(buffer[_LENGTH.size : end])
-                del buffer[:end]
+                message = bytes(buffer[start:end])
+                # NOTE: an offset, not a deletion at the front per message;
+                # the buffer is emptied when all of it has been read.
+                if end == len(buffer):
+                    buffer.clear()
+                    self._at = 0
+                else:
+                    self._at = end
                 return message
         return None
 
@@ -109,6 +119,9 @@ class MessageReader:
         chunk = self._sock.recv(1 << 16, flags)
         if not chunk:
             raise EOFError("the loader's helper closed its control socket")
+        if self._at:
+            del self._buffer[: self._at]
+            self._at = 0
         self._buffer += chunk
 
 
@@ -123,10 +136,11 @@ def encode(item: ReadyStep | EndOfData | BaseException) -> bytes:
 
 def decode(message: bytes) -> ReadyStep | EndOfData | BaseException:
     """What :func:`encode` sent."""
-    kind = message[:1]
-    if kind == _STEP:
+    if message[0] == _STEP_KIND:
         index, cursor, slot = _STEP_FIELDS.unpack_from(message, 1)
-        return ReadyStep(index=index, cursor=cursor, slot=slot, data_sha256=message[1 + _STEP_FIELDS.size :].decode())
+        digest = message[_STEP_END:].decode() if len(message) > _STEP_END else ""
+        return ReadyStep(index, cursor, slot, digest)
+    kind = message[:1]
     if kind == _END:
         return EndOfData()
     assert kind == _ERROR, kind
@@ -179,6 +193,9 @@ def serve(conn: Connection, control: socket.socket) -> None:
     ring = None
     try:
         ring = SharedRing.attach(fd=ring_fd, num_slots=spec.num_slots, layout=spec.slot_layout)
+        # NOTE: held by this (main) thread until the process ends; the
+        # trainer reads it at every step to know this process lives.
+        hold(ring.address() + ring.helper_lock_offset)
         start_pipeline(spec, sources=spec.open_sources(), ring=ring, emit=emit)
     except BaseException as exc:  # noqa: BLE001 - reported to the trainer
         emit(exc)

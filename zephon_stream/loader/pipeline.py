@@ -14,13 +14,12 @@ process (loader/helper.py) or, for debugging, in the consumer's process.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,7 +33,10 @@ from zephon_stream.loader.streams import StreamSource
 
 _POLL_S = 0.1
 _FREE_POLL_MIN_S = 0.0002
+_FREE_POLL_FIRST_MIN_S = 0.0001
 _FREE_POLL_MAX_S = 0.002
+# NOTE: the most returned slots a waiting producer asks to be woken after (a byte of the ring's header).
+MAX_WAKE_AFTER = 255
 # NOTE: steps planned per producer iteration while the retention horizon fills;
 # small enough that the first batch is not delayed by planning far ahead.
 _PLAN_CHUNK_STEPS = 512
@@ -49,9 +51,9 @@ _EAGER_PUBLISH_STEPS = 16
 _PUBLISH_EVERY_S = 0.005
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ReadyStep:
-    """One assembled step, as queued for the consumer.
+class ReadyStep(NamedTuple):
+    """One assembled step, as queued for the consumer (a named tuple: made
+    once a step in the trainer's thread, it costs half a frozen dataclass).
 
     Attributes:
         index: steps since the pipeline started.
@@ -84,13 +86,24 @@ class FreeSlots:
 
     Args:
         ring: the batch ring.
+        wake_after: when the producer waits (a whole ring ahead), the slots
+            the consumer hands back before it wakes the producer; until then
+            the producer looks for returned slots itself, at growing
+            intervals.
     """
 
-    def __init__(self, ring: SharedRing) -> None:
+    def __init__(self, ring: SharedRing, *, wake_after: int = 1) -> None:
         # NOTE: the ring, not a view of its flags: a view left behind would
         # keep the mapping (and its descriptor) open after the ring's close().
         self._ring = ring
         self._next = 0
+        self._wake_after = max(1, min(MAX_WAKE_AFTER, wake_after))
+        # NOTE: when the last wait ended, and the first look of the next one:
+        # a quarter of the time between the last two waits' ends (about the
+        # consumer's step while the producer is ahead), so a returned slot is
+        # found within a fraction of a step.
+        self._waited_at: float | None = None
+        self._first_look_s = _FREE_POLL_MIN_S
 
     def acquire(self, stop: threading.Event) -> int | None:
         """A returned slot (its flag cleared), waiting for one; None once ``stop`` is set."""
@@ -102,12 +115,12 @@ class FreeSlots:
             returned[index] = 0
             self._next = (index + 1) % len(returned)
             return index
-        wait_s = _FREE_POLL_MIN_S
+        wait_s = self._first_look_s
         waiting, woken = self._ring.producer_waiting, self._ring.slot_returned
         try:
             while not stop.is_set():
                 woken.clear()
-                waiting[0] = 1
+                waiting[0] = self._wake_after
                 # NOTE: a snapshot: the consumer sets flags while this reads them
                 # (numpy refuses to count a changing array).
                 ready = np.flatnonzero(returned.copy())
@@ -115,11 +128,21 @@ class FreeSlots:
                     index = int(ready[0])
                     returned[index] = 0
                     self._next = (index + 1) % len(returned)
+                    now = time.monotonic()
+                    if self._waited_at is not None:
+                        look = (now - self._waited_at) / 4
+                        self._first_look_s = min(_FREE_POLL_MAX_S, max(_FREE_POLL_FIRST_MIN_S, look))
+                    self._waited_at = now
                     return index
                 # NOTE: the producer waits here only when it is a whole ring
-                # ahead of the consumer, which wakes it when it hands a slot
-                # back. The flags are read and written without a fence, so a
-                # wake-up can be missed: the bounded wait covers that.
+                # ahead of the consumer. A wake-up costs the consumer's thread
+                # a system call and the other side's wake (10-15 us of the
+                # trainer's CPU, measured), so the consumer wakes it only
+                # once ``wake_after`` slots came back unnoticed, with steps
+                # still queued; until then the producer finds them itself at
+                # its next look, paced by the consumer's steps. The flags are
+                # read and written without a fence, so a wake-up can be
+                # missed or come early: the bounded wait covers both.
                 woken.wait(wait_s)
                 wait_s = min(2 * wait_s, _FREE_POLL_MAX_S)
             return None
@@ -128,12 +151,17 @@ class FreeSlots:
 
 
 def hand_back(ring: SharedRing, slot: int) -> None:
-    """The consumer is done with ``slot``: the producer may fill it again (woken if it waits for one)."""
-    ring.returned[slot] = 1
-    waiting = ring.producer_waiting
-    if waiting[0]:
-        waiting[0] = 0
-        ring.notify()
+    """The consumer is done with ``slot``: the producer may fill it again
+    (woken if it waits and this is the ``wake_after``-th slot back since it
+    began to, see :class:`FreeSlots`)."""
+    flags = ring.flags
+    flags[slot] = 1
+    waiting = ring.num_slots  # NOTE: the producer_waiting byte follows the slots' flags
+    left = flags[waiting]
+    if left:
+        flags[waiting] = left - 1
+        if left == 1:
+            ring.notify()
 
 
 def reset_returned(ring: SharedRing, busy: Sequence[int]) -> None:
@@ -184,7 +212,8 @@ class Pipeline:
         self._assembler: StepAssembler | None = None  # sized by the first step's rows
         self._cache = cache
         self._ring = ring
-        self._free_slots = FreeSlots(ring)
+        # NOTE: woken with about half the queued steps still to go; see FreeSlots.
+        self._free_slots = FreeSlots(ring, wake_after=max(1, prefetch_steps // 2))
         self._slots = ring.producer_slots()
         self._stats = stats
         self._seq_len = seq_len

@@ -36,6 +36,7 @@ from zephon_stream.loader.ring import SharedRing
 # control socket closes, before it is killed.
 _EXIT_WAIT_S = 5.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_GONE_FLAGS = os.WEXITED | os.WNOHANG | os.WNOWAIT
 _LAUNCH = "import sys; from zephon_stream.loader.helper import main; main(sys.argv)"
 
 
@@ -69,6 +70,7 @@ class ProcessProducer:
         self._ended = False
         self._started = False
         self._ready = False
+        self._lock_word: memoryview | None = None
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         # NOTE: the helper imports this very copy of zephon_stream, installed or not.
@@ -91,6 +93,7 @@ class ProcessProducer:
         finally:
             theirs.close()
         self._socket = ours
+        self._pid = self._process.pid
         self._conn = Connection(os.dup(ours.fileno()))  # NOTE: sends the spec; steps come through the reader
         self._reader = MessageReader(ours)
 
@@ -123,6 +126,7 @@ class ProcessProducer:
         except OSError:
             self._fail("before it received its configuration")
         ring.notify = self._wake
+        self._lock_word = ring.helper_lock_word
 
     def _wake(self) -> None:
         # NOTE: a lost wake-up only delays the helper by its bounded wait; a
@@ -152,16 +156,30 @@ class ProcessProducer:
         )
         raise self._error
 
+    def _gone(self) -> bool:
+        # NOTE: the helper's main thread holds its liveness lock while it
+        # lives (loader/liveness.py): its pid in the lock word, read without
+        # a system call. Else (not locked yet, or its holder died) the kernel
+        # is asked, without reaping; _fail reaps.
+        if self._lock_word is not None and self._lock_word[0] == self._pid:
+            return False
+        try:
+            return os.waitid(os.P_PID, self._process.pid, _GONE_FLAGS) is not None
+        except ChildProcessError:
+            return True  # NOTE: already reaped
+
+    def _due(self, cursor: int) -> str:
+        step = self._start_step + (cursor - self._start) // self._global_batch
+        return f"while step {step} (global cursor {cursor}) was due"
+
     def check_alive(self, cursor: int) -> None:
         """Raise if the helper is gone, naming the step at ``cursor`` as due
         (a step of a slot already taken: a dead helper raises at the next
         step all the same)."""
         if self._error is not None:
             raise self._error
-        # NOTE: asks without reaping (cheaper than Popen.poll); _fail reaps.
-        if os.waitid(os.P_PID, self._process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            step = self._start_step + (cursor - self._start) // self._global_batch
-            self._fail(f"while step {step} (global cursor {cursor}) was due")
+        if self._gone():
+            self._fail(self._due(cursor))
 
     def get(self) -> ReadyStep | EndOfData:
         """The next step the helper finished, waiting for it.
@@ -175,12 +193,12 @@ class ProcessProducer:
             raise self._error
         if self._ended:
             return EndOfData()
-        step = self._start_step + (self._next_cursor - self._start) // self._global_batch
-        due = f"while step {step} (global cursor {self._next_cursor}) was due"
         # NOTE: a dead helper raises at the next step even when steps it
-        # finished before it died are still queued (one waitpid, no wait).
-        if self._process.poll() is not None:
-            self._fail(due)
+        # finished before it died are still queued (its liveness lock read
+        # here, else one waitid; no wait).
+        lock_word = self._lock_word
+        if (lock_word is None or lock_word[0] != self._pid) and self._gone():
+            self._fail(self._due(self._next_cursor))
         try:
             message = self._reader.read()
             if not self._ready:
@@ -189,8 +207,8 @@ class ProcessProducer:
                 message = self._reader.read()
             item = decode(message)
         except (EOFError, OSError):
-            self._fail(due)
-        if isinstance(item, ReadyStep):
+            self._fail(self._due(self._next_cursor))
+        if type(item) is ReadyStep:
             self._next_cursor = item.cursor + self._slot_batch
             return item
         if isinstance(item, EndOfData):
@@ -205,6 +223,7 @@ class ProcessProducer:
         With ``wait=False`` the helper is left to exit on its own; a later
         ``close()`` reaps it.
         """
+        self._lock_word = None  # NOTE: the ring it views is released after this
         if self._conn is not None:
             self._conn.close()
             self._socket.close()

@@ -13,12 +13,14 @@ nothing is left behind however the processes sharing it end. It is passed to
 the helper process as a file descriptor.
 
 A small header in front of the slots holds the producer's counters, so the
-consumer reads them without a message, one ``returned`` flag per slot and a
-``producer_waiting`` flag. The consumer sets a slot's flag when it is done
-with the slot and the producer clears it when it takes the slot to fill.
-Handing a slot back is then one byte written, not a message: no system call
-in the trainer's step, unless the producer has said it waits for a slot
-(a whole ring ahead); then the consumer wakes it (``notify``).
+consumer reads them without a message, one ``returned`` flag per slot, a
+``producer_waiting`` count and the helper's liveness lock
+(loader/liveness.py). The consumer sets a slot's flag when it is done with
+the slot and the producer clears it when it takes the slot to fill. Handing
+a slot back is then one byte written, not a message: no system call in the
+trainer's step, unless the producer waits for a slot (a whole ring ahead)
+and the count of hand-backs it asked to be woken after runs out; then the
+consumer wakes it (``notify``; loader/pipeline.py ``FreeSlots``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import threading
 
 import numpy as np
 
+from zephon_stream.loader.liveness import LOCK_BYTES
 from zephon_stream.loader.packing import PackingSpec, packing_offsets, packing_views
 
 WIDE_KEYS = ("input", "labels", "positions")
@@ -45,8 +48,12 @@ def _align(offset: int) -> int:
     return -(-offset // _ALIGN) * _ALIGN
 
 
-def _header_bytes(num_slots: int) -> int:
+def _lock_offset(num_slots: int) -> int:
     return _align(HEADER_COUNTERS * 8 + num_slots + 1)
+
+
+def _header_bytes(num_slots: int) -> int:
+    return _lock_offset(num_slots) + LOCK_BYTES
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +167,15 @@ class SharedRing:
         self.counters = self._array[: HEADER_COUNTERS * 8].view(np.float64)
         self.returned = self._array[HEADER_COUNTERS * 8 : HEADER_COUNTERS * 8 + num_slots]
         self.producer_waiting = self._array[HEADER_COUNTERS * 8 + num_slots : HEADER_COUNTERS * 8 + num_slots + 1]
+        # NOTE: the same bytes (every ``returned`` flag, then
+        # ``producer_waiting``) for the consumer's hand-back, once a step: a
+        # memoryview's item access is a few instructions, a numpy scalar's
+        # goes through numpy's type machinery.
+        self.flags = memoryview(self._map)[HEADER_COUNTERS * 8 : HEADER_COUNTERS * 8 + num_slots + 1]
+        # NOTE: the helper's liveness lock (loader/liveness.py) and its lock
+        # word, which the trainer reads at every step.
+        self.helper_lock_offset = _lock_offset(num_slots)
+        self.helper_lock_word = memoryview(self._map)[self.helper_lock_offset : self.helper_lock_offset + 4].cast("i")
         # NOTE: set when a slot comes back while the producer waits. In one
         # process the consumer sets it (``notify``); a helper process's ring
         # has it set by the thread that reads the consumer's wake-ups, and the
@@ -248,6 +264,10 @@ class SharedRing:
         self.counters = None  # type: ignore[assignment]
         self.returned = None  # type: ignore[assignment]
         self.producer_waiting = None  # type: ignore[assignment]
+        for view in (self.flags, self.helper_lock_word):
+            if view is not None:
+                view.release()
+        self.flags = self.helper_lock_word = None  # type: ignore[assignment]
         self._array = None  # type: ignore[assignment]
         self._slabs = []
         try:

@@ -28,19 +28,26 @@ import torch
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
-def _counts(tensors: list[torch.Tensor], wholes: list[torch.Tensor]) -> list[int]:
-    # NOTE: measured the same way each time (the list's entry and the
-    # argument), so that only references from outside change the counts.
-    counts = [sys.getrefcount(tensors[i]) for i in range(len(tensors))]
-    counts += [_storage_use_count(wholes[i].untyped_storage()._cdata) for i in range(len(wholes))]
-    return counts
+def _views_of(slab: np.ndarray, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """``arrays`` (views of ``slab``) as views of one tensor over ``slab``: they share one storage."""
+    base = torch.from_numpy(slab)
+    start = slab.__array_interface__["data"][0]
+    out = {}
+    for key, array in arrays.items():
+        offset = array.__array_interface__["data"][0] - start
+        assert array.flags.c_contiguous and 0 <= offset and offset + array.nbytes <= slab.nbytes, key
+        dtype = torch.from_numpy(np.empty(0, array.dtype)).dtype
+        out[key] = base[offset : offset + array.nbytes].view(dtype).view(array.shape)
+    return out
 
 
 def slot_tensors(
-    arrays: Mapping[str, np.ndarray], steps_per_slot: int
+    arrays: Mapping[str, np.ndarray], steps_per_slot: int, slab: np.ndarray | None = None
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
-    """The slot's arrays as tensors, and each step's views of them when the slot holds several steps."""
-    whole = {key: torch.from_numpy(array) for key, array in arrays.items()}
+    """The slot's arrays as tensors, and each step's views of them when the
+    slot holds several steps. With ``slab`` (the slot's bytes, which the
+    arrays view) every tensor is a view of one storage over it."""
+    whole = _views_of(slab, arrays) if slab is not None else {key: torch.from_numpy(array) for key, array in arrays.items()}
     if steps_per_slot == 1:
         return whole, []
     keys = list(whole)
@@ -54,20 +61,38 @@ class SlotViews:
     """The tensors of one slot: the whole slot's, and each step's views when the slot holds several steps.
 
     Args:
-        arrays: the slot's arrays by key (views of the ring).
+        arrays: the slot's arrays by key (views of ``slab``).
         steps_per_slot: consecutive steps the slot holds, rows in step order.
+        slab: the slot's bytes.
     """
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], steps_per_slot: int) -> None:
+    def __init__(self, arrays: Mapping[str, np.ndarray], steps_per_slot: int, slab: np.ndarray) -> None:
         self.steps_per_slot = steps_per_slot
-        self.whole, self.steps = slot_tensors(arrays, steps_per_slot)
-        self._tensors = [*self.whole.values(), *(t for step in self.steps for t in step.values())]
-        self._wholes = list(self.whole.values())
-        self._idle_counts = _counts(self._tensors, self._wholes)
+        # NOTE: every tensor of the slot views one storage, so one use count
+        # says whether any view of any of them is still held.
+        self.whole, self.steps = slot_tensors(arrays, steps_per_slot, slab)
+        self._tensors = (*self.whole.values(), *(t for step in self.steps for t in step.values()))
+        # NOTE: the storage's address, taken once (making a storage object
+        # per check cost ~0.3 us); it stays valid while the tensors here hold
+        # the storage. No storage object is kept: a consumer's own storage
+        # object (the same Python object while one is alive) must count as a use.
+        self._cdata = next(iter(self.whole.values())).untyped_storage()._cdata
+        self._idle_refs = [sys.getrefcount(tensor) for tensor in self._tensors]
+        self._idle_uses = _storage_use_count(self._cdata)
 
     def in_use(self) -> bool:
         """Whether anything outside this cache refers to the slot's tensors or their memory."""
-        return _counts(self._tensors, self._wholes) != self._idle_counts
+        # NOTE: counted as in __init__ (one loop variable and the call's
+        # argument), so only references from outside differ; the first
+        # tensor still held ends the check (a slot in use is the common case:
+        # the consumer's current batch). No zip or enumerate: their result
+        # tuple would hold one more reference.
+        idle, index = self._idle_refs, 0
+        for tensor in self._tensors:
+            if sys.getrefcount(tensor) != idle[index]:
+                return True
+            index += 1  # noqa: SIM113
+        return _storage_use_count(self._cdata) != self._idle_uses
 
 
 def cached_views_available() -> bool:
