@@ -158,15 +158,16 @@ def test_a_resume_may_edit_only_phases_not_begun_and_reads_the_same_until_them(o
     specs = [p.spec for p in order.phases]
     k = data.draw(st.integers(1, len(specs) - 1))
     cut = order.phases[k].start_position
-    position = data.draw(st.integers(0, cut))
-    saved = ScheduleState.from_dict(order.state(position).to_dict())
     edited = list(specs)
     edited[k] = dataclasses.replace(specs[k], seq_len=specs[k].seq_len * 2, global_batch=specs[k].global_batch + 1)
     try:
         resumed = ScheduleOrder(shapes, edited, seed=order.seed)
     except ConfigError:
         assume(False)
-    saved.validate(resumed)
+    # NOTE: the phase's first position always: there the edited phase cuts the
+    # epoch in progress its own way, and the state must not depend on it.
+    for position in (data.draw(st.integers(0, cut)), cut):
+        ScheduleState.from_dict(order.state(position).to_dict()).validate(resumed)
     positions = np.arange(cut)
     for a, b in zip(order.sample_at(positions), resumed.sample_at(positions)):
         assert np.array_equal(a, b)

@@ -274,8 +274,14 @@ class ScheduleOrder:
         local = position - phase.start_position
         return [carry_after(phase, s, local) for s in range(len(self.shapes))]
 
-    def progress(self, position: int) -> list[dict]:
+    def progress(self, position: int, *, begun: bool = False) -> list[dict]:
         """Per-stream progress at cursor ``position``, for logs and the state.
+
+        On the first position of a phase, the progress is that phase's view
+        of its start, which depends on the phase (its lanes cut the epoch in
+        progress); with ``begun`` it is the end of the phase before it, the
+        last one a sample was consumed from, which is what a state records:
+        a phase not yet begun may still be edited on resume.
 
         Returns:
             One dict per stream: ``stream``, ``fingerprint``, ``phase``,
@@ -288,10 +294,11 @@ class ScheduleOrder:
             global batch; a float). ``epoch_samples`` is the old name of
             ``samples_read_per_epoch``, kept as an alias.
         """
-        phase = self.phase_at_position(position)
+        phase = self.phase_at_position(position - 1 if begun and position > 0 else position)
         lanes, batch = phase.order.lanes, phase.global_batch
+        carries = [carry_after(phase, s, position - phase.start_position) for s in range(len(self.shapes))]
         out = []
-        for plan, carry in zip(phase.order.streams, self.carries(position)):
+        for plan, carry in zip(phase.order.streams, carries):
             read_per_epoch = plan.lanes * plan.lane_length
             out.append(
                 {
@@ -363,7 +370,7 @@ class ScheduleOrder:
             seed=self.seed,
             fingerprints=[shape.fingerprint for shape in self.shapes],
             phases=[phase_record(p, self.shapes) for p in self.phases[:begun]],
-            streams=[stream_record(p) for p in self.progress(position)],
+            streams=[stream_record(p) for p in self.progress(position, begun=True)],
         )
 
 

@@ -34,7 +34,7 @@ class ScheduledOrder(Protocol):
     shapes: list[StreamShape]
     phases: list[Phase]
 
-    def progress(self, position: int) -> list[dict]: ...
+    def progress(self, position: int, *, begun: bool = False) -> list[dict]: ...
 
 # NOTE: the fields of a begun phase that fix its order, in the order errors
 # list them; ``global_batch`` also fixes where later phases start.
@@ -206,8 +206,11 @@ class ScheduleState:
             )
         problems += self._phase_problems(order)
         if not problems and self.streams:
-            for s, (saved, now) in enumerate(zip(self.streams, order.progress(self.position))):
-                if saved != stream_record(now):
+            # NOTE: a state saved on a phase's first position by an earlier
+            # version holds that phase's view of its start; either view is the same cursor.
+            views = zip(order.progress(self.position, begun=True), order.progress(self.position))
+            for s, (saved, (now, phase_start)) in enumerate(zip(self.streams, views)):
+                if saved not in (stream_record(now), stream_record(phase_start)):
                     problems.append(
                         f"stream {s} progress: checkpoint has {saved!r}, this code computes "
                         f"{stream_record(now)!r}"
