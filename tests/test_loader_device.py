@@ -12,7 +12,7 @@ import torch
 
 from zephon_stream.loader.device import MAX_HELD_BATCHES, PENDING_RELEASE_SLOTS, cuda_index, ring_slots
 from zephon_stream.loader.handback import SlotReturns
-from zephon_stream.loader.pipeline import FreeSlots, hand_back, reset_returned
+from zephon_stream.loader.free_slots import FreeSlots, hand_back, reset_returned
 from zephon_stream.loader.ring import SharedRing, SlotLayout
 from zephon_stream.loader.widen import copy_ids, copy_ids_masked, direct_unsigned_copy, release
 

@@ -25,7 +25,8 @@ from zephon_stream.loader.memory import (
     retention_steps,
     window_spread,
 )
-from zephon_stream.loader.pipeline import EndOfData, FreeSlots, ReadyStep, hand_back, reset_returned
+from zephon_stream.loader.free_slots import FreeSlots, hand_back, reset_returned
+from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.planner import Planner
 from zephon_stream.loader.stats import LoaderStats
 from zephon_stream.storage import open_store

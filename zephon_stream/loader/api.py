@@ -34,7 +34,7 @@ from zephon_stream.loader.packing import PackingSpec
 from zephon_stream.loader.phase_layouts import LayoutBook, run_end_position
 from zephon_stream.loader.rank_layout import RankLayout
 from zephon_stream.loader.schedule import Phase, build_schedule
-from zephon_stream.loader.stats import LoaderStats, read_counters
+from zephon_stream.loader.stats import LoaderStats
 from zephon_stream.loader.streams import Stream, StreamSource, as_streams, open_sources
 from zephon_stream.plan import ScheduleOrder
 

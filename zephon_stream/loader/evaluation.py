@@ -25,7 +25,8 @@ from zephon_stream.errors import ConfigError
 from zephon_stream.loader.args import resolve_rank_world
 from zephon_stream.loader.cache import BlockCache
 from zephon_stream.loader.packing import IGNORE_INDEX, PackingSpec, PackingWriter
-from zephon_stream.loader.pipeline import EndOfData, Pipeline, hand_back, reset_returned
+from zephon_stream.loader.free_slots import hand_back, reset_returned
+from zephon_stream.loader.pipeline import EndOfData, Pipeline
 from zephon_stream.loader.planner import Planner
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
 from zephon_stream.loader.stats import LoaderStats

@@ -161,7 +161,7 @@ def portable_error(exc: BaseException) -> BaseException:
 
 def _wake_until_the_trainer_hangs_up(control: socket.socket, ring: SharedRing | None) -> None:
     # NOTE: the trainer sends a byte when it hands a slot back to a pipeline
-    # waiting for one (loader/pipeline.py ``hand_back``).
+    # waiting for one (loader/free_slots.py ``hand_back``).
     while True:
         try:
             woken = control.recv(256)

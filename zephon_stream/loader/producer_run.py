@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from zephon_stream.loader.device import CpuDelivery, CudaDelivery
-from zephon_stream.loader.pipeline import EndOfData, ReadyStep, hand_back
+from zephon_stream.loader.free_slots import hand_back
+from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.process import ProcessProducer
 from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
 from zephon_stream.loader.rank_layout import RankLayout

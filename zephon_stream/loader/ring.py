@@ -20,7 +20,7 @@ the slot and the producer clears it when it takes the slot to fill. Handing
 a slot back is then one byte written, not a message: no system call in the
 trainer's step, unless the producer waits for a slot (a whole ring ahead)
 and the count of hand-backs it asked to be woken after runs out; then the
-consumer wakes it (``notify``; loader/pipeline.py ``FreeSlots``).
+consumer wakes it (``notify``; loader/free_slots.py ``FreeSlots``).
 """
 
 from __future__ import annotations
