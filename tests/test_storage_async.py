@@ -119,7 +119,7 @@ def test_close_cuts_short_a_read_waiting_to_retry(s3_bucket, fault_proxy, blob, 
 def test_s3_timestamps_parse_as_botocore_parses_them(value) -> None:
     from botocore.utils import parse_timestamp as botocore_parse_timestamp
 
-    from zephon_stream.storage.fsspec_store import parse_timestamp
+    from zephon_stream.storage.aio_session import parse_timestamp
 
     assert parse_timestamp(value) == botocore_parse_timestamp(value)
     assert (parse_timestamp(value).tzinfo is None) == (botocore_parse_timestamp(value).tzinfo is None)

@@ -6,9 +6,9 @@ became a 20 s stall). Both are cut to a single attempt here, as botocore and
 s3fs are for S3, so that ``RetryPolicy`` is the one layer that retries, bounds
 the time and counts every retry in ``stats()["retries"]``.
 
-Also here, for every store: which URL schemes each client library serves,
-the storage options a library is given (the user's, less this package's own
-``zephon_presigned_reads``), and the warm-up a helper process runs for them.
+Also here, for every store: the storage options a library is given (the
+user's, less this package's own ``zephon_presigned_reads``), and the warm-up
+a helper process runs for them.
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
+from zephon_stream.storage.aio_session import shared_aio_session
 from zephon_stream.storage.retry import RetryPolicy
-
-S3_PROTOCOLS = ("s3", "s3a")
-GCS_PROTOCOLS = ("gs", "gcs")
-AZURE_PROTOCOLS = ("az", "abfs", "abfss")
-# NOTE: a storage option of this package's own (storage/presigned.py): no
-# client library knows it, so none is given it.
-PRESIGNED_READS_OPTION = "zephon_presigned_reads"
+from zephon_stream.storage.schemes import AZURE_PROTOCOLS, GCS_PROTOCOLS, PRESIGNED_READS_OPTION, S3_PROTOCOLS
 
 
 def client_options(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -105,8 +100,6 @@ def warm_client_library(scheme: str) -> None:
     """
     if scheme in S3_PROTOCOLS:
         import s3fs  # noqa: F401 - the import is the work
-
-        from zephon_stream.storage.fsspec_store import shared_aio_session
 
         loader = shared_aio_session().get_component("data_loader")
         loader.load_service_model("s3", "service-2")

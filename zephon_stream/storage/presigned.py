@@ -34,8 +34,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from zephon_stream.storage.cloud_clients import AZURE_PROTOCOLS, PRESIGNED_READS_OPTION, S3_PROTOCOLS
 from zephon_stream.storage.retry import HttpStatusError, RetryPolicy
+from zephon_stream.storage.schemes import AZURE_PROTOCOLS, PRESIGNED_READS_OPTION, S3_PROTOCOLS
 
 URL_LIFETIME_S = 3600
 # NOTE: signed again halfway through its life, so a read never starts on a URL
