@@ -159,7 +159,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if proxy._refuses_presigned(self.path):
             self._send_error_xml(403, "AccessDenied")
             return
-        fault = proxy._draw(self.command)
+        fault = proxy._draw(self.command, self.path)
         if proxy.latency_s:
             time.sleep(proxy.latency_s)
         if fault == "error_500":
@@ -230,6 +230,10 @@ class FaultProxy:
         stall_s: how long a ``stall`` waits before forwarding.
         slow_body_s: how long a ``slow_body`` takes to drip its body.
         fault_methods: HTTP methods eligible for faults (None: all).
+        fault_paths: substrings of the request path (the object's key, e.g.
+            ``manifest.json``, ``shards/``), one of which makes a request
+            eligible for faults (None: every path). Requests not eligible
+            draw nothing, so the faults of those that are stay seeded.
         refuse_presigned: requests on a presigned URL (a signature in the
             query string) answered 403 AccessDenied, from the first.
     """
@@ -246,6 +250,7 @@ class FaultProxy:
         slow_body_s: float = 0.5,
         drip_pieces: int = 10,
         fault_methods: tuple[str, ...] | None = None,
+        fault_paths: tuple[str, ...] | None = None,
         host: str = "127.0.0.1",
         refuse_presigned: int = 0,
     ) -> None:
@@ -265,6 +270,7 @@ class FaultProxy:
         self.slow_body_s = slow_body_s
         self.drip_pieces = drip_pieces
         self.fault_methods = tuple(m.upper() for m in fault_methods) if fault_methods else None
+        self.fault_paths = tuple(fault_paths) if fault_paths else None
         self.refuse_presigned = refuse_presigned
         self._host = host
         self._port = port
@@ -383,11 +389,17 @@ class FaultProxy:
                 return True
         return False
 
-    def _draw(self, method: str) -> str | None:
+    def _draw(self, method: str, path: str) -> str | None:
         with self._lock:
             self._counts["requests"] += 1
             if self.fault_methods is not None and method.upper() not in self.fault_methods:
                 return None
+            if self.fault_paths is not None:
+                # NOTE: GCS's JSON API puts the object's name in the path
+                # percent-encoded (``shards%2F00000001.zst``).
+                plain = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
+                if not any(part in plain for part in self.fault_paths):
+                    return None
             u = self._rng.random()
             cumulative = 0.0
             for kind in FAULT_KINDS:
