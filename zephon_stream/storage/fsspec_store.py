@@ -30,7 +30,7 @@ from zephon_stream.storage.cloud_clients import client_options, filesystem_optio
 from zephon_stream.storage.presigned import PresignedRanges, PresignRefused, presigned_reads_allowed, signs_urls
 from zephon_stream.storage.redact import redact_options, redact_url, secret_values
 from zephon_stream.storage.retry import RetryPolicy
-from zephon_stream.storage.schemes import S3_PROTOCOLS
+from zephon_stream.storage.schemes import AZURE_PROTOCOLS, GCS_PROTOCOLS, S3_PROTOCOLS
 
 logger = logging.getLogger("zephon_stream.storage")
 
@@ -187,6 +187,21 @@ class FsspecStore(Store):
                 return getattr(fs, method)(*args, **kwargs)
             finally:
                 self._warm_process = _process[0]
+
+    def endpoint(self) -> str | None:
+        """The service's URL as the client library resolves it (options, then environment), free of secrets."""
+        opts = self._options
+        url = opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
+        if self._protocol in S3_PROTOCOLS:
+            url = url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            return redact_url(url) if url else "AWS S3 (no endpoint_url set)"
+        if self._protocol in GCS_PROTOCOLS:
+            url = url or os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+        elif self._protocol in AZURE_PROTOCOLS:
+            # NOTE: the account's URL without its query string, where a SAS would be.
+            service = getattr(self._fs, "service_client", None)
+            url = service.url.partition("?")[0] if service is not None else url
+        return redact_url(url) if url else None
 
     def event_loop(self) -> asyncio.AbstractEventLoop | None:
         """fsspec's loop for an asynchronous filesystem (s3fs, gcsfs, adlfs), else None."""

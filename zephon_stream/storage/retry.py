@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from zephon_stream.errors import ConfigError, ObjectMissingError, StorageError, ZephonError
+from zephon_stream.storage.hints import credentials_hint
 
 logger = logging.getLogger("zephon_stream.storage")
 
@@ -267,11 +268,12 @@ class _Attempts:
         if is_missing(exc):
             raise ObjectMissingError(f"{what}: object not found ({detail})") from None
         if not is_transient(exc):
-            raise StorageError(f"{what}: failed, not retryable ({detail})") from None
+            raise StorageError(f"{what}: failed, not retryable ({detail}){credentials_hint(exc)}") from None
         elapsed = time.monotonic() - self._started
         sleep_s = self._policy.backoff_s(self.count - 1)
         if self.count >= self._policy.max_attempts or elapsed + sleep_s > self._policy.timeout_s:
-            logger.warning("%s: giving up after %d attempts in %.1fs: %s", what, self.count, elapsed, detail)
+            # NOTE: no log line here: the error says the same, and a caller
+            # that prints it would show the failure twice.
             raise StorageError(
                 f"{what}: failed after {self.count} attempts in {elapsed:.1f}s (last error: {detail})"
             ) from None
@@ -290,7 +292,7 @@ def call_with_retry(
     policy: RetryPolicy,
     what: str,
     scrub: Callable[[str], str],
-    on_retry: Callable[[], None] = lambda: None,
+    on_retry: Callable[[Exception], None] = lambda exc: None,
     stop: threading.Event | None = None,
 ) -> T:
     """Run ``attempt`` until it succeeds, retrying transient failures.
@@ -301,7 +303,7 @@ def call_with_retry(
         what: the operation and object, e.g. ``"read_range s3://b/x bytes [0, 10)"``,
             already free of secrets; it starts every error message.
         scrub: removes secrets from an error text before it is logged or raised.
-        on_retry: called once per retry (stats).
+        on_retry: called with the failure, once per retry (stats, a warning).
         stop: when set, a backoff sleep ends at once and the operation fails
             (the store was closed while retrying).
 
@@ -319,7 +321,7 @@ def call_with_retry(
             raise
         except Exception as exc:  # noqa: BLE001 - classified by attempts.failed
             sleep_s = attempts.failed(exc)
-            on_retry()
+            on_retry(exc)
             if stop is None:
                 time.sleep(sleep_s)
             elif stop.wait(sleep_s):
@@ -332,7 +334,7 @@ async def call_with_retry_async(
     policy: RetryPolicy,
     what: str,
     scrub: Callable[[str], str],
-    on_retry: Callable[[], None] = lambda: None,
+    on_retry: Callable[[Exception], None] = lambda exc: None,
     stop: threading.Event | None = None,
 ) -> T:
     """:func:`call_with_retry` for a coroutine: the same bounds, errors and counting.
@@ -349,7 +351,7 @@ async def call_with_retry_async(
             raise
         except Exception as exc:  # noqa: BLE001 - classified by attempts.failed
             sleep_s = attempts.failed(exc)
-            on_retry()
+            on_retry(exc)
             deadline = time.monotonic() + sleep_s
             while (left_s := deadline - time.monotonic()) > 0:
                 if stop is not None and stop.is_set():
