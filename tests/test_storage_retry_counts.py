@@ -33,7 +33,7 @@ RANGE_FAULTS = {
     "gcs": {"error_503": 0.08, "error_500": 0.08, "error_429": 0.07, "truncate": 0.07},
     "azure": {"error_503": 0.06, "error_500": 0.06, "error_429": 0.06, "reset": 0.06, "truncate": 0.06},
 }
-MANIFEST_FAULTS = {"error_503": 0.4, "error_500": 0.2}
+MANIFEST_FAULTS = {"error_503": 0.4, "error_500": 0.3}
 SETTINGS = {"seq_len": 256, "local_batch_size": 12, "seed": 2}
 
 
@@ -78,7 +78,7 @@ def remote_dataset(object_store, small_dataset):
 @pytest.mark.parametrize("pipeline", ["threads", "process"])
 def test_retries_while_a_loader_opens_a_dataset_are_counted_once_each(object_store, remote_dataset, pipeline):
     url, expected = remote_dataset
-    with FaultProxy(upstream=object_store.server.endpoint_url, rates=MANIFEST_FAULTS, seed=1,
+    with FaultProxy(upstream=object_store.server.endpoint_url, rates=MANIFEST_FAULTS, seed=9,
                     fault_paths=("manifest",)) as proxy:  # fmt: skip
         options = object_store.options_via(proxy.endpoint_url)
         with StreamingLoader(url, storage_options=options, pipeline=pipeline, **SETTINGS) as loader:
