@@ -65,7 +65,7 @@ def test_close_on_s3_leaves_no_thread_or_socket(small_dataset, s3_bucket, pipeli
     loader.close()
     assert own_threads() - threads == set()
     # NOTE: moto runs in this process; give its side of each connection a moment to close.
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while open_fds()["socket"] > socks and time.monotonic() < deadline:
         time.sleep(0.05)
     assert open_fds()["socket"] <= socks

@@ -113,7 +113,9 @@ def test_close_cuts_short_a_read_waiting_to_retry(s3_bucket, fault_proxy, blob, 
     closed_at = time.monotonic()
     store.close()
     thread.join(timeout=30)
-    assert not thread.is_alive() and time.monotonic() - closed_at < 5.0
+    # NOTE: uncut, the read would go on retrying for the policy's 120 s; the
+    # bound is loose enough for a busy machine and still far below that.
+    assert not thread.is_alive() and time.monotonic() - closed_at < 20.0
     assert isinstance(outcome[0], StorageError) and "closed" in str(outcome[0]) and "blob.bin" in str(outcome[0])
     proxy.start()
     assert read() == blob[:4]  # a closed store can still be used again
