@@ -75,6 +75,20 @@ def _gcsfs_single_attempt(fs: Any) -> None:
         raw = getattr(method, "__wrapped__", None)
         if raw is not None:
             setattr(fs, name, types.MethodType(raw, fs))
+    make_session = getattr(fs, "_set_session", None)
+    if make_session is None:
+        return
+
+    async def set_session() -> Any:
+        # NOTE: aiohttp sends an idempotent request again, once and silently,
+        # when its connection closes before an answer (RFC 9112 9.3.1): a retry
+        # RetryPolicy would never see nor count. gcsfs makes its one session
+        # here; aiohttp has no public switch for it.
+        session = await make_session()
+        session._retry_connection = False
+        return session
+
+    fs._set_session = set_session
 
 
 def _adlfs_single_attempt(fs: Any) -> None:
