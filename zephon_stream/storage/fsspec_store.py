@@ -327,13 +327,17 @@ class FsspecStore(Store):
             fs, self._fs = self._fs, None
             self._warm_process = -1
             presigned, self._presigned = self._presigned, None
-            if fs is None or self._fs_process != _process[0]:
-                return
-            if presigned is not None:
-                from fsspec.asyn import sync
+            ours = self._fs_process == _process[0]
+        if fs is None or not ours:
+            return
+        # NOTE: closed with the lock released: a read starting on the loop
+        # meanwhile waits for this lock (filesystem()) to build a new client,
+        # and the loop must be free to run the closing.
+        if presigned is not None:
+            from fsspec.asyn import sync
 
-                sync(fs.loop, presigned.close)
-            close_filesystem(fs)
+            sync(fs.loop, presigned.close)
+        close_filesystem(fs)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FsspecStore, (self._raw_url, self._options), {"_retry": self._retry})
