@@ -36,7 +36,8 @@ _UNREACHABLE_NAMES = frozenset(
 )
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def error_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, outermost first (at most 16)."""
     seen: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and not any(current is s for s in seen) and len(seen) < 16:
@@ -47,7 +48,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 def credentials_hint(exc: BaseException) -> str:
     """``"; "`` and what to set, where ``exc`` says the client found no credentials; else ``""``."""
-    for item in _chain(exc):
+    for item in error_chain(exc):
         module = type(item).__module__
         name = type(item).__name__
         if module.startswith("botocore") and name in ("NoCredentialsError", "PartialCredentialsError"):
@@ -59,7 +60,7 @@ def credentials_hint(exc: BaseException) -> str:
 
 def is_unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` says the endpoint could not be reached (refused, unresolvable, connect timeout)."""
-    for item in _chain(exc):
+    for item in error_chain(exc):
         if isinstance(item, (ConnectionRefusedError, socket.gaierror)):
             return True
         if any(cls.__name__ in _UNREACHABLE_NAMES for cls in type(item).__mro__):

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from zephon_stream.errors import ConfigError, ObjectMissingError, StorageError, ZephonError
-from zephon_stream.storage.hints import credentials_hint
+from zephon_stream.storage.hints import credentials_hint, error_chain
 
 logger = logging.getLogger("zephon_stream.storage")
 
@@ -117,15 +117,6 @@ class HttpStatusError(Exception):
         super().__init__(message)
         self.status = status
         self.code = code
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and not any(current is s for s in seen) and len(seen) < 16:
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
 
 
 @functools.cache
@@ -228,7 +219,7 @@ def is_missing(exc: BaseException) -> bool:
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it was raised from) is worth retrying."""
     transient_types = _transient_types() + _library_transient_types()
-    for item in _chain(exc):
+    for item in error_chain(exc):
         if isinstance(item, FileNotFoundError):
             return False
         if isinstance(item, transient_types):
@@ -243,7 +234,7 @@ def is_transient(exc: BaseException) -> bool:
 def describe_error(exc: BaseException) -> str:
     """``Type: message``, plus the HTTP status and error code when the client reports them."""
     text = f"{type(exc).__name__}: {exc}"
-    for item in _chain(exc):
+    for item in error_chain(exc):
         status, code = http_status(item)
         if status or code:
             return f"{text} [HTTP {status} {code}]" if code else f"{text} [HTTP {status}]"
