@@ -149,10 +149,13 @@ def test_the_helper_process_reads_what_threads_read_across_shape_changes(urls, r
     loaders = open_loaders(urls, LONG_PHASES, 2, pipeline="process")
     try:
         pids, hashes = [], []
-        for _ in range(75):
+        for step in range(75):
             hashes += run_step_hashes(loaders, 1)
             pids.append(loaders[0].helper_pid)
-            time.sleep(0.04)
+            # NOTE: a helper process may take many seconds to start on a busy
+            # machine; until one serves, the pauses grow (to 2 s, about 100 s
+            # in all) so that one does within these steps.
+            time.sleep(0.04 if any(pids) else min(2.0, 0.04 * 1.15**step))
         assert hashes == expected
         assert loaders[0].local_batch_size == 2 and loaders[0].seq_len == 512
         # NOTE: each phase's run has its own ring, laid out for its batch, and

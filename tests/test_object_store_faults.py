@@ -48,21 +48,16 @@ def test_transient_answers_are_retried_by_the_policy_and_counted(object_store):
     for kind in TRANSIENT[object_store.backend]:
         with FaultProxy(upstream=object_store.server.endpoint_url, rates={kind: 0.3}, seed=5) as proxy, \
                 open_store(url, object_store.options_via(proxy.endpoint_url), retry=FAST_RETRY) as store:  # fmt: skip
-            started = time.monotonic()
             got = read_ranges(store)
-            elapsed_s = time.monotonic() - started
             injected = proxy.counts()[kind]
+            requests = proxy.counts()["requests"]
             retries = store.stats()["retries"]
         assert got == expected_ranges(), kind
         assert injected > 0, kind
-        # NOTE: aiohttp resends a request once when a kept-alive connection
-        # turns out closed, so not every reset reaches the policy.
-        if kind == "reset":
-            assert 0 < retries <= injected, (kind, retries, injected)
-        else:
-            assert retries == injected, (kind, retries, injected)
-        # NOTE: one attempt per client call: no library backoff (seconds) hides in here.
-        assert elapsed_s < 10, (kind, elapsed_s)
+        assert retries == injected, (kind, retries, injected)
+        # NOTE: one attempt per client call: every request the proxy saw beyond
+        # the reads is one it failed, so no client library retried on its own.
+        assert requests == NUM_READS + injected, (kind, requests, injected)
 
 
 def test_loader_through_mixed_faults_reads_the_clean_batches(object_store, small_dataset):
@@ -110,7 +105,9 @@ def _fails_fast(store, read, match: str, error_type: type[Exception] = StorageEr
     started = time.monotonic()
     with pytest.raises(error_type) as info:
         read(store)
-    assert time.monotonic() - started < 3
+    # NOTE: a client library's own backoff would take 20 s and more; the bound
+    # leaves a busy machine room (the first call also builds the client).
+    assert time.monotonic() - started < 15
     assert store.stats()["retries"] == 0
     assert match in str(info.value)
     return info.value

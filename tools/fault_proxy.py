@@ -7,8 +7,9 @@ Content-Length and closes. It can also add a fixed latency to every request,
 refuse the first N requests made on a presigned URL (a store that takes no
 query-string signatures, or a URL that expired), and it can be stopped and
 started again on the same port to play an endpoint that drops out.
-``counts()`` says what it injected, and how many requests came on presigned
-URLs (``presigned``).
+``counts()`` says what it injected, how many requests came on presigned
+URLs (``presigned``) and how many the upstream server failed (``bad_gateway``,
+answered 502); ``failed()`` adds up the requests a client saw fail.
 
 Library use::
 
@@ -52,6 +53,11 @@ _UPSTREAM_TIMEOUT_S = 60.0
 class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # NOTE: socketserver's default backlog of 5 overflows when a store opens
+    # 64 connections at once on a busy machine: the kernel then drops the
+    # handshake's last ACK, the client sends its request into a connection the
+    # proxy never accepts, and times out -- a retry the proxy never saw.
+    request_queue_size = 1024
     proxy: "FaultProxy"
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -153,7 +159,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if proxy._refuses_presigned(self.path):
             self._send_error_xml(403, "AccessDenied")
             return
-        fault = proxy._draw(self.command)
+        fault = proxy._draw(self.command, self.path)
         if proxy.latency_s:
             time.sleep(proxy.latency_s)
         if fault == "error_500":
@@ -177,6 +183,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             response = self._forward(body)
             payload = response.read()
         except (OSError, http.client.HTTPException):
+            proxy._count("bad_gateway")
             self._send_error_xml(502, "BadGateway")
             return
         self.send_response(response.status, response.reason)
@@ -223,6 +230,10 @@ class FaultProxy:
         stall_s: how long a ``stall`` waits before forwarding.
         slow_body_s: how long a ``slow_body`` takes to drip its body.
         fault_methods: HTTP methods eligible for faults (None: all).
+        fault_paths: substrings of the request path (the object's key, e.g.
+            ``manifest.json``, ``shards/``), one of which makes a request
+            eligible for faults (None: every path). Requests not eligible
+            draw nothing, so the faults of those that are stay seeded.
         refuse_presigned: requests on a presigned URL (a signature in the
             query string) answered 403 AccessDenied, from the first.
     """
@@ -239,6 +250,7 @@ class FaultProxy:
         slow_body_s: float = 0.5,
         drip_pieces: int = 10,
         fault_methods: tuple[str, ...] | None = None,
+        fault_paths: tuple[str, ...] | None = None,
         host: str = "127.0.0.1",
         refuse_presigned: int = 0,
     ) -> None:
@@ -258,12 +270,13 @@ class FaultProxy:
         self.slow_body_s = slow_body_s
         self.drip_pieces = drip_pieces
         self.fault_methods = tuple(m.upper() for m in fault_methods) if fault_methods else None
+        self.fault_paths = tuple(fault_paths) if fault_paths else None
         self.refuse_presigned = refuse_presigned
         self._host = host
         self._port = port
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(("requests", "presigned", "presigned_refused", *FAULT_KINDS), 0)
+        self._counts = dict.fromkeys(("requests", "presigned", "presigned_refused", "bad_gateway", *FAULT_KINDS), 0)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
@@ -286,9 +299,29 @@ class FaultProxy:
             self.rates = dict(rates)
 
     def counts(self) -> dict[str, int]:
-        """Requests seen and faults injected, by kind."""
+        """Requests seen and faults injected, by kind.
+
+        Besides ``requests`` and each of ``FAULT_KINDS``: ``presigned``
+        (requests on a presigned URL), ``presigned_refused`` (those answered
+        403 by ``refuse_presigned``) and ``bad_gateway`` (requests the
+        upstream server failed, answered 502).
+        """
         with self._lock:
             return dict(self._counts)
+
+    def failed(self, kinds: tuple[str, ...] = FAULT_KINDS) -> int:
+        """Requests answered with a failure of one of ``kinds``, or 502 because the upstream server failed.
+
+        Each is one request a client sees fail: a store retrying transient
+        failures makes exactly this many retries, when ``kinds`` are the
+        transient ones among those configured.
+        """
+        with self._lock:
+            return sum(self._counts[kind] for kind in kinds) + self._counts["bad_gateway"]
+
+    def _count(self, kind: str) -> None:
+        with self._lock:
+            self._counts[kind] += 1
 
     def start(self) -> "FaultProxy":
         """Listen (again) on the proxy's port."""
@@ -356,11 +389,17 @@ class FaultProxy:
                 return True
         return False
 
-    def _draw(self, method: str) -> str | None:
+    def _draw(self, method: str, path: str) -> str | None:
         with self._lock:
             self._counts["requests"] += 1
             if self.fault_methods is not None and method.upper() not in self.fault_methods:
                 return None
+            if self.fault_paths is not None:
+                # NOTE: GCS's JSON API puts the object's name in the path
+                # percent-encoded (``shards%2F00000001.zst``).
+                plain = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
+                if not any(part in plain for part in self.fault_paths):
+                    return None
             u = self._rng.random()
             cumulative = 0.0
             for kind in FAULT_KINDS:

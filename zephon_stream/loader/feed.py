@@ -129,7 +129,7 @@ class BatchFeed:
     def counters(self) -> dict[str, Any]:
         """The producer counters of the whole run (loader/stats.py ``RunTotals``)."""
         runs = [run for run in (self._run, self._next) if run is not None] + [run for _, run in self._retiring]
-        return self._totals.totals([run.counters() for run in runs])
+        return self._totals.totals([run.counters() for run in runs], stores=[s.store for s in self._sources])
 
     def lead_steps(self, layout: RankLayout) -> int:
         """Steps before its first cursor a run is started: ``LEAD_S`` of the

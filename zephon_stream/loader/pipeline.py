@@ -93,6 +93,10 @@ class Pipeline:
         hash_data: compute ``ReadyStep.data_sha256`` (for the audit log).
         emit: where each ready step, the end or an error goes, from the
             producer thread; None queues them for :meth:`get`.
+        own_stores: whether ``sources``' stores are this run's alone (a
+            helper process's) and their retries and errors are published
+            with its counters; the consumer's own stores, shared by every
+            run on threads, are counted whole by the consumer instead.
     """
 
     def __init__(
@@ -109,8 +113,10 @@ class Pipeline:
         num_decode_threads: int,
         hash_data: bool = False,
         emit: Callable[[ReadyStep | EndOfData | BaseException], None] | None = None,
+        own_stores: bool = True,
     ) -> None:
         self._planner = planner
+        self._own_stores = own_stores
         self._sources = list(sources)
         self._eos_ids = np.array([s.eos_id for s in self._sources], dtype=np.int64)
         self._token_dtype = np.result_type(*(s.dtype for s in self._sources))
@@ -135,8 +141,8 @@ class Pipeline:
             num_fetch_threads=num_fetch_threads,
             num_decode_threads=num_decode_threads,
         )
-        # NOTE: the stores' retries and errors before this run: on threads
-        # the stores outlive a run, and each run publishes its own counts.
+        # NOTE: the stores' retries and errors before this run (a helper's
+        # stores are opened for it: none yet).
         self._store_base = self._store_counts()
         self._first_need: dict[BlockKey, int] = {}
         # NOTE: the producer's own references to blocks it has already waited
@@ -248,6 +254,11 @@ class Pipeline:
 
     def _store_counts(self) -> tuple[int, int]:
         retries = errors = 0
+        if not self._own_stores:
+            # NOTE: runs on threads overlap (a run started ahead, one being
+            # retired) over the same stores; each publishing the stores'
+            # counts would count one retry in every run that saw it.
+            return retries, errors
         for source in self._sources:
             store = source.store.stats()
             retries += store["retries"]

@@ -101,9 +101,10 @@ def start_pipeline(
     sources: Sequence[StreamSource],
     ring: SharedRing,
     emit: Callable[[ReadyStep | EndOfData | BaseException], None] | None = None,
+    own_stores: bool = True,
 ) -> Pipeline:
-    """Start the pipeline ``spec`` describes, writing into ``ring`` (``emit``:
-    see :class:`Pipeline`)."""
+    """Start the pipeline ``spec`` describes, writing into ``ring`` (``emit``
+    and ``own_stores``: see :class:`Pipeline`)."""
     layout, per_slot = spec.layout, spec.steps_per_slot
     if per_slot == 1:
         planner = layout.planner(start=spec.start, num_steps=spec.num_steps)
@@ -142,6 +143,7 @@ def start_pipeline(
         num_decode_threads=spec.num_decode_threads,
         hash_data=spec.hash_data,
         emit=emit,
+        own_stores=own_stores,
     )
 
 
@@ -158,7 +160,7 @@ class ThreadProducer:
     """No helper process."""
 
     def __init__(self, spec: ProducerSpec, *, sources: Sequence[StreamSource], ring: SharedRing) -> None:
-        self._pipeline = start_pipeline(spec, sources=sources, ring=ring)
+        self._pipeline = start_pipeline(spec, sources=sources, ring=ring, own_stores=False)
 
     def get(self) -> ReadyStep | EndOfData:
         """The next ready step (raises the pipeline's error at the step it hit)."""

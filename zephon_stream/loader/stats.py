@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 COUNTER_KEYS = (
@@ -116,13 +117,21 @@ class RunTotals:
             elif key not in CACHE_GAUGE_KEYS:
                 self._ended[key] += value
 
-    def totals(self, running: list[dict[str, Any]]) -> dict[str, Any]:
+    def totals(self, running: list[dict[str, Any]], *, stores: Sequence[Any] = ()) -> dict[str, Any]:
         """The totals so far, with the counters of the runs in progress.
 
         The cache's resident bytes are those of the runs in progress, its
         capacity that of the newest of them, its peak the most any run held.
+        ``stores`` are the consumer's own stores: their retries and errors
+        count whole, from the dataset's opening (its manifests) through
+        every run on threads; runs publish only their own stores' (a helper
+        process's).
         """
         out = dict(self._ended)
+        for store in stores:
+            counts = store.stats()
+            out["retries"] += counts["retries"]
+            out["storage_errors"] += counts["errors"]
         out["cache_resident_bytes"] = out["cache_capacity_bytes"] = 0
         for counters in running:
             for key, value in counters.items():

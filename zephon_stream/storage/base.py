@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 import re
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from zephon_stream.errors import PathEscapeError, TruncatedObjectError
+from zephon_stream.storage.hints import is_unreachable
 from zephon_stream.storage.redact import redact_text
 from zephon_stream.storage.retry import RetryPolicy, ShortReadError, call_with_retry, call_with_retry_async
 
 T = TypeVar("T")
+logger = logging.getLogger("zephon_stream.storage")
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 STAT_KEYS = ("reads", "bytes_read", "writes", "bytes_written", "retries", "errors")
@@ -84,6 +87,9 @@ class Store(abc.ABC):
         self._stats = StoreStats()
         self._closing = threading.Event()
         self._url = self.scrub(url.rstrip("/"))
+        # NOTE: set once "cannot reach" is said, cleared by the next success:
+        # one warning per outage, however many reads wait it out.
+        self._unreachable_said = False
 
     # -- primitives -------------------------------------------------------
     @abc.abstractmethod
@@ -150,6 +156,10 @@ class Store(abc.ABC):
         self._stats.add(reads=1, bytes_read=len(data))
         return data
 
+    def endpoint(self) -> str | None:
+        """Where requests go (``http://host:port``), free of secrets; None where there is no network."""
+        return None
+
     def event_loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop :meth:`read_range_async` runs on, or None where reads are blocking calls only.
 
@@ -176,12 +186,13 @@ class Store(abc.ABC):
                 policy=self._retry,
                 what=f"read_range {self._name(rel)} bytes [{start}, {end})",
                 scrub=self.scrub,
-                on_retry=lambda: self._stats.add(retries=1),
+                on_retry=self._retrying,
                 stop=self._closing,
             )
         except Exception:
             self._stats.add(errors=1)
             raise
+        self._unreachable_said = False
         self._stats.add(reads=1, bytes_read=len(data))
         return data
 
@@ -272,14 +283,29 @@ class Store(abc.ABC):
 
     def _run(self, op: str, rel: str, detail: str, attempt: Callable[[], T]) -> T:
         try:
-            return call_with_retry(
+            result = call_with_retry(
                 attempt,
                 policy=self._retry,
                 what=f"{op} {self._name(rel)}{detail}",
                 scrub=self.scrub,
-                on_retry=lambda: self._stats.add(retries=1),
+                on_retry=self._retrying,
                 stop=self._closing,
             )
+            self._unreachable_said = False
+            return result
         except Exception:
             self._stats.add(errors=1)
             raise
+
+    def _retrying(self, exc: Exception) -> None:
+        """Count one retry; say once per outage, at its first retry, that the endpoint cannot be reached."""
+        self._stats.add(retries=1)
+        if self._unreachable_said or not is_unreachable(exc):
+            return
+        self._unreachable_said = True
+        where = self.endpoint()
+        policy = self._retry
+        logger.warning(
+            "%s: cannot reach %s; retrying, for up to %d attempts or %.0f s per operation",
+            self._url, self.scrub(where) if where else "the store's endpoint", policy.max_attempts, policy.timeout_s,
+        )

@@ -6,9 +6,9 @@ became a 20 s stall). Both are cut to a single attempt here, as botocore and
 s3fs are for S3, so that ``RetryPolicy`` is the one layer that retries, bounds
 the time and counts every retry in ``stats()["retries"]``.
 
-Also here, for every store: which URL schemes each client library serves,
-the storage options a library is given (the user's, less this package's own
-``zephon_presigned_reads``), and the warm-up a helper process runs for them.
+Also here, for every store: the storage options a library is given (the
+user's, less this package's own ``zephon_presigned_reads``), and the warm-up
+a helper process runs for them.
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
+from zephon_stream.storage.aio_session import shared_aio_session
 from zephon_stream.storage.retry import RetryPolicy
-
-S3_PROTOCOLS = ("s3", "s3a")
-GCS_PROTOCOLS = ("gs", "gcs")
-AZURE_PROTOCOLS = ("az", "abfs", "abfss")
-# NOTE: a storage option of this package's own (storage/presigned.py): no
-# client library knows it, so none is given it.
-PRESIGNED_READS_OPTION = "zephon_presigned_reads"
+from zephon_stream.storage.schemes import AZURE_PROTOCOLS, GCS_PROTOCOLS, PRESIGNED_READS_OPTION, S3_PROTOCOLS
 
 
 def client_options(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -80,6 +75,20 @@ def _gcsfs_single_attempt(fs: Any) -> None:
         raw = getattr(method, "__wrapped__", None)
         if raw is not None:
             setattr(fs, name, types.MethodType(raw, fs))
+    make_session = getattr(fs, "_set_session", None)
+    if make_session is None:
+        return
+
+    async def set_session() -> Any:
+        # NOTE: aiohttp sends an idempotent request again, once and silently,
+        # when its connection closes before an answer (RFC 9112 9.3.1): a retry
+        # RetryPolicy would never see nor count. gcsfs makes its one session
+        # here; aiohttp has no public switch for it.
+        session = await make_session()
+        session._retry_connection = False
+        return session
+
+    fs._set_session = set_session
 
 
 def _adlfs_single_attempt(fs: Any) -> None:
@@ -105,8 +114,6 @@ def warm_client_library(scheme: str) -> None:
     """
     if scheme in S3_PROTOCOLS:
         import s3fs  # noqa: F401 - the import is the work
-
-        from zephon_stream.storage.fsspec_store import shared_aio_session
 
         loader = shared_aio_session().get_component("data_loader")
         loader.load_service_model("s3", "service-2")

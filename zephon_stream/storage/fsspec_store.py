@@ -14,8 +14,6 @@ retry policy, and the copy reconnects on first use.
 from __future__ import annotations
 
 import asyncio
-import datetime
-import email.utils
 import logging
 import os
 import threading
@@ -26,11 +24,13 @@ from typing import Any
 import fsspec
 from fsspec.utils import get_protocol
 
+from zephon_stream.storage.aio_session import shared_aio_session
 from zephon_stream.storage.base import Store
-from zephon_stream.storage.cloud_clients import S3_PROTOCOLS, client_options, filesystem_options, make_single_attempt
+from zephon_stream.storage.cloud_clients import client_options, filesystem_options, make_single_attempt
 from zephon_stream.storage.presigned import PresignedRanges, PresignRefused, presigned_reads_allowed, signs_urls
 from zephon_stream.storage.redact import redact_options, redact_url, secret_values
 from zephon_stream.storage.retry import RetryPolicy
+from zephon_stream.storage.schemes import AZURE_PROTOCOLS, GCS_PROTOCOLS, S3_PROTOCOLS
 
 logger = logging.getLogger("zephon_stream.storage")
 
@@ -45,54 +45,6 @@ def _count_fork() -> None:
 # NOTE: a counter bumped in each forked child tells a store it runs in a new
 # process; os.getpid() on every call cost more than the rest of a read_range.
 os.register_at_fork(after_in_child=_count_fork)
-
-_session_lock = threading.Lock()
-_sessions: dict[tuple[Any, ...], Any] = {}
-_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                   "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
-
-
-def shared_aio_session() -> Any:
-    """One aiobotocore session per process and credential environment.
-
-    NOTE: each session parses botocore's S3 service model on its first client
-    (about half a second); sharing it makes opening a store cheap. A session
-    caches the credentials it found, so a changed AWS environment gets its own.
-    """
-    key = (os.getpid(), *(os.environ.get(name) for name in _CREDENTIAL_ENV))
-    with _session_lock:
-        session = _sessions.get(key)
-        if session is None:
-            import aiobotocore.session
-
-            if any(k[0] != os.getpid() for k in _sessions):
-                _sessions.clear()
-            session = _sessions[key] = aiobotocore.session.AioSession()
-            # NOTE: botocore parses each response's Last-Modified header with
-            # dateutil: about a fifth of the client's CPU per ranged GET.
-            session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
-        return session
-
-
-def parse_timestamp(value: Any) -> datetime.datetime:
-    """botocore's timestamp parser, with the two forms S3 sends read by the standard library.
-
-    HTTP dates (``Last-Modified: Tue, 01 Dec 2026 10:00:00 GMT``) and ISO 8601
-    (listings) come out as the same aware datetimes; anything else goes to botocore.
-    """
-    if isinstance(value, str):
-        try:
-            if value.endswith(" GMT"):
-                return email.utils.parsedate_to_datetime(value)
-            parsed = datetime.datetime.fromisoformat(value)
-            if parsed.tzinfo is not None:
-                return parsed
-        except (TypeError, ValueError, IndexError):
-            pass
-    from botocore.utils import parse_timestamp as botocore_parse_timestamp
-
-    return botocore_parse_timestamp(value)
-
 
 def _s3fs_accepts(options: Mapping[str, Any]) -> bool:
     import inspect
@@ -236,6 +188,21 @@ class FsspecStore(Store):
             finally:
                 self._warm_process = _process[0]
 
+    def endpoint(self) -> str | None:
+        """The service's URL as the client library resolves it (options, then environment), free of secrets."""
+        opts = self._options
+        url = opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
+        if self._protocol in S3_PROTOCOLS:
+            url = url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            return redact_url(url) if url else "AWS S3 (no endpoint_url set)"
+        if self._protocol in GCS_PROTOCOLS:
+            url = url or os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+        elif self._protocol in AZURE_PROTOCOLS:
+            # NOTE: the account's URL without its query string, where a SAS would be.
+            service = getattr(self._fs, "service_client", None)
+            url = service.url.partition("?")[0] if service is not None else url
+        return redact_url(url) if url else None
+
     def event_loop(self) -> asyncio.AbstractEventLoop | None:
         """fsspec's loop for an asynchronous filesystem (s3fs, gcsfs, adlfs), else None."""
         fs, _ = self.filesystem()
@@ -360,13 +327,17 @@ class FsspecStore(Store):
             fs, self._fs = self._fs, None
             self._warm_process = -1
             presigned, self._presigned = self._presigned, None
-            if fs is None or self._fs_process != _process[0]:
-                return
-            if presigned is not None:
-                from fsspec.asyn import sync
+            ours = self._fs_process == _process[0]
+        if fs is None or not ours:
+            return
+        # NOTE: closed with the lock released: a read starting on the loop
+        # meanwhile waits for this lock (filesystem()) to build a new client,
+        # and the loop must be free to run the closing.
+        if presigned is not None:
+            from fsspec.asyn import sync
 
-                sync(fs.loop, presigned.close)
-            close_filesystem(fs)
+            sync(fs.loop, presigned.close)
+        close_filesystem(fs)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FsspecStore, (self._raw_url, self._options), {"_retry": self._retry})

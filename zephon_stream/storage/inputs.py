@@ -12,9 +12,10 @@ from typing import Any, BinaryIO
 from zephon_stream.errors import InputError, ObjectMissingError, ZephonError
 from zephon_stream.storage.base import Store
 from zephon_stream.storage.cloud_clients import filesystem_options, make_single_attempt
-from zephon_stream.storage.fsspec_store import S3_PROTOCOLS, close_filesystem, s3_filesystem_options
+from zephon_stream.storage.fsspec_store import close_filesystem, s3_filesystem_options
 from zephon_stream.storage.redact import redact_text, redact_url, secret_values
 from zephon_stream.storage.retry import RetryPolicy, call_with_retry
+from zephon_stream.storage.schemes import S3_PROTOCOLS
 from zephon_stream.storage.urls import is_local_url, local_path, open_store
 
 INPUT_BUFFER_BYTES = 8 * 2**20

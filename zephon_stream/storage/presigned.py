@@ -34,8 +34,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from zephon_stream.storage.cloud_clients import AZURE_PROTOCOLS, PRESIGNED_READS_OPTION, S3_PROTOCOLS
 from zephon_stream.storage.retry import HttpStatusError, RetryPolicy
+from zephon_stream.storage.schemes import AZURE_PROTOCOLS, PRESIGNED_READS_OPTION, S3_PROTOCOLS
 
 URL_LIFETIME_S = 3600
 # NOTE: signed again halfway through its life, so a read never starts on a URL
@@ -147,6 +147,12 @@ class PresignedRanges:
                 ),
                 auto_decompress=False,
             )
+            # NOTE: aiohttp sends an idempotent request again, once and
+            # silently, when its connection closes before an answer (RFC 9112
+            # 9.3.1); the retry layer then never sees that failure. Off here,
+            # so a reset costs one attempt of RetryPolicy, counted like any
+            # other; aiohttp offers no public switch for it.
+            self._session._retry_connection = False
             # NOTE: a store never closed would leave aiohttp's "Unclosed client
             # session" on stderr at exit; s3fs closes its own the same way.
             weakref.finalize(self, _close_soon, self._session, asyncio.get_running_loop())

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from zephon_stream.errors import ConfigError, ObjectMissingError, StorageError, ZephonError
+from zephon_stream.storage.hints import credentials_hint, error_chain
 
 logger = logging.getLogger("zephon_stream.storage")
 
@@ -116,15 +117,6 @@ class HttpStatusError(Exception):
         super().__init__(message)
         self.status = status
         self.code = code
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and not any(current is s for s in seen) and len(seen) < 16:
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
 
 
 @functools.cache
@@ -227,7 +219,7 @@ def is_missing(exc: BaseException) -> bool:
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it was raised from) is worth retrying."""
     transient_types = _transient_types() + _library_transient_types()
-    for item in _chain(exc):
+    for item in error_chain(exc):
         if isinstance(item, FileNotFoundError):
             return False
         if isinstance(item, transient_types):
@@ -242,7 +234,7 @@ def is_transient(exc: BaseException) -> bool:
 def describe_error(exc: BaseException) -> str:
     """``Type: message``, plus the HTTP status and error code when the client reports them."""
     text = f"{type(exc).__name__}: {exc}"
-    for item in _chain(exc):
+    for item in error_chain(exc):
         status, code = http_status(item)
         if status or code:
             return f"{text} [HTTP {status} {code}]" if code else f"{text} [HTTP {status}]"
@@ -267,11 +259,12 @@ class _Attempts:
         if is_missing(exc):
             raise ObjectMissingError(f"{what}: object not found ({detail})") from None
         if not is_transient(exc):
-            raise StorageError(f"{what}: failed, not retryable ({detail})") from None
+            raise StorageError(f"{what}: failed, not retryable ({detail}){credentials_hint(exc)}") from None
         elapsed = time.monotonic() - self._started
         sleep_s = self._policy.backoff_s(self.count - 1)
         if self.count >= self._policy.max_attempts or elapsed + sleep_s > self._policy.timeout_s:
-            logger.warning("%s: giving up after %d attempts in %.1fs: %s", what, self.count, elapsed, detail)
+            # NOTE: no log line here: the error says the same, and a caller
+            # that prints it would show the failure twice.
             raise StorageError(
                 f"{what}: failed after {self.count} attempts in {elapsed:.1f}s (last error: {detail})"
             ) from None
@@ -290,7 +283,7 @@ def call_with_retry(
     policy: RetryPolicy,
     what: str,
     scrub: Callable[[str], str],
-    on_retry: Callable[[], None] = lambda: None,
+    on_retry: Callable[[Exception], None] = lambda exc: None,
     stop: threading.Event | None = None,
 ) -> T:
     """Run ``attempt`` until it succeeds, retrying transient failures.
@@ -301,7 +294,7 @@ def call_with_retry(
         what: the operation and object, e.g. ``"read_range s3://b/x bytes [0, 10)"``,
             already free of secrets; it starts every error message.
         scrub: removes secrets from an error text before it is logged or raised.
-        on_retry: called once per retry (stats).
+        on_retry: called with the failure, once per retry (stats, a warning).
         stop: when set, a backoff sleep ends at once and the operation fails
             (the store was closed while retrying).
 
@@ -319,7 +312,7 @@ def call_with_retry(
             raise
         except Exception as exc:  # noqa: BLE001 - classified by attempts.failed
             sleep_s = attempts.failed(exc)
-            on_retry()
+            on_retry(exc)
             if stop is None:
                 time.sleep(sleep_s)
             elif stop.wait(sleep_s):
@@ -332,7 +325,7 @@ async def call_with_retry_async(
     policy: RetryPolicy,
     what: str,
     scrub: Callable[[str], str],
-    on_retry: Callable[[], None] = lambda: None,
+    on_retry: Callable[[Exception], None] = lambda exc: None,
     stop: threading.Event | None = None,
 ) -> T:
     """:func:`call_with_retry` for a coroutine: the same bounds, errors and counting.
@@ -349,7 +342,7 @@ async def call_with_retry_async(
             raise
         except Exception as exc:  # noqa: BLE001 - classified by attempts.failed
             sleep_s = attempts.failed(exc)
-            on_retry()
+            on_retry(exc)
             deadline = time.monotonic() + sleep_s
             while (left_s := deadline - time.monotonic()) > 0:
                 if stop is not None and stop.is_set():
