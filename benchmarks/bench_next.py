@@ -43,29 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from benchmarks.bench_read import build_dataset, dataset_parser, process_cpu_s
+from benchmarks.bench_train_overhead import calibrate, python_work
 from zephon_stream import StreamingLoader
 
 PIPELINES = ("process", "threads")
 TARGET_US = 20.0
-
-
-def python_work(iterations: int) -> int:
-    """Pure-Python work that holds the interpreter lock throughout."""
-    total = 0
-    for i in range(iterations):
-        total += i & 7
-    return total
-
-
-def calibrate(work_ms: float) -> int:
-    """Iterations of :func:`python_work` that take ``work_ms`` alone (best of 5)."""
-    probe = 100_000
-    best = float("inf")
-    for _ in range(5):
-        started = time.perf_counter()
-        python_work(probe)
-        best = min(best, time.perf_counter() - started)
-    return max(1, int(probe * work_ms / 1000 / best))
 
 
 def summary(samples_ns: list[int]) -> dict[str, float]:
