@@ -336,12 +336,20 @@ def test_missing_torchtitan_says_how_to_install(monkeypatch):
 
 
 def test_only_the_integration_module_imports_torchtitan():
+    """One module imports TorchTitan (with the install hint); the others ask it (``titan_module``)."""
     importers = [
         path.relative_to(REPO).as_posix()
-        for path in (REPO / "zephon_stream").rglob("*.py")
-        if re.search(r"^\s*(from|import)\s+torchtitan\b", path.read_text(encoding="utf-8"), re.MULTILINE)
+        for path in sorted((REPO / "zephon_stream").rglob("*.py"))
+        if re.search(r"^\s*(from|import)\s+torchtitan\b|import_module\(\s*[\"']torchtitan|\bimport_module\(name\)",
+                     path.read_text(encoding="utf-8"), re.MULTILINE)  # fmt: skip
     ]
     assert importers == ["zephon_stream/integrations/torchtitan_base.py"]
+    askers = [
+        path.name
+        for path in sorted((REPO / "zephon_stream" / "integrations").glob("torchtitan*.py"))
+        if "titan_module(" in path.read_text(encoding="utf-8")
+    ]
+    assert askers == ["torchtitan_base.py", "torchtitan_torchft.py", "torchtitan_torchft_trainer.py"]
 
 
 # -- real ranks under torchrun -------------------------------------------------------

@@ -2,14 +2,17 @@
 the end of a finite run, the trainer's shape keywords, configs printed without
 secrets and the trainer's tokenizer checked against the datasets.
 
-NOTE: this is the module of zephon_stream that imports TorchTitan (besides
-torchtitan_torchft*.py, which import its torchft experiment and come after
-it); a missing TorchTitan (or torchdata) raises here with the install hint.
+NOTE: this is the one module of zephon_stream that imports TorchTitan
+(``titan_module``, which torchtitan_torchft*.py use for its torchft
+experiment too); a missing TorchTitan (or torchdata) raises here with the
+install hint.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,20 +21,33 @@ from zephon_stream.storage.redact import redact_options
 
 INSTALL_HINT = "pip install 'zephon-stream[torchtitan]'"
 
-try:
-    from torchtitan.components.dataloader import BaseDataLoader, DataloaderExhaustedError
-except ModuleNotFoundError as exc:
-    # NOTE: only a missing TorchTitan (or torchdata, which it needs) gets the
-    # install hint; any other import failure is a real bug and surfaces as is.
-    if (exc.name or "").split(".")[0] not in ("torchtitan", "torchdata"):
-        raise
-    raise ModuleNotFoundError(
-        f"zephon_stream.integrations.torchtitan needs TorchTitan ({exc.name} is not installed): {INSTALL_HINT}",
-        name=exc.name,
-    ) from exc
+
+
+def titan_module(name: str, *, needed_by: str) -> types.ModuleType:
+    """TorchTitan's module ``name`` (``"torchtitan.components.dataloader"``).
+
+    Raises:
+        ModuleNotFoundError: TorchTitan (or torchdata) is missing, naming
+            ``needed_by`` and the install hint.
+    """
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        # NOTE: only a missing TorchTitan (or torchdata, which it needs) gets the
+        # install hint; any other import failure is a real bug and surfaces as is.
+        if (exc.name or "").split(".")[0] not in ("torchtitan", "torchdata"):
+            raise
+        raise ModuleNotFoundError(
+            f"{needed_by} needs TorchTitan ({exc.name} is not installed): {INSTALL_HINT}", name=exc.name
+        ) from exc
+
+
+_dataloader = titan_module("torchtitan.components.dataloader", needed_by="zephon_stream.integrations.torchtitan")
+BaseDataLoader = _dataloader.BaseDataLoader
+DataloaderExhaustedError = _dataloader.DataloaderExhaustedError
 
 __all__ = ["INSTALL_HINT", "BaseDataLoader", "DataloaderExhausted", "DataloaderExhaustedError", "check_tokenizer",
-           "local_shape", "redacted_config_dict", "redacted_config_repr"]
+           "local_shape", "redacted_config_dict", "redacted_config_repr", "titan_module"]
 
 
 class DataloaderExhausted(DataloaderExhaustedError, StopIteration):

@@ -33,11 +33,11 @@ import torch
 
 from zephon_stream.errors import ConfigError
 from zephon_stream.integrations.torchtitan_base import (
-    INSTALL_HINT,
     BaseDataLoader,
     check_tokenizer,
     local_shape,
     redacted_config_repr,
+    titan_module,
 )
 from zephon_stream.integrations.torchtitan_batches import titan_input_dict
 from zephon_stream.integrations.torchtitan_config import (
@@ -49,13 +49,8 @@ from zephon_stream.integrations.torchtitan_state import (
     titan_state,
 )
 
-try:
-    from torchtitan.experiments.torchft.checkpoint import TorchFTCheckpointManager
-except ModuleNotFoundError as exc:  # NOTE: as torchtitan_base: only a missing TorchTitan gets the hint
-    if (exc.name or "").split(".")[0] not in ("torchtitan", "torchdata"):
-        raise
-    raise ModuleNotFoundError(f"{__name__} needs TorchTitan ({exc.name} is not installed): {INSTALL_HINT}",
-                              name=exc.name) from exc  # fmt: skip
+TorchFTCheckpointManager = titan_module("torchtitan.experiments.torchft.checkpoint",
+                                        needed_by=__name__).TorchFTCheckpointManager  # fmt: skip
 
 __all__ = ["ZephonFTCheckpointManager", "ZephonFTDataLoader", "check_titan_ft_config"]
 

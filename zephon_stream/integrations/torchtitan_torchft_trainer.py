@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
-
+from zephon_stream.integrations.torchtitan_base import titan_module
 from zephon_stream.integrations.torchtitan_torchft import check_titan_ft_config
+
+FaultTolerantTrainer = titan_module("torchtitan.experiments.torchft.trainer", needed_by=__name__).FaultTolerantTrainer
 
 __all__ = ["ZephonFTTrainer"]
 
