@@ -7,24 +7,17 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from tools.server_process import free_ports
 from zephon_stream import StreamingLoader
 from zephon_stream.errors import StorageError
 from zephon_stream.storage import RetryPolicy, copy_dataset, open_store
 
 QUICK = RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.05, connect_timeout_s=5)
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -82,7 +75,7 @@ def test_azure_without_credentials_names_the_variables_and_options_to_set(monkey
 
 @pytest.mark.parametrize("path", ["read", "read_range"])
 def test_an_unreachable_endpoint_is_said_once_at_the_first_retry_and_fails_once(caplog, path):
-    endpoint = f"http://127.0.0.1:{closed_port()}"
+    endpoint = f"http://127.0.0.1:{free_ports(1)[0]}"  # NOTE: a port just released: nothing listens
     options = {"endpoint_url": endpoint, "key": "AKIDEXAMPLE", "secret": "wJalrXUtnFEMI-not-shown"}
     caplog.set_level(logging.INFO, logger="zephon_stream.storage")
     with open_store("s3://bucket/ds", options, retry=QUICK) as store:
@@ -117,7 +110,7 @@ def test_a_store_that_comes_back_is_said_again_at_its_next_outage(s3_bucket, fau
 
 
 def test_the_command_line_says_once_it_is_retrying_and_fails_with_one_message():
-    endpoint = f"http://127.0.0.1:{closed_port()}"
+    endpoint = f"http://127.0.0.1:{free_ports(1)[0]}"  # NOTE: a port just released: nothing listens
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-not-shown"}
     code = "import sys; from zephon_stream.cli import main; sys.exit(main())"
     result = subprocess.run(

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from typing import Any
 import pytest
 
 from tools.reliability.common import child_env, process_table, step_hashes
+from tools.server_process import free_ports
 from zephon_stream import StreamingLoader
 
 WORKER = Path(__file__).parent / "dist_elastic" / "elastic_worker.py"
@@ -55,12 +55,6 @@ WAIT_S = 150
 # which the old rank-0 agent never publishes again. Each round then gets a
 # store of its own.
 NO_SHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def descendants(pid: int) -> list[int]:
@@ -226,7 +220,7 @@ def elastic_agent_args(port: int, *, host: bool) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.torchrun
 def test_two_agents_one_killed_the_survivor_goes_on_alone_from_the_newest_checkpoint(elastic_job, reference):
-    port = free_port()
+    (port,) = free_ports(1)
     elastic_job.launch("host", elastic_agent_args(port, host=True), NO_SHARED_STORE)
     elastic_job.launch("other", elastic_agent_args(port, host=False), NO_SHARED_STORE)
     events = elastic_job.wait_for(held(1), f"hold after {HOLD_AFTER} steps")
@@ -241,7 +235,7 @@ def test_two_agents_one_killed_the_survivor_goes_on_alone_from_the_newest_checkp
 @pytest.mark.slow
 @pytest.mark.torchrun
 def test_an_agent_joining_restarts_the_running_group_at_two_ranks_from_the_newest_checkpoint(elastic_job, reference):
-    port = free_port()
+    (port,) = free_ports(1)
     elastic_job.launch("host", elastic_agent_args(port, host=True), NO_SHARED_STORE)
     events = elastic_job.wait_for(held(1), f"hold after {HOLD_AFTER} steps")
     assert next(e for e in events if e["event"] == "holding")["world_size"] == 1

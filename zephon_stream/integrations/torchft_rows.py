@@ -17,12 +17,12 @@ import torch
 
 from zephon_stream.integrations.torchft_plan import Piece
 from zephon_stream.loader.api import Stream, StreamingLoader
+from zephon_stream.loader.packing import IGNORE_INDEX
 
 # NOTE: the TorchFT loader decides these; passing them in loader options would
 # read another order or another share.
 RESERVED_OPTIONS = ("rank", "world_size", "seq_len", "local_batch_size", "schedule", "seed", "lanes", "window",
                     "max_steps", "max_epochs", "end_after_phase", "packing_outputs", "audit_log")  # fmt: skip
-IGNORE_INDEX = -100
 
 
 class ShareReader:
