@@ -28,7 +28,6 @@ import argparse
 import json
 import statistics
 import sys
-import sysconfig
 import tempfile
 import time
 from datetime import timedelta
@@ -36,15 +35,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from zephon_stream import StreamingLoader, write_dataset
+from benchmarks.bench_read import build_dataset
+from zephon_stream import StreamingLoader
 from zephon_stream.integrations.torchft import TorchFTConfig, TorchFTLoader
 from zephon_stream.integrations.torchft_plan import Piece
 from zephon_stream.integrations.torchft_rows import ShareReader
 
 
 def build(out: Path) -> str:
-    files = sorted(str(p) for p in Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-    write_dataset(files, str(out), tokenizer="bytes", block_tokens=2**16 + 1, blocks_per_shard=8, progress=False)
+    build_dataset(out, 8, block_tokens=2**16 + 1)
     return str(out)
 
 
