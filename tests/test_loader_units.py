@@ -3,6 +3,7 @@ planner and memory bound, each on real bytes (zstd frames in local files)."""
 
 from __future__ import annotations
 
+import select
 import socket
 import sys
 import threading
@@ -17,7 +18,7 @@ from zephon_stream.loader.assembler import StepAssembler, gather_rows, positions
 from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
 from zephon_stream.loader.cache import BlockCache, CacheClosedError
 from zephon_stream.loader.fetcher import BlockJob, FetchDecodePool
-from zephon_stream.loader.helper import MessageReader, decode, encode, frame
+from zephon_stream.loader.reports import MessageReader, decode, encode, frame
 from zephon_stream.loader.memory import (
     blocks_per_lane,
     check_memory,
@@ -313,23 +314,30 @@ def test_free_slots_come_back_in_any_order_and_producer_views_are_not_consumer_r
         ring.close()
 
 
+def _read(reader: MessageReader, sock: socket.socket) -> bytes:
+    while (message := reader.poll()) is None:
+        select.select((sock,), (), (), 5)
+    return message
+
+
 def test_message_reader_takes_framed_messages_however_they_arrive():
     ours, theirs = socket.socketpair()
     try:
         reader = MessageReader(ours)
+        assert reader.poll() is None  # NOTE: nothing sent yet: never waits
         big = encode(RuntimeError("x" * 200_000))  # NOTE: longer than one recv
         steps = [encode(ReadyStep(index=i, cursor=16 * i, slot=i % 3, data_sha256="")) for i in range(3)]
         theirs.sendall(b"".join(frame(m) for m in steps))  # NOTE: three messages, one recv
-        assert [decode(reader.read()) for _ in steps] == [decode(m) for m in steps]
+        assert [decode(_read(reader, ours)) for _ in steps] == [decode(m) for m in steps]
         whole = frame(big) + frame(encode(EndOfData()))
         sender = threading.Thread(target=lambda: [theirs.sendall(whole[i : i + 7001]) for i in range(0, len(whole), 7001)])
         sender.start()
-        assert str(decode(reader.read())).startswith("x" * 1000)
-        assert isinstance(decode(reader.read()), EndOfData)
+        assert str(decode(_read(reader, ours))).startswith("x" * 1000)
+        assert isinstance(decode(_read(reader, ours)), EndOfData)
         sender.join()
         theirs.close()
         with pytest.raises(EOFError):
-            reader.read()
+            _read(reader, ours)
     finally:
         ours.close()
         theirs.close()

@@ -16,6 +16,7 @@ the seek in are ``checkpointing.py``; both are bases of ``StreamingLoader``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -187,6 +188,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         self._position = 0
         self._end_for: RankLayout | None = None
         self._end_position: int | None = None
+        self._steady_until: float = 0  # NOTE: the cursor the short way to a step stops at
         try:
             self.packing = PackingSpec(cross_document_targets=cross_document_targets, outputs=packing_outputs)
             # NOTE: construction reads straight through, each stage handing
@@ -251,6 +253,18 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
+        # NOTE: most steps are plain (loader/steady.py): one short call, the
+        # cursor and the counts. The full way below arms it again after any other.
+        steady = self._feed.steady
+        if steady is not None and self._position < self._steady_until:
+            batch = steady.take()
+            if batch is not None:
+                self._position += self.global_batch_size
+                self._stats.record_step(self.local_batch_size)
+                return batch
+        return self._next_the_full_way()
+
+    def _next_the_full_way(self) -> dict[str, torch.Tensor]:
         if self._closed:
             raise RuntimeError("StreamingLoader is closed")
         end = self._run_end_position()
@@ -274,9 +288,12 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         stall_s = time.perf_counter() - started
         assert ready.cursor == self._position, (ready.cursor, self._position)
         self._position += self.global_batch_size
-        self._stats.record_step(samples=self.local_batch_size, stall_s=stall_s)
+        self._stats.record_step(self.local_batch_size, stall_s)
         if self._audit is not None:
             self._audit.append(self._audit_record(ready.cursor, ready.data_sha256))
+        if feed.steady is not None:
+            stops = [p for p in (end, self._layout.end_position) if p is not None]
+            self._steady_until = min(stops) if stops else math.inf
         return batch
 
     def _run_args(self, layout: RankLayout, start: int, end: int | None) -> dict[str, Any]:

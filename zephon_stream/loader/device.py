@@ -106,14 +106,21 @@ class CpuDelivery:
     Args:
         ring: the batch ring (its layout holds all three wide arrays).
         max_held: batches the consumer may keep before it gets copies.
+
+    Attributes:
+        held: slots handed over as views, in order, not handed back yet.
+        done: slots handed over as copies, to hand back at the next reclaim.
+        views: each slot's tensors once made (None before), or None throughout
+            where torch does not tell a storage's use count.
+        cached: whether slots' tensors are made once and kept (``views``).
     """
 
     def __init__(self, *, ring: SharedRing, max_held: int = MAX_HELD_BATCHES) -> None:
         assert ring.layout.wide_keys == WIDE_KEYS
         self._ring = ring
-        self._max_held = max_held
-        self._held: list[int] = []
-        self._done: list[int] = []
+        self.max_held = max_held
+        self.held: list[int] = []
+        self.done: list[int] = []
         # NOTE: the arrays each slot hands over, made once. A tensor the
         # consumer holds (or any view of it) keeps one reference to its array,
         # so the arrays' reference counts say when a slot is free again.
@@ -122,46 +129,46 @@ class CpuDelivery:
             slot = ring.slot(index)
             self._arrays.append({**slot.wide, "sample_positions": slot.sample_positions, **slot.packing})
         # NOTE: each slot's tensors, made at its first delivery (loader/slot_views.py).
-        self._views: list[SlotViews | None] = [None] * ring.num_slots
-        self._cached = cached_views_available()
+        self.views: list[SlotViews | None] = [None] * ring.num_slots
+        self.cached = cached_views_available()
 
     def _slot_views(self, index: int, steps_per_slot: int) -> SlotViews:
-        views = self._views[index]
+        views = self.views[index]
         if views is None or views.steps_per_slot != steps_per_slot:
-            views = self._views[index] = SlotViews(self._arrays[index], steps_per_slot, self._ring.slab(index))
+            views = self.views[index] = SlotViews(self._arrays[index], steps_per_slot, self._ring.slab(index))
         return views
 
     def deliver(self, index: int) -> dict[str, torch.Tensor]:
         """The consumer's tensors for slot ``index`` (a slot of one step)."""
-        if not self._cached:
+        if not self.cached:
             return self.deliver_steps(index, steps_per_slot=1, steps=1)[0]
-        views = self._views[index]
+        views = self.views[index]
         if views is None or views.steps_per_slot != 1:
             views = self._slot_views(index, 1)
-        if len(self._held) < self._max_held:
-            self._held.append(index)
+        if len(self.held) < self.max_held:
+            self.held.append(index)
             return dict(views.whole)
-        self._done.append(index)
+        self.done.append(index)
         return {key: tensor.clone() for key, tensor in views.whole.items()}
 
     def deliver_steps(self, index: int, *, steps_per_slot: int, steps: int) -> list[dict[str, torch.Tensor]]:
         """The consumer's tensors for the first ``steps`` of the ``steps_per_slot`` steps slot ``index`` holds."""
-        if self._cached:
+        if self.cached:
             views = self._slot_views(index, steps_per_slot)
             whole, per_step = views.whole, views.steps
         else:
             whole, per_step = slot_tensors(self._arrays[index], steps_per_slot)
         batches = [dict(step) for step in per_step[:steps]] if per_step else [dict(whole)]
-        if len(self._held) < self._max_held:
-            self._held.append(index)
+        if len(self.held) < self.max_held:
+            self.held.append(index)
             return batches
         # NOTE: the consumer keeps earlier batches; these are copied so the
         # slot can go back to the producer.
-        self._done.append(index)
+        self.done.append(index)
         return [{key: tensor.clone() for key, tensor in batch.items()} for batch in batches]
 
     def _in_use(self, index: int) -> bool:
-        views = self._views[index]
+        views = self.views[index]
         if views is not None:
             return views.in_use()
         # NOTE: 3 = the dict's entry, the loop variable and getrefcount's argument.
@@ -169,24 +176,24 @@ class CpuDelivery:
 
     def reclaim(self) -> list[int]:
         """Slots the consumer no longer refers to, handed back once each."""
-        free, self._done = self._done, []
-        views = self._views
-        for index in tuple(self._held):
+        free, self.done = self.done, []
+        views = self.views
+        for index in tuple(self.held):
             slot = views[index]
             if not (slot.in_use() if slot is not None else self._in_use(index)):
-                self._held.remove(index)
+                self.held.remove(index)
                 free.append(index)
         return free
 
     def settle(self) -> tuple[int, ...]:
         """Before a new producer starts: the slots still held (the rest are
         free for it, including those not yet handed back)."""
-        self._done = []
-        return tuple(self._held)
+        self.done = []
+        return tuple(self.held)
 
     def close(self) -> None:
         """Drop this delivery's arrays (batches the consumer holds stay valid)."""
-        self._held, self._done, self._arrays, self._views = [], [], [], []
+        self.held, self.done, self._arrays, self.views = [], [], [], []
 
 
 class CudaDelivery:

@@ -37,6 +37,8 @@ from zephon_stream.loader.producer_run import ProducerRun
 from zephon_stream.loader.rank_layout import RankLayout
 from zephon_stream.loader.ring import SharedRing
 from zephon_stream.loader.stats import RunTotals
+from zephon_stream.loader.steady import SteadySteps
+from zephon_stream.loader.step_board import board_is_safe
 from zephon_stream.loader.streams import Stream
 from zephon_stream.storage.urls import url_scheme
 
@@ -90,6 +92,8 @@ class BatchFeed:
         self._totals = RunTotals()
         self._last_get_s: float | None = None
         self._quiet = False
+        # NOTE: the short way to the next plain step, while the feed is quiet (loader/steady.py).
+        self.steady: SteadySteps | None = None
         self._step_s = 0.0
         self._helper_polled_s = 0.0
         if first_layout is not None:
@@ -199,6 +203,7 @@ class BatchFeed:
         assert run is not None
         if not self._quiet:
             run = self._watch(run, position)
+            self.steady = run.steady if self._quiet else None
         try:
             return run.get()
         except HelperProcessError:
@@ -211,6 +216,7 @@ class BatchFeed:
         # the good ones come and the error is raised at the step that needed
         # the block, as always.
         batch = run.layout.global_batch
+        self._quiet, self.steady = False, None
         self._run = self._new_run(run.layout, start=position, start_step=run.spec.start_step + (position - run.start) // batch,
                                   num_steps=None if run.end is None else (run.end - position) // batch,
                                   hash_data=run.spec.hash_data, more_runs=False, steps_per_slot=1)  # fmt: skip
@@ -287,6 +293,8 @@ class BatchFeed:
             start_step=start_step,
             helper_nice=self._helper_nice,
             steps_per_slot=per_slot,
+            # NOTE: the audit log's digests travel with their steps over the socket.
+            post_steps=board_is_safe() and not hash_data,
         )
         ring.returned[:] = 1
         end = None if num_steps is None else start + num_steps * layout.global_batch
@@ -351,6 +359,7 @@ class BatchFeed:
     def stop(self) -> None:
         """Stop every run, the one in progress and one started ahead (idempotent)."""
         self._quiet = False
+        self.steady = None
         next_run, self._next = self._next, None
         run, self._run = self._run, None
         self._retire(next_run, wait=True)

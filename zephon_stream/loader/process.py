@@ -5,9 +5,13 @@ trainer would copy CUDA state, locks held by other threads and gigabytes of
 address space). It inherits one descriptor, its end of a socket pair for
 control messages, and is started when the loader is made, so its interpreter
 and imports load while the trainer builds its model; ``start`` then sends the
-spec and passes the anonymous batch ring's descriptor over the socket. Per step the
-trainer receives a few packed bytes (slots go back through the ring's
-``returned`` flags); the bytes of the batch never pass through a socket.
+spec and passes the anonymous batch ring's descriptor over the socket. The
+helper posts each step it finished in the ring's header (loader/step_board.py;
+on machines without x86's memory order, and with the audit log's digests, it
+sends a few packed bytes instead), and slots go back through the ring's
+``returned`` flags: the trainer's step makes no system call, and the bytes of
+the batch never pass through a socket. What ends a run (its end, an error)
+comes over the socket.
 
 A helper that dies (killed, out of memory) closes its socket end: the next
 ``get`` raises :class:`HelperProcessError` naming the process, how it ended
@@ -27,7 +31,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from zephon_stream.errors import HelperProcessError
-from zephon_stream.loader.helper import READY, MessageReader, decode
+from zephon_stream.loader.reports import HelperReports
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.producer import ProducerSpec
 from zephon_stream.loader.ring import SharedRing
@@ -37,6 +41,10 @@ from zephon_stream.loader.ring import SharedRing
 _EXIT_WAIT_S = 5.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _GONE_FLAGS = os.WEXITED | os.WNOHANG | os.WNOWAIT
+# NOTE: the bounded sleep of a trainer waiting for a report (loader/reports.py):
+# the first, and the longest after doubling. A report wakes it at once.
+_WAIT_FIRST_S = 0.002
+_WAIT_MAX_S = 0.02
 _LAUNCH = "import sys; from zephon_stream.loader.helper import main; main(sys.argv)"
 
 
@@ -64,7 +72,7 @@ class ProcessProducer:
     """
 
     def __init__(self, *, nice: int = 0, schemes: tuple[str, ...] = ()) -> None:
-        self._next_cursor = self._start = self._start_step = 0
+        self._start = self._start_step = self._sent_steps = 0
         self._global_batch = self._slot_batch = 1
         self._error: BaseException | None = None
         self._ended = False
@@ -95,7 +103,7 @@ class ProcessProducer:
         self._socket = ours
         self._pid = self._process.pid
         self._conn = Connection(os.dup(ours.fileno()))  # NOTE: sends the spec; steps come through the reader
-        self._reader = MessageReader(ours)
+        self._reports = HelperReports(ours)
 
     def ready(self) -> bool:
         """Whether the helper has loaded its interpreter and modules (never waits).
@@ -105,19 +113,15 @@ class ProcessProducer:
         """
         if not self._ready:
             try:
-                message = self._reader.poll()
+                self._ready = self._reports.ready()
             except (EOFError, OSError):
                 self._fail("while it was starting")
-            if message is not None:
-                assert message == READY, message[:1]
-                self._ready = True
         return self._ready
 
     def start(self, spec: ProducerSpec, *, ring: SharedRing) -> None:
         """Send the helper ``spec`` and the ring's descriptor; it starts producing."""
         assert not self._started, "a helper runs one pipeline"
         self._started = True
-        self._next_cursor = spec.start
         self._start, self._start_step = spec.start, spec.start_step
         self._global_batch, self._slot_batch = spec.layout.global_batch, spec.slot_batch
         try:
@@ -127,6 +131,7 @@ class ProcessProducer:
             self._fail("before it received its configuration")
         ring.notify = self._wake
         self._lock_word = ring.helper_lock_word
+        self._reports.board, self._reports.posts = ring.board, spec.post_steps
 
     def _wake(self) -> None:
         # NOTE: a lost wake-up only delays the helper by its bounded wait; a
@@ -168,7 +173,12 @@ class ProcessProducer:
         except ChildProcessError:
             return True  # NOTE: already reaped
 
-    def _due(self, cursor: int) -> str:
+    def _due(self, cursor: int | None = None) -> str:
+        if cursor is None:
+            # NOTE: the step after the last taken, posted or sent.
+            board = self._reports.board
+            taken = board.taken if board is not None else 0
+            cursor = self._start + (taken + self._sent_steps) * self._slot_batch
         step = self._start_step + (cursor - self._start) // self._global_batch
         return f"while step {step} (global cursor {cursor}) was due"
 
@@ -194,22 +204,23 @@ class ProcessProducer:
         if self._ended:
             return EndOfData()
         # NOTE: a dead helper raises at the next step even when steps it
-        # finished before it died are still queued (its liveness lock read
+        # finished before it died are still posted (its liveness lock read
         # here, else one waitid; no wait).
         lock_word = self._lock_word
         if (lock_word is None or lock_word[0] != self._pid) and self._gone():
-            self._fail(self._due(self._next_cursor))
+            self._fail(self._due())
+        reports, delay_s = self._reports, _WAIT_FIRST_S
         try:
-            message = self._reader.read()
-            if not self._ready:
-                assert message == READY, message[:1]
-                self._ready = True
-                message = self._reader.read()
-            item = decode(message)
+            while (item := reports.take()) is None:
+                reports.sleep(delay_s)
+                delay_s = min(2 * delay_s, _WAIT_MAX_S)
         except (EOFError, OSError):
-            self._fail(self._due(self._next_cursor))
+            self._fail(self._due())
+        reports.done_waiting()
+        if type(item) is int:
+            return self.posted_step(item)
         if type(item) is ReadyStep:
-            self._next_cursor = item.cursor + self._slot_batch
+            self._sent_steps += 1
             return item
         if isinstance(item, EndOfData):
             self._ended = True
@@ -217,13 +228,19 @@ class ProcessProducer:
         self._error = item
         raise self._error
 
+    def posted_step(self, slot: int) -> ReadyStep:
+        """The step of the board's post taken last, in ``slot``."""
+        index = self._reports.board.taken - 1
+        return ReadyStep(index, self._start + index * self._slot_batch, slot, "")
+
     def close(self, *, wait: bool = True) -> None:
         """Close the control socket, which ends the helper; reap it (idempotent).
 
         With ``wait=False`` the helper is left to exit on its own; a later
         ``close()`` reaps it.
         """
-        self._lock_word = None  # NOTE: the ring it views is released after this
+        self._lock_word = self._reports.board = None  # NOTE: the ring it views is released after this
+        self._reports.posts = False
         if self._conn is not None:
             self._conn.close()
             self._socket.close()

@@ -52,6 +52,8 @@ class ProducerSpec:
         helper_nice: niceness the helper process adds to itself (ignored on threads).
         steps_per_slot: consecutive steps assembled into one slot and
             announced in one message.
+        post_steps: a helper process posts its steps in the ring's header
+            (loader/step_board.py) instead of sending them over its socket.
     """
 
     layout: RankLayout
@@ -70,6 +72,7 @@ class ProducerSpec:
     start_step: int = 0
     helper_nice: int = 0
     steps_per_slot: int = 1
+    post_steps: bool = False
 
     @property
     def slot_batch(self) -> int:

@@ -21,6 +21,7 @@ from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
 from zephon_stream.loader.rank_layout import RankLayout
 from zephon_stream.loader.ring import SharedRing
 from zephon_stream.loader.stats import read_counters
+from zephon_stream.loader.steady import SteadySteps
 
 
 class ProducerRun:
@@ -55,7 +56,14 @@ class ProducerRun:
         self.end = end
         self.spec = spec
         self.more_runs = False  # NOTE: another run follows (a helper taking this one over starts a spare)
-        self._pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]] = collections.deque()
+        # NOTE: steps delivered from a slot of several, not handed over yet.
+        self.pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]] = collections.deque()
+        # NOTE: the short way to a plain step (loader/steady.py), where the
+        # run has one: a helper that posts its steps, cached CPU tensors.
+        self.steady: SteadySteps | None = None
+        if isinstance(producer, ProcessProducer) and spec.post_steps and isinstance(delivery, CpuDelivery) and delivery.cached:
+            self.steady = SteadySteps(ring=ring, delivery=delivery, producer=producer, pending=self.pending,
+                                      steps_per_slot=spec.steps_per_slot, deliver_posted=self._deliver_posted)  # fmt: skip
 
     @property
     def in_helper(self) -> bool:
@@ -64,8 +72,8 @@ class ProducerRun:
 
     def get(self) -> tuple[ReadyStep | EndOfData, dict[str, torch.Tensor] | None]:
         """The next step and its tensors (None at the end of the run)."""
-        if self._pending:
-            ready, batch = self._pending.popleft()
+        if self.pending:
+            ready, batch = self.pending.popleft()
             if isinstance(self.producer, ProcessProducer):
                 self.producer.check_alive(ready.cursor)
             return ready, batch
@@ -74,9 +82,13 @@ class ProducerRun:
         ready = self.producer.get()
         if isinstance(ready, EndOfData):
             return ready, None
+        return ready, self._deliver(ready)
+
+    def _deliver(self, ready: ReadyStep) -> dict[str, torch.Tensor]:
+        """The tensors of the step ``ready`` names; a slot's further steps are queued."""
         per_slot = self.spec.steps_per_slot
         if per_slot == 1:
-            return ready, self.delivery.deliver(ready.slot)
+            return self.delivery.deliver(ready.slot)
         # NOTE: the slot holds consecutive steps, rows in step order; each is
         # handed over as views of the slot's tensors, which keep the slot
         # held until the last of them is dropped. A run's last slot may hold
@@ -85,9 +97,13 @@ class ProducerRun:
         steps = per_slot if self.end is None else min(per_slot, (self.end - ready.cursor) // step_batch)
         first, *rest = self.delivery.deliver_steps(ready.slot, steps_per_slot=per_slot, steps=steps)
         for k, batch in enumerate(rest, start=1):
-            self._pending.append((ReadyStep(index=ready.index * per_slot + k, cursor=ready.cursor + k * step_batch,
-                                            slot=ready.slot, data_sha256=""), batch))  # fmt: skip
-        return ready, first
+            self.pending.append((ReadyStep(index=ready.index * per_slot + k, cursor=ready.cursor + k * step_batch,
+                                           slot=ready.slot, data_sha256=""), batch))  # fmt: skip
+        return first
+
+    def _deliver_posted(self, slot: int) -> dict[str, torch.Tensor]:
+        assert isinstance(self.producer, ProcessProducer)
+        return self._deliver(self.producer.posted_step(slot))
 
     def counters(self) -> dict[str, Any]:
         """The producer's counters as last published."""
@@ -95,6 +111,7 @@ class ProducerRun:
 
     def release(self) -> None:
         """Release the delivery and the ring (CPU batches the consumer holds stay valid)."""
+        self.steady = None  # NOTE: it holds this run's way to deliver: a cycle that would keep the ring mapped
         if self.delivery is not None and isinstance(self.delivery, CudaDelivery):
             # NOTE: the consumer may still be copying host labels (views of
             # the pinned ring) to the device with non_blocking=True; the ring

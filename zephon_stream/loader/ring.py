@@ -14,9 +14,10 @@ the helper process as a file descriptor.
 
 A small header in front of the slots holds the producer's counters, so the
 consumer reads them without a message, one ``returned`` flag per slot, a
-``producer_waiting`` count and the helper's liveness lock
-(loader/liveness.py). The consumer sets a slot's flag when it is done with
-the slot and the producer clears it when it takes the slot to fill. Handing
+``producer_waiting`` count, the helper's liveness lock (loader/liveness.py)
+and the steps a helper finished (loader/step_board.py). The consumer sets a
+slot's flag when it is done with the slot and the producer clears it when it
+takes the slot to fill. Handing
 a slot back is then one byte written, not a message: no system call in the
 trainer's step, unless the producer waits for a slot (a whole ring ahead)
 and the count of hand-backs it asked to be woken after runs out; then the
@@ -36,6 +37,7 @@ import numpy as np
 
 from zephon_stream.loader.liveness import LOCK_BYTES
 from zephon_stream.loader.packing import PackingSpec, packing_offsets, packing_views
+from zephon_stream.loader.step_board import StepBoard, board_bytes
 
 WIDE_KEYS = ("input", "labels", "positions")
 _ALIGN = 64
@@ -52,8 +54,12 @@ def _lock_offset(num_slots: int) -> int:
     return _align(HEADER_COUNTERS * 8 + num_slots + 1)
 
 
-def _header_bytes(num_slots: int) -> int:
+def _board_offset(num_slots: int) -> int:
     return _lock_offset(num_slots) + LOCK_BYTES
+
+
+def _header_bytes(num_slots: int) -> int:
+    return _board_offset(num_slots) + board_bytes(num_slots)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,6 +182,9 @@ class SharedRing:
         # word, which the trainer reads at every step.
         self.helper_lock_offset = _lock_offset(num_slots)
         self.helper_lock_word = memoryview(self._map)[self.helper_lock_offset : self.helper_lock_offset + 4].cast("i")
+        # NOTE: the steps a helper process finished (loader/step_board.py).
+        board = _board_offset(num_slots)
+        self.board = StepBoard(memoryview(self._map)[board : board + board_bytes(num_slots)], num_slots)
         # NOTE: set when a slot comes back while the producer waits. In one
         # process the consumer sets it (``notify``); a helper process's ring
         # has it set by the thread that reads the consumer's wake-ups, and the
@@ -268,6 +277,9 @@ class SharedRing:
             if view is not None:
                 view.release()
         self.flags = self.helper_lock_word = None  # type: ignore[assignment]
+        if self.board is not None:
+            self.board.release()
+            self.board = None  # type: ignore[assignment]
         self._array = None  # type: ignore[assignment]
         self._slabs = []
         try:

@@ -77,22 +77,16 @@ class SlotViews:
         # the storage. No storage object is kept: a consumer's own storage
         # object (the same Python object while one is alive) must count as a use.
         self._cdata = next(iter(self.whole.values())).untyped_storage()._cdata
-        self._idle_refs = [sys.getrefcount(tensor) for tensor in self._tensors]
+        self._idle_refs = list(map(sys.getrefcount, self._tensors))
         self._idle_uses = _storage_use_count(self._cdata)
 
     def in_use(self) -> bool:
         """Whether anything outside this cache refers to the slot's tensors or their memory."""
-        # NOTE: counted as in __init__ (one loop variable and the call's
-        # argument), so only references from outside differ; the first
-        # tensor still held ends the check (a slot in use is the common case:
-        # the consumer's current batch). No zip or enumerate: their result
-        # tuple would hold one more reference.
-        idle, index = self._idle_refs, 0
-        for tensor in self._tensors:
-            if sys.getrefcount(tensor) != idle[index]:
-                return True
-            index += 1  # noqa: SIM113
-        return _storage_use_count(self._cdata) != self._idle_uses
+        # NOTE: counted as in __init__ (the tuple and the call's argument), so
+        # only references from outside differ; the storage's use count then
+        # covers views made from the tensors.
+        return (list(map(sys.getrefcount, self._tensors)) != self._idle_refs
+                or _storage_use_count(self._cdata) != self._idle_uses)  # fmt: skip
 
 
 def cached_views_available() -> bool:

@@ -40,15 +40,20 @@ class LoaderStats:
             for key, delta in deltas.items():
                 self._counts[key] += delta
 
-    def record_step(self, *, samples: int, stall_s: float, stall_threshold_s: float = 1e-4) -> None:
-        """Count one step handed to the consumer and how long it waited for it."""
-        with self._lock:
-            self._counts["steps"] += 1
-            self._counts["samples"] += samples
-            self._counts["stall_s"] += stall_s
+    def record_step(self, samples: int, stall_s: float = 0.0, stall_threshold_s: float = 1e-4) -> None:
+        """Count one step handed to the consumer and how long it waited for it.
+
+        Called by the consumer's thread alone, the only writer of these
+        counters, so without the lock (a step's counts change between two
+        reads of a snapshot at worst; each count is whole)."""
+        counts = self._counts
+        counts["steps"] += 1
+        counts["samples"] += samples
+        if stall_s:
+            counts["stall_s"] += stall_s
             if stall_s > stall_threshold_s:
-                self._counts["stalled_steps"] += 1
-            self.last_step_stall_s = stall_s
+                counts["stalled_steps"] += 1
+        self.last_step_stall_s = stall_s
 
     def values(self, keys: tuple[str, ...]) -> list[float]:
         """The counters ``keys``, in that order, read together."""

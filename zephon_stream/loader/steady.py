@@ -1,0 +1,105 @@
+"""The trainer's step while a helper process fills the ring ahead of it: one short call.
+
+Most steps of a run need nothing but the next slot: the helper has posted it
+(loader/step_board.py), the slot's tensors were made the first time it came
+round (loader/slot_views.py), and the slots the consumer dropped go back as
+one byte each. The full way there passes through the feed, the run, the
+producer and the delivery, each checking what may have changed (a run
+started ahead, a phase boundary, a helper taking over, the end, an error):
+some forty Python calls. After a training step the interpreter's caches are
+cold, and each call and object touched costs a cache miss; on a 2-vCPU
+virtual machine that path took 20-40 µs of the trainer's CPU a step.
+
+:class:`SteadySteps` is that step in one call over the objects it needs,
+kept at hand. It serves a step only when the step is plain: posted, in a
+slot whose tensors are made, with room for the consumer to hold it; a slot
+of several steps is handed over the run's own way. Anything else, it
+returns None before it changes anything, and the loader takes the full way
+(loader/feed.py), which raises, waits, ends or switches as it always did.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import torch
+
+from zephon_stream.loader.device import CpuDelivery
+from zephon_stream.loader.pipeline import ReadyStep
+from zephon_stream.loader.process import ProcessProducer
+from zephon_stream.loader.ring import SharedRing
+
+
+class SteadySteps:
+    """The plain steps of one run whose helper posts its steps and whose
+    delivery hands over cached CPU tensors.
+
+    Args:
+        ring: the run's ring.
+        delivery: its CPU delivery.
+        producer: its helper.
+        pending: the run's steps already delivered from a slot of several
+            steps, not yet handed over (the run's own queue).
+        steps_per_slot: steps a slot holds.
+        deliver_posted: the run's way to hand over the steps of the slot a
+            post names, after the post is taken (slots of several steps).
+    """
+
+    def __init__(self, *, ring: SharedRing, delivery: CpuDelivery, producer: ProcessProducer,
+                 pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]], steps_per_slot: int,
+                 deliver_posted: Callable[[int], dict[str, torch.Tensor]]) -> None:  # fmt: skip
+        self._flags = ring.flags
+        self._num_slots = ring.num_slots
+        self._notify = ring.notify
+        self._lock_word = ring.helper_lock_word
+        self._pid = producer.pid
+        self._board = ring.board
+        self._count = ring.board.count
+        self._posts = ring.board.posts
+        self._delivery = delivery
+        self._held = delivery.held
+        self._views = delivery.views
+        self._max_held = delivery.max_held
+        self._pending = pending
+        self._steps_per_slot = steps_per_slot
+        self._deliver_posted = deliver_posted
+
+    def take(self) -> dict[str, torch.Tensor] | None:
+        """The next step's tensors, or None when the step is not plain (nothing taken then)."""
+        if self._lock_word[0] != self._pid:
+            return None  # NOTE: the helper may be gone; the full way asks the kernel
+        pending = self._pending
+        if pending:
+            return pending.popleft()[1]
+        if self._delivery.done:
+            return None
+        held, views = self._held, self._views
+        if held and not views[held[0]].in_use():
+            # NOTE: the oldest slot held goes back once the consumer dropped it
+            # (loader/free_slots.py ``hand_back``, here without the call); slots
+            # come back in the order they went out, one a step. A consumer
+            # that keeps an older batch fills ``held``, and the full way
+            # looks at every slot.
+            index = held.pop(0)
+            flags = self._flags
+            flags[index] = 1
+            waiting = self._num_slots
+            left = flags[waiting]
+            if left:
+                flags[waiting] = left - 1
+                if left == 1:
+                    self._notify()
+        board = self._board
+        taken = board.taken
+        if self._count[0] == taken or len(held) >= self._max_held:
+            return None
+        slot = self._posts[taken % self._num_slots]
+        slot_views = views[slot]
+        if slot_views is None or slot_views.steps_per_slot != self._steps_per_slot:
+            return None  # NOTE: the slot's first time round: the full way makes its tensors
+        board.taken = taken + 1
+        if self._steps_per_slot != 1:
+            return self._deliver_posted(slot)
+        held.append(slot)
+        return dict(slot_views.whole)
