@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from zephon_stream.loader.audit import union_sha256
+from loader_reference import steps_until_the_helper_serves
 from zephon_stream import StreamingLoader
 from zephon_stream.loader import feed as feed_module
+from zephon_stream.loader.audit import union_sha256
 from zephon_stream.loader.pipeline import EndOfData
 from zephon_stream.loader.reports import READY, WAKE, HelperReports, encode, frame
 from zephon_stream.loader.ring import SharedRing, SlotLayout
@@ -132,3 +133,27 @@ def test_the_short_way_posts_and_the_socket_hand_over_the_same_steps_to_the_end(
         assert read_to_the_end(sent) == expected
         assert sent.helper_pid is not None
     assert not served, "no short way without posts"
+
+
+def test_a_step_the_short_way_waited_for_counts_its_stall(small_dataset, monkeypatch):
+    waits = []
+    take = SteadySteps.take
+
+    def counted(self):
+        batch = take(self)
+        if batch is not None and self.stall_s > 0:
+            waits.append(self.stall_s)
+        return batch
+
+    monkeypatch.setattr(SteadySteps, "take", counted)
+    # NOTE: a consumer with nothing to do between steps outruns the helper: its steps wait for their posts.
+    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, prefetch_steps=1) as loader:
+        steps_until_the_helper_serves(loader)
+        before = loader.stats()
+        for _ in range(300):
+            next(loader)
+        after = loader.stats()
+    assert waits, "no step by the short way waited"
+    assert after["stall_s"] - before["stall_s"] >= sum(waits) * 0.999
+    assert after["stalled_steps"] - before["stalled_steps"] >= sum(wait > 1e-4 for wait in waits)
+    assert after["steps"] - before["steps"] == 300

@@ -260,7 +260,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
             batch = steady.take()
             if batch is not None:
                 self._position += self.global_batch_size
-                self._stats.record_step(self.local_batch_size)
+                self._stats.record_step(self.local_batch_size, steady.stall_s)
                 return batch
         return self._next_the_full_way()
 

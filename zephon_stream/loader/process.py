@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from zephon_stream.errors import HelperProcessError
-from zephon_stream.loader.reports import HelperReports
+from zephon_stream.loader.reports import SLEEP_FIRST_S, SLEEP_MAX_S, HelperReports
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.producer import ProducerSpec
 from zephon_stream.loader.ring import SharedRing
@@ -41,10 +41,6 @@ from zephon_stream.loader.ring import SharedRing
 _EXIT_WAIT_S = 5.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _GONE_FLAGS = os.WEXITED | os.WNOHANG | os.WNOWAIT
-# NOTE: the bounded sleep of a trainer waiting for a report (loader/reports.py):
-# the first, and the longest after doubling. A report wakes it at once.
-_WAIT_FIRST_S = 0.002
-_WAIT_MAX_S = 0.02
 _LAUNCH = "import sys; from zephon_stream.loader.helper import main; main(sys.argv)"
 
 
@@ -146,6 +142,11 @@ class ProcessProducer:
         return self._process.poll() is not None
 
     @property
+    def reports(self) -> HelperReports:
+        """What the helper reported (loader/reports.py)."""
+        return self._reports
+
+    @property
     def pid(self) -> int:
         """The helper's process id."""
         return self._process.pid
@@ -209,11 +210,11 @@ class ProcessProducer:
         lock_word = self._lock_word
         if (lock_word is None or lock_word[0] != self._pid) and self._gone():
             self._fail(self._due())
-        reports, delay_s = self._reports, _WAIT_FIRST_S
+        reports, delay_s = self._reports, SLEEP_FIRST_S
         try:
             while (item := reports.take()) is None:
                 reports.sleep(delay_s)
-                delay_s = min(2 * delay_s, _WAIT_MAX_S)
+                delay_s = min(2 * delay_s, SLEEP_MAX_S)
         except (EOFError, OSError):
             self._fail(self._due())
         reports.done_waiting()

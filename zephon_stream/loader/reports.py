@@ -32,6 +32,10 @@ _STEP, _END, _ERROR = b"s", b"e", b"x"
 READY = b"r"
 # NOTE: sent after a post the trainer waits for (loader/step_board.py).
 WAKE = b"k"
+# NOTE: the bounded sleep of a trainer waiting for a report: the first, and
+# the longest after doubling. A report wakes it at once.
+SLEEP_FIRST_S = 0.002
+SLEEP_MAX_S = 0.02
 _STEP_FIELDS = struct.Struct("<qqq")
 _STEP_KIND, _STEP_END = _STEP[0], 1 + _STEP_FIELDS.size
 _LENGTH = struct.Struct("<I")
@@ -208,6 +212,16 @@ class HelperReports:
                 return
         if select.select((self._sock,), (), (), timeout_s)[0]:
             self._reader.fill()
+
+    def sent(self) -> bool:
+        """Whether an end or an error was received (kept for :meth:`take`); no system call."""
+        while self._stashed is None:
+            message = self._reader.take()
+            if message is None:
+                return False
+            if message != WAKE and message != READY:
+                self._stashed = decode(message)
+        return True
 
     def done_waiting(self) -> None:
         """The trainer has its report: a post need not send a byte."""

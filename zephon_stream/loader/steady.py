@@ -11,16 +11,19 @@ cold, and each call and object touched costs a cache miss; on a 2-vCPU
 virtual machine that path took 20-40 µs of the trainer's CPU a step.
 
 :class:`SteadySteps` is that step in one call over the objects it needs,
-kept at hand. It serves a step only when the step is plain: posted, in a
-slot whose tensors are made, with room for the consumer to hold it; a slot
-of several steps is handed over the run's own way. Anything else, it
-returns None before it changes anything, and the loader takes the full way
-(loader/feed.py), which raises, waits, ends or switches as it always did.
+kept at hand. It serves a step only when the step is plain: posted (it
+sleeps until it is, as the full way would), in a slot whose tensors are
+made, with room for the consumer to hold it; a slot of several steps is
+handed over the run's own way. Anything else (an end, an error, a helper
+gone), it returns None before it takes anything, and the loader takes the
+full way (loader/feed.py), which raises, waits, ends or switches as it
+always did.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 
 import torch
@@ -28,6 +31,7 @@ import torch
 from zephon_stream.loader.device import CpuDelivery
 from zephon_stream.loader.pipeline import ReadyStep
 from zephon_stream.loader.process import ProcessProducer
+from zephon_stream.loader.reports import SLEEP_FIRST_S, SLEEP_MAX_S
 from zephon_stream.loader.ring import SharedRing
 
 
@@ -64,6 +68,9 @@ class SteadySteps:
         self._pending = pending
         self._steps_per_slot = steps_per_slot
         self._deliver_posted = deliver_posted
+        self._reports = producer.reports
+        # NOTE: how long the last step served waited for its post.
+        self.stall_s = 0.0
 
     def take(self) -> dict[str, torch.Tensor] | None:
         """The next step's tensors, or None when the step is not plain (nothing taken then)."""
@@ -71,6 +78,7 @@ class SteadySteps:
             return None  # NOTE: the helper may be gone; the full way asks the kernel
         pending = self._pending
         if pending:
+            self.stall_s = 0.0
             return pending.popleft()[1]
         if self._delivery.done:
             return None
@@ -90,10 +98,15 @@ class SteadySteps:
                 flags[waiting] = left - 1
                 if left == 1:
                     self._notify()
+        if len(held) >= self._max_held:
+            return None
         board = self._board
         taken = board.taken
-        if self._count[0] == taken or len(held) >= self._max_held:
-            return None
+        if self._count[0] == taken:
+            if not self._wait_for_post():
+                return None
+        else:
+            self.stall_s = 0.0
         slot = self._posts[taken % self._num_slots]
         slot_views = views[slot]
         if slot_views is None or slot_views.steps_per_slot != self._steps_per_slot:
@@ -103,3 +116,22 @@ class SteadySteps:
             return self._deliver_posted(slot)
         held.append(slot)
         return dict(slot_views.whole)
+
+    def _wait_for_post(self) -> bool:
+        """Sleep until the helper posts the next step (True, the wait in
+        ``stall_s``), or until it sent something else or is gone (False)."""
+        started = time.perf_counter()
+        reports, delay_s = self._reports, SLEEP_FIRST_S
+        try:
+            while True:
+                reports.sleep(delay_s)
+                if self._board.posted():
+                    break
+                if reports.sent():
+                    return False  # NOTE: an end or an error: the full way takes it
+                delay_s = min(2 * delay_s, SLEEP_MAX_S)
+        except (EOFError, OSError):
+            return False  # NOTE: the helper is gone: the full way names it
+        reports.done_waiting()
+        self.stall_s = time.perf_counter() - started
+        return True
