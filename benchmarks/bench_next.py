@@ -22,8 +22,13 @@ process's CPU per step (all its threads).
 
 Baseline, measured in the same run: the same timer around a function that
 builds a dict of four tensors it was handed (what a slot handed over whole
-must at least cost), printed beside each figure as a ratio. Target: a median
-of at most 20 µs with the helper process at every shape.
+must at least cost), printed beside each figure as a ratio. And, paired on
+the same helper-process loader, one step at a time in turn: the short way to
+a plain step (loader/steady.py, what ``next()`` takes) against the full way
+through the feed, the run, the producer and the delivery (what it took
+before): the machine's pace moves from run to run by a factor of 2-4 here,
+and a paired figure moves with neither. Target: a median of at most 20 µs
+with the helper process at every shape.
 
 The last printed line is one JSON object with the figures.
 """
@@ -105,9 +110,29 @@ def measure(url: str, *, seq_len: int, local_batch: int, pipeline: str, warm_ste
         helper_us = (process_cpu_s(pid) - helper_start) / steps * 1e6 if pid else 0.0
         assert batch["input"].shape == (local_batch, seq_len)
         stall_ms = loader.stats()["stall_s"] * 1e3
+        del batch  # NOTE: a batch kept on would be a third held: every step a copy
+        paired = paired_ways(loader, steps, iterations) if pipeline == "process" else {}
     ready = summary(ready_ns) if ready_ns else {"median_us": float("nan")}
     return {**summary(cpu_ns), "steps_waited": waited, "stall_ms_total": stall_ms, "ready_steps": len(ready_ns),
-            "ready_median_us": ready["median_us"], "helper_cpu_us_per_step": helper_us}  # fmt: skip
+            "ready_median_us": ready["median_us"], "helper_cpu_us_per_step": helper_us, **paired}  # fmt: skip
+
+
+def paired_ways(loader: StreamingLoader, steps: int, iterations: int) -> dict[str, float]:
+    """The short way to a step (loader/steady.py) against the full way, one
+    step each in turn on the same loader: a paired figure that the machine's
+    changes of pace from run to run leave alone."""
+    # NOTE: the full way is the loader's own, private: what next() took before the short way.
+    ways = {"short": loader.__next__, "full": loader._next_the_full_way}
+    cpu_ns: dict[str, list[int]] = {name: [] for name in ways}
+    for step in range(2 * steps):
+        name = "short" if step % 2 else "full"
+        python_work(iterations)
+        started = time.thread_time_ns()
+        batch = ways[name]()  # NOTE: kept until the next step, as a training loop keeps it
+        cpu_ns[name].append(time.thread_time_ns() - started)
+    del batch
+    short, full = (statistics.median(cpu_ns[name]) / 1000 for name in ("short", "full"))
+    return {"paired_short_median_us": short, "paired_full_median_us": full, "paired_full_to_short": full / short}
 
 
 def main() -> None:
@@ -141,7 +166,11 @@ def main() -> None:
                 entry["ratio_to_baseline_median"] = entry["median_us"] / base["median_us"]
                 figures[f"{name}_{pipeline}"] = entry
                 target = f" (target <= {TARGET_US:g})" if pipeline == "process" else ""
-                helper = f"; the helper process {entry['helper_cpu_us_per_step']:.0f} us" if pipeline == "process" else ""
+                helper = ""
+                if pipeline == "process":
+                    helper = (f"; the helper process {entry['helper_cpu_us_per_step']:.0f} us; in turn on one loader, "
+                              f"the short way {entry['paired_short_median_us']:.1f} us against the full way "
+                              f"{entry['paired_full_median_us']:.1f} us")  # fmt: skip
                 print(f"{name} {pipeline}: next() CPU per step median {entry['median_us']:.1f} us{target}, "
                       f"mean {entry['mean_us']:.1f}, p90 {entry['p90_us']:.1f}, max {entry['max_us']:.0f} us; "
                       f"{entry['ratio_to_baseline_median']:.1f}x the baseline; {entry['steps_waited']} of "

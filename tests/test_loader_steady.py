@@ -9,6 +9,7 @@ import socket
 import time
 
 import pytest
+import torch
 
 from loader_reference import steps_until_the_helper_serves
 from zephon_stream import StreamingLoader
@@ -157,3 +158,31 @@ def test_a_step_the_short_way_waited_for_counts_its_stall(small_dataset, monkeyp
     assert after["stall_s"] - before["stall_s"] >= sum(waits) * 0.999
     assert after["stalled_steps"] - before["stalled_steps"] >= sum(wait > 1e-4 for wait in waits)
     assert after["steps"] - before["steps"] == 300
+
+
+def test_a_consumer_that_keeps_one_batch_still_takes_the_short_way_and_the_batch_stays_whole(small_dataset,
+                                                                                             monkeypatch):  # fmt: skip
+    served = []
+    take = SteadySteps.take
+
+    def counted(self):
+        batch = take(self)
+        served.append(batch is not None)
+        return batch
+
+    # NOTE: 16 x 1024 tokens fill a slot: one step a slot, each handed back on its own.
+    with StreamingLoader(small_dataset.url, seq_len=1024, local_batch_size=16) as loader:
+        steps_until_the_helper_serves(loader)
+        for _ in range(20):
+            next(loader)
+            time.sleep(0.001)
+        kept = next(loader)
+        copy = {key: tensor.clone() for key, tensor in kept.items()}
+        monkeypatch.setattr(SteadySteps, "take", counted)
+        for _ in range(200):
+            # NOTE: each batch used and dropped before the next step (a kept
+            # one and the last one held would be two: the next a copy).
+            assert next(loader)["input"].shape == (16, 1024)
+            time.sleep(0.0005)  # NOTE: the helper keeps up: the steps are plain
+    assert all(torch.equal(kept[key], copy[key]) for key in copy), "a kept batch was overwritten"
+    assert sum(served) >= 150, f"{sum(served)} of 200 steps by the short way while one batch is kept"

@@ -83,21 +83,17 @@ class SteadySteps:
         if self._delivery.done:
             return None
         held, views = self._held, self._views
+        # NOTE: slots come back in the order they went out, one a step: the
+        # oldest held goes back once the consumer dropped it. A consumer that
+        # keeps an older batch fills ``held``; then a later slot may be free.
         if held and not views[held[0]].in_use():
-            # NOTE: the oldest slot held goes back once the consumer dropped it
-            # (loader/free_slots.py ``hand_back``, here without the call); slots
-            # come back in the order they went out, one a step. A consumer
-            # that keeps an older batch fills ``held``, and the full way
-            # looks at every slot.
-            index = held.pop(0)
-            flags = self._flags
-            flags[index] = 1
-            waiting = self._num_slots
-            left = flags[waiting]
-            if left:
-                flags[waiting] = left - 1
-                if left == 1:
-                    self._notify()
+            self._hand_back(held.pop(0))
+        elif len(held) >= self._max_held:
+            for index in held[1:]:
+                if not views[index].in_use():
+                    held.remove(index)
+                    self._hand_back(index)
+                    break
         if len(held) >= self._max_held:
             return None
         board = self._board
@@ -116,6 +112,17 @@ class SteadySteps:
             return self._deliver_posted(slot)
         held.append(slot)
         return dict(slot_views.whole)
+
+    def _hand_back(self, index: int) -> None:
+        """The consumer is done with slot ``index`` (loader/free_slots.py ``hand_back``, over the objects kept here)."""
+        flags = self._flags
+        flags[index] = 1
+        waiting = self._num_slots
+        left = flags[waiting]
+        if left:
+            flags[waiting] = left - 1
+            if left == 1:
+                self._notify()
 
     def _wait_for_post(self) -> bool:
         """Sleep until the helper posts the next step (True, the wait in
