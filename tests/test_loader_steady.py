@@ -10,8 +10,8 @@ import time
 
 import pytest
 import torch
-
 from loader_reference import steps_until_the_helper_serves
+
 from zephon_stream import StreamingLoader
 from zephon_stream.loader import feed as feed_module
 from zephon_stream.loader.audit import union_sha256

@@ -24,16 +24,16 @@ from __future__ import annotations
 import os
 import signal
 import socket
-from multiprocessing.reduction import sendfds
 import subprocess
 import sys
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import sendfds
 from pathlib import Path
 
 from zephon_stream.errors import HelperProcessError
-from zephon_stream.loader.reports import SLEEP_FIRST_S, SLEEP_MAX_S, HelperReports
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.producer import ProducerSpec
+from zephon_stream.loader.reports import SLEEP_FIRST_S, SLEEP_MAX_S, HelperReports
 from zephon_stream.loader.ring import SharedRing
 
 # NOTE: how long close() waits for the helper to exit on its own after the

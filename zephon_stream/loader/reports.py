@@ -21,7 +21,6 @@ import traceback
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.step_board import StepBoard, fence
 
-
 # NOTE: a message is one kind byte and its body: a step's index, cursor and
 # slot packed (and its data sha256 in hex, when the audit log wants it), the
 # end of a finite run, or a pickled error. On the socket each message follows

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 
 from zephon_stream.loader.device import CpuDelivery
+from zephon_stream.loader.free_slots import hand_back
 from zephon_stream.loader.pipeline import ReadyStep
 from zephon_stream.loader.process import ProcessProducer
 from zephon_stream.loader.reports import SLEEP_FIRST_S, SLEEP_MAX_S
@@ -53,9 +54,8 @@ class SteadySteps:
     def __init__(self, *, ring: SharedRing, delivery: CpuDelivery, producer: ProcessProducer,
                  pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]], steps_per_slot: int,
                  deliver_posted: Callable[[int], dict[str, torch.Tensor]]) -> None:  # fmt: skip
-        self._flags = ring.flags
+        self._ring = ring
         self._num_slots = ring.num_slots
-        self._notify = ring.notify
         self._lock_word = ring.helper_lock_word
         self._pid = producer.pid
         self._board = ring.board
@@ -87,12 +87,12 @@ class SteadySteps:
         # oldest held goes back once the consumer dropped it. A consumer that
         # keeps an older batch fills ``held``; then a later slot may be free.
         if held and not views[held[0]].in_use():
-            self._hand_back(held.pop(0))
+            hand_back(self._ring, held.pop(0))
         elif len(held) >= self._max_held:
             for index in held[1:]:
                 if not views[index].in_use():
                     held.remove(index)
-                    self._hand_back(index)
+                    hand_back(self._ring, index)
                     break
         if len(held) >= self._max_held:
             return None
@@ -112,17 +112,6 @@ class SteadySteps:
             return self._deliver_posted(slot)
         held.append(slot)
         return dict(slot_views.whole)
-
-    def _hand_back(self, index: int) -> None:
-        """The consumer is done with slot ``index`` (loader/free_slots.py ``hand_back``, over the objects kept here)."""
-        flags = self._flags
-        flags[index] = 1
-        waiting = self._num_slots
-        left = flags[waiting]
-        if left:
-            flags[waiting] = left - 1
-            if left == 1:
-                self._notify()
 
     def _wait_for_post(self) -> bool:
         """Sleep until the helper posts the next step (True, the wait in
