@@ -87,6 +87,24 @@ def test_an_end_sent_after_posts_the_trainer_has_not_read_comes_after_them():
         board.release()
 
 
+class ShortWaySteps(list):
+    """What ``SteadySteps.take`` answered, once :meth:`watch` starts: per call,
+    None when it stepped aside, else the stall it counted."""
+
+    def watch(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        take = SteadySteps.take
+
+        def recorded(steady: SteadySteps):
+            batch = take(steady)
+            self.append(None if batch is None else steady.stall_s)
+            return batch
+
+        monkeypatch.setattr(SteadySteps, "take", recorded)
+
+    def served(self) -> int:
+        return sum(answer is not None for answer in self)
+
+
 def step_hash(batch) -> str:
     return union_sha256([(batch["sample_positions"].numpy(), batch["input"].numpy(), batch["labels"].numpy())])
 
@@ -113,20 +131,13 @@ def test_the_short_way_posts_and_the_socket_hand_over_the_same_steps_to_the_end(
     with loader("threads") as reference:
         expected = read_to_the_end(reference)
     assert len(expected) == steps
-    served = []
-    take = SteadySteps.take
-
-    def counted(self):
-        batch = take(self)
-        served.append(batch is not None)
-        return batch
-
-    monkeypatch.setattr(SteadySteps, "take", counted)
+    served = ShortWaySteps()
+    served.watch(monkeypatch)
     with loader("process") as posted:
         assert read_to_the_end(posted) == expected
         assert posted.helper_pid is not None
     # NOTE: the run begins on threads until the helper is loaded (later on a busy machine).
-    assert sum(served) >= 100, "the short way served the helper's steps"
+    assert served.served() >= 100, "the short way served the helper's steps"
     served.clear()
     # NOTE: where the machine's memory order does not allow posts, steps come over the socket.
     monkeypatch.setattr(feed_module, "board_is_safe", lambda: False)
@@ -137,16 +148,8 @@ def test_the_short_way_posts_and_the_socket_hand_over_the_same_steps_to_the_end(
 
 
 def test_a_step_the_short_way_waited_for_counts_its_stall(small_dataset, monkeypatch):
-    waits = []
-    take = SteadySteps.take
-
-    def counted(self):
-        batch = take(self)
-        if batch is not None and self.stall_s > 0:
-            waits.append(self.stall_s)
-        return batch
-
-    monkeypatch.setattr(SteadySteps, "take", counted)
+    answers = ShortWaySteps()
+    answers.watch(monkeypatch)
     # NOTE: a consumer with nothing to do between steps outruns the helper: its steps wait for their posts.
     with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, prefetch_steps=1) as loader:
         steps_until_the_helper_serves(loader)
@@ -154,6 +157,7 @@ def test_a_step_the_short_way_waited_for_counts_its_stall(small_dataset, monkeyp
         for _ in range(300):
             next(loader)
         after = loader.stats()
+    waits = [stall_s for stall_s in answers if stall_s]
     assert waits, "no step by the short way waited"
     assert after["stall_s"] - before["stall_s"] >= sum(waits) * 0.999
     assert after["stalled_steps"] - before["stalled_steps"] >= sum(wait > 1e-4 for wait in waits)
@@ -162,14 +166,7 @@ def test_a_step_the_short_way_waited_for_counts_its_stall(small_dataset, monkeyp
 
 def test_a_consumer_that_keeps_one_batch_still_takes_the_short_way_and_the_batch_stays_whole(small_dataset,
                                                                                              monkeypatch):  # fmt: skip
-    served = []
-    take = SteadySteps.take
-
-    def counted(self):
-        batch = take(self)
-        served.append(batch is not None)
-        return batch
-
+    served = ShortWaySteps()
     # NOTE: 16 x 1024 tokens fill a slot: one step a slot, each handed back on its own.
     with StreamingLoader(small_dataset.url, seq_len=1024, local_batch_size=16) as loader:
         steps_until_the_helper_serves(loader)
@@ -178,11 +175,11 @@ def test_a_consumer_that_keeps_one_batch_still_takes_the_short_way_and_the_batch
             time.sleep(0.001)
         kept = next(loader)
         copy = {key: tensor.clone() for key, tensor in kept.items()}
-        monkeypatch.setattr(SteadySteps, "take", counted)
+        served.watch(monkeypatch)
         for _ in range(200):
             # NOTE: each batch used and dropped before the next step (a kept
             # one and the last one held would be two: the next a copy).
             assert next(loader)["input"].shape == (16, 1024)
             time.sleep(0.0005)  # NOTE: the helper keeps up: the steps are plain
     assert all(torch.equal(kept[key], copy[key]) for key in copy), "a kept batch was overwritten"
-    assert sum(served) >= 150, f"{sum(served)} of 200 steps by the short way while one batch is kept"
+    assert served.served() >= 150, f"{served.served()} of 200 steps by the short way while one batch is kept"
