@@ -71,7 +71,7 @@ def test_an_end_sent_after_posts_the_trainer_has_not_read_comes_after_them():
         theirs.sendall(frame(WAKE) + frame(encode(EndOfData())))
         assert reports.take() == 3
         assert reports.take() is None, "what was sent is received by sleep(), not by take()"
-        reports.sleep(5)
+        reports.sleep()
         assert board.waiting[0] == 1, "a trainer that sleeps says so on the board"
         board.late_slot = 1
         # NOTE: the board looked empty, then the end came: the post made in between comes first.
@@ -80,7 +80,7 @@ def test_an_end_sent_after_posts_the_trainer_has_not_read_comes_after_them():
         assert reports.take() is None
         theirs.close()
         with pytest.raises(EOFError):
-            reports.sleep(5)
+            reports.sleep()
     finally:
         ours.close()
         theirs.close()

@@ -292,14 +292,14 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         if self._audit is not None:
             self._audit.append(self._audit_record(ready.cursor, ready.data_sha256))
         if feed.steady is not None:
-            stops = [p for p in (end, self._layout.end_position) if p is not None]
-            self._steady_until = min(stops) if stops else math.inf
+            stop = _stop_position(self._layout, end)
+            self._steady_until = math.inf if stop is None else stop
         return batch
 
     def _run_args(self, layout: RankLayout, start: int, end: int | None) -> dict[str, Any]:
         """The keywords of a producer run of ``layout`` from cursor ``start`` to its end or ``end``."""
-        stops = [p for p in (end, layout.end_position) if p is not None]
-        num_steps = None if not stops else max(0, -(-(min(stops) - start) // layout.global_batch))
+        stop = _stop_position(layout, end)
+        num_steps = None if stop is None else max(0, -(-(stop - start) // layout.global_batch))
         more_runs = layout.end_position is not None and (end is None or layout.end_position < end)
         return {"start": start, "start_step": self._book.step_of(start, layout), "num_steps": num_steps,
                 "hash_data": self._audit is not None, "more_runs": more_runs}  # fmt: skip
@@ -363,3 +363,9 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def _stop_position(layout: RankLayout, end: int | None) -> int | None:
+    """Where reading ``layout`` stops: its own end (a phase's) or the run's ``end``, whichever comes first."""
+    stops = [p for p in (end, layout.end_position) if p is not None]
+    return min(stops) if stops else None

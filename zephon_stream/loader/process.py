@@ -33,7 +33,7 @@ from pathlib import Path
 from zephon_stream.errors import HelperProcessError
 from zephon_stream.loader.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.producer import ProducerSpec
-from zephon_stream.loader.reports import SLEEP_FIRST_S, SLEEP_MAX_S, HelperReports
+from zephon_stream.loader.reports import HelperReports
 from zephon_stream.loader.ring import SharedRing
 
 # NOTE: how long close() waits for the helper to exit on its own after the
@@ -210,11 +210,10 @@ class ProcessProducer:
         lock_word = self._lock_word
         if (lock_word is None or lock_word[0] != self._pid) and self._gone():
             self._fail(self._due())
-        reports, delay_s = self._reports, SLEEP_FIRST_S
+        reports = self._reports
         try:
             while (item := reports.take()) is None:
-                reports.sleep(delay_s)
-                delay_s = min(2 * delay_s, SLEEP_MAX_S)
+                reports.sleep()
         except (EOFError, OSError):
             self._fail(self._due())
         reports.done_waiting()

@@ -33,8 +33,8 @@ READY = b"r"
 WAKE = b"k"
 # NOTE: the bounded sleep of a trainer waiting for a report: the first, and
 # the longest after doubling. A report wakes it at once.
-SLEEP_FIRST_S = 0.002
-SLEEP_MAX_S = 0.02
+_SLEEP_FIRST_S = 0.002
+_SLEEP_MAX_S = 0.02
 _STEP_FIELDS = struct.Struct("<qqq")
 _STEP_KIND, _STEP_END = _STEP[0], 1 + _STEP_FIELDS.size
 _LENGTH = struct.Struct("<I")
@@ -153,8 +153,10 @@ class HelperReports:
         self._reader = MessageReader(sock)
         self.board: StepBoard | None = None  # NOTE: the run's, once it starts
         self.posts = False  # NOTE: whether the helper posts its steps on the board (else sends them)
-        # NOTE: an end or error that came while steps posted before it were unread.
+        # NOTE: what was received and not taken yet: an end or error that came
+        # while steps posted before it were unread, or one :meth:`sent` looked at.
         self._stashed: ReadyStep | EndOfData | BaseException | None = None
+        self._sleep_s = _SLEEP_FIRST_S  # NOTE: doubles while one wait goes on
 
     def ready(self) -> bool:
         """Whether the helper said it is ready (never waits); its first message.
@@ -176,13 +178,9 @@ class HelperReports:
             slot = board.take()
             if slot is not None:
                 return slot
+        if not self.sent():
+            return None
         item, self._stashed = self._stashed, None
-        while item is None:
-            message = self._reader.take()
-            if message is None:
-                return None
-            if message != WAKE and message != READY:  # NOTE: READY when nobody asked ready() first
-                item = decode(message)
         if board is not None and type(item) is not ReadyStep and board.posted():
             # NOTE: the helper posts its steps before it sends what ends them
             # (the end, an error at a later step): those come first.
@@ -190,8 +188,9 @@ class HelperReports:
             return board.take()
         return item
 
-    def sleep(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for a report and receive what came.
+    def sleep(self) -> None:
+        """Wait a while for a report and receive what came: 2 ms, twice as
+        long at each sleep of the same wait, at most 20 ms.
 
         Raises:
             EOFError: the helper closed the socket.
@@ -209,20 +208,22 @@ class HelperReports:
             fence()
             if board.posted():
                 return
+        timeout_s, self._sleep_s = self._sleep_s, min(2 * self._sleep_s, _SLEEP_MAX_S)
         if select.select((self._sock,), (), (), timeout_s)[0]:
             self._reader.fill()
 
     def sent(self) -> bool:
-        """Whether an end or an error was received (kept for :meth:`take`); no system call."""
+        """Whether something sent was received and not taken yet (kept for :meth:`take`); no system call."""
         while self._stashed is None:
             message = self._reader.take()
             if message is None:
                 return False
-            if message != WAKE and message != READY:
+            if message != WAKE and message != READY:  # NOTE: READY when nobody asked ready() first
                 self._stashed = decode(message)
         return True
 
     def done_waiting(self) -> None:
-        """The trainer has its report: a post need not send a byte."""
+        """The trainer has its report: a post need not send a byte, and the next wait sleeps short again."""
+        self._sleep_s = _SLEEP_FIRST_S
         if self.posts:
             self.board.waiting[0] = 0

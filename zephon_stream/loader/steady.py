@@ -32,7 +32,6 @@ from zephon_stream.loader.device import CpuDelivery
 from zephon_stream.loader.free_slots import hand_back
 from zephon_stream.loader.pipeline import ReadyStep
 from zephon_stream.loader.process import ProcessProducer
-from zephon_stream.loader.reports import SLEEP_FIRST_S, SLEEP_MAX_S
 from zephon_stream.loader.ring import SharedRing
 
 
@@ -117,15 +116,14 @@ class SteadySteps:
         """Sleep until the helper posts the next step (True, the wait in
         ``stall_s``), or until it sent something else or is gone (False)."""
         started = time.perf_counter()
-        reports, delay_s = self._reports, SLEEP_FIRST_S
+        reports = self._reports
         try:
             while True:
-                reports.sleep(delay_s)
+                reports.sleep()
                 if self._board.posted():
                     break
                 if reports.sent():
                     return False  # NOTE: an end or an error: the full way takes it
-                delay_s = min(2 * delay_s, SLEEP_MAX_S)
         except (EOFError, OSError):
             return False  # NOTE: the helper is gone: the full way names it
         reports.done_waiting()
