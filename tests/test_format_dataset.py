@@ -44,6 +44,7 @@ def make_dataset(
     tokenizer: TokenizerInfo = BYTES_TOKENIZER,
     block_tokens: int = 1000,
     blocks_per_shard: int = 3,
+    version: tuple[int, int] | None = None,
     rejects: list[dict] = (),
 ) -> Manifest:
     """Write a committed dataset of ``docs`` (source, tokens incl. EOS) under ``root``.
@@ -104,10 +105,13 @@ def make_dataset(
         for name in names
     ]
     manifest = Manifest.create(
-        tokenizer=tokenizer, block_tokens=block_tokens, blocks_per_shard=blocks_per_shard, shards=shards, sources=sources
+        tokenizer=tokenizer, block_tokens=block_tokens, blocks_per_shard=blocks_per_shard, shards=shards, sources=sources,
+        **({} if version is None else {"version": version}),
     )
     (root / REJECTS_NAME).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects))
-    (root / MANIFEST_NAME).write_bytes(manifest.to_bytes())
+    for path, data in manifest.objects().items():  # NOTE: format 1.1's index objects, the manifest last
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
     return manifest
 
 
@@ -152,6 +156,6 @@ def test_manifest_file_round_trips_and_is_byte_identical_when_rewritten(tmp_path
     second = make_dataset(tmp_path / "b", byte_docs())
     data = (tmp_path / "a" / MANIFEST_NAME).read_bytes()
     assert data == (tmp_path / "b" / MANIFEST_NAME).read_bytes()
-    assert Manifest.from_bytes(data, where="a") == first == second
+    assert Manifest.from_bytes(data, where="a", read=lambda path: (tmp_path / "a" / path).read_bytes()) == first == second
     for shard in first.shards:
         assert (tmp_path / "a" / shard.path).read_bytes() == (tmp_path / "b" / shard.path).read_bytes()

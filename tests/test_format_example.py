@@ -16,11 +16,11 @@ BYTES_FINGERPRINT = "ac3165c03a01dfcf1b091bee99e4e6bcc709bda10d6733c5b5daa1eaa7d
 FORMAT_MD = Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md"
 
 
-def build_example(root: Path):
+def build_example(root: Path, version: tuple[int, int] = (1, 0)):
     tok = TokenizerInfo(kind="bytes", name="bytes", vocab_size=257, eos_id=256, bos_id=None, fingerprint=BYTES_FINGERPRINT)
     docs = [("a.txt", b"hello"), ("a.txt", b"hi"), ("b.txt", b"zephon stream")]
     docs = [(name, np.append(np.frombuffer(text, np.uint8), 256).astype(np.uint16)) for name, text in docs]
-    return make_dataset(root, docs, tokenizer=tok, block_tokens=5, blocks_per_shard=2)
+    return make_dataset(root, docs, tokenizer=tok, block_tokens=5, blocks_per_shard=2, version=version)
 
 
 def test_worked_example_matches_the_spec(tmp_path: Path) -> None:

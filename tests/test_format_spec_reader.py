@@ -5,17 +5,69 @@ from __future__ import annotations
 
 import hashlib
 import math
+import shutil
 from pathlib import Path
 
 import msgpack
 import numpy as np
 import zstandard
 
+FIXTURE = Path(__file__).resolve().parent / "data" / "format-1.0"
+
+
+def spec_table(root: Path, entry: dict) -> dict[str, np.ndarray]:
+    """Every column of a table object, each page checked (FORMAT.md 11.2)."""
+    data = (root / entry["path"]).read_bytes()
+    assert len(data) == entry["num_bytes"] and hashlib.sha256(data).hexdigest() == entry["sha256"]
+    page, rows = entry["page_bytes"], entry["rows"]
+
+    def blake(chunk: bytes) -> bytes:
+        return hashlib.blake2b(chunk, digest_size=16).digest()
+
+    region = data[entry["digests_offset"] :]
+    assert b"".join(blake(region[i : i + page]) for i in range(0, len(region), page)) == entry["digest_pages"]
+    columns, digests, offset = {}, [], 0
+    for column in entry["columns"]:
+        width = np.dtype(column["type"]).itemsize
+        assert column["offset"] == offset
+        body = data[offset : offset + rows * width]
+        digests += [blake(body[i : i + page]) for i in range(0, len(body), page)]
+        columns[column["name"]] = np.frombuffer(body, dtype=column["type"])
+        offset += rows * width
+    assert offset == entry["digests_offset"] and b"".join(digests) == region
+    return columns
+
+
+def spec_entries(root: Path, manifest: dict) -> tuple[list[dict], list[dict]]:
+    """The 1.0 shard and source entries of a 1.1 manifest, from its index objects (FORMAT.md 11.3)."""
+    frames = spec_table(root, manifest["index"]["blocks"])["frames"]
+    frames = frames.view([("start", "<u8"), ("end", "<u8"), ("shard", "<u4"), ("block", "<u4"), ("tokens", "<u4")])
+    table = spec_table(root, manifest["index"]["shards"])
+    shards = []
+    for i in range(manifest["num_shards"]):
+        rows = frames[frames["shard"] == i]
+        assert rows["block"].tolist() == list(range(len(rows))) and int(table["first_block"][i]) == int(np.flatnonzero(frames["shard"] == i)[0])
+        shards.append({"path": table["path"][i].decode(), "index_path": table["index_path"][i].decode(),
+                       "num_tokens": int(table["num_tokens"][i]), "num_bytes": int(table["num_bytes"][i]),
+                       "num_documents": int(table["num_documents"][i]), "sha256": bytes(table["sha256"][i]).hex(),
+                       "index_sha256": bytes(table["index_sha256"][i]).hex(),
+                       "block_offsets": [int(rows["start"][0]), *map(int, rows["end"])]})
+    short = manifest["short_blocks"]
+    sizes = np.full(manifest["num_blocks"], manifest["block_tokens"])
+    sizes[np.frombuffer(short["ids"], "<u8").astype(np.int64)] = np.frombuffer(short["counts"], "<u4")
+    assert np.array_equal(frames["tokens"], sizes)
+    sources_entry = manifest["index"]["sources"]
+    data = (root / sources_entry["path"]).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == sources_entry["sha256"]
+    return shards, msgpack.unpackb(data, raw=False)
+
 
 def spec_read(root: Path) -> tuple[dict, np.ndarray, list[tuple[int, str, int]]]:
-    """(manifest, token stream, [(global start, source, record)]) per FORMAT.md sections 4-6."""
+    """(manifest, token stream, [(global start, source, record)]) per FORMAT.md sections 4-6 and 11."""
     manifest = msgpack.unpackb((root / "manifest").read_bytes(), raw=False)
     assert manifest["format"] == "zephon-stream" and manifest["version"][0] == 1
+    if "index" in manifest:
+        manifest["shards"], manifest["sources"] = spec_entries(root, manifest)
     dtype = {"uint16": "<u2", "uint32": "<u4"}[manifest["dtype"]]
     itemsize = np.dtype(dtype).itemsize
     bt = manifest["block_tokens"]
@@ -52,8 +104,20 @@ def spec_read(root: Path) -> tuple[dict, np.ndarray, list[tuple[int, str, int]]]
     return manifest, stream, documents
 
 
+def test_spec_reader_reads_the_format_1_0_fixture_and_its_reindexed_copy(tmp_path: Path) -> None:
+    from zephon_stream.cli import main
+
+    shutil.copytree(FIXTURE, tmp_path / "ds")
+    old = spec_read(tmp_path / "ds")
+    assert main(["reindex", str(tmp_path / "ds")]) == 0
+    new = spec_read(tmp_path / "ds")
+    assert (old[0]["version"], new[0]["version"]) == ([1, 0], [1, 1])
+    assert old[0]["fingerprint"] == new[0]["fingerprint"] and np.array_equal(old[1], new[1]) and old[2] == new[2]
+
+
 def test_spec_reader_recovers_every_document_of_the_writer(small_dataset) -> None:
     manifest, stream, documents = spec_read(Path(small_dataset.url))
+    assert manifest["version"] == [1, 1]
     assert manifest["tokenizer"]["kind"] == "bytes" and manifest["tokenizer"]["eos_id"] == 256
     ends = [start for start, _, _ in documents[1:]] + [len(stream)]
     texts = [stream[start:end] for (start, _, _), end in zip(documents, ends)]

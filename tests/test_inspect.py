@@ -91,7 +91,7 @@ def test_inspect_json_keys_stay_stable(tmp_path: Path, capsys) -> None:
 def test_inspect_refuses_an_escaping_manifest(tmp_path: Path, capsys) -> None:
     import msgpack
 
-    make_dataset(tmp_path, byte_docs(3))
+    make_dataset(tmp_path, byte_docs(3), version=(1, 0))
     obj = msgpack.unpackb((tmp_path / "manifest").read_bytes())
     obj["shards"][0]["path"] = "../x"
     (tmp_path / "manifest").write_bytes(msgpack.packb(obj))

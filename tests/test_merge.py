@@ -145,9 +145,11 @@ def test_merge_on_s3_matches_one_process(stdlib_corpus, bpe_tokenizer_json, s3_u
     merged = merge_parts(parts, out, storage_options=s3_options)
     assert [s.path.split("/")[0] for s in merged.shards][0] == "part-00000-of-00003"
     assert_same_dataset_content(out, single, s3_options)
-    # NOTE: the shards stay where the ranks wrote them; only the manifest and rejects are new.
+    # NOTE: the shards stay where the ranks wrote them; only the manifest, its index objects and rejects are new.
     with open_store(out, s3_options) as store:
-        assert sorted(p for p in store.list() if not p.startswith("part-")) == ["manifest", "rejects.jsonl"]
+        new = sorted(p for p in store.list() if not p.startswith("part-"))
+        assert [p for p in new if not p.startswith("index/")] == ["manifest", "rejects.jsonl"]
+        assert sorted(p.split("-")[0] for p in new if p.startswith("index/")) == ["index/blocks", "index/shards", "index/sources"]
 
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

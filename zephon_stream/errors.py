@@ -32,6 +32,10 @@ class TruncatedObjectError(FormatError):
     """An object shorter than the manifest says it is."""
 
 
+class IndexObjectError(FormatError):
+    """An index object (format 1.1) that is truncated or whose bytes do not match their digests."""
+
+
 class ObjectMissingError(ZephonError, FileNotFoundError):
     """An object the manifest names is not in the store."""
 

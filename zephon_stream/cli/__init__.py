@@ -21,6 +21,7 @@ _SUBCOMMAND_MODULES = (
     "verify",
     "which",
     "merge",
+    "reindex",
     "difflog",
     "demo",
 )

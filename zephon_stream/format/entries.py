@@ -7,8 +7,12 @@ must agree on and ``manifest.py`` holds the dataset-wide record.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from zephon_stream.format.fields import FieldReader
 from zephon_stream.format.spec import MAX_VOCAB_SIZE
@@ -147,3 +151,13 @@ def _unchecked(cls: type[Any], fields: dict[str, Any]) -> Any:
     obj = object.__new__(cls)
     object.__setattr__(obj, "__dict__", fields)
     return obj
+
+
+def max_frame_bytes(shards: Sequence[ShardInfo]) -> int:
+    """The largest block frame over every shard at once (tens of thousands at scale), in bytes; 0 for none."""
+    offsets = [s.block_offsets for s in shards]
+    counts = np.fromiter(map(len, offsets), dtype=np.int64, count=len(offsets))
+    flat = np.fromiter(itertools.chain.from_iterable(offsets), dtype=np.int64, count=int(counts.sum()))
+    sizes = np.diff(flat)
+    sizes[np.cumsum(counts)[:-1] - 1] = 0  # NOTE: from one shard's end to the next one's start
+    return int(sizes.max()) if sizes.size else 0

@@ -12,7 +12,7 @@ is checked on load, with both values named on a mismatch (docs/FORMAT.md,
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -21,10 +21,19 @@ import msgpack
 import numpy as np
 
 from zephon_stream.errors import ManifestError, ObjectMissingError, VersionError
-from zephon_stream.format.entries import ShardInfo, SourceInfo, TokenizerInfo, entries_unchecked
+from zephon_stream.format.entries import ShardInfo, SourceInfo, TokenizerInfo, entries_unchecked, max_frame_bytes
 from zephon_stream.format.fields import FieldReader, check_relative_path, unpack_map
 from zephon_stream.format.fingerprint import FINGERPRINT_HEADER, compute_fingerprint  # noqa: F401 (re-exported)
-from zephon_stream.format.spec import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, REJECTS_NAME, dtype_name, np_dtype
+from zephon_stream.format.header import check_header_against, dataset_root, decode_header, encode_objects, full_entries, is_indexed
+from zephon_stream.format.spec import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEXED_VERSION,
+    MANIFEST_NAME,
+    REJECTS_NAME,
+    dtype_name,
+    np_dtype,
+)
 from zephon_stream.format.validation import validate_manifest
 
 __all__ = ["FINGERPRINT_HEADER", "Manifest", "ShardInfo", "SourceInfo", "TokenizerInfo", "compute_fingerprint"]
@@ -75,8 +84,9 @@ class Manifest:
         shards: Iterable[ShardInfo],
         sources: Iterable[SourceInfo],
         rejects_path: str = REJECTS_NAME,
+        version: tuple[int, int] = FORMAT_VERSION,
     ) -> Manifest:
-        """Build a manifest, deriving dtype, totals and fingerprint."""
+        """Build a manifest, deriving dtype, totals and fingerprint (``version``: the layout it is written in)."""
         shards = tuple(shards)
         sources = tuple(sources)
         try:
@@ -102,12 +112,13 @@ class Manifest:
                 shards=[(s.num_tokens, s.sha256) for s in shards],
             ),
             rejects_path=rejects_path,
+            version=version,
         )
 
     # -- codec -------------------------------------------------------------
 
     def to_obj(self) -> dict[str, Any]:
-        """The manifest as a plain map, keys in canonical order."""
+        """The manifest in the layout of format 1.0 (every entry inline), keys in canonical order."""
         return {
             "format": FORMAT_NAME,
             "version": list(self.version),
@@ -127,12 +138,36 @@ class Manifest:
         }
 
     def to_bytes(self) -> bytes:
-        """Canonical msgpack bytes: the same manifest always gives the same bytes."""
-        return msgpack.packb(self.to_obj(), use_bin_type=True)
+        """The ``manifest`` object's canonical bytes: the same manifest always gives the same bytes.
+
+        From format 1.1 on, these name index objects (see :meth:`objects`),
+        which must be written before them.
+        """
+        return self.objects()[MANIFEST_NAME]
+
+    def objects(self) -> dict[str, bytes]:
+        """Every object the manifest commits, by path, in write order: ``manifest`` last."""
+        return dict(self._objects)
+
+    @cached_property
+    def _objects(self) -> dict[str, bytes]:
+        if self.version < INDEXED_VERSION:
+            return {MANIFEST_NAME: msgpack.packb(self.to_obj(), use_bin_type=True)}
+        return encode_objects(self)
+
+    def write(self, store: Any) -> None:
+        """Write the manifest's objects to ``store``, each atomically, the ``manifest`` itself last (the commit)."""
+        for path, data in self.objects().items():
+            store.write_atomic(path, data)
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, where: str = MANIFEST_NAME) -> Manifest:
+    def from_bytes(
+        cls, data: bytes, *, where: str = MANIFEST_NAME, read: Callable[[str], bytes] | None = None
+    ) -> Manifest:
         """Decode and validate manifest bytes.
+
+        A 1.1 manifest names index objects: ``read(path)`` fetches one whole
+        (``Manifest.read`` passes the store's), checked against its digests.
 
         Raises:
             VersionError: unknown major version.
@@ -146,13 +181,13 @@ class Manifest:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            return cls._from_bytes(data, where=where)
+            return cls._from_bytes(data, where=where, read=read)
         finally:
             if collecting:
                 gc.enable()
 
     @classmethod
-    def _from_bytes(cls, data: bytes, *, where: str) -> Manifest:
+    def _from_bytes(cls, data: bytes, *, where: str, read: Callable[[str], bytes] | None) -> Manifest:
         fields = FieldReader(unpack_map(data, where=where), where=where)
         name = fields.get("format")
         if name != FORMAT_NAME:
@@ -163,6 +198,8 @@ class Manifest:
                 f"{where}: format version {major}.{minor} has unknown major version {major} "
                 f"(this reader supports {FORMAT_VERSION[0]}.x, up to {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]})"
             )
+        if is_indexed(fields.obj, (major, minor)):
+            return cls._from_header(fields, major=major, minor=minor, where=where, read=read)
         shards = fields.array("shards")
         sources = fields.array("sources")
 
@@ -206,6 +243,32 @@ class Manifest:
             raise type(exc)(f"{where}: {exc}") from None
 
     @classmethod
+    def _from_header(
+        cls, fields: FieldReader, *, major: int, minor: int, where: str, read: Callable[[str], bytes] | None
+    ) -> Manifest:
+        header = decode_header(fields, major=major, minor=minor, where=where)
+        if read is None:
+            raise ManifestError(f"{where}: format {major}.{minor} names index objects; read it with Manifest.read(store)")
+        shards, sources = full_entries(header, read, root=dataset_root(where))
+        try:
+            manifest = cls(
+                version=(major, minor), dtype=header.dtype, tokenizer=header.tokenizer,
+                block_tokens=header.block_tokens, blocks_per_shard=header.blocks_per_shard,
+                num_tokens=header.num_tokens, num_blocks=header.num_blocks, num_documents=header.num_documents,
+                num_rejected=header.num_rejected, compressed_bytes=header.compressed_bytes, shards=shards,
+                sources=sources, rejects_path=header.rejects_path, fingerprint=header.fingerprint,
+            )  # fmt: skip
+        except ManifestError as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+        check_header_against(header, manifest, where=where)
+        return manifest
+
+    @cached_property
+    def max_block_bytes(self) -> int:
+        """The largest compressed block (zstd frame) of the dataset, in bytes."""
+        return max_frame_bytes(self.shards)
+
+    @classmethod
     def read(cls, store: Any) -> Manifest:
         """Read and validate the manifest of the dataset in ``store``.
 
@@ -220,7 +283,7 @@ class Manifest:
                 f"no committed dataset at {store.url}: {MANIFEST_NAME!r} is missing "
                 "(a dataset is committed when its manifest is written, last)"
             ) from None
-        return cls.from_bytes(data, where=f"manifest {where}")
+        return cls.from_bytes(data, where=f"manifest {where}", read=store.read)
 
     @classmethod
     def load(cls, url: str, storage_options: dict[str, Any] | None = None) -> Manifest:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 FORMAT_NAME = "zephon-stream"
-FORMAT_VERSION: tuple[int, int] = (1, 0)
+# NOTE: 1.1 moved the per-shard, per-block and per-source arrays out of the
+# manifest into index objects (docs/FORMAT.md, section 11); 1.0 still reads.
+FORMAT_VERSION: tuple[int, int] = (1, 1)
+INDEXED_VERSION: tuple[int, int] = (1, 1)
 DOCINDEX_VERSION: tuple[int, int] = (1, 0)
 
 DEFAULT_BLOCK_TOKENS = 2**20 + 1
@@ -18,6 +21,7 @@ MAX_BLOCK_TOKENS = 2**30
 
 MANIFEST_NAME = "manifest"
 SHARDS_DIR = "shards"
+INDEX_DIR = "index"
 REJECTS_NAME = "rejects.jsonl"
 SHARD_SUFFIX = ".zst"
 INDEX_SUFFIX = ".idx"

@@ -244,7 +244,7 @@ class _Run:
             ],
         )
         assert manifest.num_tokens == self.builder.num_tokens
-        self.store.write_atomic(MANIFEST_NAME, manifest.to_bytes())
+        manifest.write(self.store)
         return WriteSummary(
             output=self.store.url,
             records_in=records_in,

@@ -97,8 +97,15 @@ def find_parts(store: Store) -> list[str]:
     return sorted(committed, key=lambda folder: committed[folder][0])
 
 
+def read_part(store: Store, name: str) -> Manifest:
+    """The manifest of the part in folder ``name`` of ``store``, with every entry (either format version)."""
+    return Manifest.from_bytes(
+        store.read(f"{name}/{MANIFEST_NAME}"), where=f"manifest of part {name}", read=lambda path: store.read(f"{name}/{path}")
+    )
+
+
 def _check_compatible(first: Manifest, first_name: str, other: Manifest, name: str) -> None:
-    for field in ("version", "dtype", "block_tokens", "blocks_per_shard"):
+    for field in ("dtype", "block_tokens", "blocks_per_shard"):
         mine, theirs = getattr(first, field), getattr(other, field)
         if mine != theirs:
             raise ManifestError(f"part {name}: {field} is {theirs}, but part {first_name} has {mine}")
@@ -139,7 +146,7 @@ def merge_parts(
         names = [part_path_under(output, part) for part in parts] if parts else find_parts(store)
         if len(set(names)) != len(names):
             raise ConfigError(f"merge: a part is listed twice in {names}")
-        manifests = [Manifest.from_bytes(store.read(f"{name}/{MANIFEST_NAME}"), where=f"manifest of part {name}") for name in names]
+        manifests = [read_part(store, name) for name in names]
         shards, sources, rejects = [], [], []
         source_part: dict[str, str] = {}
         for name, manifest in zip(names, manifests):
@@ -173,7 +180,7 @@ def merge_parts(
             )
         store.write_atomic(REJECTS_NAME, b"".join(chunk if chunk.endswith(b"\n") or not chunk else chunk + b"\n" for chunk in rejects))
         # NOTE: the manifest is written last: its presence commits the merged dataset.
-        store.write_atomic(MANIFEST_NAME, data)
+        merged.write(store)
         return merged
     finally:
         store.close()
