@@ -124,7 +124,7 @@ def resume_point(loader: StreamingLoader) -> dict[str, Any]:
     else:
         positions = np.arange(loader.position, loader.position + loader.global_batch_size)
     streams, blocks, samples = order.sample_at(positions)
-    manifest = loader.manifests[int(streams[0])][1]
+    manifest = loader.manifests[int(streams[0])][1].manifest
     shard, block_in_shard = manifest.block_location(int(blocks[0]))
     return {
         "position": loader.position,

@@ -36,7 +36,7 @@ from zephon_stream.loader.phase_layouts import LayoutBook, run_end_position
 from zephon_stream.loader.rank_layout import RankLayout
 from zephon_stream.loader.schedule import Phase, build_schedule
 from zephon_stream.loader.stats import LoaderStats
-from zephon_stream.loader.streams import Stream, StreamSource, as_streams, open_sources
+from zephon_stream.loader.streams import Stream, StreamSource, as_streams, open_node_cache, open_sources
 from zephon_stream.plan import ScheduleOrder
 
 __all__ = ["PIPELINE_MODES", "Phase", "Stream", "StreamingLoader"]
@@ -116,6 +116,12 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         packing_outputs: also deliver each document's extent for packed
             attention kernels (segment ids, ``cu_seqlens``, ``max_seqlen``,
             document lengths); docs/PACKING.md.
+        node_cache: where the ranks of one node share the datasets'
+            metadata (the manifest, index pages) so that one of them reads
+            it from the store: a folder, False for none, or None for the
+            default ($ZEPHON_NODE_CACHE, else a private folder under
+            /dev/shm when torchrun's LOCAL_WORLD_SIZE > 1, else none).
+            Removed by the node's last loader to close.
 
     Raises:
         ConfigError: an impossible config, or one over ``max_memory_bytes``
@@ -152,6 +158,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         end_after_phase: int | None = None,
         cross_document_targets: str = "predict",
         packing_outputs: bool = False,
+        node_cache: str | bool | None = None,
     ) -> None:
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         check_loader_args(
@@ -185,6 +192,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         self._schedule: ScheduleOrder | None = None
         self._closed = False
         self._sources: list[StreamSource] = []
+        self._node_cache = None
         self._position = 0
         self._end_for: RankLayout | None = None
         self._end_position: int | None = None
@@ -194,7 +202,8 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
             # NOTE: construction reads straight through, each stage handing
             # its output on: streams -> phases -> layouts -> ring, delivery
             # and helper (the feed).
-            self._sources = open_sources(self._streams, storage_options)
+            self._node_cache = open_node_cache(node_cache)
+            self._sources = open_sources(self._streams, storage_options, self._node_cache)
             self._schedule = build_schedule(schedule, self._streams, self._sources, seed=seed, ends=self._ends)
             self.device = resolve_device(device)
             self._book = LayoutBook(
@@ -222,6 +231,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
             self._feed = BatchFeed(
                 book=self._book, streams=self._streams, storage_options=storage_options, pipeline_mode=pipeline,
                 helper_nice=helper_nice, first_layout=first,
+                node_cache_root=None if self._node_cache is None else self._node_cache.root,
             )
             if audit_log is not None and self.rank == 0:
                 self._audit = AuditLog(audit_log, header=self._audit_header(), storage_options=storage_options)
@@ -349,6 +359,9 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
             self._audit = None
         for source in self._sources:
             source.close()
+        node_cache, self._node_cache = getattr(self, "_node_cache", None), None
+        if node_cache is not None:
+            node_cache.close()
 
     def __del__(self) -> None:
         # NOTE: a loader dropped without close() must not leave its helper or

@@ -105,7 +105,7 @@ class EvalLoader:
 
     @property
     def manifests(self) -> list[tuple[str, Any]]:
-        """``(url, Manifest)`` of each held-out dataset."""
+        """``(url, metadata)`` of each held-out dataset: its manifest's fields (``tokenizer``, ``fingerprint``, ...), block look-ups, and ``.manifest`` for every entry."""
         return [(s.url, s.manifest) for s in self._sources]
 
     @property

@@ -61,6 +61,8 @@ class BatchFeed:
         helper_nice: niceness the helper process adds to itself.
         first_layout: the layout the first run reads: its ring and delivery
             are made now, then the helper is started.
+        node_cache_root: where the ranks of this node share metadata (the
+            helper process opens it too), or None.
     """
 
     def __init__(
@@ -72,8 +74,10 @@ class BatchFeed:
         pipeline_mode: str,
         helper_nice: int = 0,
         first_layout: RankLayout | None = None,
+        node_cache_root: str | None = None,
     ) -> None:
         self._book = book
+        self._node_cache_root = node_cache_root
         self._streams = tuple(streams)
         self._sources = list(book.sources)
         self._storage_options = storage_options
@@ -279,7 +283,7 @@ class BatchFeed:
         spec = ProducerSpec(
             layout=layout,
             streams=self._streams,
-            manifests=tuple(s.manifest for s in self._sources),
+            metadata=tuple(s.metadata for s in self._sources),
             storage_options=self._storage_options,
             start=start,
             num_steps=num_steps,
@@ -295,6 +299,7 @@ class BatchFeed:
             steps_per_slot=per_slot,
             # NOTE: the audit log's digests travel with their steps over the socket.
             post_steps=board_is_safe() and not hash_data,
+            node_cache_root=self._node_cache_root,
         )
         ring.returned[:] = 1
         end = None if num_steps is None else start + num_steps * layout.global_batch

@@ -190,6 +190,7 @@ class Pipeline:
     def _issue_fetches(self) -> None:
         next_index = self._planner.next_index
         first_need = self._first_need
+        self._locate_ahead()
         for index, keys in self._planner.fetch_ahead():
             for key in keys:
                 if key in first_need:  # NOTE: issued and not released; no cache lock needed
@@ -201,6 +202,17 @@ class Pipeline:
                 self._stats.add(cache_misses=1)
                 self._pool.submit(source.job(key))
             self._planner.fetched_through(index)
+
+    def _locate_ahead(self) -> None:
+        """Learn where the horizon's new blocks lie, one round of index reads per stream (format 1.1)."""
+        first_need = self._first_need
+        wanted: dict[int, list[int]] = {}
+        for _, keys in self._planner.fetch_ahead():
+            for key in keys:
+                if key not in first_need:
+                    wanted.setdefault(key[0], []).append(key[1])
+        for stream, block_ids in wanted.items():
+            self._sources[stream].locate(block_ids)
 
     def _wait_block(self, key: BlockKey) -> np.ndarray:
         while True:

@@ -1,9 +1,10 @@
 """What one rank's producer needs to run, and the in-process way to run it.
 
 A ``ProducerSpec`` is everything the pipeline needs, in plain picklable
-values: the rank's layout of the order, the streams with the manifests the
+values: the rank's layout of the order, the streams with the metadata the
 consumer already read (so both sides read the same dataset, and the helper
-reads no manifest twice), the storage options, where to start, and the ring.
+reads no manifest twice: a 1.1 header and its pages read so far, a few KiB),
+the storage options, the node's metadata cache, where to start, and the ring.
 ``ThreadProducer`` runs the pipeline on threads of the consumer's own process,
 the debugging switch (``pipeline="threads"``); ``ProcessProducer`` in
 loader/process.py runs it in a helper process. Both hand out ring slot
@@ -19,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon_stream.format.manifest import Manifest
 from zephon_stream.loader.cache import BlockCache
+from zephon_stream.loader.metadata import StreamMetadata
 from zephon_stream.loader.pipeline import EndOfData, Pipeline, ReadyStep
 from zephon_stream.loader.planner import Planner
 from zephon_stream.loader.rank_layout import RankLayout
@@ -36,7 +37,7 @@ class ProducerSpec:
     Attributes:
         layout: this rank's view of the order (holds the memory bound).
         streams: the user's streams, in order.
-        manifests: each stream's manifest, as the consumer read it.
+        metadata: each stream's metadata, as the consumer read it.
         storage_options: fsspec options; they travel to the helper over its
             private socket, never on a command line or in the environment.
         start: the global cursor of the first step.
@@ -58,7 +59,7 @@ class ProducerSpec:
 
     layout: RankLayout
     streams: tuple[Stream, ...]
-    manifests: tuple[Manifest, ...]
+    metadata: tuple[StreamMetadata, ...]
     storage_options: dict[str, Any] | None
     start: int
     num_steps: int | None
@@ -73,6 +74,7 @@ class ProducerSpec:
     helper_nice: int = 0
     steps_per_slot: int = 1
     post_steps: bool = False
+    node_cache_root: str | None = None
 
     @property
     def slot_batch(self) -> int:
@@ -84,12 +86,19 @@ class ProducerSpec:
         return f"ProducerSpec(start={self.start}, num_steps={self.num_steps}, streams={len(self.streams)})"
 
     def open_sources(self) -> list[StreamSource]:
-        """Open each stream's store with the manifest already read."""
+        """Open each stream's store with the metadata already read."""
         sources: list[StreamSource] = []
+        node_cache = None
+        if self.node_cache_root is not None:
+            from zephon_stream.storage.node_cache import NodeCache
+
+            # NOTE: this process's own registration; it ends with the process.
+            node_cache = NodeCache(self.node_cache_root)
         try:
-            for index, (stream, manifest) in enumerate(zip(self.streams, self.manifests)):
+            for index, (stream, metadata) in enumerate(zip(self.streams, self.metadata)):
                 sources.append(
-                    StreamSource(index=index, stream=stream, storage_options=self.storage_options, manifest=manifest)
+                    StreamSource(index=index, stream=stream, storage_options=self.storage_options, metadata=metadata,
+                                 node_cache=node_cache)
                 )
         except BaseException:
             for source in sources:

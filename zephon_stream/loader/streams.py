@@ -1,24 +1,24 @@
 """Streams: what the user names (a URL and a weight) and what the loader reads.
 
 A ``Stream`` is a dataset URL with a mixture weight. A ``StreamSource`` is the
-open dataset behind it: its store (one per loader, closed with it), manifest,
-token dtype, EOS id and block byte ranges.
+open dataset behind it: its store (one per loader, closed with it), metadata
+(``metadata.py``), token dtype, EOS id and block byte ranges.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import itertools
+import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
 
 from zephon_stream.errors import ConfigError, ObjectMissingError
 from zephon_stream.format.manifest import Manifest
 from zephon_stream.format.spec import MANIFEST_NAME
 from zephon_stream.loader.fetcher import BlockJob
+from zephon_stream.loader.metadata import StreamMetadata
 from zephon_stream.plan import StreamShape
 from zephon_stream.storage import open_store
 
@@ -53,68 +53,88 @@ def as_streams(streams: str | Stream | Sequence[str | Stream]) -> list[Stream]:
     return out
 
 
-# NOTE: manifests this process parsed, by store URL and bytes. A loader or an
-# evaluation pass built again over the same datasets (TorchTitan's validator
-# builds its dataloader anew at each validation) reads each manifest again
-# but parses and validates it once; the bytes must match, so a dataset
-# written again at the same place is parsed again. A Manifest is immutable.
-_PARSED_MANIFESTS: OrderedDict[tuple[str, bytes], Manifest] = OrderedDict()
-_MAX_PARSED_MANIFESTS = 16
+# NOTE: metadata this process parsed, by store URL and manifest bytes. A
+# loader or an evaluation pass built again over the same datasets
+# (TorchTitan's validator builds its dataloader anew at each validation)
+# reads each manifest again but parses and validates it once; the bytes must
+# match, so a dataset written again at the same place is parsed again. A 1.0
+# Manifest is immutable; a 1.1 header's pages are read as needed and kept.
+_PARSED: OrderedDict[tuple[str, bytes], StreamMetadata] = OrderedDict()
+_MAX_PARSED = 16
+
+
+def read_manifest_bytes(store: Any, node_cache: Any = None) -> bytes:
+    """The ``manifest`` object's bytes, through the node's cache when there is one.
+
+    Raises:
+        ObjectMissingError: no committed dataset in ``store``.
+    """
+    def fetch() -> bytes:
+        try:
+            return store.read(MANIFEST_NAME)
+        except ObjectMissingError:
+            Manifest.read(store)  # NOTE: raises the error naming the dataset that is not there
+            raise
+
+    if node_cache is None:
+        return fetch()
+    # NOTE: keyed by the store's URL: the fingerprint is inside the bytes.
+    return node_cache.get(f"manifests/{hashlib.sha256(store.url.encode()).hexdigest()}", fetch)
+
+
+def read_metadata(store: Any, node_cache: Any = None) -> StreamMetadata:
+    """The metadata of the dataset in ``store``, parsed once per process for the same bytes."""
+    data = read_manifest_bytes(store, node_cache)
+    key = (store.url, data)
+    metadata = _PARSED.get(key)
+    if metadata is None:
+        metadata = StreamMetadata.from_bytes(data, url=store.url, read=store.read)
+        _PARSED[key] = metadata
+        while len(_PARSED) > _MAX_PARSED:
+            _PARSED.popitem(last=False)
+    return metadata
 
 
 def read_manifest(store: Any) -> Manifest:
-    """The manifest of the dataset in ``store`` (see ``Manifest.read``),
-    parsed once per process for the same bytes."""
-    try:
-        data = store.read(MANIFEST_NAME)
-    except ObjectMissingError:
-        return Manifest.read(store)  # NOTE: raises the error naming the dataset that is not there
-    key = (store.url, data)
-    manifest = _PARSED_MANIFESTS.get(key)
-    if manifest is None:
-        manifest = Manifest.from_bytes(data, where=f"manifest {store.url.rstrip('/')}/{MANIFEST_NAME}")
-        _PARSED_MANIFESTS[key] = manifest
-        while len(_PARSED_MANIFESTS) > _MAX_PARSED_MANIFESTS:
-            _PARSED_MANIFESTS.popitem(last=False)
-    return manifest
-
-
-def _max_frame_bytes(manifest: Manifest) -> int:
-    """The largest compressed block of the dataset, over every shard at once (tens of thousands at scale)."""
-    offsets = [s.block_offsets for s in manifest.shards]
-    counts = np.fromiter(map(len, offsets), dtype=np.int64, count=len(offsets))
-    flat = np.fromiter(itertools.chain.from_iterable(offsets), dtype=np.int64, count=int(counts.sum()))
-    sizes = np.diff(flat)
-    sizes[np.cumsum(counts)[:-1] - 1] = 0  # NOTE: from one shard's end to the next one's start
-    return int(sizes.max()) if sizes.size else 0
+    """The full manifest of the dataset in ``store`` (see ``Manifest.read``), parsed once per process."""
+    return read_metadata(store).bind(store).manifest
 
 
 class StreamSource:
-    """An open stream: store, manifest and block arithmetic.
+    """An open stream: store, metadata and block arithmetic.
 
     Args:
         index: the stream's index in the mixture.
         stream: the user's Stream.
         storage_options: fsspec options (credentials, endpoint); never shown.
-        manifest: the manifest, when already read (the helper process gets
+        metadata: the metadata, when already read (the helper process gets
             the consumer's); None reads it from the store.
+        node_cache: the node's shared metadata cache, or None.
     """
 
     def __init__(
-        self, *, index: int, stream: Stream, storage_options: dict[str, Any] | None, manifest: Manifest | None = None
+        self,
+        *,
+        index: int,
+        stream: Stream,
+        storage_options: dict[str, Any] | None,
+        metadata: StreamMetadata | None = None,
+        node_cache: Any = None,
     ) -> None:
         self.index = index
         self.stream = stream
         self.store = open_store(stream.url, storage_options)
         try:
-            self.manifest = read_manifest(self.store) if manifest is None else manifest
+            shared = read_metadata(self.store, node_cache) if metadata is None else metadata
         except BaseException:
             self.store.close()
             raise
-        self.dtype = self.manifest.np_dtype
-        self.eos_id = int(self.manifest.tokenizer.eos_id)
-        self._token_counts = self.manifest.block_token_counts()
-        self.max_compressed_block_bytes = _max_frame_bytes(self.manifest)
+        # NOTE: a copy of its own: the parsed one may serve another loader, on another store.
+        self.metadata = copy.copy(shared).bind(self.store, node_cache)
+        self.dtype = self.metadata.np_dtype
+        self.eos_id = int(self.metadata.tokenizer.eos_id)
+        self.shape = self.metadata.shape
+        self.max_compressed_block_bytes = self.metadata.max_block_bytes
 
     @property
     def url(self) -> str:
@@ -124,50 +144,69 @@ class StreamSource:
     @property
     def fingerprint(self) -> str:
         """The dataset fingerprint from the manifest."""
-        return self.manifest.fingerprint
+        return self.metadata.fingerprint
 
     @property
-    def block_token_counts(self) -> np.ndarray:
-        """Tokens per block, by block id."""
-        return self._token_counts
+    def manifest(self) -> StreamMetadata:
+        """The dataset's metadata (header fields, block look-ups; ``.manifest`` for every entry)."""
+        return self.metadata
 
     @property
     def full_block_bytes(self) -> int:
         """Decoded bytes of a full block."""
-        return self.manifest.block_tokens * self.dtype.itemsize
+        return self.metadata.block_tokens * self.dtype.itemsize
 
     def decoded_bytes(self, block_id: int) -> int:
         """Decoded bytes of one block."""
-        return int(self._token_counts[block_id]) * self.dtype.itemsize
+        return self.metadata.block_num_tokens(block_id) * self.dtype.itemsize
+
+    def locate(self, block_ids: Any) -> None:
+        """Read, in one round, where the frames of these blocks lie."""
+        self.metadata.locate(block_ids)
 
     def job(self, key: tuple[int, int]) -> BlockJob:
         """The fetch-and-decode job of block ``key = (stream, block_id)``."""
         assert key[0] == self.index
         block_id = key[1]
-        path, start, end = self.manifest.block_byte_range(block_id)
-        _, in_shard = self.manifest.block_location(block_id)
+        frame = self.metadata.frame(block_id)
+        self.metadata.forget(block_id)
+        path, start, end = frame.path, frame.start, frame.end
         return BlockJob(
             key=key,
             store=self.store,
             path=path,
             start=start,
             end=end,
-            num_tokens=int(self._token_counts[block_id]),
+            num_tokens=frame.num_tokens,
             dtype=self.dtype,
-            where=f"shard {self.url}/{path} block {in_shard} (dataset block {block_id}, bytes [{start}, {end}))",
+            where=f"shard {self.url}/{path} block {frame.block_in_shard} (dataset block {block_id}, bytes [{start}, {end}))",
         )
 
     def close(self) -> None:
         """Close the store (connections, file handles)."""
+        self.metadata.close()
         self.store.close()
 
 
-def open_sources(streams: Sequence[Stream], storage_options: dict[str, Any] | None) -> list[StreamSource]:
-    """Open every stream (its store and manifest), in order; none is left open on an error."""
+def open_node_cache(setting: str | bool | None) -> Any:
+    """The node's metadata cache for a loader's ``node_cache`` argument, or None."""
+    if setting is False:
+        return None
+    from zephon_stream.storage.node_cache import NodeCache, node_cache_root
+
+    root = node_cache_root(explicit=None if setting in (None, True) else str(setting))
+    return None if root is None else NodeCache(root)
+
+
+def open_sources(
+    streams: Sequence[Stream], storage_options: dict[str, Any] | None, node_cache: Any = None
+) -> list[StreamSource]:
+    """Open every stream (its store and metadata), in order; none is left open on an error."""
     sources: list[StreamSource] = []
     try:
         for index, stream in enumerate(streams):
-            sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options))
+            sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options,
+                                        node_cache=node_cache))
     except BaseException:
         for source in sources:
             source.close()
@@ -177,4 +216,4 @@ def open_sources(streams: Sequence[Stream], storage_options: dict[str, Any] | No
 
 def stream_shapes(sources: Sequence[StreamSource]) -> list[StreamShape]:
     """The plan's shape of each open stream."""
-    return [StreamShape.from_counts(s.fingerprint, s.manifest.block_tokens, s.block_token_counts) for s in sources]
+    return [s.shape for s in sources]
