@@ -1,24 +1,20 @@
-"""Start-up at scale: a loader over a 1.1 T-token manifest, from local disk and from SeaweedFS.
+"""Start-up at scale: a fresh rank of W = 2048 over a 1.1 T- or 15 T-token dataset, format 1.0 and 1.1, local and SeaweedFS.
 
-The manifest is synthetic (no shard exists): ``--shards`` shards of
-``--blocks-per-shard`` blocks of 2**20 + 1 tokens (default 16384 x 64 =
-1,048,576 blocks, 1.1 T tokens) and ``--sources`` input sources, built with
-``Manifest.create`` as the writer would. It is written to a local folder and
-to a bucket of a SeaweedFS server on loopback (tools/seaweedfs.py).
+The datasets are synthetic (no shard exists): full shards of 64 blocks of
+2**20 + 1 tokens, enough of them for ``--tokens`` (1.1e12: 16,384 shards;
+15e12: 229,376), two sources a shard, built with ``Manifest.create`` as the
+writer would and written in both forms: ``v10`` (format 1.0, every entry in
+the manifest) and ``v11`` (format 1.1, a header and index objects), to a
+local folder (``--output DIR`` keeps them there) and to a bucket of a
+SeaweedFS server on loopback (tools/seaweedfs.py).
 
-Measured in paired trials (local, then SeaweedFS, ``--trials`` times), in one
-process after one untimed warm-up of each (so the S3 client's one-off set-up
-is printed apart, as ``cold``):
-
-1. reading and validating the manifest (``Manifest.read``);
-2. constructing a ``StreamingLoader`` on it at W = 2048 and 16384 (rank 0,
-   local batch 4, seq_len 2048, ``pipeline="threads"``: the helper process's
-   start is another figure) and planning its first step (the loader's own
-   planner, as its producer does before fetching): the time to the first
-   planned step. Target: < 1 s from SeaweedFS.
-
-Printed beside them: the manifest pickled and unpickled, the way it reaches
-the helper process (``pipeline="process"``) at the first step.
+For each form and store, a fresh process (``--probe``) imports the package,
+then constructs ``StreamingLoader(url, seq_len=2048, local_batch_size=4,
+rank=1000, world_size=2048, pipeline="threads")``, takes its
+``state_dict()``, plans its first step and locates that step's blocks (what
+its producer does before fetching them; the shards do not exist). It prints
+the seconds that took, the bytes and reads its store made, and the peak RSS
+it added: format 1.0 in the same run is the baseline.
 
 The last printed line is one JSON object.
 """
@@ -26,11 +22,12 @@ The last printed line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
-import pickle
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,11 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools.seaweedfs import SeaweedFS  # noqa: E402
 from zephon_stream import Manifest, StreamingLoader  # noqa: E402
 from zephon_stream.format.manifest import ShardInfo, SourceInfo, TokenizerInfo  # noqa: E402
-from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, MANIFEST_NAME  # noqa: E402
+from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS  # noqa: E402
 from zephon_stream.storage import open_store  # noqa: E402
-
-WORLDS = (2048, 16384)
-
 
 def synthetic_manifest(*, shards: int, blocks_per_shard: int, sources: int) -> Manifest:
     """A manifest of full shards with plausible offsets and digests (no shard exists)."""
@@ -69,81 +63,93 @@ def synthetic_manifest(*, shards: int, blocks_per_shard: int, sources: int) -> M
                            shards=infos, sources=source_infos)
 
 
-def read_manifest_s(url: str, options: dict | None) -> float:
-    started = time.perf_counter()
-    with open_store(url, options) as store:
-        Manifest.read(store)
-    return time.perf_counter() - started
+WORLD_SIZE, RANK = 2048, 1000
+SHARD_TOKENS = 64 * DEFAULT_BLOCK_TOKENS
 
 
-def first_planned_step_s(url: str, options: dict | None, world_size: int) -> float:
-    """Seconds from ``StreamingLoader(...)`` to the plan of rank 0's first step."""
+def probe(url: str, options: dict | None) -> dict:
+    """In a fresh process: a rank's start, measured after the imports."""
+    import torch  # noqa: F401 - imported before the clock starts, as a trainer has
+
+    # NOTE: the imports' own peak is forgotten (Linux: 5 to clear_refs resets VmHWM).
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    rss_before = _status_kb("VmRSS")
     started = time.perf_counter()
-    with StreamingLoader(url, seq_len=2048, local_batch_size=4, rank=0, world_size=world_size,
-                         storage_options=options, pipeline="threads") as loader:
-        # NOTE: what the producer does first, before any block is fetched
-        # (the shards of this manifest do not exist).
-        plan = loader._layout.planner(start=loader.state_dict()["position"], num_steps=None).next_step()
+    with StreamingLoader(url, seq_len=2048, local_batch_size=4, rank=RANK, world_size=WORLD_SIZE,
+                         storage_options=options, pipeline="threads", node_cache=False) as loader:
+        state = loader.state_dict()
+        plan = loader._layout.planner(start=state["position"], num_steps=None).next_step()
+        source = loader._sources[0]
+        source.locate([key[1] for key in plan.unique_keys])
         elapsed = time.perf_counter() - started
-        assert len(plan.positions) == 4
-    return elapsed
+        counts = source.store.stats()
+    return {"first_planned_step_s": elapsed, "bytes_read": counts["bytes_read"], "reads": counts["reads"],
+            "rss_added_mb": (_status_kb("VmHWM") - rss_before) / 1024}
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def fresh_probe(url: str, options: dict | None) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--probe", url, "--options", json.dumps(options)],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shards", type=int, default=16384)
-    parser.add_argument("--blocks-per-shard", type=int, default=64)
-    parser.add_argument("--sources", type=int, default=32768)
-    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--tokens", type=float, default=1.1e12, help="dataset size (1.1e12, 15e12, ...)")
+    parser.add_argument("--output", help="leave the synthetic datasets here (DIR/v10, DIR/v11)")
+    parser.add_argument("--trials", type=int, default=2)
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
+    parser.add_argument("--options", default="null", help=argparse.SUPPRESS)
     args = parser.parse_args()
-
+    if args.probe:
+        print(json.dumps(probe(args.probe, json.loads(args.options))))
+        return
+    shards = max(1, round(args.tokens / SHARD_TOKENS))
     started = time.perf_counter()
-    manifest = synthetic_manifest(shards=args.shards, blocks_per_shard=args.blocks_per_shard, sources=args.sources)
-    data = manifest.to_bytes()
-    print(f"synthetic manifest: {manifest.num_tokens / 1e12:.2f} T tokens, {manifest.num_blocks} blocks, "
-          f"{manifest.num_shards} shards, {len(manifest.sources)} sources, {len(data) / 1e6:.1f} MB "
-          f"(built in {time.perf_counter() - started:.1f} s)")
-    pickled = []
-    for _ in range(args.trials):
-        started = time.perf_counter()
-        blob = pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL)
-        pickle.loads(blob)
-        pickled.append(time.perf_counter() - started)
-    print(f"manifest pickled and unpickled (it travels so to the helper process at the first step): "
-          f"{min(pickled):.2f}-{max(pickled):.2f} s, {len(blob) / 1e6:.1f} MB")
-    del manifest, blob
-    figures: dict = {"manifest_bytes": len(data), "blocks": args.shards * args.blocks_per_shard,
-                     "shards": args.shards, "sources": args.sources, "pickle_round_trip_s": pickled}
+    manifest = synthetic_manifest(shards=shards, blocks_per_shard=64, sources=2 * shards)
+    forms = {"v10": dataclasses.replace(manifest, version=(1, 0)), "v11": manifest}
+    sizes = {name: {p: len(d) for p, d in m.objects().items()} for name, m in forms.items()}
+    print(f"synthetic dataset: {manifest.num_tokens / 1e12:.2f} T tokens, {manifest.num_blocks:,} blocks, "
+          f"{manifest.num_shards:,} shards, {len(manifest.sources):,} sources (built in {time.perf_counter() - started:.1f} s)")
+    for name, objects in sizes.items():
+        print(f"  {name}: " + ", ".join(f"{p} {n / 1e6:.2f} MB" for p, n in objects.items()))
     with tempfile.TemporaryDirectory() as tmp, SeaweedFS(buckets=["startup"]) as server:
-        local = str(Path(tmp) / "synthetic")
-        with open_store(local) as store:
-            store.write_atomic(MANIFEST_NAME, data)
-        remote, options = "s3://startup/synthetic", server.storage_options()
-        with open_store(remote, options) as store:
-            store.write_atomic(MANIFEST_NAME, data)
-        where = {"local": (local, None), "seaweedfs": (remote, options)}
-        cold = {name: read_manifest_s(url, opts) for name, (url, opts) in where.items()}
-        for name, (url, opts) in where.items():
-            first_planned_step_s(url, opts, WORLDS[0])  # NOTE: warm-up: imports, the S3 client's session
-        print("cold first read (imports, S3 client set-up): "
-              + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in cold.items()))
-        results: dict = {name: {"read_s": [], **{f"loader_w{w}_s": [] for w in WORLDS}} for name in where}
+        local_root = Path(args.output or tmp)
+        where = {}
+        for name, m in forms.items():
+            local = str(local_root / name)
+            remote, options = f"s3://startup/{name}", server.storage_options()
+            for url, opts in ((local, None), (remote, options)):
+                with open_store(url, opts) as store:
+                    m.write(store)
+            where[f"{name} local"] = (local, None)
+            where[f"{name} seaweedfs"] = (remote, options)
+        del forms, manifest
+        results: dict = {name: [] for name in where}
         for _ in range(args.trials):
             for name, (url, opts) in where.items():
-                results[name]["read_s"].append(read_manifest_s(url, opts))
-                for world in WORLDS:
-                    results[name][f"loader_w{world}_s"].append(first_planned_step_s(url, opts, world))
-    for name, series in results.items():
-        print(f"{name}: " + "; ".join(
-            f"{key.removesuffix('_s').replace('_', ' ')} {min(v):.2f}-{max(v):.2f} s (median {statistics.median(v):.2f})"
-            for key, v in series.items()))
-    worst = max(max(v) for key, v in results["seaweedfs"].items() if key.startswith("loader"))
-    ratio = [statistics.median(results["seaweedfs"][k]) / statistics.median(results["local"][k]) for k in results["local"]]
-    print(f"SeaweedFS / local, medians: " + ", ".join(f"{r:.2f}" for r in ratio)
-          + f"; slowest first planned step from SeaweedFS {worst:.2f} s (target < 1 s)")
-    figures.update(cold_read_s=cold, trials=args.trials, results=results, seaweedfs_worst_first_step_s=worst,
-                   load_average_1min=os.getloadavg()[0])
-    print(json.dumps(figures))
+                results[name].append(fresh_probe(url, opts))
+    print(f"a fresh rank {RANK} of W = {WORLD_SIZE}, after the imports (median of {args.trials}):")
+    print(f"{'form and store':<16} {'first planned step':>19} {'read':>12} {'reads':>6} {'RSS added':>10}")
+    summary = {}
+    for name, runs in results.items():
+        row = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        summary[name] = row
+        print(f"{name:<16} {row['first_planned_step_s']:>17.3f} s {row['bytes_read'] / 1e6:>9.3f} MB "
+              f"{row['reads']:>6.0f} {row['rss_added_mb']:>7.1f} MB")
+    for store in ("local", "seaweedfs"):
+        old, new = summary[f"v10 {store}"], summary[f"v11 {store}"]
+        print(f"{store}: 1.1 / 1.0 time {new['first_planned_step_s'] / old['first_planned_step_s']:.3f}, "
+              f"bytes {new['bytes_read'] / old['bytes_read']:.5f}")
+    print(json.dumps({"tokens": int(shards * SHARD_TOKENS), "shards": shards, "blocks": shards * 64,
+                      "object_bytes": sizes, "trials": args.trials, "results": results, "medians": summary,
+                      "load_average_1min": os.getloadavg()[0]}))
 
 
 if __name__ == "__main__":

@@ -104,6 +104,20 @@ class StreamMetadata:
             pages = OrderedDict(self._pages)
         return {"url": self.url, "manifest": self._manifest, "header_bytes": self._header_bytes, "pages": pages}
 
+    def __copy__(self) -> StreamMetadata:
+        """A copy for another store: the parsed header or manifest shared, pages and locks its own."""
+        other = object.__new__(StreamMetadata)
+        other.__dict__.update(self.__dict__)
+        other._lock, other._locate_lock = threading.Lock(), threading.RLock()
+        other._pages, other._frames = OrderedDict(self._pages), {}
+        other._store = other._node_cache = other._pool = None
+        return other
+
+    @property
+    def parsed(self) -> Any:
+        """The decoded header (1.1) or manifest (1.0), shared by copies: parsed and validated once."""
+        return self._fields
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(url=state["url"], manifest=state["manifest"], header_bytes=state["header_bytes"])
         self._pages.update(state["pages"])
