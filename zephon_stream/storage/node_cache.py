@@ -69,8 +69,8 @@ def node_cache_root(env: Mapping[str, str] | None = None, explicit: str | None =
     Returns:
         ``explicit``; else ``$ZEPHON_NODE_CACHE`` if set and not empty; else, when
         torchrun's ``LOCAL_WORLD_SIZE`` is above 1, a folder under ``/dev/shm`` (the
-        temp folder where that is missing) whose name holds this user's uid and
-        the torchrun run id; else None (one rank per node).
+        temp folder where that is missing) whose name holds this user's uid;
+        else None (one rank per node).
 
     Raises:
         ConfigError: ``LOCAL_WORLD_SIZE`` is not an integer.
@@ -88,13 +88,10 @@ def node_cache_root(env: Mapping[str, str] | None = None, explicit: str | None =
     if local_world_size <= 1:
         return None
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK) else tempfile.gettempdir()
-    name = f"zephon-node-cache-{os.getuid()}"
-    # NOTE: two jobs of one user on a node must not share a manifest keyed by a
-    # URL whose dataset was rewritten in between; torchrun's run id tells jobs apart.
-    run_id = re.sub(r"[^A-Za-z0-9_.-]", "_", env.get("TORCHELASTIC_RUN_ID", ""))[:64]
-    if run_id and run_id != "none":
-        name += f"-{run_id}"
-    return os.path.join(base, name)
+    # NOTE: one folder per user, not per job: a job whose ranks were all killed
+    # leaves its files here, and the next job of this user on the node wipes
+    # them when it opens the folder; a per-job name would never be opened again.
+    return os.path.join(base, f"zephon-node-cache-{os.getuid()}")
 
 
 def key_file_name(key: str) -> str:
