@@ -9,7 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from tools.reliability.common import check, copy_dataset
-from tools.reliability.hostile_base import BATCH, SEQ_LEN, Outcome, raw_manifest, read_epoch, try_load, write_raw
+from tools.reliability.hostile_base import (
+    BATCH,
+    SEQ_LEN,
+    Outcome,
+    raw_manifest,
+    read_epoch,
+    try_load,
+    write_manifest,
+    write_raw,
+)
 
 
 def case_manifest_mutations(dataset: Path, work: Path, tries: int, rng: random.Random) -> Outcome:
@@ -136,7 +145,7 @@ def case_huge_block_range(dataset: Path, work: Path, tries: int, rng: random.Ran
     shards[index] = dataclasses.replace(shard, num_bytes=2**40, block_offsets=tuple(offsets))
     new = Manifest.create(tokenizer=manifest.tokenizer, block_tokens=manifest.block_tokens,
                           blocks_per_shard=manifest.blocks_per_shard, shards=shards, sources=manifest.sources)
-    (root / "manifest").write_bytes(new.to_bytes())
+    write_manifest(root, new)
     assert len(data) < 2**40
     try:
         try_load(str(root))
