@@ -23,7 +23,6 @@ import fcntl
 import hashlib
 import os
 import re
-import secrets
 import stat
 import tempfile
 import threading
@@ -192,7 +191,9 @@ class NodeCache:
         # NOTE: checked before the gate is made, so nothing lands in a folder of another user.
         make_root(self._root)
         self._check_root(missing_ok=True)
-        user_path = os.path.join(self._root, USERS, f"{os.getpid()}-{secrets.token_hex(6)}")
+        # NOTE: os.urandom, not the secrets module: a script run from a folder
+        # with a secrets.py of its own (torchrun runs scripts so) shadows it.
+        user_path = os.path.join(self._root, USERS, f"{os.getpid()}-{os.urandom(6).hex()}")
         fd = -1
         gate = lock_gate(self._root)
         try:
@@ -314,7 +315,7 @@ class NodeCache:
             if self._stored_bytes() + len(blob) > self._max_bytes:
                 self._count(not_stored=1)
                 return
-            tmp = self._path(TMP, f"{name}@{os.getpid()}-{secrets.token_hex(6)}")
+            tmp = self._path(TMP, f"{name}@{os.getpid()}-{os.urandom(6).hex()}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_FLAGS, 0o600)
             try:
                 view = memoryview(blob)
