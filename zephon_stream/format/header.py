@@ -33,8 +33,8 @@ from zephon_stream.format.spec import (
     FORMAT_VERSION,
     INDEX_DIR,
     INDEXED_VERSION,
+    MANIFEST_NAME,
     MAX_BLOCK_TOKENS,
-    MAX_VOCAB_SIZE,
     MIN_BLOCK_TOKENS,
     dtype_name,
 )
@@ -139,8 +139,6 @@ class DatasetHeader:
 
 def encode_objects(m: Any, *, page_bytes: int = DEFAULT_PAGE_BYTES) -> dict[str, bytes]:
     """The index objects and the 1.1 manifest of a full manifest, in write order (manifest last)."""
-    from zephon_stream.format.spec import MANIFEST_NAME
-
     shards = m.shards
     blocks_per = np.fromiter((s.num_blocks for s in shards), dtype=np.int64, count=len(shards))
     first_block = np.concatenate([np.zeros(1, np.int64), np.cumsum(blocks_per)])
@@ -158,7 +156,7 @@ def encode_objects(m: Any, *, page_bytes: int = DEFAULT_PAGE_BYTES) -> dict[str,
     frames["shard"] = shard_of
     frames["block"] = np.arange(m.num_blocks, dtype=np.int64) - first_block[:-1][shard_of]
     frames["tokens"] = m.block_token_counts()
-    blocks_body, blocks_info = _named(encode_table, "blocks", [("frames", frames.view(FRAME_TYPE))], page_bytes)
+    blocks_body, blocks_info = _named_table("blocks", [("frames", frames.view(FRAME_TYPE))], page_bytes)
 
     def path_column(values: list[str]) -> np.ndarray:
         encoded = [v.encode("utf-8") for v in values]
@@ -177,7 +175,7 @@ def encode_objects(m: Any, *, page_bytes: int = DEFAULT_PAGE_BYTES) -> dict[str,
         ("sha256", digest_column([s.sha256 for s in shards])),
         ("index_sha256", digest_column([s.index_sha256 for s in shards])),
     ]
-    shards_body, shards_info = _named(encode_table, "shards", columns, page_bytes)
+    shards_body, shards_info = _named_table("shards", columns, page_bytes)
     sources_body = msgpack.packb([s.to_obj() for s in m.sources], use_bin_type=True)
     sources_info = ObjectInfo(path=_content_path("sources", sources_body), num_bytes=len(sources_body),
                               sha256=hashlib.sha256(sources_body).hexdigest())
@@ -214,8 +212,8 @@ def _content_path(name: str, body: bytes) -> str:
     return f"{INDEX_DIR}/{name}-{hashlib.sha256(body).hexdigest()[:16]}"
 
 
-def _named(encode: Callable[..., tuple[bytes, TableInfo]], name: str, columns: list, page_bytes: int) -> tuple[bytes, TableInfo]:
-    body, info = encode("", columns, page_bytes=page_bytes)
+def _named_table(name: str, columns: list, page_bytes: int) -> tuple[bytes, TableInfo]:
+    body, info = encode_table("", columns, page_bytes=page_bytes)
     return body, dataclasses.replace(info, path=_content_path(name, body))
 
 
@@ -257,8 +255,6 @@ def decode_header(fields: FieldReader, *, major: int, minor: int, where: str) ->
         rejects_path=check_relative_path(fields.get("rejects_path"), field="rejects_path", where=where),
         fingerprint=fields.hex_digest("fingerprint"),
     )
-    if header.tokenizer.vocab_size > MAX_VOCAB_SIZE:
-        raise ManifestError(f"{where}: tokenizer vocab_size {header.tokenizer.vocab_size} is too large")
     header.check(where)
     return header
 

@@ -96,7 +96,7 @@ class TableInfo:
         """Index of the column's first page digest in the digest region."""
         index = 0
         for other in self.columns:
-            if other is column or other == column:
+            if other == column:
                 return index
             index += self.column_pages(other)
         raise KeyError(column.name)

@@ -95,11 +95,6 @@ def read_metadata(store: Any, node_cache: Any = None) -> StreamMetadata:
     return metadata
 
 
-def read_manifest(store: Any) -> Manifest:
-    """The full manifest of the dataset in ``store`` (see ``Manifest.read``), parsed once per process."""
-    return read_metadata(store).bind(store).manifest
-
-
 class StreamSource:
     """An open stream: store, metadata and block arithmetic.
 
