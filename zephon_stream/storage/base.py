@@ -18,15 +18,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from zephon_stream.errors import PathEscapeError, TruncatedObjectError
-from zephon_stream.storage.hints import is_unreachable
+from zephon_stream.storage.classify import http_status
+from zephon_stream.storage.hints import error_chain, is_unreachable
 from zephon_stream.storage.redact import redact_text
 from zephon_stream.storage.retry import RetryPolicy, ShortReadError, call_with_retry, call_with_retry_async
+from zephon_stream.storage.throttle import StoreThrottle
 
 T = TypeVar("T")
 logger = logging.getLogger("zephon_stream.storage")
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
-STAT_KEYS = ("reads", "bytes_read", "writes", "bytes_written", "retries", "errors")
+STAT_KEYS = ("reads", "bytes_read", "writes", "bytes_written", "retries", "throttled", "errors")
 
 
 def check_relative_path(path: str, *, root: str = "store root") -> str:
@@ -90,6 +92,9 @@ class Store(abc.ABC):
         # NOTE: set once "cannot reach" is said, cleared by the next success:
         # one warning per outage, however many reads wait it out.
         self._unreachable_said = False
+        # NOTE: shared by every operation of the store, threads and event loop
+        # alike: see storage/throttle.py for why not one per operation.
+        self._throttle = StoreThrottle()
 
     # -- primitives -------------------------------------------------------
     @abc.abstractmethod
@@ -187,6 +192,8 @@ class Store(abc.ABC):
                 what=f"read_range {self._name(rel)} bytes [{start}, {end})",
                 scrub=self.scrub,
                 on_retry=self._retrying,
+                on_throttled=self._throttled,
+                throttle=self._throttle,
                 stop=self._closing,
             )
         except Exception:
@@ -243,7 +250,10 @@ class Store(abc.ABC):
 
         ``reads``/``bytes_read`` and ``writes``/``bytes_written`` count completed
         operations; ``retries`` counts attempts repeated after a transient
-        failure; ``errors`` counts operations that raised (missing objects,
+        failure other than throttling; ``throttled`` counts the answers that
+        were the store throttling (503 SlowDown, 429, ServerBusy, ...), each
+        waited out and tried again unless the policy's throttle deadline had
+        come, apart from ``retries``; ``errors`` counts operations that raised (missing objects,
         truncation and exhaustion included; refused paths excluded).
         """
         return self._stats.snapshot()
@@ -289,6 +299,8 @@ class Store(abc.ABC):
                 what=f"{op} {self._name(rel)}{detail}",
                 scrub=self.scrub,
                 on_retry=self._retrying,
+                on_throttled=self._throttled,
+                throttle=self._throttle,
                 stop=self._closing,
             )
             self._unreachable_said = False
@@ -309,3 +321,27 @@ class Store(abc.ABC):
             "%s: cannot reach %s; retrying, for up to %d attempts or %.0f s per operation",
             self._url, self.scrub(where) if where else "the store's endpoint", policy.max_attempts, policy.timeout_s,
         )
+
+    def _throttled(self, exc: Exception, starts: bool) -> None:
+        """Count one throttling answer; say once, when throttling starts, that the store throttles."""
+        self._stats.add(throttled=1)
+        if not starts:
+            return
+        policy = self._retry
+        # NOTE: the store's URL only (scrubbed at construction), never the
+        # request's: a presigned URL would carry a signature.
+        logger.warning(
+            "%s: the store is throttling requests (%s); backing off with full jitter (up to %.0f s a sleep, "
+            "%.0f s per operation). Fewer ranks starting at once, a higher request-rate limit or node-local "
+            "metadata sharing lower the request rate",
+            self._url, self.scrub(_answer(exc)), policy.throttle_max_backoff_s, policy.throttle_timeout_s,
+        )
+
+
+def _answer(exc: BaseException) -> str:
+    """``HTTP 503 SlowDown``: the status and code a throttling answer carried, as its client reports them."""
+    for item in error_chain(exc):
+        status, code = http_status(item)
+        if status or code:
+            return " ".join(str(part) for part in ("HTTP", status, code) if part)
+    return type(exc).__name__
