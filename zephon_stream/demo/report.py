@@ -20,6 +20,7 @@ _COUNTERS = (
     ("bytes fetched", "bytes_fetched", "{:,.0f}"),
     ("blocks fetched", "blocks_fetched", "{:,.0f}"),
     ("retries", "retries", "{:,.0f}"),
+    ("throttled", "throttled", "{:,.0f}"),
     ("stall s", "stall_s", "{:.3f}"),
 )
 

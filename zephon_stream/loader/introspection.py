@@ -119,8 +119,9 @@ class LoaderIntrospection:
         """Counters of the whole run since construction, across phase
         boundaries, seeks and helper restarts: steps, samples, stall time
         (the consumer waiting) and their per-step averages; bytes and blocks
-        fetched and decoded, cache hits and misses, retries, fetch/decode/
-        assemble time; and the block cache's current bytes, capacity and the
+        fetched and decoded, cache hits and misses, retries, throttling
+        answers (``throttled``, apart from ``retries``), fetch/decode/assemble
+        time; and the block cache's current bytes, capacity and the
         peak any producer run held."""
         producer = self._feed.counters() if self._feed is not None else {}
         producer.pop("producer_steps", None)

@@ -94,7 +94,8 @@ class Pipeline:
         emit: where each ready step, the end or an error goes, from the
             producer thread; None queues them for :meth:`get`.
         own_stores: whether ``sources``' stores are this run's alone (a
-            helper process's) and their retries and errors are published
+            helper process's) and their retries, throttling answers and
+            errors are published
             with its counters; the consumer's own stores, shared by every
             run on threads, are counted whole by the consumer instead.
     """
@@ -141,8 +142,8 @@ class Pipeline:
             num_fetch_threads=num_fetch_threads,
             num_decode_threads=num_decode_threads,
         )
-        # NOTE: the stores' retries and errors before this run (a helper's
-        # stores are opened for it: none yet).
+        # NOTE: the stores' counts before this run (a helper's stores are
+        # opened for it: none yet).
         self._store_base = self._store_counts()
         self._first_need: dict[BlockKey, int] = {}
         # NOTE: the producer's own references to blocks it has already waited
@@ -258,24 +259,25 @@ class Pipeline:
     def _publish_counters(self, steps: int) -> None:
         # NOTE: often, so keep it to one read of each lock (PRODUCER_KEYS order).
         values = self._stats.values(PIPELINE_KEYS)
-        retries, errors = self._store_counts()
+        stores = tuple(now - base for now, base in zip(self._store_counts(), self._store_base))
         resident, peak, forced = self._cache.counters()
-        values += (retries - self._store_base[0], errors - self._store_base[1], resident, peak,
-                   self._cache.capacity_bytes, forced, steps)  # fmt: skip
+        values += (*stores, resident, peak, self._cache.capacity_bytes, forced, steps)
         self._ring.counters[: len(values)] = values
 
-    def _store_counts(self) -> tuple[int, int]:
-        retries = errors = 0
+    def _store_counts(self) -> tuple[int, int, int]:
+        """The stores' ``(retries, throttled, errors)``, in PRODUCER_KEYS order."""
+        retries = throttled = errors = 0
         if not self._own_stores:
             # NOTE: runs on threads overlap (a run started ahead, one being
             # retired) over the same stores; each publishing the stores'
             # counts would count one retry in every run that saw it.
-            return retries, errors
+            return retries, throttled, errors
         for source in self._sources:
             store = source.store.stats()
             retries += store["retries"]
+            throttled += store["throttled"]
             errors += store["errors"]
-        return retries, errors
+        return retries, throttled, errors
 
     def _put(self, item: Any) -> bool:
         if self._emit is not None:

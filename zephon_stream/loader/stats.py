@@ -82,6 +82,7 @@ CONSUMER_KEYS = ("steps", "samples", "stall_s", "stalled_steps")
 PIPELINE_KEYS = tuple(key for key in COUNTER_KEYS if key not in CONSUMER_KEYS)
 PRODUCER_KEYS = PIPELINE_KEYS + (
     "retries",
+    "throttled",
     "storage_errors",
     "cache_resident_bytes",
     "cache_peak_bytes",
@@ -127,8 +128,8 @@ class RunTotals:
 
         The cache's resident bytes are those of the runs in progress, its
         capacity that of the newest of them, its peak the most any run held.
-        ``stores`` are the consumer's own stores: their retries and errors
-        count whole, from the dataset's opening (its manifests) through
+        ``stores`` are the consumer's own stores: their retries, throttling
+        answers and errors count whole, from the dataset's opening (its manifests) through
         every run on threads; runs publish only their own stores' (a helper
         process's).
         """
@@ -136,6 +137,7 @@ class RunTotals:
         for store in stores:
             counts = store.stats()
             out["retries"] += counts["retries"]
+            out["throttled"] += counts["throttled"]
             out["storage_errors"] += counts["errors"]
         out["cache_resident_bytes"] = out["cache_capacity_bytes"] = 0
         for counters in running:
