@@ -201,3 +201,77 @@ def test_s3_server_script_prints_its_endpoint_and_creates_buckets():
         process.send_signal(signal.SIGTERM)
         out, _ = process.communicate(timeout=30)
     assert "stopped" in out
+
+
+def test_rate_limit_throttles_beyond_rate_and_burst_with_s3s_slow_down(fault_proxy, stored):
+    path, payload = stored
+    proxy = fault_proxy(rate_limit=0.5, burst=3)
+    answers = [_get(proxy.endpoint_url, path) for _ in range(6)]
+    assert [a[0] for a in answers] == [200, 200, 200, 503, 503, 503]
+    assert answers[0][2] == payload
+    status, headers, body = answers[3]
+    assert b"<Code>SlowDown</Code>" in body and b"Please reduce your request rate." in body
+    assert headers["content-type"] == "application/xml"
+    assert _get(proxy.endpoint_url, path, method="HEAD")[0:3:2] == (503, b"")
+    counts = proxy.counts()
+    assert counts["throttled"] == 4 and counts["requests"] == 7 and proxy.failed(("throttled",)) == 4
+    assert sum(fault_kind_counts(counts)) == 0
+    assert sum(served for _, served, _ in proxy.timeline()) == 3
+    assert sum(throttled for _, _, throttled in proxy.timeline()) == 4
+    proxy.set_rate_limit(None)
+    assert _get(proxy.endpoint_url, path)[0] == 200
+
+
+def test_rate_limit_answers_as_gcs_and_keeps_one_bucket_per_prefix(fault_proxy, stored):
+    path, _ = stored
+    proxy = fault_proxy(rate_limit=0.01, burst=1, throttle_style="gcs")
+    assert _get(proxy.endpoint_url, path)[0] == 200
+    status, headers, body = _get(proxy.endpoint_url, path)
+    error = json.loads(body)["error"]
+    assert status == 429 and error["code"] == 429 and error["errors"][0]["reason"] == "rateLimitExceeded"
+    other = path.replace("/p/", "/q/")
+    assert _get(proxy.endpoint_url, other)[0] == 404, "another prefix has a bucket of its own"
+    assert proxy.counts()["throttled"] == 1
+
+
+def test_rate_limit_refills_at_its_rate():
+    from tools.rate_limit import RateLimiter, parse_rate_limit, request_prefix
+
+    now = [0.0]
+    limiter = RateLimiter(rate_per_s=2.0, burst=2.0, clock=lambda: now[0])
+    assert [limiter.admit("/b/ds/x") for _ in range(3)] == [True, True, False]
+    now[0] = 0.5
+    assert [limiter.admit("/b/ds/x") for _ in range(2)] == [True, False]
+    now[0] = 1.2
+    assert limiter.admit("/b/ds/y") and not limiter.admit("/b/ds/y")
+    assert limiter.timeline() == [(0, 3, 2), (1, 1, 1)]
+    assert parse_rate_limit("100:250") == (100.0, 250.0) and parse_rate_limit("5") == (5.0, None)
+    assert request_prefix("/download/storage/v1/b/bkt/o/ds%2Fshards%2Fa.zst?alt=media", 1) == "bkt/ds"
+    assert request_prefix("/bkt/ds/shards/a.zst", 2) == "bkt/ds/shards" and request_prefix("/bkt?list-type=2", 1) == "bkt"
+
+
+def fault_kind_counts(counts):
+    from tools.fault_proxy import FAULT_KINDS
+
+    return [counts[kind] for kind in FAULT_KINDS]
+
+
+def test_proxy_script_takes_a_rate_limit(s3_server, stored):
+    path, _ = stored
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "tools" / "fault_proxy.py"), "--upstream", s3_server.endpoint_url,
+         "--port", str(port), "--rate-limit", "0.01:2", "--throttle-style", "s3"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    try:
+        assert "fault proxy" in process.stdout.readline()
+        statuses = [_get(f"http://127.0.0.1:{port}", path)[0] for _ in range(5)]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=30)
+    lines = out.strip().splitlines()
+    assert statuses == [200, 200, 503, 503, 503]
+    assert json.loads(lines[-1])["throttled"] == 3 and json.loads(lines[-2])["timeline"][0][1:] == [2, 3]

@@ -66,7 +66,7 @@ def test_async_exhaustion_names_object_range_and_last_error(s3_bucket, fault_pro
         stats = store.stats()
     message = str(info.value)
     assert "blob.bin" in message and "bytes [1000, 2000)" in message
-    assert "3 attempts" in message and "SlowDown" in message
+    assert "3 attempts" in message and "ServiceUnavailable" in message
     assert stats["retries"] == 2 and stats["errors"] == 1
 
 

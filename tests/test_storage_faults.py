@@ -70,7 +70,7 @@ def test_exhaustion_names_object_range_and_last_error(s3_bucket, fault_proxy, bl
         stats = store.stats()
     message = str(info.value)
     assert "blob.bin" in message and "bytes [1000, 2000)" in message
-    assert "3 attempts" in message and "SlowDown" in message
+    assert "3 attempts" in message and "ServiceUnavailable" in message
     assert stats["retries"] == 2 and stats["errors"] == 1
 
 

@@ -11,6 +11,15 @@ started again on the same port to play an endpoint that drops out.
 URLs (``presigned``) and how many the upstream server failed (``bad_gateway``,
 answered 502); ``failed()`` adds up the requests a client saw fail.
 
+It can also limit the request rate as a store does (``rate_limit``, a token
+bucket per prefix; tools/rate_limit.py says what a prefix is) and answer
+beyond it in the store's words: S3's 503 ``SlowDown``, GCS's 429
+``rateLimitExceeded`` (``throttle_style``). Those answers are counted as
+``throttled``, apart from the fault kinds (a throttled request draws no fault,
+so the seeded draws of the others stay as they are); ``timeline()`` says how
+many requests each second it served and throttled, and ``set_rate_limit()``
+changes the limit while it runs.
+
 Library use::
 
     with FaultProxy(upstream=s3.endpoint_url, rates={"error_503": 0.1}, seed=1) as proxy:
@@ -19,6 +28,7 @@ Library use::
 Script use (runs until interrupted, prints the counts as JSON on exit)::
 
     python tools/fault_proxy.py --upstream http://127.0.0.1:5000 --rate reset=0.05 --latency-ms 50
+    python tools/fault_proxy.py --upstream http://127.0.0.1:8333 --rate-limit 100:200 --throttle-style s3
 """
 
 from __future__ import annotations
@@ -38,6 +48,11 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
+
+if __package__ in (None, ""):
+    # NOTE: run as a script, tools/ is not a package; its parent makes it one.
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+from tools.rate_limit import THROTTLE_STYLES, RateLimiter, parse_rate_limit, throttle_answer  # noqa: E402
 
 # NOTE: new kinds go last: the seeded draws of the earlier ones stay as they were.
 FAULT_KINDS = ("error_500", "error_503", "reset", "stall", "slow_body", "truncate", "error_429", "error_403")
@@ -129,6 +144,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def _send_throttled(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def _forward(self, body: bytes) -> http.client.HTTPResponse:
         proxy = self.server.proxy
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
@@ -159,6 +182,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if proxy._refuses_presigned(self.path):
             self._send_error_xml(403, "AccessDenied")
             return
+        if not proxy._admit(self.path):
+            if proxy.latency_s:
+                time.sleep(proxy.latency_s)
+            self._send_throttled(*throttle_answer(proxy.limiter.style, self.command))
+            return
         fault = proxy._draw(self.command, self.path)
         if proxy.latency_s:
             time.sleep(proxy.latency_s)
@@ -166,7 +194,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send_error_xml(500, "InternalError")
             return
         if fault == "error_503":
-            self._send_error_xml(503, "SlowDown")
+            self._send_error_xml(503, "ServiceUnavailable")
             return
         if fault == "error_429":
             self._send_error_xml(429, "TooManyRequests")
@@ -236,6 +264,12 @@ class FaultProxy:
             draw nothing, so the faults of those that are stay seeded.
         refuse_presigned: requests on a presigned URL (a signature in the
             query string) answered 403 AccessDenied, from the first.
+        rate_limit: requests per second each prefix is served (None: no
+            limit); beyond it, and past ``burst``, requests are throttled.
+        burst: a prefix's token bucket (None: one second's worth).
+        throttle_style: ``s3`` (503 SlowDown), ``gcs`` (429
+            rateLimitExceeded) or ``azure`` (503 ServerBusy).
+        prefix_depth: key folders after the bucket in a prefix.
     """
 
     def __init__(
@@ -253,6 +287,10 @@ class FaultProxy:
         fault_paths: tuple[str, ...] | None = None,
         host: str = "127.0.0.1",
         refuse_presigned: int = 0,
+        rate_limit: float | None = None,
+        burst: float | None = None,
+        throttle_style: str = "s3",
+        prefix_depth: int = 1,
     ) -> None:
         parsed = urllib.parse.urlsplit(upstream)
         if parsed.scheme != "http" or not parsed.hostname or not parsed.port:
@@ -276,7 +314,10 @@ class FaultProxy:
         self._port = port
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(("requests", "presigned", "presigned_refused", "bad_gateway", *FAULT_KINDS), 0)
+        self.limiter = RateLimiter(rate_per_s=rate_limit, burst=burst, style=throttle_style, prefix_depth=prefix_depth)
+        self._counts = dict.fromkeys(
+            ("requests", "presigned", "presigned_refused", "bad_gateway", "throttled", *FAULT_KINDS), 0
+        )
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
@@ -298,13 +339,26 @@ class FaultProxy:
         with self._lock:
             self.rates = dict(rates)
 
+    def set_rate_limit(self, rate_per_s: float | None, burst: float | None = None) -> None:
+        """Change the request-rate limit of later requests (None: none)."""
+        self.limiter.set_rate(rate_per_s, burst)
+
+    def timeline(self) -> list[tuple[int, int, int]]:
+        """``(second, served, throttled)`` for each second since the proxy was made (``RateLimiter.timeline``).
+
+        Served counts every request the rate limit let through, faults
+        injected on it included.
+        """
+        return self.limiter.timeline()
+
     def counts(self) -> dict[str, int]:
         """Requests seen and faults injected, by kind.
 
         Besides ``requests`` and each of ``FAULT_KINDS``: ``presigned``
         (requests on a presigned URL), ``presigned_refused`` (those answered
-        403 by ``refuse_presigned``) and ``bad_gateway`` (requests the
-        upstream server failed, answered 502).
+        403 by ``refuse_presigned``), ``throttled`` (those answered beyond
+        the rate limit) and ``bad_gateway`` (requests the upstream server
+        failed, answered 502).
         """
         with self._lock:
             return dict(self._counts)
@@ -389,6 +443,14 @@ class FaultProxy:
                 return True
         return False
 
+    def _admit(self, path: str) -> bool:
+        if self.limiter.admit(path):
+            return True
+        with self._lock:
+            self._counts["requests"] += 1
+            self._counts["throttled"] += 1
+        return False
+
     def _draw(self, method: str, path: str) -> str | None:
         with self._lock:
             self._counts["requests"] += 1
@@ -418,7 +480,8 @@ class FaultProxy:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"FaultProxy({self.endpoint_url} -> {self.upstream_host}:{self.upstream_port}, rates={self.rates})"
+        limit = f", rate_limit={self.limiter.rate_per_s}" if self.limiter.rate_per_s is not None else ""
+        return f"FaultProxy({self.endpoint_url} -> {self.upstream_host}:{self.upstream_port}, rates={self.rates}{limit})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -432,7 +495,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-body-s", type=float, default=0.5)
     parser.add_argument("--refuse-presigned", type=int, default=0, metavar="N",
                         help="answer the first N requests on a presigned URL 403 AccessDenied")
+    parser.add_argument("--rate-limit", type=parse_rate_limit, default=None, metavar="RATE[:BURST]",
+                        help="requests per second served per prefix, and its token bucket (default: one second's)")
+    parser.add_argument("--throttle-style", choices=THROTTLE_STYLES, default="s3",
+                        help="answer beyond the limit: s3 (503 SlowDown), gcs (429 rateLimitExceeded), azure")
+    parser.add_argument("--prefix-depth", type=int, default=1, help="key folders after the bucket in a prefix")
     args = parser.parse_args(argv)
+    rate_limit, burst = args.rate_limit or (None, None)
     rates = {}
     for item in args.rate:
         kind, _, value = item.partition("=")
@@ -446,6 +515,10 @@ def main(argv: list[str] | None = None) -> int:
         stall_s=args.stall_s,
         slow_body_s=args.slow_body_s,
         refuse_presigned=args.refuse_presigned,
+        rate_limit=rate_limit,
+        burst=burst,
+        throttle_style=args.throttle_style,
+        prefix_depth=args.prefix_depth,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -456,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         except KeyboardInterrupt:
             pass
+    if rate_limit is not None:
+        print(json.dumps({"timeline": proxy.timeline()}), flush=True)
     print(json.dumps(proxy.counts()), flush=True)
     return 0
 
