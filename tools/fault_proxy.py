@@ -14,11 +14,12 @@ answered 502); ``failed()`` adds up the requests a client saw fail.
 It can also limit the request rate as a store does (``rate_limit``, a token
 bucket per prefix; tools/rate_limit.py says what a prefix is) and answer
 beyond it in the store's words: S3's 503 ``SlowDown``, GCS's 429
-``rateLimitExceeded`` (``throttle_style``). Those answers are counted as
+``rateLimitExceeded``, Azure's 503 ``ServerBusy`` (``throttle_style``). Those answers are counted as
 ``throttled``, apart from the fault kinds (a throttled request draws no fault,
 so the seeded draws of the others stay as they are); ``timeline()`` says how
 many requests each second it served and throttled, and ``set_rate_limit()``
-changes the limit while it runs.
+changes the limit while it runs. The HTTP side (server and handler) is
+tools/proxy_handler.py; this module holds the proxy's settings and counts.
 
 Library use::
 
@@ -34,14 +35,10 @@ Script use (runs until interrupted, prints the counts as JSON on exit)::
 from __future__ import annotations
 
 import argparse
-import http.client
-import http.server
 import json
 import random
 import signal
 import socket
-import socketserver
-import struct
 import sys
 import threading
 import time
@@ -52,197 +49,11 @@ from typing import Any
 if __package__ in (None, ""):
     # NOTE: run as a script, tools/ is not a package; its parent makes it one.
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
-from tools.rate_limit import THROTTLE_STYLES, RateLimiter, parse_rate_limit, throttle_answer  # noqa: E402
+from tools.proxy_handler import ProxyHandler, ProxyServer  # noqa: E402
+from tools.rate_limit import THROTTLE_STYLES, RateLimiter, parse_rate_limit  # noqa: E402
 
 # NOTE: new kinds go last: the seeded draws of the earlier ones stay as they were.
 FAULT_KINDS = ("error_500", "error_503", "reset", "stall", "slow_body", "truncate", "error_429", "error_403")
-_HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"})
-_ERROR_BODY = (
-    '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
-    "<Message>injected by fault proxy</Message><RequestId>fault-proxy</RequestId></Error>"
-)
-_IDLE_TIMEOUT_S = 30.0
-_UPSTREAM_TIMEOUT_S = 60.0
-
-
-class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    # NOTE: socketserver's default backlog of 5 overflows when a store opens
-    # 64 connections at once on a busy machine: the kernel then drops the
-    # handshake's last ACK, the client sends its request into a connection the
-    # proxy never accepts, and times out -- a retry the proxy never saw.
-    request_queue_size = 1024
-    proxy: "FaultProxy"
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # NOTE: a client that closes a connection mid-answer (a loader closing,
-        # a reader that got what it needed) is routine here, not a fault to print.
-        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-            return
-        super().handle_error(request, client_address)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    timeout = _IDLE_TIMEOUT_S
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def setup(self) -> None:
-        super().setup()
-        # NOTE: without TCP_NODELAY, headers and body in separate segments meet
-        # the client's delayed ACK and every request pays ~40 ms.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._upstream: http.client.HTTPConnection | None = None
-        self.server.proxy._register(self.connection)
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        except OSError:
-            pass
-        finally:
-            if self._upstream is not None:
-                self._upstream.close()
-            self.server.proxy._unregister(self.connection)
-
-    def do_GET(self) -> None:
-        self._proxy()
-
-    do_HEAD = do_PUT = do_POST = do_DELETE = do_GET
-
-    def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            parts = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    return b"".join(parts)
-                parts.append(self.rfile.read(size))
-                self.rfile.readline()
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else b""
-
-    def _reset(self) -> None:
-        # NOTE: SO_LINGER 0 makes close() send RST, which is what a crashed
-        # endpoint or a middlebox dropping the flow looks like to the client.
-        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.close_connection = True
-        self.connection.close()
-
-    def _send_error_xml(self, status: int, code: str) -> None:
-        body = _ERROR_BODY.format(code=code).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def _send_throttled(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        self.send_response(status)
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _forward(self, body: bytes) -> http.client.HTTPResponse:
-        proxy = self.server.proxy
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
-        if body or self.command in ("PUT", "POST"):
-            headers["Content-Length"] = str(len(body))
-        for attempt in range(2):
-            if self._upstream is None:
-                self._upstream = http.client.HTTPConnection(
-                    proxy.upstream_host, proxy.upstream_port, timeout=_UPSTREAM_TIMEOUT_S
-                )
-                self._upstream.connect()
-                self._upstream.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            try:
-                self._upstream.request(self.command, self.path, body=body, headers=headers)
-                return self._upstream.getresponse()
-            except (ConnectionError, http.client.HTTPException, OSError):
-                # NOTE: a kept-alive upstream connection may have been closed
-                # by the server; one fresh connection is tried before failing.
-                self._upstream.close()
-                self._upstream = None
-                if attempt == 1:
-                    raise
-        raise AssertionError("unreachable")
-
-    def _proxy(self) -> None:
-        proxy = self.server.proxy
-        body = self._read_body()
-        if proxy._refuses_presigned(self.path):
-            self._send_error_xml(403, "AccessDenied")
-            return
-        if not proxy._admit(self.path):
-            if proxy.latency_s:
-                time.sleep(proxy.latency_s)
-            self._send_throttled(*throttle_answer(proxy.limiter.style, self.command))
-            return
-        fault = proxy._draw(self.command, self.path)
-        if proxy.latency_s:
-            time.sleep(proxy.latency_s)
-        if fault == "error_500":
-            self._send_error_xml(500, "InternalError")
-            return
-        if fault == "error_503":
-            self._send_error_xml(503, "ServiceUnavailable")
-            return
-        if fault == "error_429":
-            self._send_error_xml(429, "TooManyRequests")
-            return
-        if fault == "error_403":
-            self._send_error_xml(403, "AccessDenied")
-            return
-        if fault == "reset":
-            self._reset()
-            return
-        if fault == "stall":
-            time.sleep(proxy.stall_s)
-        try:
-            response = self._forward(body)
-            payload = response.read()
-        except (OSError, http.client.HTTPException):
-            proxy._count("bad_gateway")
-            self._send_error_xml(502, "BadGateway")
-            return
-        self.send_response(response.status, response.reason)
-        for key, value in response.getheaders():
-            if key.lower() not in _HOP_HEADERS and key.lower() != "content-length":
-                self.send_header(key, value)
-        if self.command == "HEAD":
-            length = response.getheader("Content-Length")
-            if length is not None:
-                self.send_header("Content-Length", length)
-        else:
-            self.send_header("Content-Length", str(len(payload)))
-        if fault == "truncate" and self.command != "HEAD":
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(payload[: len(payload) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-            return
-        self.end_headers()
-        if self.command == "HEAD" or not payload:
-            return
-        if fault == "slow_body":
-            pieces = max(1, proxy.drip_pieces)
-            step = max(1, -(-len(payload) // pieces))
-            for offset in range(0, len(payload), step):
-                self.wfile.write(payload[offset : offset + step])
-                self.wfile.flush()
-                time.sleep(proxy.slow_body_s / pieces)
-            return
-        self.wfile.write(payload)
 
 
 class FaultProxy:
@@ -318,7 +129,7 @@ class FaultProxy:
         self._counts = dict.fromkeys(
             ("requests", "presigned", "presigned_refused", "bad_gateway", "throttled", *FAULT_KINDS), 0
         )
-        self._server: _Server | None = None
+        self._server: ProxyServer | None = None
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
 
@@ -384,7 +195,7 @@ class FaultProxy:
         deadline = time.monotonic() + 10.0
         while True:
             try:
-                server = _Server((self._host, self._port), _Handler)
+                server = ProxyServer((self._host, self._port), ProxyHandler)
                 break
             except OSError:
                 # NOTE: right after stop() the old socket may linger briefly.
