@@ -11,6 +11,10 @@ there); what it writes is covered by the fixtures that use it, and names
 that leaks took before are reported if they appear there during the session.
 tiktoken, which caches the files of named encodings it loads in
 ``data-gym-cache`` under the temp folder, caches in a session folder instead.
+The node-local metadata cache's default folder (``/dev/shm/zephon-node-cache-
+<uid>``) is checked the same way: torchrun jobs of the suite that kill every
+rank point ``ZEPHON_NODE_CACHE`` into a folder they remove, so anything new
+left there is a leak of a job that ended normally.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from zephon_stream.storage.node_cache import node_cache_root
 
 # NOTE: what leaked from the suite before; new ones in the machine's temp
 # folder are reported (not failed: other processes on the machine write there).
@@ -38,6 +44,15 @@ def _known(folder: Path) -> set[str]:
     return {name for name in names if any(fnmatch.fnmatch(name, pattern) for pattern in KNOWN_LEAKS)}
 
 
+def _node_cache_entries() -> set[str]:
+    """What the node cache's default folder holds (nothing when it does not exist)."""
+    root = node_cache_root({"LOCAL_WORLD_SIZE": "2"})
+    try:
+        return {os.path.join(path, name) for path, dirs, files in os.walk(root) for name in dirs + files}
+    except OSError:
+        return set()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # NOTE: resolved (and cached by tempfile) before TMPDIR changes, so this
     # process and pytest's tmp_path keep the machine's temp folder.
@@ -48,6 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "before": _known(machine),
         "children": children,
         "previous": os.environ.get("TMPDIR"),
+        "node_cache": _node_cache_entries(),
     }
     os.environ["TMPDIR"] = str(children)
 
@@ -73,11 +89,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             + ", ".join(appeared),
             yellow=True,
         )
+    messages = []
     if left:
-        message = (
-            f"the suite's child processes left {len(left)} entries in their temp folder "
-            f"(TMPDIR={children}, now removed): {', '.join(left[:20])}"
-        )
+        messages.append(f"the suite's child processes left {len(left)} entries in their temp folder "
+                        f"(TMPDIR={children}, now removed): {', '.join(left[:20])}")
+    leaked = sorted(_node_cache_entries() - state["node_cache"])
+    if leaked:
+        messages.append(f"the suite left {len(leaked)} entries in the node cache's default folder: "
+                        f"{', '.join(leaked[:20])}")
+    for message in messages:
         if reporter is not None:
             reporter.write_line(message, red=True, bold=True)
         else:

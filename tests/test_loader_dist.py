@@ -29,9 +29,11 @@ SEED = 9
 
 def torchrun(nproc: int, args: list[str], env: dict[str, str], timeout_s: float = 240, worker: Path = WORKER) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(worker), *args]
-    # NOTE: torchrun leaves a torchelastic_* folder in its TMPDIR; this one is removed.
+    # NOTE: torchrun leaves a torchelastic_* folder in its TMPDIR, and ranks
+    # killed their node cache's files: both in a folder that is removed.
     with tempfile.TemporaryDirectory(prefix="zs-torchrun-") as tmp:
-        result = subprocess.run(cmd, env={**env, "TMPDIR": tmp}, capture_output=True, text=True, timeout=timeout_s)
+        env = {**env, "TMPDIR": tmp, "ZEPHON_NODE_CACHE": os.path.join(tmp, "node-cache")}
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert result.returncode == 0, f"torchrun failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
 
 

@@ -14,7 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures_stores import new_bucket
 
+from tools.fault_proxy import FaultProxy
+from tools.reliability.common import step_hashes
+from zephon_stream import StreamingLoader
+from zephon_stream.storage import copy_dataset
 from zephon_stream.storage.node_cache import OBJECTS, TMP, USERS, NodeCache, key_file_name, node_cache_root
 
 # NOTE: fork, not spawn: a spawned child spends ~0.5 s of CPU on imports, and
@@ -329,3 +334,31 @@ def test_the_folders_and_files_the_cache_makes_are_private_to_this_user(tmp_path
         made = [Path(d, n) for d, ds, ns in os.walk(root) for n in ds + ns]
         assert len(made) >= 6 and all(path.stat().st_mode & 0o077 == 0 for path in made)
     assert not os.path.exists(root)
+
+
+def test_two_ranks_of_a_node_read_the_metadata_once_and_deliver_what_they_deliver_alone(tmp_path, seaweedfs_server,
+                                                                                        small_dataset):
+    """Rank 1 opening after rank 0 on the same node makes no metadata request of its own, and both deliver the
+    batches each delivers without the cache."""
+    env = new_bucket("seaweedfs", seaweedfs_server)
+    url = env.url("ds")
+    copy_dataset(small_dataset.url, url, dst_options=env.storage_options)
+    settings = {"seq_len": 256, "local_batch_size": 6, "seed": 3, "world_size": 2, "pipeline": "threads"}
+    with FaultProxy(upstream=seaweedfs_server.endpoint_url) as proxy:
+        options = env.options_via(proxy.endpoint_url)
+        alone = []
+        for rank in (0, 1):
+            with StreamingLoader(url, storage_options=options, rank=rank, node_cache=False, **settings) as loader:
+                alone.append(step_hashes(loader, 6))
+        before = proxy.counts()["requests"]
+        with StreamingLoader(url, storage_options=options, rank=0, node_cache=str(tmp_path / "nc"),
+                             **settings) as first:  # fmt: skip
+            first_requests = proxy.counts()["requests"] - before
+            with StreamingLoader(url, storage_options=options, rank=1, node_cache=str(tmp_path / "nc"),
+                                 **settings) as second:  # fmt: skip
+                second_requests = proxy.counts()["requests"] - before - first_requests
+                shared = [step_hashes(first, 6), step_hashes(second, 6)]
+    assert first_requests > 0, "rank 0 read nothing from the store while opening; the test proves nothing"
+    assert second_requests == 0, f"rank 1 made {second_requests} requests of its own while opening"
+    assert shared == alone
+    assert not (tmp_path / "nc").exists() or not any((tmp_path / "nc").rglob("*")), "the cache left files"

@@ -80,8 +80,9 @@ class ElasticJob:
         tmp = root / "tmp"
         tmp.mkdir(parents=True)
         # NOTE: TMPDIR keeps torchrun's torchelastic_* folders (and torch's
-        # caches) inside the test's folder instead of /tmp.
-        self.env = child_env({"TMPDIR": str(tmp)})
+        # caches) inside the test's folder instead of /tmp, and the node cache
+        # that agents killed leave behind goes with it instead of /dev/shm.
+        self.env = child_env({"TMPDIR": str(tmp), "ZEPHON_NODE_CACHE": str(root / "node-cache")})
         self.worker_args = [str(WORKER), "--data", data, "--events", str(self.events_path),
                             "--ckpt-dir", str(root / "ckpt"), "--steps", str(STEPS), "--ckpt-every", str(CKPT_EVERY),
                             "--hold-after", str(HOLD_AFTER), "--seq-len", str(SEQ_LEN),

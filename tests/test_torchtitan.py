@@ -359,9 +359,11 @@ def torchrun(script: str, nproc: int, *args: str, env: dict[str, str] | None = N
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(WORKERS / script), *args]
     full_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    # NOTE: torchrun leaves a torchelastic_* folder in its TMPDIR; this one is removed.
+    # NOTE: torchrun leaves a torchelastic_* folder in its TMPDIR, and ranks
+    # killed their node cache's files: both in a folder that is removed.
     with tempfile.TemporaryDirectory(prefix="zs-torchrun-") as tmp:
-        out = subprocess.run(cmd, env={**full_env, "TMPDIR": tmp}, capture_output=True, text=True, timeout=240)
+        run_env = {**full_env, "TMPDIR": tmp, "ZEPHON_NODE_CACHE": os.path.join(tmp, "node-cache")}
+        out = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, f"{script} x{nproc} failed:\n{out.stdout[-4000:]}\n{out.stderr[-6000:]}"
 
 

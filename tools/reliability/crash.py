@@ -177,9 +177,11 @@ def loader_kill_resume(
         folder = work / f"run{run}"
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-        # NOTE: torchrun leaves torchelastic_* folders in its TMPDIR; these go with the run's folder.
+        # NOTE: torchrun leaves torchelastic_* folders in its TMPDIR, and ranks all
+        # killed leave their node cache's files for the next job on the node
+        # (docs/STORAGE.md): both go with the run's folder.
         (folder / "tmp").mkdir()
-        run_env = {**env, "TMPDIR": str(folder / "tmp")}
+        run_env = {**env, "TMPDIR": str(folder / "tmp"), "ZEPHON_NODE_CACHE": str(folder / "node-cache")}
         w0 = rng.choice(worlds)
         w1 = rng.choice([w for w in worlds if w != w0])
         kill_at = rng.randint(2, total_steps - 2)
