@@ -78,7 +78,6 @@ class StreamMetadata:
         self._frames: dict[int, Frame] = {}
         self._store: Any = None
         self._node_cache: Any = None
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.shape = self._shape()
 
     @classmethod
@@ -110,7 +109,7 @@ class StreamMetadata:
         other.__dict__.update(self.__dict__)
         other._lock, other._locate_lock = threading.Lock(), threading.RLock()
         other._pages, other._frames = OrderedDict(self._pages), {}
-        other._store = other._node_cache = other._pool = None
+        other._store = other._node_cache = None
         return other
 
     @property
@@ -293,11 +292,18 @@ class StreamMetadata:
         return b"".join(pieces)
 
     def _read_pages(self, keys: list[tuple[str, str, int]]) -> None:
-        """Fetch and check the pages not yet held (digest pages, then the column pages they vouch for)."""
-        digest_keys = [k for k in dict.fromkeys(keys) if k[1] == "" and k not in self._pages]
-        self._fetch([(k, self._verify_digest_page) for k in digest_keys])
-        column_keys = [k for k in dict.fromkeys(keys) if k[1] != "" and k not in self._pages]
-        self._fetch([(k, self._verify_column_page) for k in column_keys])
+        """Fetch the pages not yet held in one round, then check digest pages, then the column pages they vouch for."""
+        keys = list(dict.fromkeys(keys))
+        # NOTE: which digest page vouches for a column page follows from the
+        # page's index, so both are read at once (one round trip, not two)
+        # and checked in order once all have come.
+        fetched = self._fetch([k for k in keys if k not in self._pages])
+        for key, data in fetched:
+            if key[1] == "":
+                self._pages[key] = self._verify_digest_page(key, data)
+        for key, data in fetched:
+            if key[1] != "":
+                self._pages[key] = self._verify_column_page(key, data)
         for key in keys:
             self._pages.move_to_end(key)
         while len(self._pages) > _MAX_PAGES:
@@ -324,37 +330,34 @@ class StreamMetadata:
             return table.digest_page_range(key[2])
         return table.page_range(table.column(key[1]), key[2])
 
-    def _fetch(self, work: list[tuple[tuple[str, str, int], Any]]) -> None:
-        if not work:
-            return
+    def _fetch(self, keys: list[tuple[str, str, int]]) -> list[tuple[tuple[str, str, int], bytes]]:
+        """The bytes of these pages, read concurrently (through the node's cache when there is one), unchecked."""
+        if not keys:
+            return []
         if self._store is None:
             raise RuntimeError(f"dataset {self.url}: metadata not bound to a store")
 
-        def one(item: tuple[tuple[str, str, int], Any]) -> tuple[tuple[str, str, int], bytes]:
-            key, verify = item
+        def one(key: tuple[str, str, int]) -> tuple[tuple[str, str, int], bytes]:
             start, end = self._byte_range(key)
 
             def fetch() -> bytes:
-                return verify(key, self._store.read_range(key[0], start, end))
+                return self._store.read_range(key[0], start, end)
 
             if self._node_cache is None:
                 return key, fetch()
-            name = f"{self.fingerprint}/{key[0]}/{key[1] or '_digests'}/{key[2]}"
-            # NOTE: bytes from the node are checked again: another process wrote them.
-            return key, verify(key, self._node_cache.get(name, fetch))
+            # NOTE: the caller checks what the node holds as it checks what
+            # the store sent: another process wrote it.
+            return key, self._node_cache.get(f"{self.fingerprint}/{key[0]}/{key[1] or '_digests'}/{key[2]}", fetch)
 
-        if len(work) == 1:
-            results = [one(work[0])]
-        else:
-            with self._lock:
-                if self._pool is None:
-                    self._pool = concurrent.futures.ThreadPoolExecutor(_MAX_CONCURRENT_READS, thread_name_prefix="zs-index")
-            results = list(self._pool.map(one, work))
-        for key, data in results:
-            self._pages[key] = data
+        if len(keys) == 1:
+            return [one(keys[0])]
+        # NOTE: readers for this round only: rounds come once a horizon of
+        # steps, not per step, and no thread stays behind between them (the
+        # trainer's process runs none once the helper process serves).
+        with concurrent.futures.ThreadPoolExecutor(min(len(keys), _MAX_CONCURRENT_READS),
+                                                   thread_name_prefix="zs-index") as pool:  # fmt: skip
+            return list(pool.map(one, keys))
 
     def close(self) -> None:
-        """Stop the page readers (the store is its owner's to close)."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        """Let go of the store and the node's cache (their owner closes them); pages read stay."""
+        self._store = self._node_cache = None
