@@ -8,8 +8,10 @@ the manifest) and ``v11`` (format 1.1, a header and index objects), to a
 local folder (``--output DIR`` keeps them there) and to a bucket of a
 SeaweedFS server on loopback (tools/seaweedfs.py).
 
-For each form and store, a fresh process (``--probe``) imports the package,
-then constructs ``StreamingLoader(url, seq_len=2048, local_batch_size=4,
+For each form and store, a fresh process (``--probe``) imports the package
+and torch, then the store's client library (s3fs with aiobotocore and aiohttp
+for SeaweedFS: timed apart, as ``client import``, since a process pays it once
+whatever reads first), then constructs ``StreamingLoader(url, seq_len=2048, local_batch_size=4,
 rank=1000, world_size=2048, pipeline="threads")``, takes its
 ``state_dict()``, plans its first step and locates that step's blocks (what
 its producer does before fetching them; the shards do not exist). It prints
@@ -69,8 +71,16 @@ SHARD_TOKENS = 64 * DEFAULT_BLOCK_TOKENS
 
 def probe(url: str, options: dict | None) -> dict:
     """In a fresh process: a rank's start, measured after the imports."""
+    import fsspec
     import torch  # noqa: F401 - imported before the clock starts, as a trainer has
 
+    # NOTE: the store's client library (s3fs, aiobotocore, aiohttp: 0.8 s
+    # here) is imported once per process by whatever reads from that store
+    # first; timed apart, so that the figure is the rank's own start.
+    import_started = time.perf_counter()
+    if "://" in url:
+        fsspec.get_filesystem_class(url.split("://", 1)[0])
+    client_import_s = time.perf_counter() - import_started
     # NOTE: the imports' own peak is forgotten (Linux: 5 to clear_refs resets VmHWM).
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -84,7 +94,7 @@ def probe(url: str, options: dict | None) -> dict:
         source.locate([key[1] for key in plan.unique_keys])
         elapsed = time.perf_counter() - started
         counts = source.store.stats()
-    return {"first_planned_step_s": elapsed, "bytes_read": counts["bytes_read"], "reads": counts["reads"],
+    return {"first_planned_step_s": elapsed, "client_import_s": client_import_s, "bytes_read": counts["bytes_read"], "reads": counts["reads"],
             "rss_added_mb": (_status_kb("VmHWM") - rss_before) / 1024}
 
 
@@ -136,12 +146,14 @@ def main() -> None:
             for name, (url, opts) in where.items():
                 results[name].append(fresh_probe(url, opts))
     print(f"a fresh rank {RANK} of W = {WORLD_SIZE}, after the imports (median of {args.trials}):")
-    print(f"{'form and store':<16} {'first planned step':>19} {'read':>12} {'reads':>6} {'RSS added':>10}")
+    print(f"{'form and store':<16} {'first planned step':>19} {'(client import)':>16} {'read':>12} {'reads':>6} "
+          f"{'RSS added':>10}")
     summary = {}
     for name, runs in results.items():
         row = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         summary[name] = row
-        print(f"{name:<16} {row['first_planned_step_s']:>17.3f} s {row['bytes_read'] / 1e6:>9.3f} MB "
+        print(f"{name:<16} {row['first_planned_step_s']:>17.3f} s {row['client_import_s']:>14.3f} s "
+              f"{row['bytes_read'] / 1e6:>9.3f} MB "
               f"{row['reads']:>6.0f} {row['rss_added_mb']:>7.1f} MB")
     for store in ("local", "seaweedfs"):
         old, new = summary[f"v10 {store}"], summary[f"v11 {store}"]
