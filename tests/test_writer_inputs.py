@@ -211,11 +211,15 @@ def test_lines_mode_round_trip_with_record_numbers(tmp_path):
     assert documents_of(out) == [(str(path), 0, "first"), (str(path), 1, "second"), (str(path), 3, "fourth")]
 
 
-def test_all_records_rejected_commits_an_empty_dataset(tmp_path):
+def test_all_records_rejected_commits_an_empty_dataset_only_when_asked(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"")
     (tmp_path / "b.jsonl").write_text('{"x": 1}\n')
     out = tmp_path / "out"
-    summary = write_dataset([str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")], str(out), tokenizer="bytes", progress=False)
+    inputs = [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")]
+    with pytest.raises(InputError, match=r"all 2 records of 2 inputs were rejected \(empty 1, missing_field 1\)"):
+        write_dataset(inputs, str(out), tokenizer="bytes", progress=False)
+    assert not (out / "manifest").exists() and len((out / "rejects.jsonl").read_text().splitlines()) == 2
+    summary = write_dataset(inputs, str(out), tokenizer="bytes", progress=False, allow_empty=True)
     assert (summary.records_in, summary.num_tokens, summary.num_shards) == (2, 0, 0)
     from zephon_stream import Manifest
 
