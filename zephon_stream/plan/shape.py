@@ -108,6 +108,8 @@ class StreamShape:
         if self.stream_samples(seq_len) > 0:
             return None
         longest = self.block_tokens if self.num_full_blocks else int(self.short_counts.max())
+        if longest < 2:
+            return "every block holds a single token, and a sample needs two at least"
         return (
             f"its longest block holds {longest} tokens, fewer than the {seq_len + 1} a sample of seq_len "
             f"{seq_len} needs; use a seq_len of at most {longest - 1}"
