@@ -205,8 +205,10 @@ def _reasons(rejects: list[bytes]) -> Counter[str]:
     reasons: Counter[str] = Counter()
     for chunk in rejects:
         for line in chunk.splitlines():
+            if not line.strip():
+                continue
             try:
                 reasons[str(json.loads(line)["reason"])] += 1
             except (ValueError, KeyError, TypeError):
-                reasons["unreadable"] += 1 if line.strip() else 0
+                reasons["unreadable"] += 1
     return reasons
