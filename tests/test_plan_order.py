@@ -162,6 +162,19 @@ def test_mixture_errors_name_the_stream_and_numbers():
         GlobalOrder(shapes, OrderConfig(seq_len=32, lanes=2, weights=(1,)))
 
 
+def test_a_stream_without_samples_is_named_by_its_url_with_the_reason():
+    empty = StreamShape.from_counts("fp-empty", 65, [], name="s3://b/empty")
+    with pytest.raises(ConfigError, match=r"^stream 0 \(s3://b/empty\): the dataset holds no tokens"):
+        GlobalOrder([empty], OrderConfig(seq_len=32, lanes=2))
+    short = StreamShape.from_counts("fp-short", 65, [20, 10], name="./short")
+    with pytest.raises(ConfigError, match=r"^stream 1 \(\./short\): its longest block holds 20 tokens, fewer than "
+                       r"the 33 a sample of seq_len 32 needs; use a seq_len of at most 19$"):  # fmt: skip
+        GlobalOrder([shape_of("big", 65, [65] * 40), short], OrderConfig(seq_len=32, lanes=4))
+    single = StreamShape.from_counts("fp-one", 65, [1], name="./one")
+    assert single.no_samples_reason(1) == "every block holds a single token, and a sample needs two at least"
+    assert short.no_samples_reason(19) is None and short.label == "./short" and shape_of("x", 65, [65]).label == "x"
+
+
 @settings(max_examples=40, deadline=None)
 @given(weights=st.lists(st.integers(1, 9), min_size=2, max_size=4), lanes=st.integers(4, 40),
        start=st.integers(0, 500), batch=st.integers(1, 90))  # fmt: skip

@@ -129,3 +129,35 @@ def test_retries_while_a_loader_streams_are_counted_once_each(object_store, remo
     assert got == expected
     assert failed > 0, "no fault was injected on a block; the test proves nothing"
     assert retries == failed, (retries, proxy.counts())
+
+
+@pytest.mark.parametrize("operation", ["read", "read_range", "size", "read_range_async"])
+def test_a_manifest_that_keeps_failing_reaches_the_store_once_per_counted_attempt(object_store, operation):
+    """No client library retries on its own: with every manifest request answered 503, the
+    server sees exactly ``max_attempts`` requests, ``max_attempts - 1`` counted retries and one
+    error (gcsfs alone would make 6 attempts of each, the Azure SDK 10, botocore 5)."""
+    import dataclasses
+
+    from zephon_stream.errors import StorageError
+
+    url = object_store.url("keeps-failing")
+    with open_store(url, object_store.storage_options) as store:
+        store.write_atomic("manifest", OBJECT)
+    policy = dataclasses.replace(RETRY, max_attempts=4)
+    with FaultProxy(upstream=object_store.server.endpoint_url, rates={"error_503": 1.0}, seed=3,
+                    fault_paths=("manifest",)) as proxy, \
+            open_store(url, object_store.options_via(proxy.endpoint_url), retry=policy) as store:  # fmt: skip
+        calls = {
+            "read": lambda: store.read("manifest"),
+            "read_range": lambda: store.read_range("manifest", 10, 1000),
+            "size": lambda: store.size("manifest"),
+            "read_range_async": lambda: asyncio.run_coroutine_threadsafe(
+                store.read_range_async("manifest", 10, 1000), store.event_loop()
+            ).result(timeout=300),
+        }
+        with pytest.raises(StorageError, match="failed after 4 attempts"):
+            calls[operation]()
+        stats = store.stats()
+        counts = proxy.counts()
+    assert counts["error_503"] == counts["requests"] == 4, counts
+    assert (stats["retries"], stats["throttled"], stats["errors"]) == (3, 0, 1), stats

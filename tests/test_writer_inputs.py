@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
 
 import pytest
 import zstandard
@@ -97,7 +98,10 @@ def test_every_reject_reason_is_listed_with_its_place(tmp_path):
     }
     bad_byte = dict(got)[1]
     assert bad_byte.detail == f"invalid UTF-8 at byte {len(good) + 1 + 14}"
-    assert "line 5" in dict(got)[5].detail
+    # NOTE: records count from 0, the lines a detail names from 1 (record 5 is the sixth line).
+    assert dict(got)[5].detail.startswith("line 6: malformed JSON at column ")
+    assert dict(got)[6].detail == "line 7: blank line"
+    assert dict(got)[9].detail == "line 10: a JSON list, not an object"
 
     summary = write_dataset(str(path), str(tmp_path / "out"), tokenizer="bytes", block_tokens=64, progress=False)
     assert summary.records_in == 11 and summary.records_written == 2
@@ -107,6 +111,21 @@ def test_every_reject_reason_is_listed_with_its_place(tmp_path):
         (str(path), rec, reason) for rec, reason in sorted(reasons.items())
     ]
     assert documents_of(str(tmp_path / "out")) == [(str(path), 0, "fine"), (str(path), 10, "fine")]
+
+
+def test_rejects_name_lines_as_editors_count_them_and_records_from_0(tmp_path):
+    """A detail's "line N" is the file's N-th line (1-based, as ``sed -n Np`` prints it); ``record`` counts from 0."""
+    path = tmp_path / "two.jsonl"
+    lines = [b'{"text": "the first line is fine"}', b'{"text": "the second is cut', b"", b'"a string"']
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    write_dataset(str(path), str(tmp_path / "out"), tokenizer="bytes", block_tokens=64, progress=False)
+    listed = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [r["record"] for r in listed] == [1, 2, 3]
+    for reject in listed:
+        number = int(reject["detail"].split(":", 1)[0].removeprefix("line "))
+        assert number == reject["record"] + 1
+        printed = subprocess.run(["sed", "-n", f"{number}p", str(path)], capture_output=True, check=True).stdout
+        assert printed == lines[reject["record"]] + b"\n"
 
 
 def test_invalid_utf8_in_a_whole_text_file_is_rejected_with_offset_not_replaced(tmp_path):
@@ -192,11 +211,15 @@ def test_lines_mode_round_trip_with_record_numbers(tmp_path):
     assert documents_of(out) == [(str(path), 0, "first"), (str(path), 1, "second"), (str(path), 3, "fourth")]
 
 
-def test_all_records_rejected_commits_an_empty_dataset(tmp_path):
+def test_all_records_rejected_commits_an_empty_dataset_only_when_asked(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"")
     (tmp_path / "b.jsonl").write_text('{"x": 1}\n')
     out = tmp_path / "out"
-    summary = write_dataset([str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")], str(out), tokenizer="bytes", progress=False)
+    inputs = [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")]
+    with pytest.raises(InputError, match=r"all 2 records of 2 inputs were rejected \(empty 1, missing_field 1\)"):
+        write_dataset(inputs, str(out), tokenizer="bytes", progress=False)
+    assert not (out / "manifest").exists() and len((out / "rejects.jsonl").read_text().splitlines()) == 2
+    summary = write_dataset(inputs, str(out), tokenizer="bytes", progress=False, allow_empty=True)
     assert (summary.records_in, summary.num_tokens, summary.num_shards) == (2, 0, 0)
     from zephon_stream import Manifest
 

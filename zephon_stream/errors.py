@@ -62,3 +62,7 @@ class TokenizerError(ZephonError, ValueError):
 
 class HelperProcessError(ZephonError, RuntimeError):
     """The loader's helper process ended, or could not start, while the loader needed it."""
+
+
+class EmptyDatasetError(InputError):
+    """A conversion or merge that would commit a dataset holding no tokens (not asked for)."""

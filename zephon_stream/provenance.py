@@ -100,7 +100,7 @@ def shapes_of(readers: Sequence[DatasetReader]) -> list[StreamShape]:
     """One ``StreamShape`` per dataset, from its manifest."""
     return [
         StreamShape.from_counts(
-            r.manifest.fingerprint, r.manifest.block_tokens, r.manifest.block_token_counts()
+            r.manifest.fingerprint, r.manifest.block_tokens, r.manifest.block_token_counts(), name=r.url
         )
         for r in readers
     ]

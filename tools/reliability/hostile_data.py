@@ -221,9 +221,11 @@ def _write(inputs: list[Path], out: Path, **kwargs: Any) -> Any:
 
 
 def case_tiny_datasets(dataset: Path, work: Path, tries: int, rng: random.Random) -> Outcome:
-    """An empty dataset, one shorter than a sample, and one with fewer samples
-    than a global batch: the loader refuses each with a clear error."""
+    """An empty dataset (refused by the writer unless asked), one shorter than
+    a sample, and one with fewer samples than a global batch: the loader
+    refuses each with a clear error."""
     from zephon_stream import StreamingLoader
+    from zephon_stream.errors import EmptyDatasetError
 
     outcome = Outcome()
     texts = {
@@ -239,7 +241,18 @@ def case_tiny_datasets(dataset: Path, work: Path, tries: int, rng: random.Random
             inputs.append(folder / f"{i}.txt")
             inputs[-1].write_bytes(content)
         out = work / f"ds_{name}"
-        _write(inputs, out)
+        if name == "empty":
+            # NOTE: the writer refuses to commit no tokens unless asked; the
+            # loader must still refuse the dataset committed all the same.
+            try:
+                _write(inputs, out)
+            except EmptyDatasetError as exc:
+                outcome.refuse(exc, must_name=str(out))
+            else:
+                raise AssertionError(f"{name}: a dataset with no tokens was committed without allow_empty")
+            _write(inputs, out, allow_empty=True)
+        else:
+            _write(inputs, out)
         for batch in (BATCH, 64):
             try:
                 with StreamingLoader(str(out), seq_len=SEQ_LEN, local_batch_size=batch) as loader:
@@ -247,7 +260,8 @@ def case_tiny_datasets(dataset: Path, work: Path, tries: int, rng: random.Random
             except StopIteration:
                 raise AssertionError(f"{name} (batch {batch}): iteration ended silently, no error") from None
             except Exception as exc:  # noqa: BLE001
-                outcome.refuse(exc)
+                outcome.refuse(exc, must_name=str(out) if name == "empty" else None)
+                check(name != "empty" or "holds no tokens" in str(exc), f"{name}: the loader said {exc}")
             else:
                 # NOTE: three samples can still fill batch 8 by wrapping epochs
                 # only if the order allows it; a batch returned must be real data.

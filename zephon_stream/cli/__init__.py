@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from zephon_stream.errors import ZephonError
@@ -44,7 +45,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# NOTE: what a shell reports for a command that a closed pipe stopped
+# (128 + SIGPIPE), as `seq 1000000 | head -1` shows under `set -o pipefail`;
+# not 0, since the output was cut short, and not 1, which means an error.
+EXIT_PIPE_CLOSED = 141
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; its exit status (0 done, 1 error, 141 stdout's reader went away).
+
+    A reader that closes the pipe early (``| head -1``) ends the command
+    quietly, without a traceback, at its next write to stdout.
+    """
+    status = EXIT_PIPE_CLOSED
+    try:
+        try:
+            status = _run(argv)
+        except SystemExit:
+            # NOTE: argparse exits after --help or a usage error; its text is
+            # flushed here so a closed pipe is caught below, not at shutdown.
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        _quiet_stdout()
+        # NOTE: an error already reported on stderr keeps its status.
+        return EXIT_PIPE_CLOSED if status == 0 else status
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at devnull, so the interpreter's flush at exit finds no closed pipe."""
+    # NOTE: the recipe of the Python docs (signal module, "Note on SIGPIPE");
+    # leaving SIGPIPE at its default instead would kill the process mid-write,
+    # skipping every `finally` (a store's close, a helper's shutdown).
+    try:
+        fileno = sys.stdout.fileno()
+    except (OSError, ValueError):  # a stdout without a descriptor (replaced, closed)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fileno)
+    finally:
+        os.close(devnull)
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):

@@ -26,6 +26,10 @@ def register(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="fsspec/s3fs option for the output store (repeatable)",
     )
+    parser.add_argument(
+        "--allow-empty", action="store_true",
+        help="commit the merge even if no part holds a token (without it: exit 1, no manifest written)",
+    )  # fmt: skip
     parser.set_defaults(handler=run)
 
 
@@ -34,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     from zephon_stream.writer.merge import merge_parts
     from zephon_stream.writer.progress import name_value_table
 
-    manifest = merge_parts(args.parts, args.output, storage_options=parse_storage_options(args.storage_option))
+    manifest = merge_parts(
+        args.parts, args.output, storage_options=parse_storage_options(args.storage_option), allow_empty=args.allow_empty
+    )
     parts = sorted({shard.path.split("/", 1)[0] for shard in manifest.shards})
     print(f"merged {len(parts)} parts into {args.output}")
     rows = [

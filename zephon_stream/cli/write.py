@@ -78,6 +78,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="fsspec/s3fs option for inputs and output (repeatable)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already at --output")
+    parser.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="commit a dataset that holds no tokens (every record rejected, or none); without it such a run "
+        "exits 1 with rejects.jsonl written and no manifest. Under a launcher a rank's part is committed "
+        "even if empty: `merge` judges the whole",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.set_defaults(handler=run)
@@ -98,8 +105,12 @@ def run(args: argparse.Namespace) -> int:
         expand = token_input_urls
     # NOTE: under a launcher (RANK/WORLD_SIZE, Slurm) each rank writes its share as OUTPUT/part-*; see `merge`.
     share = assign_rank_work(inputs, output, storage_options=options, expand=expand)
+    allow_empty = args.allow_empty
     if share is not None:
         inputs, output = share.inputs, share.output
+        # NOTE: one rank's share may be all rejects while the others hold
+        # tokens; whether the dataset is empty is decided at the merge.
+        allow_empty = True
         print(f"rank {share.rank.rank} of {share.rank.world_size}: {len(inputs)} of {share.num_inputs_total} inputs -> {output}", file=sys.stderr)
     summary = write_dataset(
         inputs,
@@ -121,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         token_dtype=args.token_dtype,
         append_eos=args.append_eos,
         pool_min_input_bytes=args.pool_min_input_bytes,
+        allow_empty=allow_empty,
     )
     if args.json:
         print(json.dumps(summary.to_dict()))

@@ -177,9 +177,9 @@ class StreamMetadata:
         if self._header is not None:
             h = self._header
             return StreamShape(fingerprint=h.fingerprint, block_tokens=h.block_tokens, num_blocks=h.num_blocks,
-                               short_ids=h.short_ids, short_counts=h.short_counts)
+                               short_ids=h.short_ids, short_counts=h.short_counts, name=self.url)
         m = self._manifest
-        return StreamShape.from_counts(m.fingerprint, m.block_tokens, m.block_token_counts())
+        return StreamShape.from_counts(m.fingerprint, m.block_tokens, m.block_token_counts(), name=self.url)
 
     def block_num_tokens(self, block_id: int) -> int:
         """Tokens in one block."""

@@ -83,7 +83,10 @@ class EvalOrder:
                 stream_of.append(s)
                 total += (shape.num_blocks - block) * spb
         if total == 0:
-            raise ConfigError(f"no sample of seq_len {seq_len} in the evaluation datasets")
+            reasons = "; ".join(
+                f"dataset {s} ({shape.label}): {shape.no_samples_reason(seq_len)}" for s, shape in enumerate(self.shapes)
+            )
+            raise ConfigError(f"no sample of seq_len {seq_len} in the evaluation datasets: {reasons}")
         self.num_samples = total
         self._starts = np.array(starts, dtype=np.int64)
         self._first_block = np.array(first_block, dtype=np.int64)

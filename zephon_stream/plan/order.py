@@ -132,10 +132,11 @@ class GlobalOrder:
         spb = shape.samples_per_full_block(seq_len)
         lane_length = stream_samples // lanes if lanes else 0
         if lanes and lane_length == 0:
-            raise ConfigError(
-                f"stream {s} ({shape.fingerprint}): {stream_samples} samples of seq_len "
-                f"{seq_len} per epoch, fewer than its {lanes} lanes; lower the lanes or seq_len"
+            reason = shape.no_samples_reason(seq_len) or (
+                f"{stream_samples} samples of seq_len {seq_len} per epoch, fewer than its {lanes} lanes; "
+                "lower the lanes or seq_len"
             )
+            raise ConfigError(f"stream {s} ({shape.label}): {reason}")
         window = self.config.window or spb
         return StreamPlan(
             index=s,

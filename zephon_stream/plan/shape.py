@@ -23,6 +23,8 @@ class StreamShape:
         num_blocks: blocks in the dataset.
         short_ids: sorted ids of the blocks holding fewer than ``block_tokens``.
         short_counts: token counts of those blocks, each in ``[1, block_tokens)``.
+        name: what messages call the stream (its dataset's URL); empty: the
+            fingerprint. Not part of its identity.
     """
 
     fingerprint: str
@@ -30,6 +32,7 @@ class StreamShape:
     num_blocks: int
     short_ids: np.ndarray
     short_counts: np.ndarray
+    name: str = ""
 
     def __post_init__(self) -> None:
         ids = np.array(self.short_ids, dtype=np.int64).reshape(-1)
@@ -38,7 +41,7 @@ class StreamShape:
         counts.setflags(write=False)
         object.__setattr__(self, "short_ids", ids)
         object.__setattr__(self, "short_counts", counts)
-        where = f"stream {self.fingerprint!r}"
+        where = f"stream {self.label!r}"
         if self.block_tokens < 2:
             raise ConfigError(f"{where}: block_tokens must be >= 2, got {self.block_tokens}")
         if self.num_blocks < 0:
@@ -65,7 +68,7 @@ class StreamShape:
 
     @classmethod
     def from_counts(
-        cls, fingerprint: str, block_tokens: int, counts: np.ndarray | list[int]
+        cls, fingerprint: str, block_tokens: int, counts: np.ndarray | list[int], *, name: str = ""
     ) -> StreamShape:
         """Build the compact form from every block's token count.
 
@@ -77,7 +80,7 @@ class StreamShape:
         if over.size:
             k = int(over[0])
             raise ConfigError(
-                f"stream {fingerprint!r} block {k}: holds {int(counts[k])} tokens, "
+                f"stream {name or fingerprint!r} block {k}: holds {int(counts[k])} tokens, "
                 f"expected 1..{block_tokens}"
             )
         short = np.flatnonzero(counts < block_tokens)
@@ -87,6 +90,29 @@ class StreamShape:
             num_blocks=int(counts.size),
             short_ids=short,
             short_counts=counts[short],
+            name=name,
+        )
+
+    @property
+    def label(self) -> str:
+        """The stream in messages: its name (the dataset's URL), else its fingerprint."""
+        return self.name or self.fingerprint
+
+    def no_samples_reason(self, seq_len: int) -> str | None:
+        """Why the stream holds no sample of ``seq_len``, with what to do; None when it holds one."""
+        if self.num_blocks == 0:
+            return (
+                "the dataset holds no tokens (every input record was rejected, or there was none: see "
+                "its rejects.jsonl); write it again from inputs that hold documents, or leave it out"
+            )
+        if self.stream_samples(seq_len) > 0:
+            return None
+        longest = self.block_tokens if self.num_full_blocks else int(self.short_counts.max())
+        if longest < 2:
+            return "every block holds a single token, and a sample needs two at least"
+        return (
+            f"its longest block holds {longest} tokens, fewer than the {seq_len + 1} a sample of seq_len "
+            f"{seq_len} needs; use a seq_len of at most {longest - 1}"
         )
 
     @property

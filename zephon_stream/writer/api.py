@@ -5,7 +5,8 @@ record by record, in input order; send chunks of texts to the tokenizer pool
 (results come back in submission order, so the token stream is the same for
 any worker count); cut the stream into blocks and shards, each shard written
 as it fills; then ``rejects.jsonl``; then, after checking that every record
-is accounted for, the manifest, which commits the dataset. A run killed at
+is accounted for and that a token is there to commit (``empty.py``), the
+manifest, which commits the dataset. A run killed at
 any point leaves no manifest, and rerunning it writes the same bytes.
 
 With ``input_format="tokens"`` the inputs already hold token ids
@@ -32,6 +33,7 @@ from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL, 
 from zephon_stream.storage import LocalStore, Store, expand_inputs, is_local_url, local_path, open_store
 from zephon_stream.storage.local import TEMP_PREFIX
 from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES, WriteConfig
+from zephon_stream.writer.empty import refuse_empty
 from zephon_stream.writer.pool import TokenizePool
 from zephon_stream.writer.progress import Progress, WriteSummary
 from zephon_stream.writer.readers import Reject, SourceReader
@@ -64,6 +66,7 @@ def write_dataset(
     token_dtype: str | None = None,
     append_eos: bool = False,
     pool_min_input_bytes: int = DEFAULT_POOL_MIN_INPUT_BYTES,
+    allow_empty: bool = False,
 ) -> WriteSummary:
     """Tokenize raw text (or take token ids) into a dataset of zstd token shards with a manifest.
 
@@ -101,12 +104,16 @@ def write_dataset(
             not Parquet) totalling less than this tokenize in this process
             (default 4 MiB); 0 starts the ``workers`` processes for any
             input and tokenizer.
+        allow_empty: commit a dataset that holds no tokens; without it such
+            a run writes ``rejects.jsonl`` but no manifest, and raises.
 
     Returns:
         The run's ``WriteSummary``.
 
     Raises:
         InputError: an input that is missing, of unknown type or unreadable.
+        EmptyDatasetError: no token to commit (every record rejected, or
+            none), without ``allow_empty``; an ``InputError``.
         TokenizerError: a tokenizer that cannot be loaded.
         ConfigError: bad sizes, or a dataset already at ``output``.
     """
@@ -123,6 +130,7 @@ def write_dataset(
         token_dtype=token_dtype,
         append_eos=append_eos,
         pool_min_input_bytes=pool_min_input_bytes,
+        allow_empty=allow_empty,
     ).resolved()
     if config.tokens and bos_token is not None:
         raise ConfigError("token inputs are written as they are: no BOS is added (drop --bos-token)")
@@ -233,6 +241,10 @@ class _Run:
         self._remove_stale({name for s in shards for name in (s.path, s.index_path)})
         records_in, written = sum(self.records), sum(self.documents)
         assert records_in == written + self.num_rejects, (records_in, written, self.num_rejects)
+        refuse_empty(
+            output=self.store.url, num_tokens=self.builder.num_tokens, allow_empty=self.config.allow_empty,
+            records_in=records_in, num_inputs=len(self.readers), rejected=self.reject_counts, rejects_path=REJECTS_NAME,
+        )  # fmt: skip
         manifest = Manifest.create(
             tokenizer=self.tokenizer.identity(),
             block_tokens=self.config.block_tokens,

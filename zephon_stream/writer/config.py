@@ -53,6 +53,8 @@ class WriteConfig:
             process whatever ``workers`` says, and so is any input of the
             ``bytes`` tokenizer; 0 starts the worker processes for any input
             and tokenizer.
+        allow_empty: commit a dataset that holds no tokens (every record
+            rejected, or no record) instead of refusing it.
     """
 
     text_field: str = "text"
@@ -68,6 +70,7 @@ class WriteConfig:
     token_dtype: str | None = None
     append_eos: bool = False
     pool_min_input_bytes: int = DEFAULT_POOL_MIN_INPUT_BYTES
+    allow_empty: bool = False
 
     @property
     def tokens(self) -> bool:

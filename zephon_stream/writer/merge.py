@@ -11,7 +11,9 @@ derived by the same rules as any other manifest (``Manifest.create``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +22,7 @@ from zephon_stream.format.manifest import Manifest
 from zephon_stream.format.spec import MANIFEST_NAME, REJECTS_NAME
 from zephon_stream.storage import Store, check_relative_path, is_local_url, local_path, open_store
 from zephon_stream.writer.distributed import PART_PREFIX, parse_part_name
+from zephon_stream.writer.empty import refuse_empty
 
 
 def part_path_under(output: str, part: str) -> str:
@@ -122,6 +125,7 @@ def merge_parts(
     output: str,
     *,
     storage_options: Mapping[str, Any] | None = None,
+    allow_empty: bool = False,
 ) -> Manifest:
     """Write the manifest of one dataset made of ``parts``, in the order given.
 
@@ -131,6 +135,8 @@ def merge_parts(
             folder under ``output``, in rank order, all ranks required.
         output: the merged dataset's root.
         storage_options: fsspec/s3fs options for the output store.
+        allow_empty: commit the merge even if no part holds a token (parts
+            may be empty one by one: a rank's share can be all rejects).
 
     Returns:
         The merged, validated manifest (already written).
@@ -140,6 +146,8 @@ def merge_parts(
         ManifestError: parts written with different tokenizers or layouts,
             or a source converted by two parts.
         ConfigError: the output already holds a different dataset.
+        EmptyDatasetError: no part holds a token, without ``allow_empty``
+            (the merged ``rejects.jsonl`` is written, the manifest is not).
     """
     store = open_store(output, storage_options)
     try:
@@ -179,8 +187,28 @@ def merge_parts(
                 f"{len(names)} parts, fingerprint {merged.fingerprint[:16]}); delete {MANIFEST_NAME} to replace it"
             )
         store.write_atomic(REJECTS_NAME, b"".join(chunk if chunk.endswith(b"\n") or not chunk else chunk + b"\n" for chunk in rejects))
+        if not merged.num_tokens:
+            refuse_empty(
+                output=store.url, num_tokens=0, allow_empty=allow_empty, what="merge",
+                records_in=sum(s.num_records for s in sources), num_inputs=len(sources),
+                rejected=_reasons(rejects), rejects_path=REJECTS_NAME,
+            )  # fmt: skip
         # NOTE: the manifest is written last: its presence commits the merged dataset.
         merged.write(store)
         return merged
     finally:
         store.close()
+
+
+def _reasons(rejects: list[bytes]) -> Counter[str]:
+    """Rejected records per reason, from the parts' rejects lists (for a message)."""
+    reasons: Counter[str] = Counter()
+    for chunk in rejects:
+        for line in chunk.splitlines():
+            if not line.strip():
+                continue
+            try:
+                reasons[str(json.loads(line)["reason"])] += 1
+            except (ValueError, KeyError, TypeError):
+                reasons["unreadable"] += 1
+    return reasons

@@ -187,16 +187,20 @@ class SourceReader:
                 continue
             if number == 0 and decoded.startswith("\ufeff"):
                 decoded = decoded[1:]  # NOTE: a UTF-8 byte-order mark is not JSON
+            # NOTE: `record` is the line's 0-based index; a detail names the
+            # line as editors (and `sed -n Np`) count it, from 1.
+            line_number = number + 1
             try:
                 obj = json.loads(decoded)
             except json.JSONDecodeError as exc:
-                detail = f"line {number}: malformed JSON at column {exc.colno}: {exc.msg}"
+                detail = f"line {line_number}: malformed JSON at column {exc.colno}: {exc.msg}"
                 if not decoded.strip():
-                    detail = f"line {number}: blank line"
+                    detail = f"line {line_number}: blank line"
                 yield number, self._reject(number, "bad_json", detail)
                 continue
             if not isinstance(obj, dict):
-                yield number, self._reject(number, "bad_json", f"line {number}: a JSON {type(obj).__name__}, not an object")
+                kind = type(obj).__name__
+                yield number, self._reject(number, "bad_json", f"line {line_number}: a JSON {kind}, not an object")
                 continue
             value = obj.get(field, _MISSING)
             if self.raw_values:
