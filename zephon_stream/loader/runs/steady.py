@@ -1,8 +1,8 @@
 """The trainer's step while a helper process fills the ring ahead of it: one short call.
 
 Most steps of a run need nothing but the next slot: the helper has posted it
-(loader/step_board.py), the slot's tensors were made the first time it came
-round (loader/slot_views.py), and the slots the consumer dropped go back as
+(loader/ring/step_board.py), the slot's tensors were made the first time it came
+round (loader/delivery/slot_views.py), and the slots the consumer dropped go back as
 one byte each. The full way there passes through the feed, the run, the
 producer and the delivery, each checking what may have changed (a run
 started ahead, a phase boundary, a helper taking over, the end, an error):
@@ -16,7 +16,7 @@ sleeps until it is, as the full way would), in a slot whose tensors are
 made, with room for the consumer to hold it; a slot of several steps is
 handed over the run's own way. Anything else (an end, an error, a helper
 gone), it returns None before it takes anything, and the loader takes the
-full way (loader/feed.py), which raises, waits, ends or switches as it
+full way (loader/runs/feed.py), which raises, waits, ends or switches as it
 always did.
 """
 
@@ -28,11 +28,11 @@ from collections.abc import Callable
 
 import torch
 
-from zephon_stream.loader.device import CpuDelivery
-from zephon_stream.loader.free_slots import hand_back
-from zephon_stream.loader.pipeline import ReadyStep
-from zephon_stream.loader.process import ProcessProducer
-from zephon_stream.loader.ring import SharedRing
+from zephon_stream.loader.delivery.device import CpuDelivery
+from zephon_stream.loader.producer.pipeline import ReadyStep
+from zephon_stream.loader.producer.process_producer import ProcessProducer
+from zephon_stream.loader.ring.free_slots import hand_back
+from zephon_stream.loader.ring.shared_ring import SharedRing
 
 
 class SteadySteps:

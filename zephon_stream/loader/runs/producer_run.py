@@ -1,7 +1,7 @@
 """One producer run as the trainer sees it: its ring, delivery and producer, and the cursors it covers.
 
 A run hands its steps over one at a time. Where consecutive small steps
-share a slot (loader/phase_layouts.py ``steps_per_slot``), each is handed
+share a slot (loader/runs/phase_layouts.py ``steps_per_slot``), each is handed
 over as views of the slot's tensors; the slot goes back to the producer once
 every view is dropped.
 """
@@ -13,15 +13,15 @@ from typing import Any
 
 import torch
 
-from zephon_stream.loader.device import CpuDelivery, CudaDelivery
-from zephon_stream.loader.free_slots import hand_back
-from zephon_stream.loader.pipeline import EndOfData, ReadyStep
-from zephon_stream.loader.process import ProcessProducer
-from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
-from zephon_stream.loader.rank_layout import RankLayout
-from zephon_stream.loader.ring import SharedRing
-from zephon_stream.loader.stats import read_counters
-from zephon_stream.loader.steady import SteadySteps
+from zephon_stream.loader.delivery.device import CpuDelivery, CudaDelivery
+from zephon_stream.loader.planning.rank_layout import RankLayout
+from zephon_stream.loader.producer.pipeline import EndOfData, ReadyStep
+from zephon_stream.loader.producer.process_producer import ProcessProducer
+from zephon_stream.loader.producer.spec import ProducerSpec, ThreadProducer
+from zephon_stream.loader.producer.stats import read_counters
+from zephon_stream.loader.ring.free_slots import hand_back
+from zephon_stream.loader.ring.shared_ring import SharedRing
+from zephon_stream.loader.runs.steady import SteadySteps
 
 
 class ProducerRun:
@@ -58,7 +58,7 @@ class ProducerRun:
         self.more_runs = False  # NOTE: another run follows (a helper taking this one over starts a spare)
         # NOTE: steps delivered from a slot of several, not handed over yet.
         self.pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]] = collections.deque()
-        # NOTE: the short way to a plain step (loader/steady.py), where the
+        # NOTE: the short way to a plain step (loader/runs/steady.py), where the
         # run has one: a helper that posts its steps, cached CPU tensors.
         self.steady: SteadySteps | None = None
         if isinstance(producer, ProcessProducer) and spec.post_steps and isinstance(delivery, CpuDelivery) and delivery.cached:
