@@ -19,7 +19,7 @@ from zephon_stream.loader.producer.reports import READY, WAKE, HelperReports, en
 from zephon_stream.loader.ring.shared_ring import SharedRing, SlotLayout
 from zephon_stream.loader.ring.step_board import StepBoard, board_bytes
 from zephon_stream.loader.runs import feed as feed_module
-from zephon_stream.loader.runs.steady import SteadySteps
+from zephon_stream.loader.runs.producer_run import SteadySteps
 
 
 def small_ring(num_slots: int) -> SharedRing:

@@ -263,8 +263,8 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        # NOTE: most steps are plain (loader/runs/steady.py): one short call, the
-        # cursor and the counts. The full way below arms it again after any other.
+        # NOTE: most steps are plain (``SteadySteps``, loader/runs/producer_run.py):
+        # one short call, the cursor and the counts. The full way below arms it again after any other.
         steady = self._feed.steady
         if steady is not None and self._position < self._steady_until:
             batch = steady.take()

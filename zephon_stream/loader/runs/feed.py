@@ -38,8 +38,7 @@ from zephon_stream.loader.producer.stats import RunTotals
 from zephon_stream.loader.ring.shared_ring import SharedRing
 from zephon_stream.loader.ring.step_board import board_is_safe
 from zephon_stream.loader.runs.phase_layouts import LayoutBook
-from zephon_stream.loader.runs.producer_run import ProducerRun
-from zephon_stream.loader.runs.steady import SteadySteps
+from zephon_stream.loader.runs.producer_run import ProducerRun, SteadySteps
 from zephon_stream.storage.urls import url_scheme
 
 # NOTE: how long before the cursor reaches it a run is started: long enough
@@ -96,7 +95,8 @@ class BatchFeed:
         self._totals = RunTotals()
         self._last_get_s: float | None = None
         self._quiet = False
-        # NOTE: the short way to the next plain step, while the feed is quiet (loader/runs/steady.py).
+        # NOTE: the short way to the next plain step, while the feed is quiet
+        # (``SteadySteps``, loader/runs/producer_run.py).
         self.steady: SteadySteps | None = None
         self._step_s = 0.0
         self._helper_polled_s = 0.0
