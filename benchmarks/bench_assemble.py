@@ -34,8 +34,7 @@ import numpy as np
 
 from benchmarks.bench_read import build_dataset, dataset_parser
 from zephon_stream.format.block import decode_block
-from zephon_stream.loader.assembler import StepAssembler
-from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
+from zephon_stream.loader import WIDE_KEYS, SharedRing, SlotLayout, StepAssembler
 from zephon_stream.storage import open_store
 
 _FUSED_C = r"""

@@ -2,7 +2,7 @@
 
 With ``host_labels=True`` on CUDA a slot goes back to the producer only once
 an event recorded on the consumer's stream after the views were dropped has
-completed (loader/handback.py). Per step that adds, in the trainer's thread:
+completed (loader/delivery/handback.py). Per step that adds, in the trainer's thread:
 one event recorded on the consumer's stream and its query, and the
 bookkeeping of ``SlotReturns``. Measured over a real ring, per step (add a
 delivered slot, hand the consumer its labels, the consumer drops them,
@@ -35,9 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from zephon_stream.loader.device import MAX_HELD_BATCHES, PENDING_RELEASE_SLOTS, ring_slots
-from zephon_stream.loader.handback import SlotReturns
-from zephon_stream.loader.ring import SharedRing, SlotLayout
+from zephon_stream.loader import (
+    MAX_HELD_BATCHES,
+    PENDING_RELEASE_SLOTS,
+    SharedRing,
+    SlotLayout,
+    SlotReturns,
+    ring_slots,
+)
 
 
 class _Done:

@@ -24,8 +24,8 @@ Baseline, measured in the same run: the same timer around a function that
 builds a dict of four tensors it was handed (what a slot handed over whole
 must at least cost), printed beside each figure as a ratio. And, paired on
 the same helper-process loader, one step at a time in turn: the short way to
-a plain step (loader/steady.py, what ``next()`` takes) against the full way
-through the feed, the run, the producer and the delivery (what it took
+a plain step (``SteadySteps`` in loader/runs/producer_run.py, what
+``next()`` takes) against the full way through the feed, the run, the producer and the delivery (what it took
 before): the machine's pace moves from run to run by a factor of 2-4 here,
 and a paired figure moves with neither. Target: a median of at most 20 µs
 with the helper process at every shape.
@@ -118,7 +118,7 @@ def measure(url: str, *, seq_len: int, local_batch: int, pipeline: str, warm_ste
 
 
 def paired_ways(loader: StreamingLoader, steps: int, iterations: int) -> dict[str, float]:
-    """The short way to a step (loader/steady.py) against the full way, one
+    """The short way to a step (``SteadySteps``, loader/runs/producer_run.py) against the full way, one
     step each in turn on the same loader: a paired figure that the machine's
     changes of pace from run to run leave alone."""
     # NOTE: the full way is the loader's own, private: what next() took before the short way.

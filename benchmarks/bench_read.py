@@ -371,9 +371,7 @@ def assembly_step_costs(url: str, args: argparse.Namespace, repeats: int = 9) ->
     import numpy as np
 
     from zephon_stream.format.block import decode_block
-    from zephon_stream.loader.assembler import StepAssembler
-    from zephon_stream.loader.packing import PackingSpec
-    from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
+    from zephon_stream.loader import WIDE_KEYS, PackingSpec, SharedRing, SlotLayout, StepAssembler
 
     manifest = Manifest.load(url)
     with open_store(url) as store:

@@ -2,7 +2,7 @@
 
 ``DirectReader`` decodes blocks straight from the manifest's byte ranges, so a
 loader row can be checked against the tokens at its plan address.
-``zephon_stream.loader.audit.union_sha256`` hashes one global step from every rank's rows, sorted by
+``zephon_stream.loader.front.audit.union_sha256`` hashes one global step from every rank's rows, sorted by
 global position, so runs at different world sizes compare bit for bit.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from zephon_stream.format.block import decode_block
 from zephon_stream.format.manifest import Manifest
-from zephon_stream.loader.audit import union_sha256
+from zephon_stream.loader.front.audit import union_sha256
 from zephon_stream.storage import open_store
 
 

@@ -11,16 +11,29 @@ importing module. ``from package import name`` is an edge to
 import of a parent package that Python performs implicitly (importing
 ``zephon_stream.plan.order`` first runs ``zephon_stream/plan/__init__.py``)
 is not an edge: only what a file names is.
+
+The loader's sub-packages are stages a batch passes through, declared in
+``LOADER_STAGES`` from the first to the last: a module of one stage imports
+only modules of its own stage and of stages before it, never a later one and
+never the loader's front door (``zephon_stream/loader/__init__.py``, which
+re-exports the public names). Every module of the loader lives in a stage.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("zephon_stream", "benchmarks")
 MAX_MODULE_LINES = 400
+LOADER = "zephon_stream.loader"
+# NOTE: the order a batch passes through the loader's sub-packages (docs/ARCHITECTURE.md, "loader/").
+LOADER_STAGES = ("blocks", "planning", "ring", "producer", "delivery", "runs", "front")
 
 
 def module_files() -> dict[str, tuple[Path, bool]]:
@@ -195,3 +208,114 @@ def test_no_module_of_the_package_is_over_400_lines():
     assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by what they hold): " + ", ".join(
         f"{p} ({n})" for n, p in reversed(long)
     )
+
+
+def loader_stage_of(module: str, stages: tuple[str, ...]) -> str | None:
+    """The stage a module of the loader belongs to (None: the front door, or a module in no stage)."""
+    parts = module.split(".")
+    base = LOADER.split(".")
+    if parts[: len(base)] != base or len(parts) == len(base):
+        return None
+    return parts[len(base)] if parts[len(base)] in stages else None
+
+
+def loader_stage_violations(graph: dict[str, dict[str, int]], stages: tuple[str, ...]) -> list[str]:
+    """``file:line: ...`` for each import from one stage of the loader into a later stage or its front door."""
+    modules = module_files()
+    found = []
+    for module in sorted(graph):
+        here = loader_stage_of(module, stages)
+        if here is None:
+            continue
+        for target, line in sorted(graph[module].items(), key=lambda item: item[1]):
+            if target != LOADER and not target.startswith(LOADER + "."):
+                continue
+            there = loader_stage_of(target, stages)
+            if target == LOADER:
+                why = "the loader's front door (import the module that defines the name)"
+            elif there is not None and stages.index(there) > stages.index(here):
+                why = f"stage {there!r}, after {here!r} in {stages}"
+            else:
+                continue
+            path = modules[module][0].relative_to(REPO).as_posix()
+            found.append(f"{path}:{line}: {module} imports {target}: {why}")
+    return found
+
+
+def test_the_loader_stages_import_one_way():
+    violations = loader_stage_violations(import_graph(), LOADER_STAGES)
+    assert not violations, (
+        f"{len(violations)} import(s) against the loader's stage order {LOADER_STAGES} (a stage imports only "
+        "itself and the stages before it):\n" + "\n".join(f"  {v}" for v in violations)
+    )
+
+
+def test_every_loader_module_lives_in_a_stage_with_a_docstring():
+    modules = module_files()
+    loose = sorted(
+        path.relative_to(REPO).as_posix()
+        for name, (path, _) in modules.items()
+        if name.startswith(LOADER + ".") and loader_stage_of(name, LOADER_STAGES) is None
+    )
+    assert not loose, f"loader modules in no stage of {LOADER_STAGES} (move each into the stage it serves): {loose}"
+    for stage in LOADER_STAGES:
+        init = REPO / "zephon_stream" / "loader" / stage / "__init__.py"
+        assert init.is_file(), f"stage {stage!r} has no package {init.relative_to(REPO)}"
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        assert ast.get_docstring(tree), f"{init.relative_to(REPO)}: say the stage's job and where a batch goes next"
+        # NOTE: a stage's __init__ runs whenever any of its modules is imported
+        # (the helper process's too), so it imports nothing.
+        assert all(isinstance(node, ast.Expr) for node in tree.body), f"{init.relative_to(REPO)} imports or defines something"
+
+
+def test_the_stage_check_names_the_file_and_line_of_an_import_against_the_order(tmp_path, monkeypatch):
+    """The checker itself: an import into a later stage, lazy or not, and one of the front door are named."""
+    loader = tmp_path / "zephon_stream" / "loader"
+    for stage in ("early", "late"):
+        (loader / stage).mkdir(parents=True)
+        (loader / stage / "__init__.py").write_text("")
+    (tmp_path / "zephon_stream" / "__init__.py").write_text("")
+    (loader / "__init__.py").write_text("")
+    (loader / "early" / "a.py").write_text("import os\n\n\ndef f():\n    from zephon_stream.loader.late import b\n")
+    (loader / "early" / "c.py").write_text("from zephon_stream.loader import b\n")
+    (loader / "late" / "b.py").write_text("from ..early import a\n")
+    (tmp_path / "benchmarks").mkdir()
+    monkeypatch.setitem(globals(), "REPO", tmp_path)
+    assert loader_stage_violations(import_graph(), ("early", "late")) == [
+        "zephon_stream/loader/early/a.py:5: zephon_stream.loader.early.a imports zephon_stream.loader.late.b: "
+        "stage 'late', after 'early' in ('early', 'late')",
+        "zephon_stream/loader/early/c.py:1: zephon_stream.loader.early.c imports zephon_stream.loader: "
+        "the loader's front door (import the module that defines the name)",
+    ]
+    assert loader_stage_violations(import_graph(), ("late", "early")) == [
+        "zephon_stream/loader/early/c.py:1: zephon_stream.loader.early.c imports zephon_stream.loader: "
+        "the loader's front door (import the module that defines the name)",
+        "zephon_stream/loader/late/b.py:1: zephon_stream.loader.late.b imports zephon_stream.loader.early.a: "
+        "stage 'early', after 'late' in ('late', 'early')",
+    ]
+
+
+def test_the_helper_process_imports_no_torch():
+    """The helper's interpreter loads the loader's producer side only: the
+    loader's front door re-exports lazily, so torch (seconds and hundreds of
+    MiB) stays out of it."""
+    code = textwrap.dedent(
+        """
+        import importlib.abc, sys
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "torch":
+                    raise ImportError(f"blocked import of {name}")
+                return None
+
+        sys.meta_path.insert(0, Block())
+        from zephon_stream.loader.producer.helper_main import main
+        assert not any(m.split(".")[0] == "torch" for m in sys.modules)
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

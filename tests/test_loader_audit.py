@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from zephon_stream.cli import main as cli_main
-from zephon_stream.loader.audit import AuditLog, addresses_sha256, first_divergence, read_audit_log
+from zephon_stream.loader.front.audit import AuditLog, addresses_sha256, first_divergence, read_audit_log
 
 
 def write_log(path, fingerprints, *, world_size=1, start=0):
@@ -94,7 +94,7 @@ def test_loader_audit_logs_agree_across_world_sizes_and_name_a_divergence(small_
 
 
 def test_union_sha256_is_independent_of_how_rows_are_split_between_ranks():
-    from zephon_stream.loader.audit import union_sha256
+    from zephon_stream.loader.front.audit import union_sha256
 
     rng = np.random.default_rng(3)
     positions = np.arange(12, dtype=np.int64)

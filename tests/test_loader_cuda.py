@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from zephon_stream import StreamingLoader
-from zephon_stream.loader.device import resolve_device
-from zephon_stream.loader.widen import copy_ids, direct_unsigned_copy
+from zephon_stream.loader.delivery.device import resolve_device
+from zephon_stream.loader.delivery.widen import copy_ids, direct_unsigned_copy
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

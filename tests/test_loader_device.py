@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from zephon_stream.loader.device import MAX_HELD_BATCHES, PENDING_RELEASE_SLOTS, cuda_index, ring_slots
-from zephon_stream.loader.handback import SlotReturns
-from zephon_stream.loader.free_slots import FreeSlots, hand_back, reset_returned
-from zephon_stream.loader.ring import SharedRing, SlotLayout
-from zephon_stream.loader.widen import copy_ids, copy_ids_masked, direct_unsigned_copy, release
+from zephon_stream.loader.delivery.device import MAX_HELD_BATCHES, PENDING_RELEASE_SLOTS, cuda_index, ring_slots
+from zephon_stream.loader.delivery.handback import SlotReturns
+from zephon_stream.loader.delivery.widen import copy_ids, copy_ids_masked, direct_unsigned_copy, release
+from zephon_stream.loader.ring.free_slots import FreeSlots, hand_back, reset_returned
+from zephon_stream.loader.ring.shared_ring import SharedRing, SlotLayout
 
 # -- which GPU -------------------------------------------------------------------------
 

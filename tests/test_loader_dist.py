@@ -16,7 +16,7 @@ import pytest
 
 from loader_reference import resume_points, run_step_hashes
 
-from zephon_stream.loader.audit import union_sha256
+from zephon_stream.loader.front.audit import union_sha256
 from zephon_stream import StreamingLoader
 from zephon_stream.storage import copy_dataset, open_store
 

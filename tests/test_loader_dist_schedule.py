@@ -16,7 +16,7 @@ from loader_reference import run_step_hashes
 from test_loader_dist import torchrun
 
 from zephon_stream import StreamingLoader
-from zephon_stream.loader.audit import union_sha256
+from zephon_stream.loader.front.audit import union_sha256
 from zephon_stream.storage import copy_dataset
 
 WORKER = Path(__file__).parent / "dist_loader" / "schedule_worker.py"

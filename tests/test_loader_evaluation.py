@@ -13,7 +13,7 @@ import torch
 from fixtures_corpus import write_small_dataset
 from loader_reference import DirectReader
 from zephon_stream.errors import ConfigError
-from zephon_stream.loader.evaluation import IGNORE_INDEX, EvalLoader
+from zephon_stream.loader.front.evaluation import IGNORE_INDEX, EvalLoader
 
 SEQ_LEN = 512
 

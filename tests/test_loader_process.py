@@ -20,12 +20,12 @@ from loader_reference import run_step_hashes, steps_until_the_helper_serves
 from tools.reliability.common import process_table
 from zephon_stream import StreamingLoader
 from zephon_stream.errors import ConfigError, HelperProcessError
-from zephon_stream.loader.api import HELPER_PROCESS_BYTES
-from zephon_stream.loader.assembler import StepAssembler
-from zephon_stream.loader.liveness import OWNER_DIED
-from zephon_stream.loader.process import ProcessProducer
-from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
-from zephon_stream.loader.widen import widen
+from zephon_stream.loader.delivery.widen import widen
+from zephon_stream.loader.front.api import HELPER_PROCESS_BYTES
+from zephon_stream.loader.producer.assembler import StepAssembler
+from zephon_stream.loader.producer.process_producer import ProcessProducer
+from zephon_stream.loader.ring.liveness import OWNER_DIED
+from zephon_stream.loader.ring.shared_ring import WIDE_KEYS, SharedRing, SlotLayout
 
 
 def process_state(pid: int) -> str | None:
@@ -55,7 +55,7 @@ def helpers_running() -> set[int]:
     for pid, (state, _) in process_table().items():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                if state != "Z" and b"zephon_stream.loader.helper" in cmdline.read():
+                if state != "Z" and b"zephon_stream.loader.producer.helper_main" in cmdline.read():
                     found.add(pid)
         except OSError:
             continue
@@ -100,7 +100,7 @@ def test_narrow_rows_widened_by_torch_equal_the_host_assembly(token_dtype, unsig
     # NOTE: False takes the signed-view-and-mask path, for a device (or a torch
     # older than 2.3) without copy kernels for torch's unsigned dtypes.
     if not unsigned_copy:
-        monkeypatch.setattr("zephon_stream.loader.widen._UNSIGNED_COPY_DEVICES", ())
+        monkeypatch.setattr("zephon_stream.loader.delivery.widen._UNSIGNED_COPY_DEVICES", ())
     rows, seq_len = 5, 64
     rng = np.random.default_rng(7)
     vocab = 300 if token_dtype == "<u2" else 2**32 - 1

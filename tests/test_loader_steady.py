@@ -13,13 +13,13 @@ import torch
 from loader_reference import steps_until_the_helper_serves
 
 from zephon_stream import StreamingLoader
-from zephon_stream.loader import feed as feed_module
-from zephon_stream.loader.audit import union_sha256
-from zephon_stream.loader.pipeline import EndOfData
-from zephon_stream.loader.reports import READY, WAKE, HelperReports, encode, frame
-from zephon_stream.loader.ring import SharedRing, SlotLayout
-from zephon_stream.loader.steady import SteadySteps
-from zephon_stream.loader.step_board import StepBoard, board_bytes
+from zephon_stream.loader.front.audit import union_sha256
+from zephon_stream.loader.producer.pipeline import EndOfData
+from zephon_stream.loader.producer.reports import READY, WAKE, HelperReports, encode, frame
+from zephon_stream.loader.ring.shared_ring import SharedRing, SlotLayout
+from zephon_stream.loader.ring.step_board import StepBoard, board_bytes
+from zephon_stream.loader.runs import feed as feed_module
+from zephon_stream.loader.runs.producer_run import SteadySteps
 
 
 def small_ring(num_slots: int) -> SharedRing:

@@ -14,22 +14,22 @@ import pytest
 
 from zephon_stream.errors import ConfigError, CorruptBlockError
 from zephon_stream.format.block import encode_block
-from zephon_stream.loader.assembler import StepAssembler, gather_rows, positions_from_eos
-from zephon_stream.loader.ring import WIDE_KEYS, SharedRing, SlotLayout
-from zephon_stream.loader.cache import BlockCache, CacheClosedError
-from zephon_stream.loader.fetcher import BlockJob, FetchDecodePool
-from zephon_stream.loader.reports import MessageReader, decode, encode, frame
-from zephon_stream.loader.memory import (
+from zephon_stream.loader.blocks.cache import BlockCache, CacheClosedError
+from zephon_stream.loader.blocks.fetcher import BlockJob, FetchDecodePool
+from zephon_stream.loader.planning.memory import (
     blocks_per_lane,
     check_memory,
     compute_memory_bound,
     retention_steps,
     window_spread,
 )
-from zephon_stream.loader.free_slots import FreeSlots, hand_back, reset_returned
-from zephon_stream.loader.pipeline import EndOfData, ReadyStep
-from zephon_stream.loader.planner import Planner
-from zephon_stream.loader.stats import LoaderStats
+from zephon_stream.loader.planning.planner import Planner
+from zephon_stream.loader.producer.assembler import StepAssembler, gather_rows, positions_from_eos
+from zephon_stream.loader.producer.pipeline import EndOfData, ReadyStep
+from zephon_stream.loader.producer.reports import MessageReader, decode, encode, frame
+from zephon_stream.loader.producer.stats import LoaderStats
+from zephon_stream.loader.ring.free_slots import FreeSlots, hand_back, reset_returned
+from zephon_stream.loader.ring.shared_ring import WIDE_KEYS, SharedRing, SlotLayout
 from zephon_stream.storage import open_store
 
 
@@ -341,3 +341,20 @@ def test_message_reader_takes_framed_messages_however_they_arrive():
     finally:
         ours.close()
         theirs.close()
+
+
+def test_the_loader_front_door_names_each_public_name_where_it_is_defined():
+    """``zephon_stream.loader`` (and ``zephon_stream``) hand out the very
+    objects the loader's stages define, for every name they list."""
+    import importlib
+
+    import zephon_stream
+    import zephon_stream.loader as loader
+
+    assert sorted(loader.__all__) == sorted(loader._PUBLIC)
+    for name, module in loader._PUBLIC.items():
+        assert getattr(loader, name) is getattr(importlib.import_module(module), name), name
+    for name in ("StreamingLoader", "Stream", "Phase", "EvalLoader"):
+        assert getattr(zephon_stream, name) is getattr(loader, name), name
+    with pytest.raises(AttributeError, match="no attribute 'feed'"):
+        loader.feed  # noqa: B018 - a module of a stage is not a name of the front door

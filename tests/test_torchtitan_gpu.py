@@ -15,7 +15,7 @@ pytest.importorskip("torchtitan", reason="needs the [torchtitan] extra")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 from zephon_stream.integrations.torchtitan import ZephonDataLoader  # noqa: E402
-from zephon_stream.loader.device import MAX_HELD_BATCHES, PENDING_RELEASE_SLOTS  # noqa: E402
+from zephon_stream.loader.delivery.device import MAX_HELD_BATCHES, PENDING_RELEASE_SLOTS  # noqa: E402
 
 # NOTE: about 2.5-5 s of GPU time at 1-2 GHz: long enough that copies finishing
 # while it runs cannot be a timing accident.

@@ -15,7 +15,7 @@ from loader_reference import run_step_hashes  # noqa: E402
 from zephon_stream import Phase, StreamingLoader  # noqa: E402
 from zephon_stream.errors import ConfigError  # noqa: E402
 from zephon_stream.integrations.torchtitan import ZephonDataLoader  # noqa: E402
-from zephon_stream.loader.audit import union_sha256  # noqa: E402
+from zephon_stream.loader.front.audit import union_sha256  # noqa: E402
 from test_torchtitan import job_config_parser  # noqa: E402
 
 

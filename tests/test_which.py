@@ -59,7 +59,7 @@ def test_each_sample_is_traced_to_the_bytes_of_its_source_documents(small_datase
 
 def test_provenance_matches_what_the_loader_reads(small_dataset):
     pytest.importorskip("torch")
-    from zephon_stream.loader.api import StreamingLoader
+    from zephon_stream.loader.front.api import StreamingLoader
 
     step = 5
     samples = trace([small_dataset.url], step, world_size=2, seed=9, text=True)
@@ -155,7 +155,7 @@ def test_steps_count_from_0_in_the_loader_its_audit_log_and_which(small_dataset,
     ``step``, and ``which --step N``, across a phase change of the global batch."""
     pytest.importorskip("torch")
     from zephon_stream import StreamingLoader
-    from zephon_stream.loader.audit import addresses_sha256, read_audit_log
+    from zephon_stream.loader.front.audit import addresses_sha256, read_audit_log
 
     phases = [{"start_step": 0, "global_batch": 8, "seq_len": SEQ_LEN, "lanes": 8},
               {"start_step": 3, "global_batch": 4, "seq_len": 2 * SEQ_LEN, "lanes": 8}]  # fmt: skip

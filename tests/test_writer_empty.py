@@ -12,7 +12,7 @@ import pytest
 from zephon_stream import Manifest, StreamingLoader, write_dataset
 from zephon_stream.cli import main
 from zephon_stream.errors import ConfigError, EmptyDatasetError, InputError
-from zephon_stream.loader.evaluation import EvalLoader
+from zephon_stream.loader import EvalLoader
 from zephon_stream.writer.distributed import part_name
 from zephon_stream.writer.merge import merge_parts
 

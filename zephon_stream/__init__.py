@@ -17,10 +17,10 @@ _PUBLIC = {
     "write_dataset": "zephon_stream.writer.api",
     "merge_parts": "zephon_stream.writer.merge",
     "read_block": "zephon_stream.reader",
-    "StreamingLoader": "zephon_stream.loader.api",
-    "Stream": "zephon_stream.loader.api",
-    "Phase": "zephon_stream.loader.api",
-    "EvalLoader": "zephon_stream.loader.evaluation",
+    "StreamingLoader": "zephon_stream.loader",
+    "Stream": "zephon_stream.loader",
+    "Phase": "zephon_stream.loader",
+    "EvalLoader": "zephon_stream.loader",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

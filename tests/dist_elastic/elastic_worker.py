@@ -40,7 +40,7 @@ from zephon_stream.demo.train import (
     next_token_loss,
     save_checkpoint,
 )
-from zephon_stream.loader.audit import union_sha256
+from zephon_stream.loader.front.audit import union_sha256
 
 # NOTE: a held worker whose killer went away ends by itself.
 HOLD_LIMIT_S = 120

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_stream.loader.audit import union_sha256
+from zephon_stream.loader import union_sha256
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BLOCK_TOKENS = 4097

@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.reliability.common import batch_rows  # noqa: E402
-from zephon_stream.loader.audit import union_sha256  # noqa: E402
+from zephon_stream.loader import union_sha256  # noqa: E402
 from zephon_stream import StreamingLoader  # noqa: E402
 
 

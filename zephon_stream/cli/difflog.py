@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from zephon_stream.loader.audit import first_divergence, read_audit_log
+from zephon_stream.loader import first_divergence, read_audit_log
 from zephon_stream.storage import parse_storage_options
 
 

@@ -167,7 +167,7 @@ def _all_tails(out: Path, procs: dict) -> str:
 
 def reference_digests(dataset: str, *, seq_len: int, lanes: int, positions: int) -> dict[int, str]:
     """Row digest at each global position ``< positions``, read by one rank of a plain ``StreamingLoader``."""
-    from zephon_stream.loader.api import StreamingLoader
+    from zephon_stream.loader import StreamingLoader
 
     batch = lanes
     digests = {}

@@ -9,7 +9,7 @@ checked in turn: two reads per page, whatever the dataset's size, and never
 an unchecked byte. ``verify`` reads whole objects and checks the sha256 too.
 
 Pure code: bytes in, bytes out. The reading with a store and a cache is the
-loader's (``loader/metadata.py``).
+loader's (``loader/blocks/metadata.py``).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from zephon_stream.integrations.torchft_plan import (
     trained_ranks,
 )
 from zephon_stream.integrations.torchft_rows import RESERVED_OPTIONS, ShareReader
-from zephon_stream.loader.api import Stream
+from zephon_stream.loader import Stream
 
 __all__ = ["StepRecord", "TorchFTConfig", "TorchFTLoader", "TorchFTOrderError"]
 

@@ -16,8 +16,7 @@ from typing import Any
 import torch
 
 from zephon_stream.integrations.torchft_plan import Piece
-from zephon_stream.loader.api import Stream, StreamingLoader
-from zephon_stream.loader.packing import IGNORE_INDEX
+from zephon_stream.loader import IGNORE_INDEX, Stream, StreamingLoader
 
 # NOTE: the TorchFT loader decides these; passing them in loader options would
 # read another order or another share.

@@ -50,7 +50,7 @@ from zephon_stream.integrations.torchtitan_config import (  # noqa: F401 (phase_
 from zephon_stream.integrations.torchtitan_state import STATE_KEY, loader_state_from_titan, titan_state
 
 if TYPE_CHECKING:
-    from zephon_stream.loader.api import StreamingLoader
+    from zephon_stream.loader import StreamingLoader
 
 __all__ = ["STATE_KEY", "DataloaderExhausted", "ZephonDataLoader", "check_tokenizer", "parse_stream_spec",
            "titan_input_dict"]
@@ -92,7 +92,7 @@ class ZephonDataLoader(BaseDataLoader):
         local_batch_size: int | None = None,
         **kwargs: Any,
     ) -> None:
-        from zephon_stream.loader.api import Stream, StreamingLoader
+        from zephon_stream.loader import Stream, StreamingLoader
 
         if not 0 <= dp_rank < dp_world_size:
             raise ConfigError(f"dp_rank {dp_rank} is outside dp_world_size {dp_world_size}")

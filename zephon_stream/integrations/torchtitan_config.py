@@ -12,7 +12,7 @@ from typing import Any
 
 from zephon_stream.errors import ConfigError
 from zephon_stream.integrations.torchtitan_base import BaseDataLoader, redacted_config_dict, redacted_config_repr
-from zephon_stream.loader.packing import PackingSpec
+from zephon_stream.loader import PackingSpec
 
 __all__ = ["ZephonDataLoaderConfig", "parse_stream_spec", "phase_dicts", "titan_schedule"]
 

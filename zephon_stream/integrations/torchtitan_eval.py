@@ -34,7 +34,7 @@ from zephon_stream.integrations.torchtitan import (
     redacted_config_repr,
     titan_input_dict,
 )
-from zephon_stream.loader.packing import PackingSpec
+from zephon_stream.loader import PackingSpec
 
 __all__ = ["ZephonEvalDataLoader"]
 
@@ -107,7 +107,7 @@ class ZephonEvalDataLoader(BaseDataLoader):
         local_batch_size: int | None = None,
         **kwargs: Any,
     ) -> None:
-        from zephon_stream.loader.evaluation import EvalLoader
+        from zephon_stream.loader import EvalLoader
 
         seq_len, local_batch_size = local_shape(seq_len, local_batch_size, dict(kwargs))
         self.config = config

@@ -203,14 +203,14 @@ class ZephonFTDataLoader(BaseDataLoader):
             self.load_state_dict(state)
 
     def _streams(self) -> Any:
-        from zephon_stream.loader.api import Stream
+        from zephon_stream.loader import Stream
 
         if self.config.streams:
             return [Stream(url, weight=weight) for url, weight in map(parse_stream_spec, self.config.streams)]
         return self.config.dataset_path
 
     def _check_tokenizer(self, streams: Any, options: dict[str, Any]) -> None:
-        from zephon_stream.loader.api import StreamingLoader
+        from zephon_stream.loader import StreamingLoader
 
         with StreamingLoader(streams, seq_len=self.seq_len, local_batch_size=1, rank=0, world_size=1,
                              pipeline="threads", prefetch_steps=1,

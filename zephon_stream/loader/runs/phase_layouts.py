@@ -13,13 +13,13 @@ from collections.abc import Sequence
 
 import torch
 
-from zephon_stream.loader.device import ring_slots, ring_wide_keys
-from zephon_stream.loader.memory import MemoryBound
-from zephon_stream.loader.packing import PackingSpec
-from zephon_stream.loader.rank_layout import RankLayout, build_order
-from zephon_stream.loader.ring import SharedRing, SlotLayout
-from zephon_stream.loader.schedule import local_batch_of, run_end_step
-from zephon_stream.loader.streams import StreamSource
+from zephon_stream.loader.blocks.streams import StreamSource
+from zephon_stream.loader.delivery.device import ring_slots, ring_wide_keys
+from zephon_stream.loader.planning.memory import MemoryBound
+from zephon_stream.loader.planning.rank_layout import RankLayout, build_order
+from zephon_stream.loader.planning.schedule import local_batch_of, run_end_step
+from zephon_stream.loader.ring.packing import PackingSpec
+from zephon_stream.loader.ring.shared_ring import SharedRing, SlotLayout
 from zephon_stream.plan import GlobalOrder, ScheduleOrder
 
 # NOTE: a step of few tokens costs the producer and the trainer about as much

@@ -16,7 +16,7 @@ positions) on a side stream, kernels on that stream widen it to ``input``,
 the copy overlaps compute and the host never waits for it. A slot goes back
 to the producer once its transfer has finished and, with host labels, once
 the consumer has dropped its views and its stream has run past any copy it
-queued from them (loader/handback.py).
+queued from them (loader/delivery/handback.py).
 """
 
 from __future__ import annotations
@@ -29,18 +29,18 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from zephon_stream.loader.handback import SlotReturns
-from zephon_stream.loader.packing import host_scalars
-from zephon_stream.loader.ring import WIDE_KEYS, SharedRing
-from zephon_stream.loader.slot_views import SlotViews, cached_views_available, slot_tensors
-from zephon_stream.loader.widen import widen
+from zephon_stream.loader.delivery.handback import SlotReturns
+from zephon_stream.loader.delivery.slot_views import SlotViews, cached_views_available, slot_tensors
+from zephon_stream.loader.delivery.widen import widen
+from zephon_stream.loader.ring.packing import host_scalars
+from zephon_stream.loader.ring.shared_ring import WIDE_KEYS, SharedRing
 
 BATCH_KEYS = ("input", "labels", "positions", "sample_positions")
 # NOTE: batches a CPU consumer may keep without a copy: the current step and
 # the one before.
 MAX_HELD_BATCHES = 2
 # NOTE: with CUDA host labels, slots whose views the consumer has dropped but
-# whose release event (loader/handback.py) has not completed yet: a consumer
+# whose release event (loader/delivery/handback.py) has not completed yet: a consumer
 # whose stream runs behind by that many steps still gets views, not copies.
 # Also covers the event recorded on an idle stream and queried at once.
 PENDING_RELEASE_SLOTS = 2
@@ -128,7 +128,7 @@ class CpuDelivery:
         for index in range(ring.num_slots):
             slot = ring.slot(index)
             self._arrays.append({**slot.wide, "sample_positions": slot.sample_positions, **slot.packing})
-        # NOTE: each slot's tensors, made at its first delivery (loader/slot_views.py).
+        # NOTE: each slot's tensors, made at its first delivery (loader/delivery/slot_views.py).
         self.views: list[SlotViews | None] = [None] * ring.num_slots
         self.cached = cached_views_available()
 
@@ -273,7 +273,7 @@ class CudaDelivery:
         """Slots whose copy has finished and, with host keys, whose views the
         consumer has dropped and whose stream has run past them. All but the
         last delivered copy are waited for, so the producer always has slots
-        to fill (loader/handback.py)."""
+        to fill (loader/delivery/handback.py)."""
         return self._returns.reclaim()
 
     def settle(self) -> tuple[int, ...]:

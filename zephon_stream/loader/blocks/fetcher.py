@@ -24,19 +24,28 @@ import queue
 import threading
 import time
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from zephon_stream.format.block import decode_block
-from zephon_stream.loader.cache import BlockCache
-from zephon_stream.loader.stats import LoaderStats
+from zephon_stream.loader.blocks.cache import BlockCache
 
 _POLL_S = 0.05
 # NOTE: how often a fetched frame retries the full decode queue; the loop
 # must not block on it, since every other fetch runs on the same loop.
 _HANDOFF_POLL_S = 0.001
 _CLOSE_TIMEOUT_S = 30.0
+
+
+class FetchCounters(Protocol):
+    """What the pool counts into (``loader/producer/stats.py`` ``LoaderStats``).
+
+    NOTE: named here so that reading blocks does not import the producer's
+    counters: ``blocks/`` sits below ``producer/`` (tests/test_import_graph.py).
+    """
+
+    def add(self, **deltas: float) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,7 +91,7 @@ class FetchDecodePool:
         self,
         *,
         cache: BlockCache,
-        stats: LoaderStats,
+        stats: FetchCounters,
         num_fetch_threads: int,
         num_decode_threads: int,
         name: str = "zephon",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from zephon_stream.errors import ConfigError
-from zephon_stream.loader.streams import Stream, StreamSource, stream_shapes
+from zephon_stream.loader.blocks.streams import Stream, StreamSource, stream_shapes
 from zephon_stream.plan import ScheduleOrder, SchedulePhase
 
 __all__ = ["Phase", "build_schedule", "local_batch_of", "resolve_phases", "run_end_step"]

@@ -1,7 +1,7 @@
 """The ring's slots between producer and consumer: which the producer may
 fill (``FreeSlots``), and the consumer's hand-back (``hand_back``).
 
-A slot's ``returned`` flag in the ring (loader/ring.py) is set by the
+A slot's ``returned`` flag in the ring (loader/ring/shared_ring.py) is set by the
 consumer when it is done with the slot and cleared by the producer when it
 fills it again. A producer a whole ring ahead waits, and is woken by the
 consumer only after several slots came back (a wake-up costs the consumer a
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zephon_stream.loader.ring import SharedRing
+from zephon_stream.loader.ring.shared_ring import SharedRing
 
 _FREE_POLL_MIN_S = 0.0002
 _FREE_POLL_FIRST_MIN_S = 0.0001
@@ -27,7 +27,7 @@ MAX_WAKE_AFTER = 255
 
 class FreeSlots:
     """The ring slots the producer may fill: those whose ``returned`` flag the
-    consumer has set (loader/ring.py).
+    consumer has set (loader/ring/shared_ring.py).
 
     Args:
         ring: the batch ring.

@@ -7,7 +7,7 @@ reads no manifest twice: a 1.1 header and its pages read so far, a few KiB),
 the storage options, the node's metadata cache, where to start, and the ring.
 ``ThreadProducer`` runs the pipeline on threads of the consumer's own process,
 the debugging switch (``pipeline="threads"``); ``ProcessProducer`` in
-loader/process.py runs it in a helper process. Both hand out ring slot
+loader/producer/process_producer.py runs it in a helper process. Both hand out ring slot
 indices through the same two calls, ``get`` and ``close``; the consumer hands
 slots back through the ring's ``returned`` flags.
 """
@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from zephon_stream.loader.cache import BlockCache
-from zephon_stream.loader.metadata import StreamMetadata
-from zephon_stream.loader.pipeline import EndOfData, Pipeline, ReadyStep
-from zephon_stream.loader.planner import Planner
-from zephon_stream.loader.rank_layout import RankLayout
-from zephon_stream.loader.ring import SharedRing, SlotLayout
-from zephon_stream.loader.stats import LoaderStats
-from zephon_stream.loader.streams import Stream, StreamSource
+from zephon_stream.loader.blocks.cache import BlockCache
+from zephon_stream.loader.blocks.metadata import StreamMetadata
+from zephon_stream.loader.blocks.streams import Stream, StreamSource
+from zephon_stream.loader.planning.planner import Planner
+from zephon_stream.loader.planning.rank_layout import RankLayout
+from zephon_stream.loader.producer.pipeline import EndOfData, Pipeline, ReadyStep
+from zephon_stream.loader.producer.stats import LoaderStats
+from zephon_stream.loader.ring.shared_ring import SharedRing, SlotLayout
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +54,7 @@ class ProducerSpec:
         steps_per_slot: consecutive steps assembled into one slot and
             announced in one message.
         post_steps: a helper process posts its steps in the ring's header
-            (loader/step_board.py) instead of sending them over its socket.
+            (loader/ring/step_board.py) instead of sending them over its socket.
     """
 
     layout: RankLayout

@@ -6,7 +6,7 @@ window of each row at the stored width, each row's EOS id and each row's
 global position. From it: ``input`` = the first ``L`` tokens, ``labels`` = the
 last ``L``, ``positions`` = each input token's position in its document
 (0 on a row's first token and on every token after an EOS), the same values
-the host assembler computes (loader/assembler.py).
+the host assembler computes (loader/producer/assembler.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import re
 
 import torch
 
-from zephon_stream.loader.packing import ignore_eos_targets, packing_tensors
-from zephon_stream.loader.ring import SlotLayout
+from zephon_stream.loader.ring.packing import ignore_eos_targets, packing_tensors
+from zephon_stream.loader.ring.shared_ring import SlotLayout
 
 _TORCH_DTYPES = {"<u2": torch.uint16, "<u4": torch.uint32}
 _SIGNED = {torch.uint16: (torch.int16, 0xFFFF), torch.uint32: (torch.int32, 0xFFFFFFFF)}
@@ -108,7 +108,7 @@ def widen(raw: torch.Tensor, layout: SlotLayout) -> dict[str, torch.Tensor]:
     """``input``, ``labels``, ``positions`` and ``sample_positions`` (int64)
     from a slot's first part, on ``raw``'s device; labels of input EOS tokens
     -100 under ``cross_document_targets="ignore"``, and the document outputs
-    when the layout holds them (loader/packing.py).
+    when the layout holds them (loader/ring/packing.py).
 
     Args:
         raw: ``uint8`` tensor of ``layout.device_bytes`` bytes.

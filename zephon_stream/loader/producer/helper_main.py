@@ -1,6 +1,6 @@
 """The loader's helper process: runs one rank's pipeline outside the trainer.
 
-Started by loader/process.py as a fresh interpreter that imports this module
+Started by loader/producer/process_producer.py as a fresh interpreter that imports this module
 and calls ``main([.., CONTROL_FD, NICE, SCHEMES])``. It loads the client
 libraries of its streams' URL schemes (s3fs and botocore's models took 0.5 s
 at the first S3 read), takes its niceness (where the helper and the trainer
@@ -9,8 +9,8 @@ trainer leaves), and says it is ready, then
 receives a ``ProducerSpec`` and the batch ring's descriptor over the
 control socket, maps the ring, and runs the pipeline on
 its own threads. The thread that assembles a step also reports it: posted in
-the ring's header (loader/step_board.py), or where that is off, sent over the
-socket (loader/reports.py); the consumer hands slots back through the ring's
+the ring's header (loader/ring/step_board.py), or where that is off, sent over the
+socket (loader/producer/reports.py); the consumer hands slots back through the ring's
 ``returned`` flags. A pipeline error is sent, pickled, at the step it hit, and
 the end of a finite run as one byte.
 
@@ -29,18 +29,18 @@ import sys
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recvfds
 
-from zephon_stream.loader.liveness import hold
-from zephon_stream.loader.pipeline import EndOfData, ReadyStep
-from zephon_stream.loader.producer import ProducerSpec, start_pipeline
-from zephon_stream.loader.reports import READY, WAKE, encode, frame
-from zephon_stream.loader.ring import SharedRing
-from zephon_stream.loader.step_board import StepBoard
+from zephon_stream.loader.producer.pipeline import EndOfData, ReadyStep
+from zephon_stream.loader.producer.reports import READY, WAKE, encode, frame
+from zephon_stream.loader.producer.spec import ProducerSpec, start_pipeline
+from zephon_stream.loader.ring.liveness import hold
+from zephon_stream.loader.ring.shared_ring import SharedRing
+from zephon_stream.loader.ring.step_board import StepBoard
 from zephon_stream.storage.cloud_clients import warm_client_library
 
 
 def _wake_until_the_trainer_hangs_up(control: socket.socket, ring: SharedRing | None) -> None:
     # NOTE: the trainer sends a byte when it hands a slot back to a pipeline
-    # waiting for one (loader/free_slots.py ``hand_back``).
+    # waiting for one (loader/ring/free_slots.py ``hand_back``).
     while True:
         try:
             woken = control.recv(256)

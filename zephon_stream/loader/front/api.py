@@ -3,11 +3,11 @@
 The loader's whole state is the global cursor ``P`` (samples the consumers of
 all ranks have received) plus the frozen order config; ``state_dict()`` is the
 same on every rank and ``load_state_dict()`` seeks in O(1) at any world size.
-Batches come from a pipeline (loader/pipeline.py) that runs ahead by
+Batches come from a pipeline (loader/producer/pipeline.py) that runs ahead by
 ``prefetch_steps`` steps within a computed memory bound, in a helper process
-(loader/process.py, loader/helper.py) that writes finished rows into a
-shared-memory ring (loader/ring.py); this process only takes a slot and hands
-its tensors over (loader/device.py).
+(loader/producer/process_producer.py, loader/producer/helper_main.py) that writes finished rows into a
+shared-memory ring (loader/ring/shared_ring.py); this process only takes a slot and hands
+its tensors over (loader/delivery/device.py).
 
 Here: construction and the steps. What the loader shows of itself (shapes,
 cursor, memory bound, counters) is ``introspection.py``; its state out and
@@ -24,19 +24,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from zephon_stream.loader.args import PIPELINE_MODES, check_loader_args, resolve_rank_world
-from zephon_stream.loader.audit import AuditLog, addresses_sha256
-from zephon_stream.loader.checkpointing import LoaderCheckpointing
-from zephon_stream.loader.device import resolve_device
-from zephon_stream.loader.feed import BatchFeed
-from zephon_stream.loader.introspection import LoaderIntrospection
-from zephon_stream.loader.memory import MIB
-from zephon_stream.loader.packing import PackingSpec
-from zephon_stream.loader.phase_layouts import LayoutBook, run_end_position
-from zephon_stream.loader.rank_layout import RankLayout
-from zephon_stream.loader.schedule import Phase, build_schedule
-from zephon_stream.loader.stats import LoaderStats
-from zephon_stream.loader.streams import Stream, StreamSource, as_streams, open_node_cache, open_sources
+from zephon_stream.loader.blocks.streams import Stream, StreamSource, as_streams, open_node_cache, open_sources
+from zephon_stream.loader.delivery.device import resolve_device
+from zephon_stream.loader.front.args import PIPELINE_MODES, check_loader_args, resolve_rank_world
+from zephon_stream.loader.front.audit import AuditLog, addresses_sha256
+from zephon_stream.loader.front.checkpointing import LoaderCheckpointing
+from zephon_stream.loader.front.introspection import LoaderIntrospection
+from zephon_stream.loader.planning.memory import MIB
+from zephon_stream.loader.planning.rank_layout import RankLayout
+from zephon_stream.loader.planning.schedule import Phase, build_schedule
+from zephon_stream.loader.producer.stats import LoaderStats
+from zephon_stream.loader.ring.packing import PackingSpec
+from zephon_stream.loader.runs.feed import BatchFeed
+from zephon_stream.loader.runs.phase_layouts import LayoutBook, run_end_position
 from zephon_stream.plan import ScheduleOrder
 
 __all__ = ["PIPELINE_MODES", "Phase", "Stream", "StreamingLoader"]
@@ -263,8 +263,8 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        # NOTE: most steps are plain (loader/steady.py): one short call, the
-        # cursor and the counts. The full way below arms it again after any other.
+        # NOTE: most steps are plain (``SteadySteps``, loader/runs/producer_run.py):
+        # one short call, the cursor and the counts. The full way below arms it again after any other.
         steady = self._feed.steady
         if steady is not None and self._position < self._steady_until:
             batch = steady.take()

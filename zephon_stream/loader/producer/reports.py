@@ -2,7 +2,7 @@
 
 A helper reports each step it finished, the end of a finite run, or the error
 its pipeline hit at a step. Steps are posted in the ring's header
-(loader/step_board.py) where the machine allows; everything else is a message
+(loader/ring/step_board.py) where the machine allows; everything else is a message
 on the control socket: one kind byte and its body, after its length
 (:func:`frame`). The trainer reads both with :class:`HelperReports`, which
 keeps the helper's order: a helper posts its steps before it sends what ends
@@ -18,8 +18,8 @@ import socket
 import struct
 import traceback
 
-from zephon_stream.loader.pipeline import EndOfData, ReadyStep
-from zephon_stream.loader.step_board import StepBoard, fence
+from zephon_stream.loader.producer.pipeline import EndOfData, ReadyStep
+from zephon_stream.loader.ring.step_board import StepBoard, fence
 
 # NOTE: a message is one kind byte and its body: a step's index, cursor and
 # slot packed (and its data sha256 in hex, when the audit log wants it), the
@@ -29,7 +29,7 @@ _STEP, _END, _ERROR = b"s", b"e", b"x"
 # NOTE: sent once, before the spec is read: the interpreter and the
 # pipeline's modules are loaded, so a run given now starts at once.
 READY = b"r"
-# NOTE: sent after a post the trainer waits for (loader/step_board.py).
+# NOTE: sent after a post the trainer waits for (loader/ring/step_board.py).
 WAKE = b"k"
 # NOTE: the bounded sleep of a trainer waiting for a report: the first, and
 # the longest after doubling. A report wakes it at once.

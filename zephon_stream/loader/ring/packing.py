@@ -3,7 +3,7 @@
 A row is a window of the token stream, so it packs several documents; a
 document ends with (owns) its EOS and the next one starts on the token after
 it, or at the row's first token. From the same EOS scan that makes
-``positions`` (loader/assembler.py) this module writes, per step:
+``positions`` (loader/producer/assembler.py) this module writes, per step:
 
 - under ``cross_document_targets="ignore"``, ``labels = -100`` at every input
   EOS (its target would be the next document's first token);

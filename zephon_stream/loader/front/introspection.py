@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zephon_stream.loader.device import CpuDelivery, CudaDelivery
-from zephon_stream.loader.memory import MemoryBound
-from zephon_stream.loader.ring import SharedRing
+from zephon_stream.loader.delivery.device import CpuDelivery, CudaDelivery
+from zephon_stream.loader.planning.memory import MemoryBound
+from zephon_stream.loader.ring.shared_ring import SharedRing
 from zephon_stream.plan import GlobalOrder, ScheduleOrder
 
 if TYPE_CHECKING:
-    from zephon_stream.loader.feed import BatchFeed
-    from zephon_stream.loader.phase_layouts import LayoutBook
-    from zephon_stream.loader.rank_layout import RankLayout
-    from zephon_stream.loader.stats import LoaderStats
-    from zephon_stream.loader.streams import StreamSource
+    from zephon_stream.loader.blocks.streams import StreamSource
+    from zephon_stream.loader.planning.rank_layout import RankLayout
+    from zephon_stream.loader.producer.stats import LoaderStats
+    from zephon_stream.loader.runs.feed import BatchFeed
+    from zephon_stream.loader.runs.phase_layouts import LayoutBook
 
 __all__ = ["LoaderIntrospection"]
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from zephon_stream.loader.memory import (
+from zephon_stream.loader.planning.memory import (
     MemoryBound,
     blocks_per_lane,
     check_memory,
@@ -21,8 +21,8 @@ from zephon_stream.loader.memory import (
     retention_steps,
     window_spread,
 )
-from zephon_stream.loader.planner import Planner
-from zephon_stream.loader.streams import StreamSource, stream_shapes
+from zephon_stream.loader.blocks.streams import StreamSource, stream_shapes
+from zephon_stream.loader.planning.planner import Planner
 from zephon_stream.plan import GlobalOrder, OrderConfig, rank_positions
 
 # NOTE: positions -> (stream, block, sample): a GlobalOrder's or a

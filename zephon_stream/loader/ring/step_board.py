@@ -25,7 +25,7 @@ waiting sends a byte. There each side stores one word and then loads the
 other's, which x86 may reorder (a store waits in its buffer while a later
 load goes ahead), and then both could miss: each side takes a lock between
 the two (:func:`fence`), a locked instruction that no load passes. The
-trainer's sleep is bounded all the same (loader/process.py).
+trainer's sleep is bounded all the same (loader/producer/process_producer.py).
 
 Layout, in the header after the liveness lock: the count (``int64``) on a
 cache line of its own, the trainer's ``waiting`` flag on another, then

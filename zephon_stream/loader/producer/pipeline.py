@@ -9,7 +9,7 @@ trainer). The ring's free slots bound how far ahead it runs. An error (a
 corrupt block, storage that stayed down) is emitted in place of the step
 that needed the block, so the consumer raises it at that step and never
 receives bad data. The pipeline runs in the loader's helper
-process (loader/helper.py) or, for debugging, in the consumer's process.
+process (loader/producer/helper_main.py) or, for debugging, in the consumer's process.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from zephon_stream.loader.assembler import StepAssembler
-from zephon_stream.loader.cache import BlockCache, CacheClosedError
-from zephon_stream.loader.fetcher import FetchDecodePool
-from zephon_stream.loader.free_slots import FreeSlots
-from zephon_stream.loader.planner import BlockKey, Planner
-from zephon_stream.loader.ring import SharedRing, Slot
-from zephon_stream.loader.stats import PIPELINE_KEYS, LoaderStats
-from zephon_stream.loader.streams import StreamSource
+from zephon_stream.loader.blocks.cache import BlockCache, CacheClosedError
+from zephon_stream.loader.blocks.fetcher import FetchDecodePool
+from zephon_stream.loader.blocks.streams import StreamSource
+from zephon_stream.loader.planning.planner import BlockKey, Planner
+from zephon_stream.loader.producer.assembler import StepAssembler
+from zephon_stream.loader.producer.stats import PIPELINE_KEYS, LoaderStats
+from zephon_stream.loader.ring.free_slots import FreeSlots
+from zephon_stream.loader.ring.shared_ring import SharedRing, Slot
 
 _POLL_S = 0.1
 # NOTE: steps planned per producer iteration while the retention horizon fills;

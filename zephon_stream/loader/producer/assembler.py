@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zephon_stream.loader.packing import PackingSpec, PackingWriter
-from zephon_stream.loader.ring import Slot
+from zephon_stream.loader.ring.packing import PackingSpec, PackingWriter
+from zephon_stream.loader.ring.shared_ring import Slot
 
 # NOTE: below this many EOS tokens per row on average, writing each document
 # segment's positions is cheaper than the full-array running maximum.
@@ -122,7 +122,7 @@ class StepAssembler:
     are then written once over the whole step, and the EOS search reads the
     narrow tokens rather than ``int64`` inputs.
 
-    The same EOS search feeds the ``packing`` spec (loader/packing.py):
+    The same EOS search feeds the ``packing`` spec (loader/ring/packing.py):
     labels of input EOS tokens under ``"ignore"`` and the document outputs.
 
     Args:

@@ -5,7 +5,7 @@ schedule, or what is left of either from a cursor on) into a ring whose slot
 layout fits that stretch's batch shape. ``BatchFeed`` starts runs, may start
 the next one ahead of the cursor it begins at (its first blocks fetched and
 its ring filled before the consumer gets there), and switches to it at that
-cursor; the loader (loader/api.py) decides where runs start and end.
+cursor; the loader (loader/front/api.py) decides where runs start and end.
 
 How a start stays off the interpreter's start-up (docs/ARCHITECTURE.md,
 "Starting fast"): with ``pipeline="process"`` a helper process is started
@@ -28,18 +28,17 @@ from typing import Any
 import torch
 
 from zephon_stream.errors import HelperProcessError
-from zephon_stream.loader.device import CpuDelivery, CudaDelivery, make_delivery
-from zephon_stream.loader.phase_layouts import LayoutBook
-from zephon_stream.loader.pipeline import EndOfData, ReadyStep
-from zephon_stream.loader.process import ProcessProducer
-from zephon_stream.loader.producer import ProducerSpec, ThreadProducer
-from zephon_stream.loader.producer_run import ProducerRun
-from zephon_stream.loader.rank_layout import RankLayout
-from zephon_stream.loader.ring import SharedRing
-from zephon_stream.loader.stats import RunTotals
-from zephon_stream.loader.steady import SteadySteps
-from zephon_stream.loader.step_board import board_is_safe
-from zephon_stream.loader.streams import Stream
+from zephon_stream.loader.blocks.streams import Stream
+from zephon_stream.loader.delivery.device import CpuDelivery, CudaDelivery, make_delivery
+from zephon_stream.loader.planning.rank_layout import RankLayout
+from zephon_stream.loader.producer.pipeline import EndOfData, ReadyStep
+from zephon_stream.loader.producer.process_producer import ProcessProducer
+from zephon_stream.loader.producer.spec import ProducerSpec, ThreadProducer
+from zephon_stream.loader.producer.stats import RunTotals
+from zephon_stream.loader.ring.shared_ring import SharedRing
+from zephon_stream.loader.ring.step_board import board_is_safe
+from zephon_stream.loader.runs.phase_layouts import LayoutBook
+from zephon_stream.loader.runs.producer_run import ProducerRun, SteadySteps
 from zephon_stream.storage.urls import url_scheme
 
 # NOTE: how long before the cursor reaches it a run is started: long enough
@@ -96,7 +95,8 @@ class BatchFeed:
         self._totals = RunTotals()
         self._last_get_s: float | None = None
         self._quiet = False
-        # NOTE: the short way to the next plain step, while the feed is quiet (loader/steady.py).
+        # NOTE: the short way to the next plain step, while the feed is quiet
+        # (``SteadySteps``, loader/runs/producer_run.py).
         self.steady: SteadySteps | None = None
         self._step_s = 0.0
         self._helper_polled_s = 0.0
@@ -135,7 +135,7 @@ class BatchFeed:
         return self._next.start if self._next is not None else None
 
     def counters(self) -> dict[str, Any]:
-        """The producer counters of the whole run (loader/stats.py ``RunTotals``)."""
+        """The producer counters of the whole run (loader/producer/stats.py ``RunTotals``)."""
         runs = [run for run in (self._run, self._next) if run is not None] + [run for _, run in self._retiring]
         return self._totals.totals([run.counters() for run in runs], stores=[s.store for s in self._sources])
 

@@ -17,8 +17,8 @@ from typing import Any
 from zephon_stream.errors import ConfigError, ObjectMissingError
 from zephon_stream.format.manifest import Manifest
 from zephon_stream.format.spec import MANIFEST_NAME
-from zephon_stream.loader.fetcher import BlockJob
-from zephon_stream.loader.metadata import StreamMetadata
+from zephon_stream.loader.blocks.fetcher import BlockJob
+from zephon_stream.loader.blocks.metadata import StreamMetadata
 from zephon_stream.plan import StreamShape
 from zephon_stream.storage import open_store
 

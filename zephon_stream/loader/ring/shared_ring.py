@@ -14,14 +14,14 @@ the helper process as a file descriptor.
 
 A small header in front of the slots holds the producer's counters, so the
 consumer reads them without a message, one ``returned`` flag per slot, a
-``producer_waiting`` count, the helper's liveness lock (loader/liveness.py)
-and the steps a helper finished (loader/step_board.py). The consumer sets a
+``producer_waiting`` count, the helper's liveness lock (loader/ring/liveness.py)
+and the steps a helper finished (loader/ring/step_board.py). The consumer sets a
 slot's flag when it is done with the slot and the producer clears it when it
 takes the slot to fill. Handing
 a slot back is then one byte written, not a message: no system call in the
 trainer's step, unless the producer waits for a slot (a whole ring ahead)
 and the count of hand-backs it asked to be woken after runs out; then the
-consumer wakes it (``notify``; loader/free_slots.py ``FreeSlots``).
+consumer wakes it (``notify``; loader/ring/free_slots.py ``FreeSlots``).
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ import threading
 
 import numpy as np
 
-from zephon_stream.loader.liveness import LOCK_BYTES
-from zephon_stream.loader.packing import PackingSpec, packing_offsets, packing_views
-from zephon_stream.loader.step_board import StepBoard, board_bytes
+from zephon_stream.loader.ring.liveness import LOCK_BYTES
+from zephon_stream.loader.ring.packing import PackingSpec, packing_offsets, packing_views
+from zephon_stream.loader.ring.step_board import StepBoard, board_bytes
 
 WIDE_KEYS = ("input", "labels", "positions")
 _ALIGN = 64
 # NOTE: float64 counters written by the producer after each step; see
-# loader/stats.py for their order.
+# loader/producer/stats.py for their order.
 HEADER_COUNTERS = 32
 
 
@@ -73,7 +73,7 @@ class SlotLayout:
         wide_keys: the ``int64 [rows, L]`` arrays the producer writes too,
             a subset of ``("input", "labels", "positions")`` in that order.
         packing: cross-document targets and whether the slot holds the
-            document outputs (loader/packing.py), in the part device delivery copies.
+            document outputs (loader/ring/packing.py), in the part device delivery copies.
     """
 
     rows: int
@@ -132,7 +132,7 @@ class Slot:
         eos: ``int64 [rows]`` EOS id of each row's stream.
         sample_positions: ``int64 [rows]`` global position of each row.
         wide: ``int64 [rows, L]`` arrays by key (the layout's ``wide_keys``).
-        packing: the document outputs by key (loader/packing.py), empty when off.
+        packing: the document outputs by key (loader/ring/packing.py), empty when off.
     """
 
     index: int
@@ -178,11 +178,11 @@ class SharedRing:
         # memoryview's item access is a few instructions, a numpy scalar's
         # goes through numpy's type machinery.
         self.flags = memoryview(self._map)[HEADER_COUNTERS * 8 : HEADER_COUNTERS * 8 + num_slots + 1]
-        # NOTE: the helper's liveness lock (loader/liveness.py) and its lock
+        # NOTE: the helper's liveness lock (loader/ring/liveness.py) and its lock
         # word, which the trainer reads at every step.
         self.helper_lock_offset = _lock_offset(num_slots)
         self.helper_lock_word = memoryview(self._map)[self.helper_lock_offset : self.helper_lock_offset + 4].cast("i")
-        # NOTE: the steps a helper process finished (loader/step_board.py).
+        # NOTE: the steps a helper process finished (loader/ring/step_board.py).
         board = _board_offset(num_slots)
         self.board = StepBoard(memoryview(self._map)[board : board + board_bytes(num_slots)], num_slots)
         # NOTE: set when a slot comes back while the producer waits. In one

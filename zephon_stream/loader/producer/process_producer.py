@@ -6,7 +6,7 @@ address space). It inherits one descriptor, its end of a socket pair for
 control messages, and is started when the loader is made, so its interpreter
 and imports load while the trainer builds its model; ``start`` then sends the
 spec and passes the anonymous batch ring's descriptor over the socket. The
-helper posts each step it finished in the ring's header (loader/step_board.py;
+helper posts each step it finished in the ring's header (loader/ring/step_board.py;
 on machines without x86's memory order, and with the audit log's digests, it
 sends a few packed bytes instead), and slots go back through the ring's
 ``returned`` flags: the trainer's step makes no system call, and the bytes of
@@ -31,17 +31,17 @@ from multiprocessing.reduction import sendfds
 from pathlib import Path
 
 from zephon_stream.errors import HelperProcessError
-from zephon_stream.loader.pipeline import EndOfData, ReadyStep
-from zephon_stream.loader.producer import ProducerSpec
-from zephon_stream.loader.reports import HelperReports
-from zephon_stream.loader.ring import SharedRing
+from zephon_stream.loader.producer.pipeline import EndOfData, ReadyStep
+from zephon_stream.loader.producer.reports import HelperReports
+from zephon_stream.loader.producer.spec import ProducerSpec
+from zephon_stream.loader.ring.shared_ring import SharedRing
 
 # NOTE: how long close() waits for the helper to exit on its own after the
 # control socket closes, before it is killed.
 _EXIT_WAIT_S = 5.0
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 _GONE_FLAGS = os.WEXITED | os.WNOHANG | os.WNOWAIT
-_LAUNCH = "import sys; from zephon_stream.loader.helper import main; main(sys.argv)"
+_LAUNCH = "import sys; from zephon_stream.loader.producer.helper_main import main; main(sys.argv)"
 
 
 def _how_it_ended(returncode: int | None) -> str:
@@ -143,7 +143,7 @@ class ProcessProducer:
 
     @property
     def reports(self) -> HelperReports:
-        """What the helper reported (loader/reports.py)."""
+        """What the helper reported (loader/producer/reports.py)."""
         return self._reports
 
     @property
@@ -164,7 +164,7 @@ class ProcessProducer:
 
     def _gone(self) -> bool:
         # NOTE: the helper's main thread holds its liveness lock while it
-        # lives (loader/liveness.py): its pid in the lock word, read without
+        # lives (loader/ring/liveness.py): its pid in the lock word, read without
         # a system call. Else (not locked yet, or its holder died) the kernel
         # is asked, without reaping; _fail reaps.
         if self._lock_word is not None and self._lock_word[0] == self._pid:

@@ -108,7 +108,7 @@ class RunTotals:
     (phases, seeks, a helper taking over, a restarted helper) added to the
     ones in progress.
 
-    A producer run publishes its own counters from zero (loader/pipeline.py);
+    A producer run publishes its own counters from zero (loader/producer/pipeline.py);
     ``fold`` keeps them when the run ends, so totals never drop.
     """
 

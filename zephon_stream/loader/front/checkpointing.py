@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zephon_stream.loader.rank_layout import RankLayout
+from zephon_stream.loader.planning.rank_layout import RankLayout
 from zephon_stream.plan import LoaderState, ScheduleOrder, ScheduleState
 
 if TYPE_CHECKING:
-    from zephon_stream.loader.feed import BatchFeed
-    from zephon_stream.loader.phase_layouts import LayoutBook
+    from zephon_stream.loader.runs.feed import BatchFeed
+    from zephon_stream.loader.runs.phase_layouts import LayoutBook
 
 __all__ = ["LoaderCheckpointing"]
 
