@@ -176,8 +176,10 @@ class _Attempts:
             raise StorageError(
                 f"{what}: failed after {self.count} attempts in {elapsed:.1f}s (last error: {detail})"
             ) from None
-        self._on_retry(exc)
         logger.info("%s: attempt %d failed (%s); retrying in %.2fs", what, self.count, detail, sleep_s)
+        # NOTE: after the attempt's own line, so that a warning it leads to
+        # (the endpoint cannot be reached) reads as its consequence.
+        self._on_retry(exc)
         return sleep_s
 
     def _throttled(self, exc: Exception, now: float, elapsed: float) -> float:
