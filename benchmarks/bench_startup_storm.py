@@ -17,7 +17,9 @@ job_ranks`` (``--job-ranks``, default 2048; or ``--rate``), so that these
 ranks' requests meet it as a job of ``job_ranks`` ranks meets S3: the same
 requests per second of limit, and the same operations contending for each
 token, so the backoff's dynamics (its windows are in seconds) are those of the
-real job. The bucket holds a tenth of a second's tokens (``--burst``). The
+real job. The bucket holds a tenth of a second's tokens, at least 8
+(``--burst``), and starts full: the floor is ``(served - burst) / rate``, the
+least time in which the bucket can serve the storm's requests. The
 dataset: the stdlib sources' bytes as token ids (the ``bytes``
 tokenizer), repeated to ``--tokens-m`` million tokens, written by
 ``write_dataset`` to the bucket in format 1.1 (header + index objects), in
@@ -29,7 +31,7 @@ Each trial runs the storm twice, in alternating order: throttled, and with no
 limit (the baseline: what the same ranks take on this machine when the store
 answers everything). It prints GETs and bytes per rank and in all, the proxy's
 throttled (503) and served requests, the time until the last rank has its
-first batch, the floor (served requests / rate) and the ratio, failed ranks,
+first batch, the floor and the ratio, failed ranks,
 whether every throttled request was counted by the ranks' stats, whether every
 rank's first batch was the same in both runs, and the model that scales the
 figures to 2,048 and 16,384 ranks (``model``: what is measured, what computed).
@@ -43,7 +45,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -52,14 +53,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-S3_GET_PER_S = 5500.0  # NOTE: S3's documented GET/HEAD rate per partitioned prefix
-SCALES = (2048, 16384)
-TARGET_RATIO = 1.5
+from benchmarks.storm_figures import S3_GET_PER_S, report  # noqa: E402
+
 EOS_ID = 256  # NOTE: the bytes tokenizer: ids 0-255 are bytes, 256 ends a document
 
 
@@ -154,47 +155,57 @@ def node_main(job: dict) -> None:
 # -- one storm: every node started together -----------------------------------
 
 
-def storm(url: str, options: dict, args: argparse.Namespace, *, rate: float | None, burst: float,
-          upstream: str, tmp: Path) -> dict:
+def start_nodes(url: str, opts: dict, args: argparse.Namespace, nodes_dir: Path, nodes: list) -> None:
+    """Start every node process, appending it and its log file to ``nodes`` as it starts; wait until all are ready."""
+    for node in range(-(-args.ranks // args.ranks_per_node)):
+        ranks = list(range(node * args.ranks_per_node, min(args.ranks, (node + 1) * args.ranks_per_node)))
+        job = {"url": url, "options": opts, "seq_len": args.seq_len, "local_batch": args.local_batch,
+               "world_size": args.ranks, "ranks": ranks, "node_cache": str(nodes_dir / f"node{node}"),
+               "policy": args.policy}  # fmt: skip
+        log = open(nodes_dir / f"node{node}.log", "w+")
+        nodes.append((subprocess.Popen([sys.executable, __file__, "--node", json.dumps(job)], text=True,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log), log))
+    for proc, _ in nodes:
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"node process {proc.pid} did not start (exit {proc.wait()})")
+
+
+def storm(url: str, options: dict, args: argparse.Namespace, *, rate: float | None, upstream: str,
+          tmp: Path) -> dict:
     from tools.fault_proxy import FaultProxy
 
-    proxy = FaultProxy(upstream=upstream, rate_limit=rate, burst=burst if rate else None, throttle_style="s3",
-                       prefix_depth=1)
+    burst = args.burst if rate else None
+    proxy = FaultProxy(upstream=upstream, rate_limit=rate, burst=burst, throttle_style="s3", prefix_depth=1)
     made = time.time()
+    nodes: list[tuple[Any, Any]] = []
     with proxy, tempfile.TemporaryDirectory(dir=tmp, prefix="nodes-") as nodes_dir:
-        opts = {**options, "endpoint_url": proxy.endpoint_url}
-        procs, logs = [], []
-        for node in range(-(-args.ranks // args.ranks_per_node)):
-            ranks = list(range(node * args.ranks_per_node, min(args.ranks, (node + 1) * args.ranks_per_node)))
-            job = {"url": url, "options": opts, "seq_len": args.seq_len, "local_batch": args.local_batch,
-                   "world_size": args.ranks, "ranks": ranks, "node_cache": str(Path(nodes_dir) / f"node{node}"),
-                   "policy": args.policy}
-            log = open(Path(nodes_dir) / f"node{node}.log", "w+")
-            logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, __file__, "--node", json.dumps(job)], text=True,
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log))
-        for proc in procs:
-            if proc.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"node process {proc.pid} did not start (exit {proc.wait()})")
-        time.sleep(0.2)  # NOTE: let the node processes reach their stdin read before the clock starts
-        before = proxy.counts()
-        started = time.time()
-        for proc in procs:
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        ranks: dict[int, dict] = {}
-        for proc, log in zip(procs, logs):
-            line = proc.stdout.readline()
-            if proc.wait() != 0 or not line:
+        try:
+            # NOTE: each node is in ``nodes`` as soon as it starts, so that an interrupt kills it below.
+            start_nodes(url, {**options, "endpoint_url": proxy.endpoint_url}, args, Path(nodes_dir), nodes)
+            time.sleep(0.2)  # NOTE: let the node processes reach their stdin read before the clock starts
+            before = proxy.counts()
+            started = time.time()
+            for proc, _ in nodes:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            ranks: dict[int, dict] = {}
+            for proc, log in nodes:
+                line = proc.stdout.readline()
+                if proc.wait() != 0 or not line:
+                    log.seek(0)
+                    raise RuntimeError(f"node process {proc.pid} exited {proc.returncode}:\n{log.read()[-2000:]}")
+                ranks.update({int(r): v for r, v in json.loads(line).items()})
+            counts, timeline = proxy.counts(), proxy.timeline()
+            warnings = 0
+            for _, log in nodes:
                 log.seek(0)
-                raise RuntimeError(f"node process {proc.pid} exited {proc.returncode}:\n{log.read()[-2000:]}")
-            ranks.update({int(r): v for r, v in json.loads(line).items()})
-        counts, timeline = proxy.counts(), proxy.timeline()
-        warnings = 0
-        for log in logs:
-            log.seek(0)
-            warnings += sum("is throttling requests" in line for line in log)
-            log.close()
+                warnings += sum("is throttling requests" in line for line in log)
+        finally:
+            for proc, log in nodes:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                log.close()
         leftover = [p for p in Path(nodes_dir).iterdir() if p.suffix != ".log"]
     ok = [v for v in ranks.values() if v["ok"]]
     throttled = counts["throttled"] - before["throttled"]
@@ -216,121 +227,10 @@ def storm(url: str, options: dict, args: argparse.Namespace, *, rate: float | No
         "blocks_per_rank": per_rank("blocks"), "throttled_per_rank": per_rank("throttled"),
         "first_s_per_rank": [None if t is None else round(t - started, 3) for t in per_rank("first")],
         "sha256": {r: v.get("sha256") for r, v in sorted(ranks.items())},
-        "floor_s": served / rate if rate else None, "timeline": storm_timeline,
+        "floor_s": max(0.0, served - burst) / rate if rate else None, "timeline": storm_timeline,
         "throttled_per_s_peak": max((t for _, _, t in storm_timeline), default=0),
         "node_cache_leftovers": len(leftover), "throttle_warnings": warnings,
     }  # fmt: skip
-
-
-# -- the figures ---------------------------------------------------------------
-
-
-def per_node(values: list, ranks_per_node: int) -> list:
-    return [sum(v or 0 for v in values[i : i + ranks_per_node]) for i in range(0, len(values), ranks_per_node)]
-
-
-def model(throttled: dict, overhead: float, rank_s: float, args: argparse.Namespace) -> dict:
-    """The figures scaled to 2,048 and 16,384 ranks: which are measured, which computed.
-
-    Measured here: GETs per rank of the data (its first step's blocks), GETs
-    per node of the metadata (manifest and index pages, one read a node through
-    the node cache), the throttling's overhead (the storm's time over the
-    larger of its floor and the same ranks' time without a limit: what this
-    run's contention adds), and a rank's own time to its first batch without a
-    limit. Computed: the requests at W ranks, ``W * data GETs a rank + W /
-    ranks_per_node * metadata GETs a node``, with the metadata as measured
-    here and at its upper bound on a large dataset (every block of a node's
-    first step on index pages of its own: 1 + 4 reads a block, a frame page and
-    a path page with their digest pages; without the node cache each rank
-    reads its own), the floor (requests / 5,500 GET/s) and the time
-    ``max(floor * overhead, a rank's own time)``. The overhead holds at W when
-    the run played W's contention (``--job-ranks W``).
-    """
-    blocks = [b for b in throttled["blocks_per_rank"] if b is not None]
-    data = statistics.mean(blocks)
-    num_nodes = len(per_node(throttled["gets_per_rank"], args.ranks_per_node))
-    meta = (throttled["gets"] - sum(blocks)) / num_nodes
-    worst = 1 + 4 * data * args.ranks_per_node
-    out = {"measured": {"data_gets_per_rank": data, "metadata_gets_per_node": meta, "throttle_overhead": overhead,
-                        "rank_first_batch_s_no_limit": rank_s, "job_ranks_played": args.job_ranks},
-           "computed": {}}
-    for world in SCALES:
-        nodes = world / args.ranks_per_node
-        for name, requests in (("metadata as measured", world * data + nodes * meta),
-                               ("metadata upper bound", world * data + nodes * worst),
-                               ("upper bound, no node cache", world * (data + 1 + 4 * data))):
-            floor = requests / S3_GET_PER_S
-            out["computed"][f"{world} ranks, {name}"] = {"requests": requests, "floor_s": floor,
-                                                         "time_s": max(floor * overhead, rank_s)}
-    return out
-
-
-def print_runs(runs: list[dict], args: argparse.Namespace) -> None:
-    limit = f"limit {args.rate:.2f} GET/s per prefix (burst {args.burst:g})"
-    if args.job_ranks:
-        limit += f" = {S3_GET_PER_S:g} x {args.ranks} / {args.job_ranks}: a job of {args.job_ranks} ranks on S3"
-    print(f"\n{args.ranks} ranks, {args.ranks_per_node} a node, seq_len {args.seq_len} x {args.local_batch}; {limit}; "
-          f"RetryPolicy {args.policy or 'defaults'}")
-    print(f"{'run':<9} {'last 1st batch':>14} {'floor':>7} {'ratio':>5} {'served':>6} {'503s':>5} {'peak 503/s':>10} "
-          f"{'ranks 503s':>10} {'failed':>6} {'GETs a rank':>14} {'KB a rank':>9} {'1st batch p50/p90':>17}")
-    for run in runs:
-        gets = [g for g in run["gets_per_rank"] if g is not None] or [0]
-        firsts = sorted(t for t in run["first_s_per_rank"] if t is not None) or [0.0]
-        ratio = f"{run['last_first_batch_s'] / run['floor_s']:.2f}" if run["floor_s"] else "-"
-        print(f"{'throttled' if run['rate'] else 'no limit':<9} {run['last_first_batch_s']:>12.2f} s "
-              f"{run['floor_s'] or 0:>5.2f} s {ratio:>5} {run['served']:>6} {run['throttled']:>5} "
-              f"{run['throttled_per_s_peak']:>10} {run['ranks_throttled']:>10} {run['ranks_failed']:>6} "
-              f"{statistics.mean(gets):>5.2f} ({min(gets)}-{max(gets)}) {run['bytes'] / len(gets) / 1e3:>9.1f} "
-              f"{firsts[len(firsts) // 2]:>7.2f}/{firsts[int(0.9 * (len(firsts) - 1))]:.2f} s")
-        for error in run["errors"]:
-            print(f"    failed: {error}")
-    for run in runs:
-        if run["rate"]:
-            print("served/503 each second: " + " ".join(f"{a}/{b}" for _, a, b in run["timeline"]))
-
-
-def report(runs: list[dict], args: argparse.Namespace, dataset: dict) -> dict:
-    print_runs(runs, args)
-    throttled = [r for r in runs if r["rate"]]
-    baseline = [r for r in runs if not r["rate"]]
-    ratios = [r["last_first_batch_s"] / r["floor_s"] for r in throttled]
-    # NOTE: paired: a trial's throttled storm against its own storm without a limit.
-    over_bound = [t["last_first_batch_s"] / max(t["floor_s"], b["last_first_batch_s"])
-                  for t, b in zip(throttled, baseline)]
-    first = throttled[0]
-    nodes = per_node(first["gets_per_rank"], args.ranks_per_node)
-    print(f"GETs in all: {first['gets']} ({first['bytes'] / 1e6:.2f} MB), per node {min(nodes)}-{max(nodes)}; "
-          f"the proxy served {first['served']}")
-    counted = all(r["ranks_throttled"] == r["throttled"] for r in throttled)
-    exact = all(r["sha256"] == runs[0]["sha256"] and None not in r["sha256"].values() for r in runs)
-    failed = sum(r["ranks_failed"] for r in runs)
-    print(f"ranks failed: {failed}; every 503 counted in the ranks' stats: {counted}; first batches the same "
-          f"throttled and not: {exact}; node caches left: {sum(r['node_cache_leftovers'] for r in runs)}; "
-          f"throttling warnings {[r['throttle_warnings'] for r in throttled]} ({args.ranks} stores)")
-    print(f"last first batch / floor: median {statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)}; "
-          f"target <= {TARGET_RATIO}); / max(floor, the same ranks without a limit): "
-          f"median {statistics.median(over_bound):.2f} ({', '.join(f'{x:.2f}' for x in over_bound)})")
-    mean_503 = sum(r["throttled"] for r in throttled) / sum(r["last_first_batch_s"] for r in throttled)
-    peak_503 = max(r["throttled_per_s_peak"] for r in throttled)
-    print(f"503s a second / the limit: mean {mean_503 / args.rate:.2f}, peak second {peak_503 / args.rate:.2f}")
-    rank_s = statistics.median(r["first_batch_s_median"] for r in baseline)
-    scaled = model(first, statistics.median(over_bound), rank_s, args)
-    m = scaled["measured"]
-    print(f"model; measured: {m['data_gets_per_rank']:.2f} data GETs a rank, {m['metadata_gets_per_node']:.2f} "
-          f"metadata GETs a node, throttling overhead {m['throttle_overhead']:.2f} (contention of "
-          f"{args.job_ranks or '?'} ranks), a rank's first batch without a limit {rank_s:.2f} s (median); "
-          f"computed at {S3_GET_PER_S:g} GET/s:")
-    for key, row in scaled["computed"].items():
-        print(f"  {key:<38} {row['requests']:>9,.0f} requests, floor {row['floor_s']:>6.2f} s, "
-              f"time ~ {row['time_s']:>6.2f} s")
-    return {"ranks": args.ranks, "ranks_per_node": args.ranks_per_node, "rate": args.rate, "burst": args.burst,
-            "job_ranks": args.job_ranks, "policy": args.policy, "seq_len": args.seq_len,
-            "local_batch": args.local_batch, "dataset": dataset, "time_over_floor": ratios,
-            "time_over_floor_median": statistics.median(ratios), "time_over_bound": over_bound,
-            "target": TARGET_RATIO, "ranks_failed": failed, "every_throttle_counted": counted,
-            "first_batches_identical": exact, "throttled_per_s_over_limit": mean_503 / args.rate, "model": scaled,
-            "runs": [{k: v for k, v in r.items() if k != "sha256"} for r in runs],
-            "load_average_1min": os.getloadavg()[0]}  # fmt: skip
 
 
 def parse_policy(items: list[str]) -> dict[str, float]:
@@ -349,13 +249,14 @@ def parse_policy(items: list[str]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, default=48, help="simulated ranks (the world size)")
+    parser.add_argument("--ranks", type=int, default=32, help="simulated ranks (the world size)")
     parser.add_argument("--ranks-per-node", type=int, default=8, help="ranks a node process holds, on threads")
     parser.add_argument("--rate", type=float, default=None,
                         help=f"GET/s per prefix (default {S3_GET_PER_S:g} * ranks / --job-ranks)")
     parser.add_argument("--job-ranks", type=int, default=2048,
                         help="the job whose start is played: the limit is S3's scaled by ranks / job ranks")
-    parser.add_argument("--burst", type=float, default=None, help="the token bucket (default: a tenth of a second's)")
+    parser.add_argument("--burst", type=float, default=None,
+                        help="the token bucket (default: a tenth of a second's tokens, at least 8)")
     parser.add_argument("--trials", type=int, default=1, help="paired trials: a throttled storm and one without limit")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--local-batch", type=int, default=4)
@@ -377,7 +278,9 @@ def main() -> None:
         args.rate = S3_GET_PER_S * args.ranks / args.job_ranks
     else:
         args.job_ranks = None
-    args.burst = args.burst if args.burst is not None else max(1.0, args.rate / 10)
+    # NOTE: a bucket of one token wastes every token that comes while it is full: at 5 GET/s, a quarter of
+    # them with 503s coming at 14/s. At 5,500 GET/s a tenth of a second is 550 tokens; 8 waste almost none.
+    args.burst = args.burst if args.burst is not None else max(8.0, args.rate / 10)
     from tools.seaweedfs import SeaweedFS
 
     with tempfile.TemporaryDirectory(prefix="zs-storm-") as tmp, SeaweedFS(buckets=["storm"]) as server:
@@ -392,8 +295,7 @@ def main() -> None:
         for trial in range(args.trials):
             # NOTE: paired, the order alternating, so drift on a shared machine hits both alike.
             for rate in (args.rate, None) if trial % 2 == 0 else (None, args.rate):
-                run = storm(url, options, args, rate=rate, burst=args.burst, upstream=server.endpoint_url,
-                            tmp=Path(tmp))
+                run = storm(url, options, args, rate=rate, upstream=server.endpoint_url, tmp=Path(tmp))
                 runs.append(run)
                 print(f"trial {trial} {'throttled' if rate else 'no limit'}: last first batch "
                       f"{run['last_first_batch_s']:.2f} s, served {run['served']}, 503s {run['throttled']}, "

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_startup_storm import model, parse_policy, run_rank
+from benchmarks.bench_startup_storm import parse_policy, run_rank
+from benchmarks.storm_figures import model
 
 
 def ranks_of_one_node(url: str, ranks: list[int], cache: Path) -> dict[int, dict]:
