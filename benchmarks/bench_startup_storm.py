@@ -31,10 +31,10 @@ Each trial runs the storm twice, in alternating order: throttled, and with no
 limit (the baseline: what the same ranks take on this machine when the store
 answers everything). It prints GETs and bytes per rank and in all, the proxy's
 throttled (503) and served requests, the time until the last rank has its
-first batch, the floor and the ratio, failed ranks,
-whether every throttled request was counted by the ranks' stats, whether every
-rank's first batch was the same in both runs, and the model that scales the
-figures to 2,048 and 16,384 ranks (``model``: what is measured, what computed).
+first batch, the floor and the ratio, failed ranks, whether every throttled
+request was counted by the ranks' stats, whether every rank's first batch was
+the same in both runs, and the model that scales the figures to 2,048 and
+16,384 ranks (``model``: what is measured, what computed).
 ``--policy FIELD=VALUE`` runs every rank's store with another ``RetryPolicy``
 default (e.g. ``throttle_max_backoff_s=5``), to measure a change before making
 it. The last printed line is one JSON object.
@@ -172,6 +172,7 @@ def start_nodes(url: str, opts: dict, args: argparse.Namespace, nodes_dir: Path,
 
 def storm(url: str, options: dict, args: argparse.Namespace, *, rate: float | None, upstream: str,
           tmp: Path) -> dict:
+    """One storm: every rank of every node started at once through a fresh proxy (``rate`` None: no limit)."""
     from tools.fault_proxy import FaultProxy
 
     burst = args.burst if rate else None
@@ -263,7 +264,7 @@ def main() -> None:
     parser.add_argument("--tokens-m", type=float, default=40.0, help="dataset size, millions of tokens")
     parser.add_argument("--block-tokens", type=int, default=2**16 + 1)
     parser.add_argument("--blocks-per-shard", type=int, default=16)
-    parser.add_argument("--policy", action="append", default=[], metavar="FIELD=SECONDS",
+    parser.add_argument("--policy", action="append", default=[], metavar="FIELD=VALUE",
                         help="a RetryPolicy default for every rank's store, e.g. throttle_max_backoff_s=2 (repeatable)")
     parser.add_argument("--node", help=argparse.SUPPRESS)
     args = parser.parse_args()
