@@ -34,11 +34,13 @@ from zephon_stream.storage.local import TEMP_PREFIX
 from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES, WriteConfig
 from zephon_stream.writer.pool import TokenizePool
 from zephon_stream.writer.progress import Progress, WriteSummary
+from zephon_stream.writer.ray_engine import write_with_ray
 from zephon_stream.writer.readers import Reject, SourceReader
 from zephon_stream.writer.shards import ShardBuilder, ShardLayout
 from zephon_stream.writer.token_check import frame_documents
 from zephon_stream.writer.token_inputs import TokenInputConfig, TokenSource, token_input_urls
 from zephon_stream.writer.tokenizers import Tokenizer, load_tokenizer
+from zephon_stream.writer.units import DEFAULT_UNIT_BYTES
 
 REJECTS_SPOOL_BYTES = 16 * 2**20
 
@@ -64,6 +66,10 @@ def write_dataset(
     token_dtype: str | None = None,
     append_eos: bool = False,
     pool_min_input_bytes: int = DEFAULT_POOL_MIN_INPUT_BYTES,
+    engine: str = "pool",
+    ray_address: str | None = None,
+    ray_workers: int | None = None,
+    unit_bytes: int = DEFAULT_UNIT_BYTES,
 ) -> WriteSummary:
     """Tokenize raw text (or take token ids) into a dataset of zstd token shards with a manifest.
 
@@ -101,6 +107,11 @@ def write_dataset(
             not Parquet) totalling less than this tokenize in this process
             (default 4 MiB); 0 starts the ``workers`` processes for any
             input and tokenizer.
+        engine: ``pool`` (this process and its tokenizer pool) or ``ray``:
+            work units of about ``unit_bytes`` as Ray tasks, ``ray_workers``
+            at once (default: the cluster's CPUs), on the cluster at
+            ``ray_address`` or a local instance; the same dataset, parts
+            below ``output`` (docs/WRITING.md, "On a Ray cluster").
 
     Returns:
         The run's ``WriteSummary``.
@@ -124,6 +135,10 @@ def write_dataset(
         append_eos=append_eos,
         pool_min_input_bytes=pool_min_input_bytes,
     ).resolved()
+    if engine not in ("pool", "ray"):
+        raise ConfigError(f"engine {engine!r} is not one of pool, ray")
+    if engine == "pool" and (ray_address is not None or ray_workers is not None):
+        raise ConfigError("ray_address and ray_workers apply to engine='ray' only")
     if config.tokens and bos_token is not None:
         raise ConfigError("token inputs are written as they are: no BOS is added (drop --bos-token)")
     tok = tokenizer
@@ -132,6 +147,13 @@ def write_dataset(
     assert isinstance(tok, Tokenizer)
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
+    if engine == "ray":
+        urls = token_input_urls(list(inputs), storage_options) if config.tokens else expand_inputs(list(inputs), storage_options)
+        with open_store(output, storage_options) as out:
+            return write_with_ray(
+                urls, out, config=config, tokenizer=tok, storage_options=storage_options, progress=progress,
+                address=ray_address, workers=ray_workers, unit_bytes=unit_bytes,
+            )  # fmt: skip
     readers: list[Any]
     if config.tokens:
         token_config = TokenInputConfig(tokens_field=tokens_field, token_dtype=token_dtype, eos_id=tok.eos_id)
@@ -151,12 +173,9 @@ def write_dataset(
 def _text_readers(urls: list[str], config: WriteConfig, storage_options: Mapping[str, Any] | None) -> list[Any]:
     return [
         SourceReader(
-            url,
-            text_field=config.text_field,
-            lines=config.lines,
-            input_format_override=config.input_format,
+            url, text_field=config.text_field, lines=config.lines, input_format_override=config.input_format,
             storage_options=storage_options,
-        )
+        )  # fmt: skip
         for url in urls
     ]
 
