@@ -31,7 +31,7 @@ from zephon_stream.format.manifest import Manifest, SourceInfo
 from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL, MANIFEST_NAME, REJECTS_NAME, SHARDS_DIR, token_dtype
 from zephon_stream.storage import LocalStore, Store, expand_inputs, is_local_url, local_path, open_store
 from zephon_stream.storage.local import TEMP_PREFIX
-from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES, WriteConfig
+from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES, DEFAULT_UNIT_BYTES, WriteConfig
 from zephon_stream.writer.pool import TokenizePool
 from zephon_stream.writer.progress import Progress, WriteSummary
 from zephon_stream.writer.ray_engine import write_with_ray
@@ -40,7 +40,6 @@ from zephon_stream.writer.shards import ShardBuilder, ShardLayout
 from zephon_stream.writer.token_check import frame_documents
 from zephon_stream.writer.token_inputs import TokenInputConfig, TokenSource, token_input_urls
 from zephon_stream.writer.tokenizers import Tokenizer, load_tokenizer
-from zephon_stream.writer.units import DEFAULT_UNIT_BYTES
 
 REJECTS_SPOOL_BYTES = 16 * 2**20
 

@@ -26,14 +26,14 @@ from typing import Any
 
 from zephon_stream.errors import ConfigError, ZephonError
 from zephon_stream.storage import Store, open_store
-from zephon_stream.writer.config import WriteConfig
+from zephon_stream.writer.config import DEFAULT_UNIT_BYTES, WriteConfig
 from zephon_stream.writer.distributed import part_name
 from zephon_stream.writer.progress import UnitProgress, WriteSummary
 from zephon_stream.writer.ray_commit import commit_units, complete_units, prepare_output
 from zephon_stream.writer.ray_tasks import convert_unit_task, count_lines_task
 from zephon_stream.writer.tokenizers import Tokenizer
 from zephon_stream.writer.unit_part import UnitRecord, UnitSpec
-from zephon_stream.writer.units import DEFAULT_UNIT_BYTES, WorkUnit, cut_units, unit_key
+from zephon_stream.writer.units import WorkUnit, cut_units, unit_key
 
 # NOTE: Ray retries a task whose worker process died (a node lost, the OOM
 # killer); an error the task raised itself (unreadable input) is not retried.

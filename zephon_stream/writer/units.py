@@ -28,10 +28,9 @@ import msgpack
 
 from zephon_stream.errors import InputError
 from zephon_stream.storage import is_local_url, local_path, open_input, open_store
-from zephon_stream.writer.config import WriteConfig
+from zephon_stream.writer.config import DEFAULT_UNIT_BYTES, WriteConfig
 from zephon_stream.writer.readers import input_format
 
-DEFAULT_UNIT_BYTES = 64 * 2**20
 # NOTE: a unit of thousands of tiny files is still one task; more would make
 # its commit record and its retry large for no gain in parallelism.
 MAX_FILES_PER_UNIT = 4096
