@@ -92,3 +92,21 @@ def test_byte_ranges_are_refused_for_inputs_that_cannot_be_split(tmp_path):
         SourceReader(str(path), byte_range=(0, 1))
     with pytest.raises(InputError, match="split by byte range"):
         SourceReader(str(tmp_path / "b.txt"), byte_range=(0, 1))
+
+
+def test_engine_settings_that_do_not_apply_are_refused_before_anything_starts(tmp_path):
+    from zephon_stream import write_dataset
+    from zephon_stream.errors import ConfigError
+
+    src = tmp_path / "a.txt"
+    src.write_text("text", encoding="utf-8")
+    out = str(tmp_path / "out")
+    with pytest.raises(ConfigError, match="engine 'spark' is not one of pool, ray"):
+        write_dataset(str(src), out, tokenizer="bytes", engine="spark")
+    with pytest.raises(ConfigError, match="apply to engine='ray' only"):
+        write_dataset(str(src), out, tokenizer="bytes", ray_workers=2)
+    with pytest.raises(ConfigError, match="set ray_workers instead"):
+        write_dataset(str(src), out, tokenizer="bytes", engine="ray", workers=2)
+    with pytest.raises(ConfigError, match="unit_bytes 0"):
+        cut_units([str(src)], config=WriteConfig(), unit_bytes=0)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -112,6 +112,8 @@ def write_with_ray(
         ConfigError: a dataset already at the output (without overwrite).
     """
     start = time.monotonic()
+    if config.workers != 1:
+        raise ConfigError(f"workers={config.workers} sizes the process pool; with engine='ray' set ray_workers instead")
     prepare_output(store, overwrite=config.overwrite)
     assert config.blocks_per_shard is not None
     with ray_session(address, num_cpus=workers) as ray:

@@ -26,7 +26,7 @@ from typing import Any
 
 import msgpack
 
-from zephon_stream.errors import InputError
+from zephon_stream.errors import ConfigError, InputError
 from zephon_stream.storage import is_local_url, local_path, open_input, open_store
 from zephon_stream.writer.config import DEFAULT_UNIT_BYTES, WriteConfig
 from zephon_stream.writer.readers import input_format
@@ -61,13 +61,6 @@ class InputPiece:
     def to_obj(self) -> list[Any]:
         return [self.url, self.num_bytes, self.byte_range, self.row_groups, self.first_record]
 
-    def describe(self) -> str:
-        if self.byte_range is not None:
-            return f"{self.url} bytes {self.byte_range[0]}..{self.byte_range[1]}"
-        if self.row_groups is not None:
-            return f"{self.url} row groups {self.row_groups[0]}..{self.row_groups[1] - 1}"
-        return self.url
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkUnit:
@@ -84,10 +77,6 @@ class WorkUnit:
     @property
     def num_bytes(self) -> int:
         return sum(p.num_bytes for p in self.pieces)
-
-    def describe(self) -> str:
-        first = self.pieces[0].describe()
-        return first if len(self.pieces) == 1 else f"{first} and {len(self.pieces) - 1} more inputs"
 
 
 def unit_key(unit: WorkUnit, settings: Mapping[str, Any]) -> str:
@@ -209,12 +198,13 @@ def cut_units(
             (default: here, one after another).
 
     Raises:
-        ConfigError / InputError: a missing or unreadable input.
+        ConfigError: unit_bytes below 1.
+        InputError: a missing or unreadable input.
     """
     if unit_bytes < 1:
-        raise InputError(f"unit_bytes {unit_bytes} must be at least 1")
+        raise ConfigError(f"unit_bytes {unit_bytes} must be at least 1")
     pieces: list[tuple[InputPiece, bool]] = []  # NOTE: (piece, may share a unit with neighbours)
-    ranges: list[tuple[int, str, int, int]] = []
+    ranges: list[tuple[int, str, int]] = []  # NOTE: (position in pieces, url, start) of ranges after a file's first
     for url in urls:
         if config.tokens:
             pieces.append((InputPiece(url=url, num_bytes=0), False))
@@ -230,7 +220,7 @@ def cut_units(
             cuts = _line_cuts(url, size, unit_bytes, storage_options)
             for start, end in zip(cuts[:-1], cuts[1:]):
                 if start > 0:
-                    ranges.append((len(pieces), url, cuts[0], start))
+                    ranges.append((len(pieces), url, start))
                 pieces.append((InputPiece(url=url, num_bytes=end - start, byte_range=(start, end)), False))
         else:
             pieces.append((InputPiece(url=url, num_bytes=size), size <= unit_bytes and compression is None))
@@ -238,19 +228,18 @@ def cut_units(
         counter = line_counter or (lambda requests: count_lines(requests, storage_options))
         # NOTE: each range's first record is the newlines before it: count the
         # stretches between cuts once, then sum them along each file.
-        stretches = [(url, start, end) for _, url, start, end in ranges]
-        counts = counter(_stretches(stretches))
-        totals = _prefix_per_file(stretches, counts)
-        for (position, _, _, _), first_record in zip(ranges, totals):
+        stretches = _stretches([(url, start) for _, url, start in ranges])
+        totals = _prefix_per_file(stretches, counter(stretches))
+        for (position, _, _), first_record in zip(ranges, totals):
             piece, shared = pieces[position]
             pieces[position] = (_with_first_record(piece, first_record), shared)
     return _group(pieces, unit_bytes)
 
 
-def _stretches(ranges: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
-    """``(url, 0, cut)`` ranges turned into the stretches between consecutive cuts of each file."""
+def _stretches(cuts: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+    """``(url, cut)`` in file order turned into ``(url, previous cut or 0, cut)``."""
     out, previous = [], {}
-    for url, _, end in ranges:
+    for url, end in cuts:
         out.append((url, previous.get(url, 0), end))
         previous[url] = end
     return out
