@@ -122,3 +122,23 @@ def _child_env() -> dict[str, str]:
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + env.get("PYTHONPATH", "")
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     return env
+
+
+def test_token_inputs_are_one_unit_each_and_written_as_one_process_writes_them(ray_instance, stdlib_corpus, tmp_path):
+    import numpy as np
+
+    from zephon_stream.writer.tokenizers import load_tokenizer
+
+    eos = load_tokenizer("bytes").eos_id
+    paths = []
+    for i in range(3):
+        docs = [np.frombuffer(t.encode("utf-8"), np.uint8).astype(np.uint16) for t in stdlib_corpus.texts[i * 10 : i * 10 + 10]]
+        ids = np.concatenate([np.append(d, np.uint16(eos)) for d in docs])
+        path = tmp_path / f"ids{i}.npy"
+        np.save(path, ids)
+        paths.append(str(path))
+    options = {"tokenizer": "bytes", "input_format": "tokens", **LAYOUT}
+    write_dataset(paths, str(tmp_path / "reference"), **options)
+    summary = write_dataset(paths, str(tmp_path / "ray"), engine="ray", ray_workers=2, **options)
+    assert summary.num_units == 3 and summary.num_documents == 30
+    assert_same_contents(dataset_contents(str(tmp_path / "ray")), dataset_contents(str(tmp_path / "reference")))
