@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from zephon_stream.errors import ConfigError, ZephonError
-from zephon_stream.storage import Store, open_store
+from zephon_stream.storage import Store
 from zephon_stream.writer.config import DEFAULT_UNIT_BYTES, WriteConfig
 from zephon_stream.writer.distributed import part_name
 from zephon_stream.writer.progress import UnitProgress, WriteSummary

@@ -18,7 +18,7 @@ from zephon_stream.writer.units import WorkUnit, count_lines
 def convert_unit_task(unit: WorkUnit, spec: UnitSpec, name: str, key: str) -> UnitRecord:
     """Convert one unit into its part (the driver already knows it is not complete)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    return convert_unit(unit, spec, name=name, key=key, reuse=False)
+    return convert_unit(unit, spec, name=name, key=key)
 
 
 def count_lines_task(requests: Sequence[tuple[str, int, int]], storage_options: Mapping[str, Any] | None) -> list[int]:

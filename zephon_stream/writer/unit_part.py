@@ -19,7 +19,7 @@ from __future__ import annotations
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -66,7 +66,6 @@ class UnitRecord:
         rejected: reject counts by reason.
         num_tokens: tokens written.
         input_bytes: stored input bytes read.
-        reused: true when a rerun found the record already there.
     """
 
     name: str
@@ -76,7 +75,6 @@ class UnitRecord:
     rejected: dict[str, int] = field(default_factory=dict)
     num_tokens: int = 0
     input_bytes: int = 0
-    reused: bool = False
 
     @property
     def num_rejected(self) -> int:
@@ -234,20 +232,15 @@ def _remove_temp_files(store: Store) -> None:
                 leftover.unlink(missing_ok=True)
 
 
-def convert_unit(unit: WorkUnit, spec: UnitSpec, *, name: str, key: str, reuse: bool = True) -> UnitRecord:
+def convert_unit(unit: WorkUnit, spec: UnitSpec, *, name: str, key: str) -> UnitRecord:
     """Convert ``unit`` into the part ``name`` below ``spec.output``; its record is written last.
 
-    With ``reuse``, a part whose record already holds ``key`` is returned
-    as it is (``reused=True``), nothing rewritten.
+    Whatever the part folder holds is replaced (the driver has found no
+    record with ``key`` there).
 
     Raises:
         InputError: an input that cannot be read (named, with the offset).
     """
-    if reuse:
-        with open_store(spec.output, spec.storage_options) as root:
-            found = read_unit_record(root, name)
-        if found is not None and found.key == key:
-            return replace(found, reused=True)
     writer = PartWriter(spec=spec, name=name, key=key, sources=[p.url for p in unit.pieces])
     try:
         counts = []
