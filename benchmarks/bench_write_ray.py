@@ -149,7 +149,8 @@ def main() -> None:
     if args.commit_child:
         commit_child(args.commit_child[0], int(args.commit_child[1]), args.commit_child[2])
         return
-    work = Path(tempfile.mkdtemp(prefix="bench_write_ray_"))
+    # NOTE: a short folder: Ray's session lives in it, and its socket paths may not exceed 107 bytes.
+    work = Path(tempfile.mkdtemp(prefix="zs-bwr-", dir="/tmp" if os.path.isdir("/tmp") else None))
     result: dict = {"benchmark": "bench_write_ray", "load_average": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
     try:
         if not args.skip_throughput:
@@ -181,7 +182,7 @@ def throughput(args: argparse.Namespace, work: Path) -> dict:
     corpus_bytes = sum(len(t.encode("utf-8")) for t in texts)
     print(f"corpus: {len(files)} files, {corpus_bytes / 1e6:.1f} MB; BPE vocab {tokenizer.vocab_size}")
     start = time.perf_counter()
-    ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"))
     ray_start_s = time.perf_counter() - start
     print(f"ray.init(num_cpus={RAY_CPUS}): {ray_start_s:.1f} s (not counted below)")
     runs: dict[str, list[float]] = {k: [] for k in ("base1", "base2", "pool2", "ray1", "ray2")}

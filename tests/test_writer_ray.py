@@ -142,3 +142,49 @@ def test_token_inputs_are_one_unit_each_and_written_as_one_process_writes_them(r
     summary = write_dataset(paths, str(tmp_path / "ray"), engine="ray", ray_workers=2, **options)
     assert summary.num_units == 3 and summary.num_documents == 30
     assert_same_contents(dataset_contents(str(tmp_path / "ray")), dataset_contents(str(tmp_path / "reference")))
+
+
+def test_cli_without_an_address_starts_a_local_instance_and_leaves_nothing_behind(ray_instance, ray_inputs, tmp_path):
+    import shutil
+    import tempfile
+
+    # NOTE: short, as a machine's temporary folder is: the instance's sockets live below it.
+    child_tmp = Path(tempfile.mkdtemp(prefix="zs-t-", dir="/tmp"))
+    try:
+        _run_without_address(ray_inputs, tmp_path, child_tmp)
+    finally:
+        shutil.rmtree(child_tmp, ignore_errors=True)
+
+
+def _run_without_address(ray_inputs, tmp_path: Path, child_tmp: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "cli"
+    command = [
+        sys.executable, "-m", "zephon_stream", "write", *ray_inputs.paths[:24], "-o", str(out), "--tokenizer", "bytes",
+        "--engine", "ray", "--ray-workers", "1", "--unit-bytes", str(RAY_UNIT_BYTES),
+        "--block-tokens", str(RAY_BLOCK_TOKENS), "--blocks-per-shard", str(RAY_BLOCKS_PER_SHARD), "--json",
+    ]  # fmt: skip
+    env = {**_child_env(), "TMPDIR": str(child_tmp)}
+    env.pop("RAY_TMPDIR", None)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Connecting to existing Ray cluster" not in done.stderr
+    assert os.listdir(child_tmp) == []  # NOTE: the instance's session folder is gone, and so are its processes
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and str(child_tmp).encode() in _cmdline(p)]
+    in_session = write_dataset(
+        list(ray_inputs.paths[:24]), str(tmp_path / "session"), tokenizer="bytes", engine="ray", ray_workers=2,
+        unit_bytes=RAY_UNIT_BYTES, **LAYOUT,
+    )  # fmt: skip
+    assert json.loads(done.stdout.strip().splitlines()[-1])["fingerprint"] == in_session.fingerprint
+    assert (out / "manifest").read_bytes() == (tmp_path / "session" / "manifest").read_bytes()
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

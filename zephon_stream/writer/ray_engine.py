@@ -19,6 +19,8 @@ Ray's usage reporting is off.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -39,6 +41,7 @@ from zephon_stream.writer.units import WorkUnit, cut_units, unit_key
 # killer); an error the task raised itself (unreadable input) is not retried.
 TASK_MAX_RETRIES = 3
 LINE_COUNT_BATCH = 64
+MAX_TEMP_ROOT_CHARS = 24
 
 
 def _import_ray() -> Any:
@@ -53,7 +56,9 @@ def _import_ray() -> Any:
 def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator[Any]:
     """Ray, connected: to ``address``, or to a local instance started here and stopped after.
 
-    A process already connected is left connected.
+    A process already connected is left connected. The local instance keeps
+    its session files in a temporary folder, removed after a run that
+    succeeded (kept after a failure: its workers' logs).
     """
     ray = _import_ray()
     if ray.is_initialized():
@@ -63,12 +68,35 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address:
         ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+        return
+    # NOTE: the local instance's session folder (logs, sockets) goes once the
+    # run has succeeded; after a failure it stays, for its workers' logs.
+    session_dir = None if "RAY_TMPDIR" in os.environ else tempfile.mkdtemp(prefix="zs-ray-", dir=_short_temp_root())
+    ray.init(
+        num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False, _temp_dir=session_dir
+    )
+    succeeded = False
     try:
         yield ray
+        succeeded = True
     finally:
         ray.shutdown()
+        if succeeded and session_dir is not None:
+            shutil.rmtree(session_dir, ignore_errors=True)
+
+
+def _short_temp_root() -> str:
+    """The temporary folder, or ``/tmp`` where it is too long for Ray's sockets.
+
+    NOTE: Ray puts its Unix sockets about 80 bytes deep in its session
+    folder, and a socket path may not exceed 107 bytes.
+    """
+    root = tempfile.gettempdir()
+    return root if len(root) <= MAX_TEMP_ROOT_CHARS or not os.path.isdir("/tmp") else "/tmp"
 
 
 def _task_error(ray: Any, exc: BaseException) -> BaseException:
