@@ -43,6 +43,37 @@ BLOCK_TOKENS = 2**20 + 1
 RAY_CPUS = 2
 
 
+def tree_cpu_seconds() -> float:
+    """CPU seconds of this process, its reaped children and every live descendant (Ray's daemons and workers).
+
+    NOTE: on a machine shared under the kernel's autogroup scheduling, this
+    process tree gets one group's share of the cores however many processes
+    it runs, so tokens/s there measures CPU efficiency more than parallelism:
+    CPU seconds per token say it directly.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = set(), {os.getpid()}
+    while frontier:
+        tree |= frontier
+        frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in tree}
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    live = sum(times.get(pid, 0.0) for pid in tree if pid != os.getpid())
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime + live
+
+
 def synthesize_parts(root: Path, num_parts: int) -> None:
     """``num_parts`` unit records below ``root``, each naming one shard of 3 blocks (the shards are not written)."""
     from zephon_stream.format.manifest import ShardInfo
@@ -163,10 +194,8 @@ def main() -> None:
 
 
 def throughput(args: argparse.Namespace, work: Path) -> dict:
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    import ray
-
     from zephon_stream import write_dataset
+    from zephon_stream.writer.ray_engine import ray_session
     from zephon_stream.writer.tokenizers import load_tokenizer
 
     files = corpus_files(int(args.max_mb * 1e6))
@@ -182,15 +211,20 @@ def throughput(args: argparse.Namespace, work: Path) -> dict:
     corpus_bytes = sum(len(t.encode("utf-8")) for t in texts)
     print(f"corpus: {len(files)} files, {corpus_bytes / 1e6:.1f} MB; BPE vocab {tokenizer.vocab_size}")
     start = time.perf_counter()
-    ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"))
+    # NOTE: the engine's own local instance, started once and shared by every Ray run below.
+    session = ray_session(None, num_cpus=RAY_CPUS)
+    session.__enter__()
     ray_start_s = time.perf_counter() - start
-    print(f"ray.init(num_cpus={RAY_CPUS}): {ray_start_s:.1f} s (not counted below)")
+    print(f"local Ray instance of {RAY_CPUS} CPUs: {ray_start_s:.1f} s to start (not counted below)")
     runs: dict[str, list[float]] = {k: [] for k in ("base1", "base2", "pool2", "ray1", "ray2")}
+    cpu_per_mtok: dict[str, list[float]] = {k: [] for k in runs}
     num_tokens = 0
     try:
         for rep in range(args.repeat):
             for label, workers in (("base1", 1), ("base2", 2)):
+                cpu = tree_cpu_seconds()
                 tokens, seconds = baseline(tokenizer, texts, workers)
+                cpu_per_mtok[label].append((tree_cpu_seconds() - cpu) / (tokens + len(texts)) * 1e6)
                 runs[label].append((tokens + len(texts)) / seconds)  # NOTE: the writer adds one EOS a document
             for label, kwargs in (
                 ("pool2", {"workers": 2, "pool_min_input_bytes": 0}),
@@ -199,13 +233,15 @@ def throughput(args: argparse.Namespace, work: Path) -> dict:
             ):
                 out = work / label
                 shutil.rmtree(out, ignore_errors=True)
-                start = time.perf_counter()
+                cpu, start = tree_cpu_seconds(), time.perf_counter()
                 summary = write_dataset(str(corpus / "*.py"), str(out), tokenizer=spec, progress=False, **kwargs)
                 runs[label].append(summary.num_tokens / (time.perf_counter() - start))
+                cpu_per_mtok[label].append((tree_cpu_seconds() - cpu) / summary.num_tokens * 1e6)
                 num_tokens = summary.num_tokens
             print(f"[{rep}] tokens/s: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in runs.items()))
+            print(f"[{rep}] CPU s per M tokens (process tree): " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in cpu_per_mtok.items()))
     finally:
-        ray.shutdown()
+        session.__exit__(None, None, None)
     best = {k: max(v) for k, v in runs.items()}
     ratio = best["ray2"] / best["pool2"]
     pairs = [r / p for r, p in zip(runs["ray2"], runs["pool2"])]
@@ -215,7 +251,12 @@ def throughput(args: argparse.Namespace, work: Path) -> dict:
           f"2 workers {best['ray2']:,.0f} tokens/s ({best['ray2'] / best['base2']:.3f}x two alone)")  # fmt: skip
     print(f"ray/pool at 2 workers: {ratio:.3f} (target >= {TARGET_RATIO}) {'OK' if ratio >= TARGET_RATIO else 'BELOW TARGET'}; "
           f"each pair {', '.join(f'{r:.3f}' for r in pairs)}")  # fmt: skip
+    cpu_best = {k: min(v) for k, v in cpu_per_mtok.items()}
+    print("CPU s per M tokens (best): " + ", ".join(f"{k} {v:.2f}" for k, v in cpu_best.items())
+          + f"; ray2/pool2 CPU {cpu_best['ray2'] / cpu_best['pool2']:.3f}; load average {os.getloadavg()[0]:.1f}")
     return {
+        "cpu_s_per_mtok": {k: round(v, 3) for k, v in cpu_best.items()},
+        "runs_cpu_s_per_mtok": {k: [round(x, 3) for x in v] for k, v in cpu_per_mtok.items()},
         "corpus_files": len(files), "corpus_bytes": corpus_bytes, "num_tokens": num_tokens,
         "unit_mb": args.unit_mb, "ray_start_s": round(ray_start_s, 2),
         "tokens_per_s": {k: round(v) for k, v in best.items()},

@@ -56,6 +56,8 @@ class RayInstance:
 def ray_instance() -> Iterator[RayInstance]:
     """The session's local Ray instance (2 CPUs)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # NOTE: as the engine's own local instance: workers at the test's niceness, not Ray's 15.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     import ray
 
     # NOTE: a short folder: Ray's socket paths must fit in 107 bytes.

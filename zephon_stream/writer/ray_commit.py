@@ -70,14 +70,19 @@ def iter_records(store: Store, names: Sequence[str], *, threads: int = COMMIT_RE
 
 def complete_units(
     store: Store, names: Sequence[str], keys: Sequence[str], *, threads: int = COMMIT_READ_THREADS
-) -> list[UnitRecord | None]:
-    """Per part, its record when it holds the expected key (the unit is complete), else None."""
-    def read(position: int) -> UnitRecord | None:
+) -> list[tuple[int, int] | None]:
+    """Per part, ``(records, tokens)`` when its record holds the expected key (the unit is complete), else None.
+
+    Only the counts are kept: the records themselves are read again, in order, by the commit.
+    """
+    def read(position: int) -> tuple[int, int] | None:
         try:
             record = read_unit_record(store, names[position])
         except ManifestError:
             return None  # NOTE: an unreadable record is rewritten, like a missing one
-        return record if record is not None and record.key == keys[position] else None
+        if record is None or record.key != keys[position]:
+            return None
+        return record.num_records, record.num_tokens
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zs-commit-read") as pool:
         return list(pool.map(read, range(len(names))))

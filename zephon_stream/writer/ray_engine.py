@@ -73,6 +73,11 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
         finally:
             ray.shutdown()
         return
+    # NOTE: Ray starts workers at niceness 15 (RAY_worker_niceness) to keep
+    # its own daemons responsive on shared nodes; a command that owns its
+    # instance tokenizes at the niceness of the process pool's workers, so
+    # that any other process on the machine does not come first.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     # NOTE: the local instance's session folder (logs, sockets) goes once the
     # run has succeeded; after a failure it stays, for its workers' logs.
     session_dir = None if "RAY_TMPDIR" in os.environ else tempfile.mkdtemp(prefix="zs-ray-", dir=_short_temp_root())
@@ -161,9 +166,9 @@ def write_with_ray(
         found = complete_units(store, names, keys)
         bar = UnitProgress(enabled=progress, total_units=len(units))
         try:
-            for record in found:
-                if record is not None:
-                    bar.unit_done(records=record.num_records, tokens=record.num_tokens)
+            for counts in found:
+                if counts is not None:
+                    bar.unit_done(records=counts[0], tokens=counts[1])
             order = list(submit_order) if submit_order is not None else list(range(len(units)))
             if sorted(order) != list(range(len(units))):
                 raise ConfigError(f"submit_order must be a permutation of the {len(units)} unit indices")
@@ -190,7 +195,7 @@ def write_with_ray(
         fingerprint=manifest.fingerprint,
         tokenizer_processes=in_flight_max,
         num_units=len(units),
-        units_reused=sum(r is not None for r in found),
+        units_reused=sum(c is not None for c in found),
     )
 
 
