@@ -81,9 +81,14 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
     # NOTE: the local instance's session folder (logs, sockets) goes once the
     # run has succeeded; after a failure it stays, for its workers' logs.
     session_dir = None if "RAY_TMPDIR" in os.environ else tempfile.mkdtemp(prefix="zs-ray-", dir=_short_temp_root())
-    ray.init(
-        num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False, _temp_dir=session_dir
-    )
+    try:
+        ray.init(
+            num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False, _temp_dir=session_dir
+        )
+    except BaseException:
+        if session_dir is not None:
+            shutil.rmtree(session_dir, ignore_errors=True)
+        raise
     succeeded = False
     try:
         yield ray
