@@ -53,7 +53,7 @@ def test_small_files_share_units_and_compressed_streams_stay_whole(stdlib_corpus
     units = cut_units(paths, config=WriteConfig(), unit_bytes=unit_bytes)
     assert [p.url for u in units for p in u.pieces] == paths
     assert [u.index for u in units] == list(range(len(units)))
-    assert units[-1].pieces == (InputPiece(url=str(big), num_bytes=big.stat().st_size),)
+    assert units[-1].pieces == (InputPiece(url=str(big), num_bytes=big.stat().st_size, modified_ns=big.stat().st_mtime_ns),)
     grouped = units[:-1]
     assert len(grouped) < 12 and all(u.num_bytes <= unit_bytes or len(u.pieces) == 1 for u in grouped)
 
@@ -83,6 +83,8 @@ def test_a_unit_key_changes_with_its_inputs_and_settings():
     assert unit_key(unit, settings) == unit_key(unit, dict(settings))
     assert unit_key(unit, settings) != unit_key(moved, settings)
     assert unit_key(unit, settings) != unit_key(unit, {**settings, "block_tokens": 8193})
+    touched = WorkUnit(index=0, pieces=(InputPiece(url="/a.jsonl", num_bytes=10, byte_range=(0, 10), modified_ns=1),))
+    assert unit_key(unit, settings) != unit_key(touched, settings)
 
 
 def test_byte_ranges_are_refused_for_inputs_that_cannot_be_split(tmp_path):

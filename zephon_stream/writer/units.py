@@ -50,6 +50,9 @@ class InputPiece:
         byte_range: ``(start, end)`` of a split line input, else None.
         row_groups: ``(first, end)`` of a split Parquet file, else None.
         first_record: the record number of the piece's first record.
+        modified_ns: a local input's modification time when the units were
+            cut (part of the unit's key: a file rewritten at the same size
+            is not taken for the one a kept part was written from).
     """
 
     url: str
@@ -57,9 +60,10 @@ class InputPiece:
     byte_range: tuple[int, int] | None = None
     row_groups: tuple[int, int] | None = None
     first_record: int = 0
+    modified_ns: int | None = None
 
     def to_obj(self) -> list[Any]:
-        return [self.url, self.num_bytes, self.byte_range, self.row_groups, self.first_record]
+        return [self.url, self.num_bytes, self.byte_range, self.row_groups, self.first_record, self.modified_ns]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,21 +92,22 @@ def unit_key(unit: WorkUnit, settings: Mapping[str, Any]) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def input_size(url: str, storage_options: Mapping[str, Any] | None) -> int:
-    """Stored size of one input, in bytes.
+def input_size(url: str, storage_options: Mapping[str, Any] | None) -> tuple[int, int | None]:
+    """Stored size of one input, in bytes, and a local file's modification time (ns; None for objects).
 
     Raises:
         InputError: the input does not exist.
     """
     if is_local_url(url):
         try:
-            return os.path.getsize(local_path(url))
+            stat = os.stat(local_path(url))
         except FileNotFoundError:
             raise InputError(f"input {local_path(url)}: no such file") from None
+        return stat.st_size, stat.st_mtime_ns
     parent, _, name = url.rstrip("/").rpartition("/")
     with open_store(parent, storage_options) as store:
         try:
-            return store.size(name)
+            return store.size(name), None
         except FileNotFoundError:
             raise InputError(f"input {url}: no such object") from None
 
@@ -209,21 +214,25 @@ def cut_units(
         if config.tokens:
             pieces.append((InputPiece(url=url, num_bytes=0), False))
             continue
-        size = input_size(url, storage_options)
+        size, modified_ns = input_size(url, storage_options)
         fmt, compression = input_format(url, override=config.input_format)
         splittable = compression is None and (fmt == "jsonl" or (fmt == "txt" and config.lines))
         if size > unit_bytes and fmt == "parquet" and compression is None:
             for first, end, first_row, stored in _row_group_runs(url, unit_bytes, storage_options):
-                piece = InputPiece(url=url, num_bytes=stored, row_groups=(first, end), first_record=first_row)
+                piece = InputPiece(
+                    url=url, num_bytes=stored, row_groups=(first, end), first_record=first_row, modified_ns=modified_ns
+                )
                 pieces.append((piece, False))
         elif size > unit_bytes and splittable:
             cuts = _line_cuts(url, size, unit_bytes, storage_options)
             for start, end in zip(cuts[:-1], cuts[1:]):
                 if start > 0:
                     ranges.append((len(pieces), url, start))
-                pieces.append((InputPiece(url=url, num_bytes=end - start, byte_range=(start, end)), False))
+                piece = InputPiece(url=url, num_bytes=end - start, byte_range=(start, end), modified_ns=modified_ns)
+                pieces.append((piece, False))
         else:
-            pieces.append((InputPiece(url=url, num_bytes=size), size <= unit_bytes and compression is None))
+            piece = InputPiece(url=url, num_bytes=size, modified_ns=modified_ns)
+            pieces.append((piece, size <= unit_bytes and compression is None))
     if ranges:
         counter = line_counter or (lambda requests: count_lines(requests, storage_options))
         # NOTE: each range's first record is the newlines before it: count the
@@ -256,7 +265,7 @@ def _prefix_per_file(ranges: list[tuple[str, int, int]], counts: list[int]) -> l
 def _with_first_record(piece: InputPiece, first_record: int) -> InputPiece:
     return InputPiece(
         url=piece.url, num_bytes=piece.num_bytes, byte_range=piece.byte_range, row_groups=piece.row_groups,
-        first_record=first_record,
+        first_record=first_record, modified_ns=piece.modified_ns,
     )  # fmt: skip
 
 
