@@ -15,4 +15,4 @@ settings.register_profile("default", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False, max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
-pytest_plugins = ["fixtures_s3", "fixtures_stores", "fixtures_corpus", "fixtures_tmp"]
+pytest_plugins = ["fixtures_s3", "fixtures_stores", "fixtures_corpus", "fixtures_tmp", "fixtures_ray"]

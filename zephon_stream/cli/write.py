@@ -7,7 +7,7 @@ import json
 import sys
 
 from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL
-from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES
+from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES, DEFAULT_UNIT_BYTES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -77,6 +77,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="fsspec/s3fs option for inputs and output (repeatable)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("pool", "ray"),
+        default="pool",
+        help="pool: this process and --workers tokenizer processes (default); ray: work units as Ray tasks",
+    )
+    parser.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="--engine ray: the cluster to join (HOST:PORT, ray://HOST:PORT or auto; default: a local instance)",
+    )
+    parser.add_argument(
+        "--ray-workers", type=int, metavar="N", help="--engine ray: units converted at once (default: the cluster's CPUs)"
+    )
+    parser.add_argument(
+        "--unit-bytes",
+        type=int,
+        default=DEFAULT_UNIT_BYTES,
+        metavar="N",
+        help="--engine ray: stored input bytes a work unit aims at (default: 64 MiB)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already at --output")
     parser.add_argument(
         "--allow-empty",
@@ -104,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         # NOTE: a rank's share must keep X.bin with X.idx and a datasets folder whole.
         expand = token_input_urls
     # NOTE: under a launcher (RANK/WORLD_SIZE, Slurm) each rank writes its share as OUTPUT/part-*; see `merge`.
-    share = assign_rank_work(inputs, output, storage_options=options, expand=expand)
+    share = None if args.engine == "ray" else assign_rank_work(inputs, output, storage_options=options, expand=expand)
     allow_empty = args.allow_empty
     if share is not None:
         inputs, output = share.inputs, share.output
@@ -133,6 +154,10 @@ def run(args: argparse.Namespace) -> int:
         append_eos=args.append_eos,
         pool_min_input_bytes=args.pool_min_input_bytes,
         allow_empty=allow_empty,
+        engine=args.engine,
+        ray_address=args.ray_address,
+        ray_workers=args.ray_workers,
+        unit_bytes=args.unit_bytes,
     )
     if args.json:
         print(json.dumps(summary.to_dict()))

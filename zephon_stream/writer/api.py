@@ -32,10 +32,12 @@ from zephon_stream.format.manifest import Manifest, SourceInfo
 from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL, MANIFEST_NAME, REJECTS_NAME, SHARDS_DIR, token_dtype
 from zephon_stream.storage import LocalStore, Store, expand_inputs, is_local_url, local_path, open_store
 from zephon_stream.storage.local import TEMP_PREFIX
-from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES, WriteConfig
+from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES, DEFAULT_UNIT_BYTES, WriteConfig
 from zephon_stream.writer.empty import refuse_empty
+from zephon_stream.writer.output import prepare_output
 from zephon_stream.writer.pool import TokenizePool
 from zephon_stream.writer.progress import Progress, WriteSummary
+from zephon_stream.writer.ray_engine import check_engine, write_with_ray
 from zephon_stream.writer.readers import Reject, SourceReader
 from zephon_stream.writer.shards import ShardBuilder, ShardLayout
 from zephon_stream.writer.token_check import frame_documents
@@ -67,6 +69,10 @@ def write_dataset(
     append_eos: bool = False,
     pool_min_input_bytes: int = DEFAULT_POOL_MIN_INPUT_BYTES,
     allow_empty: bool = False,
+    engine: str = "pool",
+    ray_address: str | None = None,
+    ray_workers: int | None = None,
+    unit_bytes: int = DEFAULT_UNIT_BYTES,
 ) -> WriteSummary:
     """Tokenize raw text (or take token ids) into a dataset of zstd token shards with a manifest.
 
@@ -106,6 +112,11 @@ def write_dataset(
             input and tokenizer.
         allow_empty: commit a dataset that holds no tokens; without it such
             a run writes ``rejects.jsonl`` but no manifest, and raises.
+        engine: ``pool`` (this process and its tokenizer pool) or ``ray``:
+            work units of about ``unit_bytes`` as Ray tasks, ``ray_workers``
+            at once (default: the cluster's CPUs), on the cluster at
+            ``ray_address`` or a local instance; the same dataset, parts
+            below ``output`` (docs/WRITING.md, "On a Ray cluster").
 
     Returns:
         The run's ``WriteSummary``.
@@ -132,6 +143,7 @@ def write_dataset(
         pool_min_input_bytes=pool_min_input_bytes,
         allow_empty=allow_empty,
     ).resolved()
+    check_engine(engine, address=ray_address, workers=ray_workers)
     if config.tokens and bos_token is not None:
         raise ConfigError("token inputs are written as they are: no BOS is added (drop --bos-token)")
     tok = tokenizer
@@ -140,6 +152,13 @@ def write_dataset(
     assert isinstance(tok, Tokenizer)
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
+    if engine == "ray":
+        urls = token_input_urls(list(inputs), storage_options) if config.tokens else expand_inputs(list(inputs), storage_options)
+        with open_store(output, storage_options) as out:
+            return write_with_ray(
+                urls, out, config=config, tokenizer=tok, storage_options=storage_options, progress=progress,
+                address=ray_address, workers=ray_workers, unit_bytes=unit_bytes,
+            )  # fmt: skip
     readers: list[Any]
     if config.tokens:
         token_config = TokenInputConfig(tokens_field=tokens_field, token_dtype=token_dtype, eos_id=tok.eos_id)
@@ -159,12 +178,9 @@ def write_dataset(
 def _text_readers(urls: list[str], config: WriteConfig, storage_options: Mapping[str, Any] | None) -> list[Any]:
     return [
         SourceReader(
-            url,
-            text_field=config.text_field,
-            lines=config.lines,
-            input_format_override=config.input_format,
+            url, text_field=config.text_field, lines=config.lines, input_format_override=config.input_format,
             storage_options=storage_options,
-        )
+        )  # fmt: skip
         for url in urls
     ]
 
@@ -200,7 +216,7 @@ class _Run:
 
     def execute(self) -> WriteSummary:
         start = time.monotonic()
-        self._prepare_output()
+        prepare_output(self.store, overwrite=self.config.overwrite)
         total_bytes = _total_size(self.readers)
         self.progress = Progress(enabled=self.show_progress, total_bytes=total_bytes)
         processes = 0 if self.config.tokens else self._tokenizer_processes(total_bytes)
@@ -290,17 +306,6 @@ class _Run:
         if plain and total_bytes is not None and total_bytes < floor_bytes:
             return 0
         return workers
-
-    def _prepare_output(self) -> None:
-        if self.store.exists(MANIFEST_NAME):
-            if not self.config.overwrite:
-                raise ConfigError(
-                    f"output {self.store.url} already holds a committed dataset ({MANIFEST_NAME} exists); "
-                    "remove it or pass --overwrite"
-                )
-            # NOTE: uncommit first, so a run killed from here on leaves no
-            # manifest pointing at half-replaced shards.
-            self.store.delete(MANIFEST_NAME)
 
     def _remove_stale(self, keep: set[str]) -> None:
         for path in self.store.list(SHARDS_DIR + "/"):

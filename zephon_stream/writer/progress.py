@@ -23,7 +23,9 @@ class WriteSummary:
     ``records_in == records_written + sum(rejected.values())`` always holds.
     ``tokenizer_processes`` counts the worker processes that tokenized (0:
     this process did, as for token inputs, ``workers=1``, the ``bytes``
-    tokenizer and small inputs).
+    tokenizer and small inputs). A run on Ray (``engine="ray"``) counts its
+    work units in ``num_units``, and in ``units_reused`` those a rerun found
+    complete and did not convert again.
     """
 
     output: str
@@ -39,6 +41,8 @@ class WriteSummary:
     seconds: float
     fingerprint: str
     tokenizer_processes: int = 0
+    num_units: int = 0
+    units_reused: int = 0
 
     @property
     def num_rejected(self) -> int:
@@ -71,6 +75,8 @@ class WriteSummary:
             "tokens_per_s": self.tokens_per_s,
             "fingerprint": self.fingerprint,
             "tokenizer_processes": self.tokenizer_processes,
+            "num_units": self.num_units,
+            "units_reused": self.units_reused,
         }
 
     def table(self) -> str:
@@ -94,6 +100,8 @@ class WriteSummary:
             ("seconds", f"{self.seconds:.2f}"),
             ("fingerprint", self.fingerprint),
         ]
+        if self.num_units:
+            rows[1:1] = [("units", f"{self.num_units:,}"), ("units reused", f"{self.units_reused:,}")]
         return name_value_table(rows)
 
 
@@ -137,6 +145,42 @@ class Progress:
             self._last_refresh = now
             rate = tokens / max(now - self._start, 1e-9)
             self._bar.set_postfix_str(f"{tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class UnitProgress:
+    """A tqdm bar over work units with records, tokens and tokens/s; silent when disabled.
+
+    Args:
+        enabled: ``True``/``False``, or ``None`` to show it only on a terminal.
+        total_units: units of the run.
+    """
+
+    def __init__(self, *, enabled: bool | None, total_units: int) -> None:
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        self._bar = None
+        self._start = time.monotonic()
+        self.records = 0
+        self.tokens = 0
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_units, unit="unit", desc="write", dynamic_ncols=True, file=sys.stderr)
+
+    def unit_done(self, *, records: int, tokens: int) -> None:
+        """Count one unit finished (or reused) with its records and tokens."""
+        self.records += records
+        self.tokens += tokens
+        if self._bar is None:
+            return
+        rate = self.tokens / max(time.monotonic() - self._start, 1e-9)
+        self._bar.set_postfix_str(f"{self.records:,} records, {self.tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False)
+        self._bar.update(1)
 
     def close(self) -> None:
         if self._bar is not None:

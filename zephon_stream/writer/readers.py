@@ -105,6 +105,9 @@ class SourceReader:
         input_format_override: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         raw_values: bool = False,
+        byte_range: tuple[int, int] | None = None,
+        row_groups: tuple[int, int] | None = None,
+        first_record: int = 0,
     ) -> None:
         self.url = url
         self.text_field = text_field
@@ -113,6 +116,12 @@ class SourceReader:
         self.format, self.compression = input_format(url, override=input_format_override)
         if self.format == "parquet" and self.compression is not None:
             raise InputError(f"input {url}: parquet compresses itself; a .gz/.zst parquet file is not supported")
+        by_lines = self.compression is None and (lines or self.format == "jsonl")
+        if (byte_range is not None and not by_lines) or (row_groups is not None and self.format != "parquet"):
+            raise InputError(f"input {url}: only uncompressed line inputs split by byte range, only parquet by row group")
+        self.byte_range = byte_range
+        self.row_groups = row_groups
+        self.first_record = first_record
         self._storage_options = storage_options
         self._raw: BinaryIO | None = None
         self.final_bytes_read = 0
@@ -122,7 +131,7 @@ class SourceReader:
         """Bytes of the stored file read so far."""
         if self._raw is None or self._raw.closed:
             return 0
-        return self._raw.tell()
+        return self._raw.tell() - (self.byte_range[0] if self.byte_range else 0)
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         self._raw = open_input(self.url, self._storage_options)
@@ -130,7 +139,12 @@ class SourceReader:
             if self.format == "parquet":
                 yield from self._parquet(self._raw)
                 return
-            stream = self._decompressed(self._raw)
+            if self.byte_range is not None:
+                start, end = self.byte_range
+                self._raw.seek(start)
+                stream = _CountingStream(_Bounded(self._raw, end - start), offset=start)
+            else:
+                stream = self._decompressed(self._raw)
             try:
                 if self.format == "jsonl":
                     yield from self._jsonl(stream)
@@ -143,7 +157,7 @@ class SourceReader:
             except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
                 raise self._corrupt(exc, stream) from None
         finally:
-            self.final_bytes_read = self._raw.tell()
+            self.final_bytes_read = self.bytes_read
             self._raw.close()
 
     # -- byte streams -------------------------------------------------------
@@ -171,7 +185,7 @@ class SourceReader:
         yield 0, self._decode(data, 0, 0)
 
     def _text_lines(self, stream: _CountingStream) -> Iterator[tuple[int, str | Reject]]:
-        for number, (offset, line) in enumerate(stream.lines()):
+        for number, (offset, line) in enumerate(stream.lines(), start=self.first_record):
             body = line[:-1] if line.endswith(b"\n") else line
             if body.endswith(b"\r"):
                 body = body[:-1]
@@ -179,7 +193,7 @@ class SourceReader:
 
     def _jsonl(self, stream: _CountingStream) -> Iterator[tuple[int, str | Reject]]:
         field = self.text_field
-        for number, (offset, line) in enumerate(stream.lines()):
+        for number, (offset, line) in enumerate(stream.lines(), start=self.first_record):
             try:
                 decoded = line.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -235,9 +249,10 @@ class SourceReader:
             raise InputError(
                 f"input {self.url}: column {self.text_field!r} is {column_type}, expected a string column"
             )
-        row = 0
+        row = self.first_record
+        groups = None if self.row_groups is None else list(range(*self.row_groups))
         try:
-            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[self.text_field]):
+            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[self.text_field], row_groups=groups):
                 for value in batch.column(0).to_pylist():
                     if isinstance(value, bytes):
                         yield row, self._decode(value, row, None)
@@ -342,14 +357,33 @@ class _ZstdFrames(io.RawIOBase):
         self._pos = 0
 
 
+class _Bounded(io.RawIOBase):
+    """The next ``size`` bytes of ``raw``, then end of file."""
+
+    def __init__(self, raw: BinaryIO, size: int) -> None:
+        super().__init__()
+        self._raw = raw
+        self._left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self._raw.read(min(len(view), self._left)) if self._left > 0 else b""
+        view[: len(data)] = data
+        self._left -= len(data)
+        return len(data)
+
+
 class _CountingStream:
     """A decompressed byte stream that knows its offset, read by lines or whole."""
 
-    def __init__(self, inner: BinaryIO) -> None:
+    def __init__(self, inner: BinaryIO, *, offset: int = 0) -> None:
         self._buffered = io.BufferedReader(inner, buffer_size=LINE_BUFFER_BYTES) if not isinstance(
             inner, io.BufferedReader
         ) else inner
-        self.offset = 0
+        self.offset = offset
 
     def lines(self) -> Iterator[tuple[int, bytes]]:
         for line in self._buffered:
