@@ -26,7 +26,7 @@ from fixtures_ray import (
     folder_bytes,
 )
 from zephon_stream import write_dataset
-from zephon_stream.errors import InputError
+from zephon_stream.errors import EmptyDatasetError, InputError
 from zephon_stream.writer.api import write_dataset as api_write_dataset
 from zephon_stream.writer.config import WriteConfig
 from zephon_stream.writer.unit_part import UNIT_RECORD_NAME
@@ -188,3 +188,15 @@ def _cmdline(pid: str) -> bytes:
             return f.read()
     except OSError:
         return b""
+
+
+def test_ray_engine_refuses_a_dataset_without_tokens_unless_asked(ray_instance, tmp_path):
+    src = tmp_path / "bad.jsonl"
+    src.write_bytes(b'{"text": "cut short\n{not json}\n[1, 2]\n')
+    out = tmp_path / "out"
+    with pytest.raises(EmptyDatasetError, match="no tokens to commit"):
+        write_dataset([str(src)], str(out), tokenizer="bytes", engine="ray", **LAYOUT)
+    assert not (out / "manifest").exists() and len((out / "rejects.jsonl").read_text().splitlines()) == 3
+    summary = write_dataset([str(src)], str(out), tokenizer="bytes", engine="ray", allow_empty=True, **LAYOUT)
+    assert (summary.num_tokens, summary.records_in, summary.num_rejected) == (0, 3, 3)
+    assert (out / "manifest").exists()
