@@ -273,21 +273,11 @@ class _Run:
         )
         assert manifest.num_tokens == self.builder.num_tokens
         manifest.write(self.store)
-        return WriteSummary(
-            output=self.store.url,
-            records_in=records_in,
-            records_written=written,
-            rejected=dict(sorted(self.reject_counts.items())),
-            num_documents=manifest.num_documents,
-            num_tokens=manifest.num_tokens,
-            num_shards=manifest.num_shards,
-            num_blocks=manifest.num_blocks,
-            compressed_bytes=manifest.compressed_bytes,
-            input_bytes=self.bytes_done,
-            seconds=time.monotonic() - start,
-            fingerprint=manifest.fingerprint,
+        return WriteSummary.of(
+            manifest, rejected=self.reject_counts, output=self.store.url, records_in=records_in,
+            records_written=written, input_bytes=self.bytes_done, seconds=time.monotonic() - start,
             tokenizer_processes=processes,
-        )
+        )  # fmt: skip
 
     def _tokenizer_processes(self, total_bytes: int | None) -> int:
         """Worker processes to tokenize with; 0 tokenizes in this process.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,15 @@ class WriteSummary:
     tokenizer_processes: int = 0
     num_units: int = 0
     units_reused: int = 0
+
+    @classmethod
+    def of(cls, manifest: Any, *, rejected: Mapping[str, int], **accounting: Any) -> WriteSummary:
+        """The summary of a run that committed ``manifest``: its totals, and the run's ``accounting``."""
+        return cls(
+            rejected=dict(sorted(rejected.items())), num_documents=manifest.num_documents,
+            num_tokens=manifest.num_tokens, num_shards=manifest.num_shards, num_blocks=manifest.num_blocks,
+            compressed_bytes=manifest.compressed_bytes, fingerprint=manifest.fingerprint, **accounting,
+        )  # fmt: skip
 
     @property
     def num_rejected(self) -> int:

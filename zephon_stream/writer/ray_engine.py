@@ -194,23 +194,11 @@ def write_with_ray(
         store, names, tokenizer=tokenizer.identity(), block_tokens=config.block_tokens,
         blocks_per_shard=config.blocks_per_shard, keys=keys, allow_empty=config.allow_empty,
     )  # fmt: skip
-    return WriteSummary(
-        output=store.url,
-        records_in=totals.records_in,
-        records_written=totals.records_written,
-        rejected=dict(sorted(totals.rejected.items())),
-        num_documents=manifest.num_documents,
-        num_tokens=manifest.num_tokens,
-        num_shards=manifest.num_shards,
-        num_blocks=manifest.num_blocks,
-        compressed_bytes=manifest.compressed_bytes,
-        input_bytes=totals.input_bytes,
-        seconds=time.monotonic() - start,
-        fingerprint=manifest.fingerprint,
-        tokenizer_processes=in_flight_max,
-        num_units=len(units),
-        units_reused=sum(c is not None for c in found),
-    )
+    return WriteSummary.of(
+        manifest, rejected=totals.rejected, output=store.url, records_in=totals.records_in,
+        records_written=totals.records_written, input_bytes=totals.input_bytes, seconds=time.monotonic() - start,
+        tokenizer_processes=in_flight_max, num_units=len(units), units_reused=sum(c is not None for c in found),
+    )  # fmt: skip
 
 
 def _get(ray: Any, refs: list[Any]) -> list[Any]:
