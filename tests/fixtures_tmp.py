@@ -11,6 +11,8 @@ there); what it writes is covered by the fixtures that use it, and names
 that leaks took before are reported if they appear there during the session.
 tiktoken, which caches the files of named encodings it loads in
 ``data-gym-cache`` under the temp folder, caches in a session folder instead.
+Under pytest-xdist (``-n``) the controller owns that folder and checks it
+after every worker has finished; the workers' children share it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ def _known(folder: Path) -> set[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        # NOTE: a pytest-xdist worker inherits the controller's TMPDIR (the
+        # children's folder, which the controller checks once every worker has
+        # finished); the worker's own process keeps the machine's, as a
+        # process running the tests does without xdist.
+        tempfile.tempdir = workerinput["zs_machine_tmpdir"]
+        return
     # NOTE: resolved (and cached by tempfile) before TMPDIR changes, so this
     # process and pytest's tmp_path keep the machine's temp folder.
     machine = Path(tempfile.gettempdir())
@@ -50,6 +60,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "previous": os.environ.get("TMPDIR"),
     }
     os.environ["TMPDIR"] = str(children)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist: tell each worker the machine's temp folder (its TMPDIR is the children's)."""
+    node.workerinput["zs_machine_tmpdir"] = str(node.config.stash[_state]["machine"])
 
 
 @pytest.hookimpl(trylast=True)
