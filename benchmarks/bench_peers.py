@@ -46,8 +46,8 @@ virtualenv that sees this environment's packages::
         transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.2
     /tmp/peers-venv/bin/python benchmarks/bench_peers.py
 
-``--convert-only`` stops after the conversions, ``--no-s3`` and
-``--no-resume`` skip those parts. A peer that cannot be imported is reported
+``--convert-only`` stops after the conversions, ``--no-local``, ``--no-s3``
+and ``--no-resume`` skip those parts. A peer that cannot be imported is reported
 as skipped. The last printed line is one JSON object with every figure.
 """
 
@@ -335,6 +335,7 @@ def main() -> int:
     parser.add_argument("--pass-trials", type=int, default=3, help="paired trials of each read pass (default 3)")
     parser.add_argument("--trials", type=int, default=5, help="paired trials of the token-row conversions (default 5)")
     parser.add_argument("--convert-only", action="store_true", help="only the conversions (no reads, no resume)")
+    parser.add_argument("--no-local", action="store_true", help="skip the passes from local disk")
     parser.add_argument("--no-s3", action="store_true", help="skip the passes from S3 (SeaweedFS)")
     parser.add_argument("--no-resume", action="store_true", help="skip the resume check")
     args = parser.parse_args()
@@ -395,7 +396,8 @@ def main() -> int:
         # NOTE: MosaicML reads its fixed-shape MDS, the faster of its two columns.
         local = {"zephon": zephon_local, "litdata": lit_local, "litdata_iter": lit_local, "mosaic": mosaic_fixed}
         local = {lib: url for lib, url in local.items() if os.path.isdir(url)}
-        passes(args, local, results, "local")
+        if not args.no_local:
+            passes(args, local, results, "local")
         if not args.no_s3:
             from tools.seaweedfs import SeaweedFS
             from zephon_stream.storage import copy_dataset
