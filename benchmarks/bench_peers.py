@@ -15,12 +15,26 @@ ratio is reported as the median and range of its per-trial ratios (target:
 zephon over the fixed-shape ``MDSWriter`` >= 1.0 at 8 M and 30 M tokens:
 ``--max-bytes 8e6 --seq-len 2048`` and ``--max-bytes 30e6 --seq-len 2048``).
 LitData converts once. The text conversion (tokenizing included) is
-reported beside them. Then one process reads a fixed number of
-samples, shuffled, from local disk and from a moto S3 server on loopback,
-and we report tokens/s and ratios. The resume check reads global batches at
-one rank, then at two ranks, saves the state, and goes on at three ranks from
-it: zephon_stream with in-process ranks, each peer as ranks under torchrun
-(gloo); each global batch is compared with one rank's, in order and as a set.
+reported beside them.
+
+Then each library reads its dataset in read passes (``peer_passes.py``, a
+fresh process each): zephon_stream's ``StreamingLoader``, LitData's
+``StreamingDataLoader`` and its plain dataset iterator (batch 1 only), and
+MosaicML's ``StreamingDataLoader`` over the fixed-shape MDS, all shuffled,
+the peers' loaders once per ``--workers`` count of DataLoader workers
+(default ``1,0``: one worker, as zephon_stream has one helper process, and
+none, batches built in the trainer's process). For each: the time to the first batch,
+steady tokens/s over at least ``--min-seconds`` (repeated epochs), and the
+peak memory of the reader's processes, at batch 1 and at ``--batch`` (16) x
+``--seq-len`` (2048), from local disk and from S3 on a SeaweedFS server on
+loopback (the same two cores), ``--pass-trials`` paired trials with the
+order rotating; every zephon_stream / peer ratio of steady tokens/s is the
+median and range of the per-trial ratios. The resume check reads global
+batches at one rank, then at two ranks, saves the state, and goes on at
+three ranks from it: zephon_stream with in-process ranks, each peer as ranks
+under torchrun (gloo, ``peer_resume.py``); each global batch is compared
+with one rank's, in order and as a set. The figures in docs/BENCHMARKS.md
+come from ``--max-bytes 32e6`` (the whole standard library, 31.5 M tokens).
 
 The peers are optional and are not installed by this project (their
 dependencies pin other torch builds). To include them, use a separate
@@ -32,16 +46,15 @@ virtualenv that sees this environment's packages::
         transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.2
     /tmp/peers-venv/bin/python benchmarks/bench_peers.py
 
-``--convert-only`` stops after the conversions. A peer that cannot be
-imported is reported as skipped. The last printed line
-is one JSON object with every figure.
+``--convert-only`` stops after the conversions, ``--no-local``, ``--no-s3``
+and ``--no-resume`` skip those parts. A peer that cannot be imported is reported
+as skipped. The last printed line is one JSON object with every figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import os
 import pathlib
@@ -52,11 +65,19 @@ import sys
 import sysconfig
 import tempfile
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+# NOTE: run as a script (benchmarks/ first on sys.path), the repository root makes
+# ``benchmarks`` and ``tools`` importable, as ``python -m benchmarks.bench_peers`` does.
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(_REPO) not in sys.path:
+    sys.path.insert(0, str(_REPO))
+
+from benchmarks.peer_passes import import_mosaic, paired_passes  # noqa: E402
+from benchmarks.peer_resume import peer_resume  # noqa: E402
 
 
 def corpus_files(max_bytes: int) -> list[str]:
@@ -114,20 +135,6 @@ def zephon_samples(url: str, seq_len: int) -> np.ndarray:
     return np.concatenate(rows).astype(np.uint16)
 
 
-def zephon_read(url: str, seq_len: int, batch: int, num_samples: int, storage_options: dict | None = None) -> float:
-    from zephon_stream import StreamingLoader
-
-    def run() -> int:
-        with StreamingLoader(url, seq_len=seq_len, local_batch_size=batch, rank=0, world_size=1, storage_options=storage_options) as loader:
-            seen = 0
-            for step, item in zip(range(num_samples // batch), loader):
-                seen += item["input"].numel()
-            return seen
-
-    seconds, tokens = timed(run)
-    return tokens / seconds
-
-
 def zephon_resume(url: str, seq_len: int, steps: int) -> dict[str, Any]:
     """Global batches of W=1 for ``2 * steps`` against W=2 for ``steps``, then W=3 from its state."""
     from zephon_stream import StreamingLoader
@@ -162,22 +169,7 @@ def zephon_resume(url: str, seq_len: int, steps: int) -> dict[str, Any]:
     return {"resumed_2_to_3_bit_identical": got == want, "steps_compared": len(want)}
 
 
-# -- MosaicML Streaming --------------------------------------------------------
-
-
-def import_mosaic() -> Any:
-    """``streaming.base``, without ``streaming/__init__``, which imports torchvision
-    (whose PyPI wheels need a CUDA torch) for its vision datasets."""
-    spec = importlib.util.find_spec("streaming")
-    if spec is None:
-        raise ImportError("mosaicml-streaming is not installed")
-    package = types.ModuleType("streaming")
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__spec__ = spec
-    sys.modules.setdefault("streaming", package)
-    import streaming.base as base
-
-    return base
+# -- conversions ---------------------------------------------------------------
 
 
 def zephon_token_input(samples_path: str) -> str:
@@ -259,27 +251,6 @@ def report_ratio(results: dict[str, Any], mine: str, theirs: str, label: str, ta
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
-def mosaic_read(remote: str | None, local: str, batch: int, num_samples: int) -> float:
-    base = import_mosaic()
-    from streaming.base.util import clean_stale_shared_memory
-
-    clean_stale_shared_memory()
-
-    def run() -> int:
-        dataset = base.StreamingDataset(remote=remote, local=local, shuffle=True, batch_size=batch)
-        seen = 0
-        for i, item in zip(range(num_samples), dataset):
-            seen += len(item["tokens"]) - 1
-        # NOTE: stop its prefetch threads before the S3 server goes away
-        # (the dataset has no close(); this is what its own error path does).
-        dataset._event.set()
-        dataset._executor.shutdown(wait=True)
-        return seen
-
-    seconds, tokens = timed(run)
-    return tokens / seconds
-
-
 # -- LitData -----------------------------------------------------------------
 
 
@@ -304,121 +275,20 @@ def litdata_convert(samples_path: str, num_samples: int, out: str) -> float:
     return seconds
 
 
-def litdata_read(input_dir: str, seq_len: int, num_samples: int, cache_dir: str, storage_options: dict | None = None) -> float:
-    from litdata import StreamingDataset, TokensLoader
-
-    def run() -> int:
-        dataset = StreamingDataset(
-            input_dir, item_loader=TokensLoader(block_size=seq_len + 1), shuffle=True, cache_dir=cache_dir,
-            storage_options=storage_options or {},
-        )  # fmt: skip
-        seen = 0
-        for i, item in zip(range(num_samples), dataset):
-            seen += len(item) - 1
-        return seen
-
-    seconds, tokens = timed(run)
-    return tokens / seconds
-
-
-# -- resume at another world size (peers, under torchrun) ---------------------
-
-
-def resume_worker(args: argparse.Namespace) -> None:
-    """One rank: read ``--steps`` global batches with a peer, from a saved state if given.
-
-    Rank 0 writes the per-step global batch (each sample's sha256, rank order)
-    and, after the ``first`` phase, the peer's state, pickled.
-    """
-    import pickle
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    local_batch = args.global_batch // world_size
-    state = None
-    if args.state_in:
-        with open(args.state_in, "rb") as f:
-            state = pickle.load(f)
-    if args.lib == "mosaic":
-        base = import_mosaic()
-        dataset = base.StreamingDataset(local=args.data, shuffle=True, batch_size=local_batch, num_canonical_nodes=1)
-        if state is not None:
-            dataset.load_state_dict(state)
-        items = iter(dataset)
-
-        def next_batch() -> list[np.ndarray]:
-            return [next(items)["tokens"] for _ in range(local_batch)]
-
-    else:
-        from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
-
-        dataset = StreamingDataset(args.data, item_loader=TokensLoader(block_size=args.seq_len + 1), shuffle=True)
-        loader = StreamingDataLoader(dataset, batch_size=local_batch, num_workers=0)
-        if state is not None:
-            loader.load_state_dict(state)
-        batches = iter(loader)
-
-        def next_batch() -> list[np.ndarray]:
-            return [row.numpy().astype(np.uint16) for row in next(batches)]
-
-    steps = []
-    for _ in range(args.steps):
-        local = [hashlib.sha256(np.ascontiguousarray(row).tobytes()).hexdigest()[:16] for row in next_batch()]
-        gathered: list[Any] = [None] * world_size
-        dist.all_gather_object(gathered, local)
-        steps.append([h for part in gathered for h in part])
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(steps, f)
-        if args.state_out:
-            if args.lib == "mosaic":
-                saved = dataset.state_dict(num_samples=args.steps * args.global_batch, from_beginning=False)
-            else:
-                saved = loader.state_dict()
-            with open(args.state_out, "wb") as f:
-                pickle.dump(saved, f)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def peer_resume(lib: str, data: str, seq_len: int, work: pathlib.Path, steps: int = 10) -> str:
-    """W=1 for ``2 * steps`` against W=2 for ``steps`` then W=3 from its state: what happens."""
-    import subprocess
-
-    def launch(world_size: int, count: int, name: str, state_in: str = "", state_out: str = "") -> list[list[str]]:
-        out = work / f"{lib}-{name}.json"
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-                   __file__, "--resume-worker", lib, "--data", data, "--steps", str(count), "--seq-len", str(seq_len),
-                   "--out", str(out), "--state-in", state_in, "--state-out", state_out]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if done.returncode != 0:
-            errors = [line for line in done.stdout.splitlines() + done.stderr.splitlines() if "Error" in line]
-            raise RuntimeError(f"W={world_size} {name}: " + (errors[-1] if errors else f"exit {done.returncode}")[:300])
-        return json.loads(out.read_text())
-
-    state = str(work / f"{lib}-state.pkl")
-    want = launch(1, 2 * steps, "reference")
-    got = launch(2, steps, "first", state_out=state)
-    try:
-        got += launch(3, steps, "second", state_in=state)
-    except RuntimeError as exc:
-        return f"resume at W=3 from a W=2 state failed: {exc}"
-    identical = sum(a == b for a, b in zip(got, want))
-    same_set = sum(sorted(a) == sorted(b) for a, b in zip(got, want))
-    flat = [h for batch in got for h in batch]
-    repeats = len(flat) - len(set(flat))
-    reference = [h for batch in want for h in batch]
-    missing = len(set(reference) - set(flat))
-    return (
-        f"{identical}/{len(want)} global batches identical to W=1 in order, {same_set}/{len(want)} with the same "
-        f"samples; {repeats} repeated samples (W=1: {len(reference) - len(set(reference))}), "
-        f"{missing} of W=1's samples never read"
-    )
-
-
 # -- driver ------------------------------------------------------------------
+
+
+def versions() -> dict[str, str]:
+    """The installed version of each library compared (``None``: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("zephon-stream", "mosaicml-streaming", "litdata", "torch"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
 
 
 def attempt(results: dict[str, Any], key: str, fn: Callable[[], Any], quiet: bool = False) -> Any:
@@ -436,31 +306,44 @@ def attempt(results: dict[str, Any], key: str, fn: Callable[[], Any], quiet: boo
     return value
 
 
+def passes(args: argparse.Namespace, folders: dict[str, str], results: dict[str, Any], where: str,
+           endpoint_url: str | None = None, env: dict[str, str] | None = None) -> None:
+    """Paired read passes of every library whose dataset exists, at batch 1 and at ``--batch``;
+    the peers' loaders once per ``--workers`` count (``litdata_w1``, ``mosaic_w0``, ...)."""
+    for batch in (1, args.batch):
+        readers = {}
+        for lib, url in folders.items():
+            if lib == "litdata_iter" and batch != 1:
+                continue
+            counts = args.workers if lib in ("litdata", "mosaic") else [0]
+            for workers in counts:
+                name = f"{lib}_w{workers}" if lib in ("litdata", "mosaic") else lib
+                readers[name] = {"lib": lib, "url": url, "batch": batch, "seq_len": args.seq_len,
+                                 "min_seconds": args.min_seconds, "workers": workers, "endpoint_url": endpoint_url,
+                                 "env": env}  # fmt: skip
+        paired_passes(readers, args.pass_trials, f"{where}_b{batch}", results)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-bytes", type=float, default=16e6, help="stdlib source bytes to convert (default 16e6)")
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--read-samples", type=int, default=4096, help="samples each reader reads (default 4096)")
-    parser.add_argument("--convert-only", action="store_true", help="only the conversions (no reads, no resume)")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=16, help="the batch of the second pass shape (default 16)")
+    parser.add_argument("--min-seconds", type=float, default=10.0, help="steady part of each read pass (default 10)")
+    parser.add_argument("--workers", type=lambda s: [int(n) for n in s.split(",")], default=[1, 0],
+                        help="the peers' DataLoader workers, each count a reader of its own (default 1,0)")
+    parser.add_argument("--pass-trials", type=int, default=3, help="paired trials of each read pass (default 3)")
     parser.add_argument("--trials", type=int, default=5, help="paired trials of the token-row conversions (default 5)")
-    parser.add_argument("--resume-worker", choices=("mosaic", "litdata"), help=argparse.SUPPRESS)
-    parser.add_argument("--data", help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=10, help=argparse.SUPPRESS)
-    parser.add_argument("--global-batch", type=int, default=6, help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--state-in", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--state-out", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--convert-only", action="store_true", help="only the conversions (no reads, no resume)")
+    parser.add_argument("--no-local", action="store_true", help="skip the passes from local disk")
+    parser.add_argument("--no-s3", action="store_true", help="skip the passes from S3 (SeaweedFS)")
+    parser.add_argument("--no-resume", action="store_true", help="skip the resume check")
     args = parser.parse_args()
-    if args.resume_worker:
-        args.lib = args.resume_worker
-        resume_worker(args)
-        return 0
-
-    from zephon_stream.storage.embedded_s3 import EmbeddedS3
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench-peers-"))
-    results: dict[str, Any] = {"seq_len": args.seq_len, "read_samples": args.read_samples}
+    results: dict[str, Any] = {"seq_len": args.seq_len, "batch": args.batch, "min_seconds": args.min_seconds,
+                               "workers": args.workers, "cpus": os.cpu_count(), "versions": versions()}  # fmt: skip
+    print(f"versions: {results['versions']}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     try:
         files = corpus_files(int(args.max_bytes))
         zephon_local = str(work / "zephon")
@@ -509,42 +392,34 @@ def main() -> int:
         if args.convert_only:
             print(json.dumps(results, default=str))
             return 0
-        n = min(args.read_samples, len(samples))
-        attempt(results, "zephon_local_tokens_per_s", lambda: zephon_read(zephon_local, args.seq_len, args.batch, n))
-        attempt(results, "mosaic_local_tokens_per_s", lambda: mosaic_read(None, mosaic_local, args.batch, n))
-        attempt(results, "litdata_local_tokens_per_s", lambda: litdata_read(lit_local, args.seq_len, n, str(work / "lit-cache-local")))
 
-        with EmbeddedS3(subprocess=True) as server:
-            os.environ.update(server.env())
-            os.environ["S3_ENDPOINT_URL"] = server.endpoint_url  # NOTE: MosaicML Streaming's name for it.
-            bucket = server.create_bucket("bench-peers")
-            import fsspec
+        # NOTE: MosaicML reads its fixed-shape MDS, the faster of its two columns.
+        local = {"zephon": zephon_local, "litdata": lit_local, "litdata_iter": lit_local, "mosaic": mosaic_fixed}
+        local = {lib: url for lib, url in local.items() if os.path.isdir(url)}
+        if not args.no_local:
+            passes(args, local, results, "local")
+        if not args.no_s3:
+            from tools.seaweedfs import SeaweedFS
+            from zephon_stream.storage import copy_dataset
 
-            fs = fsspec.filesystem("s3", **server.storage_options())
-            for name in ("mds", "litdata"):
-                if (work / name).exists():
-                    fs.put(str(work / name), f"bench-peers/{name}", recursive=True)
-            zephon_s3 = f"{bucket}/zephon"
-            zephon_convert(files, zephon_s3)
-            attempt(results, "zephon_s3_tokens_per_s", lambda: zephon_read(zephon_s3, args.seq_len, args.batch, n))
-            attempt(results, "mosaic_s3_tokens_per_s", lambda: mosaic_read(f"{bucket}/mds", str(work / "mds-cache"), args.batch, n))
-            attempt(
-                results,
-                "litdata_s3_tokens_per_s",
-                lambda: litdata_read(f"{bucket}/litdata", args.seq_len, n, str(work / "lit-cache-s3"), {"endpoint_url": server.endpoint_url}),
-            )
-        attempt(results, "zephon_resume", lambda: zephon_resume(zephon_local, args.seq_len, steps=20))
-        for peer, folder in (("mosaic", mosaic_local), ("litdata", lit_local)):
-            if os.path.isdir(folder):
-                attempt(results, f"{peer}_resume", lambda: peer_resume(peer, folder, args.seq_len, work))
+            with SeaweedFS(buckets=["bench-peers"]) as server:
+                import fsspec
 
-        for where in ("local", "s3"):
-            mine = results.get(f"zephon_{where}_tokens_per_s")
-            for peer in ("mosaic", "litdata"):
-                theirs = results.get(f"{peer}_{where}_tokens_per_s")
-                if mine and theirs:
-                    results[f"ratio_zephon_over_{peer}_{where}"] = mine / theirs
-                    print(f"ratio zephon/{peer} tokens/s, {where}: {mine / theirs:.2f}")
+                fs = fsspec.filesystem("s3", **server.storage_options())
+                remote = {lib: f"s3://bench-peers/{pathlib.Path(url).name}" for lib, url in local.items()}
+                for lib, url in local.items():
+                    if lib == "zephon":
+                        copy_dataset(url, remote[lib], dst_options=server.storage_options())
+                    elif lib != "litdata_iter":
+                        fs.put(url, remote[lib].removeprefix("s3://"), recursive=True)
+                # NOTE: MosaicML Streaming reads the endpoint from S3_ENDPOINT_URL, the others take it as an option.
+                env = {**server.env(), "S3_ENDPOINT_URL": server.endpoint_url}
+                passes(args, remote, results, "s3", endpoint_url=server.endpoint_url, env=env)
+        if not args.no_resume:
+            attempt(results, "zephon_resume", lambda: zephon_resume(zephon_local, args.seq_len, steps=20))
+            for peer, folder in (("mosaic", mosaic_local), ("litdata", lit_local)):
+                if os.path.isdir(folder):
+                    attempt(results, f"{peer}_resume", lambda: peer_resume(peer, folder, args.seq_len, work))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(results, default=str))

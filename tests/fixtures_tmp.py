@@ -15,6 +15,8 @@ The node-local metadata cache's default folder (``/dev/shm/zephon-node-cache-
 <uid>``) is checked the same way: torchrun jobs of the suite that kill every
 rank point ``ZEPHON_NODE_CACHE`` into a folder they remove, so anything new
 left there is a leak of a job that ended normally.
+Under pytest-xdist (``-n``) the controller owns that folder and checks it
+after every worker has finished; the workers' children share it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ def _node_cache_entries() -> set[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        # NOTE: a pytest-xdist worker inherits the controller's TMPDIR (the
+        # children's folder, which the controller checks once every worker has
+        # finished); the worker's own process keeps the machine's, as a
+        # process running the tests does without xdist.
+        tempfile.tempdir = workerinput["zs_machine_tmpdir"]
+        return
     # NOTE: resolved (and cached by tempfile) before TMPDIR changes, so this
     # process and pytest's tmp_path keep the machine's temp folder.
     machine = Path(tempfile.gettempdir())
@@ -66,6 +76,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "node_cache": _node_cache_entries(),
     }
     os.environ["TMPDIR"] = str(children)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist: tell each worker the machine's temp folder (its TMPDIR is the children's)."""
+    node.workerinput["zs_machine_tmpdir"] = str(node.config.stash[_state]["machine"])
 
 
 @pytest.hookimpl(trylast=True)

@@ -29,7 +29,7 @@ def test_a_child_removes_its_temp_folder():
 """
 
 
-def run_inner_session(tmp_path: Path, source: str) -> tuple[int, str, Path]:
+def run_inner_session(tmp_path: Path, source: str, *options: str) -> tuple[int, str, Path]:
     """A pytest session with the check, on its own machine temp folder; its exit code, output and that folder."""
     (tmp_path / "test_inner.py").write_text(source)
     machine = tmp_path / "machine-tmp"
@@ -37,7 +37,7 @@ def run_inner_session(tmp_path: Path, source: str) -> tuple[int, str, Path]:
     env = {**os.environ, "TMPDIR": str(machine), "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     env.pop("TIKTOKEN_CACHE_DIR", None)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "fixtures_tmp", "-p", "no:cacheprovider",
-                           "--basetemp", str(tmp_path / "basetemp"), "test_inner.py"],
+                           "--basetemp", str(tmp_path / "basetemp"), *options, "test_inner.py"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     return done.returncode, done.stdout + done.stderr, machine
 
@@ -46,6 +46,15 @@ def test_a_session_whose_child_leaves_a_torchelastic_folder_fails_naming_it(tmp_
     code, output, machine = run_inner_session(tmp_path, LEAKY)
     assert code == 1, output
     assert "1 passed" in output and "child processes left 1 entries in their temp folder" in output, output
+    assert "torchelastic_" in output
+    assert os.listdir(machine) == [], "the children's temp folder is removed, leak and all"
+
+
+def test_under_xdist_a_worker_child_that_leaves_a_folder_fails_the_session_naming_it(tmp_path):
+    pytest.importorskip("xdist")
+    code, output, machine = run_inner_session(tmp_path, LEAKY + TIDY.split("\n", 2)[2], "-n", "2", "-p", "xdist")
+    assert code == 1, output
+    assert "2 passed" in output and "child processes left 1 entries in their temp folder" in output, output
     assert "torchelastic_" in output
     assert os.listdir(machine) == [], "the children's temp folder is removed, leak and all"
 
