@@ -52,6 +52,11 @@ class TorchrunJob:
         # workdir keeps its torchelastic_* folders (never removed) out of the machine's.
         (workdir / "tmp").mkdir(exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(workdir / "tmp")}
+        # NOTE: the demo SIGKILLs a job whose ranks share a node cache, and
+        # resumes on one rank, which would not open the default /dev/shm
+        # folder to wipe what the killed ranks left: every run of the demo
+        # shares one in the workdir instead, and the last to close empties it.
+        env.setdefault("ZEPHON_NODE_CACHE", str(workdir / "node-cache"))
         self.process = subprocess.Popen(command, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.started = time.monotonic()
 
