@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tools.fault_proxy import FaultProxy
+from tools.server_process import free_ports
 from zephon_stream.storage import open_store
 from zephon_stream.storage.embedded_s3 import EmbeddedS3
 
@@ -36,6 +37,23 @@ def _get(endpoint: str, path: str, headers: dict[str, str] | None = None, method
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
     finally:
         conn.close()
+
+
+def run_proxy_script(upstream: str, path: str, args: list[str], requests: int) -> tuple[list[int], list[str]]:
+    """Run tools/fault_proxy.py as a script with ``args``, GET ``path`` through it ``requests`` times,
+    stop it with SIGTERM: ``(the statuses, the lines it printed)``."""
+    port = free_ports(1)[0]
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "tools" / "fault_proxy.py"), "--upstream", upstream, "--port", str(port), *args],
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    try:
+        assert "fault proxy" in process.stdout.readline()
+        statuses = [_get(f"http://127.0.0.1:{port}", path)[0] for _ in range(requests)]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=30)
+    return statuses, out.strip().splitlines()
 
 
 @pytest.fixture
@@ -137,21 +155,8 @@ def test_bad_rates_are_refused(s3_server):
 
 def test_proxy_script_runs_and_reports_counts(s3_server, stored):
     path, payload = stored
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "tools" / "fault_proxy.py"), "--upstream", s3_server.endpoint_url,
-         "--port", str(port), "--rate", "error_503=0.5", "--seed", "1"],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
-    )
-    try:
-        assert "fault proxy" in process.stdout.readline()
-        statuses = [_get(f"http://127.0.0.1:{port}", path)[0] for _ in range(10)]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        out, _ = process.communicate(timeout=30)
-    counts = json.loads(out.strip().splitlines()[-1])
+    statuses, lines = run_proxy_script(s3_server.endpoint_url, path, ["--rate", "error_503=0.5", "--seed", "1"], 10)
+    counts = json.loads(lines[-1])
     assert counts["requests"] == 10 and counts["error_503"] == statuses.count(503) > 0
 
 
@@ -258,20 +263,7 @@ def fault_kind_counts(counts):
 
 def test_proxy_script_takes_a_rate_limit(s3_server, stored):
     path, _ = stored
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "tools" / "fault_proxy.py"), "--upstream", s3_server.endpoint_url,
-         "--port", str(port), "--rate-limit", "0.01:2", "--throttle-style", "s3"],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
-    )
-    try:
-        assert "fault proxy" in process.stdout.readline()
-        statuses = [_get(f"http://127.0.0.1:{port}", path)[0] for _ in range(5)]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        out, _ = process.communicate(timeout=30)
-    lines = out.strip().splitlines()
+    args = ["--rate-limit", "0.01:2", "--throttle-style", "s3"]
+    statuses, lines = run_proxy_script(s3_server.endpoint_url, path, args, 5)
     assert statuses == [200, 200, 503, 503, 503]
     assert json.loads(lines[-1])["throttled"] == 3 and json.loads(lines[-2])["timeline"][0][1:] == [2, 3]
