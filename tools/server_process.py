@@ -7,6 +7,12 @@ command line, readiness probe, buckets and client options. ``ServerProcess``
 runs the command. ``kill()`` SIGKILLs the server and ``restart()`` starts the
 same command again, on the same ports and data folder, which is how tests
 simulate a server that dies under a running job and comes back.
+
+No server outlives the process that started it, whatever kills that process:
+each runs under the guard of ``zephon_stream/storage/lifetime.py``, which
+stops it (and removes a temporary data folder) once its starter is gone, and
+a temporary data folder records its owner, so that ``sweep_orphaned`` at the
+next test session removes what a guard killed with it left.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ from typing import Any, ClassVar, TypeVar
 
 # NOTE: the helper EmbeddedS3 uses too; tools import the library, never the reverse.
 from zephon_stream.storage.embedded_s3 import exported_env
+from zephon_stream.storage.lifetime import guarded_command, kill_group, mark_owner
+
+SERVER_DIR_PREFIXES = ("zs-seaweedfs-", "zs-azurite-", "zs-fake-gcs-", "zs-ray-")
+"""The temporary folders of the servers tools/ start (``sweep_orphaned`` takes them)."""
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -70,6 +80,11 @@ class ServerProcess:
         log_path: where stdout and stderr go (appended across restarts).
         env: the child's environment (default: this process's).
         start_timeout_s: how long ``start`` waits for ``ready``.
+        remove_on_orphan: a folder removed with the server when this
+            process dies without stopping it.
+
+    ``pid`` is the guard's: it leads the process group that holds the server
+    and whatever the server starts.
     """
 
     def __init__(
@@ -81,6 +96,7 @@ class ServerProcess:
         log_path: Path,
         env: dict[str, str] | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
+        remove_on_orphan: Path | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -88,6 +104,7 @@ class ServerProcess:
         self.log_path = log_path
         self._env = env
         self._start_timeout_s = start_timeout_s
+        self._remove_on_orphan = remove_on_orphan
         self._process: sp.Popen[bytes] | None = None
 
     @property
@@ -110,9 +127,11 @@ class ServerProcess:
         with open(self.log_path, "ab") as log:
             # NOTE: a new session, so a Ctrl-C meant for the caller's terminal
             # does not reach the server before the caller stops it in order.
+            # NOTE: the guard leads a group of its own, so kill_group reaches what the server starts.
             self._process = sp.Popen(
-                self.argv, stdin=sp.DEVNULL, stdout=log, stderr=sp.STDOUT, env=self._env, start_new_session=True
-            )
+                guarded_command(self.argv, remove_on_orphan=self._remove_on_orphan),
+                stdin=sp.DEVNULL, stdout=log, stderr=sp.STDOUT, env=self._env, start_new_session=True,
+            )  # fmt: skip
         deadline = time.monotonic() + self._start_timeout_s
         while time.monotonic() < deadline:
             code = self._process.poll()
@@ -135,23 +154,27 @@ class ServerProcess:
         )
 
     def stop(self) -> None:
-        """SIGTERM the server, SIGKILL it if it is still there after a while, and reap it."""
+        """SIGTERM the server (its guard passes it on), SIGKILL its group if it
+        is still there after a while, and reap it."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except sp.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=STOP_TIMEOUT_S)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=STOP_TIMEOUT_S)
+            except sp.TimeoutExpired:
+                pass
+        # NOTE: also what a server that exited left running in its group.
+        kill_group(process.pid)
+        process.wait(timeout=STOP_TIMEOUT_S)
 
     def kill(self) -> None:
-        """SIGKILL the server (no shutdown at all) and reap it; its data stay."""
+        """SIGKILL the server and everything in its group (no shutdown at all) and reap it; its data stay."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        os.kill(process.pid, signal.SIGKILL)
+        kill_group(process.pid)
         process.wait(timeout=STOP_TIMEOUT_S)
 
     def restart(self) -> "ServerProcess":
@@ -168,8 +191,8 @@ class LoopbackServer:
 
     Subclasses set ``_server_name``, ``_dir_prefix`` and ``_log_name`` and give
     ``_binary``, ``_argv``, ``_ready``, ``_populate`` (buckets or containers
-    made once it answers) and ``env``; ``_pick_ports`` and ``_process_env``
-    have defaults.
+    made once it answers) and ``env``; ``_pick_ports``, ``_process_env`` and
+    ``_temp_root`` have defaults.
 
     Args:
         data_dir: where the data live; None makes a temporary folder, removed
@@ -239,6 +262,10 @@ class LoopbackServer:
     def _process_env(self) -> dict[str, str] | None:
         return None
 
+    def _temp_root(self) -> str | None:
+        """Where a temporary data folder is made (None: the temporary folder)."""
+        return None
+
     def start(self: _Server) -> _Server:
         """Start the server, wait until it answers, and create its buckets.
 
@@ -250,7 +277,8 @@ class LoopbackServer:
             return self
         binary = self._binary()
         if self._data_dir is None:
-            self._data_dir = Path(tempfile.mkdtemp(prefix=self._dir_prefix))
+            self._data_dir = Path(tempfile.mkdtemp(prefix=self._dir_prefix, dir=self._temp_root()))
+            mark_owner(self._data_dir)
         self._data_dir.mkdir(parents=True, exist_ok=True)
         self._pick_ports()
         self._process = ServerProcess(
@@ -259,6 +287,7 @@ class LoopbackServer:
             ready=self._ready,
             log_path=self._data_dir / self._log_name,
             env=self._process_env(),
+            remove_on_orphan=self._data_dir if self._owns_dir else None,
         )
         try:
             self._process.start()

@@ -2,8 +2,9 @@
 
 ``EmbeddedS3`` runs moto in a thread of this process by default. With
 ``subprocess=True`` it runs ``python -m moto.server`` in a child process: the
-server then does not compete for this process's GIL and can be left running
-for other processes. Buckets live in the server's memory and vanish with it.
+server then does not compete for this process's GIL and serves other
+processes too; it stops with this process, however that ends (a guard,
+``lifetime.py``). Buckets live in the server's memory and vanish with it.
 
 NOTE: moto reads a whole object for every ranged GET (about 3 ms per MiB of
 object on a busy 2-core machine), so a range read costs time proportional to
@@ -24,6 +25,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
+
+from zephon_stream.storage.lifetime import guarded_command, kill_group
 
 logger = logging.getLogger("zephon_stream.storage")
 
@@ -168,11 +171,13 @@ class EmbeddedS3:
 
     def _start_process(self, port: int) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # NOTE: under a guard that stops it if this process dies without stop() (lifetime.py).
         self._process = sp.Popen(
-            [sys.executable, "-m", "moto.server", "-H", self._host, "-p", str(port)],
+            guarded_command([sys.executable, "-m", "moto.server", "-H", self._host, "-p", str(port)]),
             stdout=sp.DEVNULL,
             stderr=sp.DEVNULL,
             env=env,
+            start_new_session=True,
         )
         self._port = port
 
@@ -214,8 +219,9 @@ class EmbeddedS3:
             try:
                 self._process.wait(timeout=10)
             except sp.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(timeout=10)
+                pass
+            kill_group(self._process.pid)
+            self._process.wait(timeout=10)
             self._process = None
         self._port = 0
 
