@@ -1,75 +1,191 @@
-"""One local Ray instance for the whole test session, shared by every Ray test.
+"""One local Ray head for the whole test session, and the driver processes that use it.
 
-Loaded as a pytest plugin by tests/conftest.py. Starting Ray costs about 9 s
-and 1.4 GB here, so there is one: ``ray.init(num_cpus=2)``, no dashboard,
-usage reporting off, its session files in a temporary folder removed at the
-end. Tests pass ``RayInstance.address`` to drivers they start as processes.
+Loaded as a pytest plugin by tests/conftest.py. No test process is a Ray
+driver or runs a Ray daemon: Ray ends a driver whose node fails ("connection
+to the plasma store is failed. Terminate the process"), and a driver inside
+a pytest-xdist worker took the worker and every fixture it held with it.
+
+- ``ray_instance``: ``tools/ray_head.py``'s ``RayHead`` (``ray start --head
+  --block``, 2 CPUs, no dashboard, usage reporting off, every port free on
+  loopback), under the guard that stops it when the worker dies. Drivers in
+  other processes connect to ``RayInstance.address``.
+- ``ray_driver``: runs a function in a driver process connected to the head
+  (``RayDriver.call`` / ``submit``); its result or exception comes back. When
+  Ray ends that process (its node failed), the call raises
+  ``RayDriverLost`` naming the exit and where the node's logs are, that test
+  fails, and the next test gets a head and a driver that run: a head found
+  dead is started again.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import multiprocessing
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+# NOTE: tools/ is not installed; the repository root on sys.path makes it importable.
+_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+if _REPO_ROOT not in sys.path:
+    sys.path.insert(0, _REPO_ROOT)
+
+from tools.ray_head import RayHead  # noqa: E402
 
 RAY_TEST_CPUS = 2
 
 
-@dataclasses.dataclass(frozen=True)
+class RayDriverLost(RuntimeError):
+    """The driver process ended under a call: Ray ends its drivers when their node fails."""
+
+
+@dataclasses.dataclass
 class RayInstance:
-    """The session's Ray instance.
+    """The session's Ray head.
 
     Attributes:
-        address: its GCS address, for drivers in other processes.
-        temp_dir: its session files.
-        raylet_pid: the raylet's process id (worker processes are its children).
+        head: the running ``RayHead``.
     """
 
-    address: str
-    temp_dir: Path
-    raylet_pid: int
+    head: RayHead
+
+    @property
+    def address(self) -> str:
+        """Its GCS address, for drivers in other processes."""
+        return self.head.address
+
+    @property
+    def temp_dir(self) -> Path:
+        """Its session files."""
+        return self.head.data_dir
 
     def worker_pids(self, title: str) -> list[int]:
         """This instance's worker processes whose title starts with ``title`` (``ray::convert_unit_task``)."""
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as stat:
-                    ppid = int(stat.read().rsplit(b")", 1)[1].split()[1])
-                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                    command = cmdline.read()
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == self.raylet_pid and command.startswith(title.encode()):
-                found.append(int(entry))
-        return found
+        return self.head.worker_pids(title)
+
+    def child_env(self) -> dict[str, str]:
+        """This process's environment for a driver or a CLI run in a child process."""
+        env = {**os.environ, **self.head.env()}
+        env["PYTHONPATH"] = os.pathsep.join([_REPO_ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        return env
+
+    def head_log_tail(self, num_lines: int = 12) -> str:
+        """The end of ``ray start``'s output, which names a Ray process that exited unexpectedly."""
+        try:
+            lines = (self.head.data_dir / "ray-start.log").read_text(errors="replace").splitlines()
+        except (OSError, RuntimeError):
+            return "(no log)"
+        # NOTE: the raylet's periodic dumps of its counters tell nothing about an exit.
+        lines = [line for line in lines if line.strip() and not line.startswith("[state-dump]")]
+        return "\n".join(lines[-num_lines:])
+
+    def ensure_running(self) -> bool:
+        """Start the head again if it died; whether it had to."""
+        if self.head.pid is not None and self.head.group_pids() and self.head.raylet_pid() is not None:
+            return False
+        self.head.stop()
+        self.head.start()
+        return True
+
+
+def _connect(address: str, env: dict[str, str]) -> None:
+    """The driver process's start: this test session's environment, then Ray connected to the head."""
+    os.environ.update(env)
+    import ray
+
+    ray.init(address=address, log_to_driver=False)
+
+
+def _run(function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    return function(*args, **kwargs)
+
+
+class RayDriver:
+    """A Ray driver in a process of its own: functions run there, their results come back pickled.
+
+    Functions must be importable by name (module-level) and their arguments
+    and results picklable; an exception the function raises is raised again
+    here.
+    """
+
+    def __init__(self, instance: RayInstance) -> None:
+        self._instance = instance
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def submit(self, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> DriverCall:
+        """Start ``function(*args, **kwargs)`` in the driver; its future (``result()`` raises ``RayDriverLost``)."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_connect,
+                initargs=(self._instance.address, self._instance.child_env()),
+            )
+        return DriverCall(self._pool.submit(_run, function, args, kwargs), self)
+
+    def call(self, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """``function(*args, **kwargs)`` run in the driver, waited for."""
+        return self.submit(function, *args, **kwargs).result()
+
+    def lost(self, cause: BaseException) -> RayDriverLost:
+        """The error for a driver that ended; the next call starts a new one."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        return RayDriverLost(
+            f"the Ray driver process ended during the call ({cause}); Ray ends its drivers when their node "
+            f"fails. The head's log ends:\n{self._instance.head_log_tail()}"
+        )
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+class DriverCall:
+    """A call running in the driver; ``result()`` names a lost driver as ``RayDriverLost``."""
+
+    def __init__(self, inner: concurrent.futures.Future, driver: RayDriver) -> None:
+        self._inner, self._driver = inner, driver
+
+    def done(self) -> bool:
+        return self._inner.done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return self._inner.result(timeout)
+        except concurrent.futures.process.BrokenProcessPool as exc:
+            raise self._driver.lost(exc) from None
 
 
 @pytest.fixture(scope="session")
 def ray_instance() -> Iterator[RayInstance]:
-    """The session's local Ray instance (2 CPUs)."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # NOTE: as the engine's own local instance: workers at the test's niceness, not Ray's 15.
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    import ray
+    """The session's local Ray head (2 CPUs), in processes of its own."""
+    with RayHead(num_cpus=RAY_TEST_CPUS) as head:
+        yield RayInstance(head=head)
 
-    # NOTE: a short folder: Ray's socket paths must fit in 107 bytes.
-    temp_dir = Path(tempfile.mkdtemp(prefix="zs-ray-", dir="/tmp"))
-    ray.init(num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False, _temp_dir=str(temp_dir))
+
+@pytest.fixture(scope="session")
+def _ray_session_driver(ray_instance: RayInstance) -> Iterator[RayDriver]:
+    driver = RayDriver(ray_instance)
     try:
-        node = ray._private.worker._global_node
-        raylet_pid = node.all_processes[ray._private.ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
-        yield RayInstance(address=ray.get_runtime_context().gcs_address, temp_dir=temp_dir, raylet_pid=raylet_pid)
+        yield driver
     finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        driver.close()
+
+
+@pytest.fixture
+def ray_driver(ray_instance: RayInstance, _ray_session_driver: RayDriver) -> RayDriver:
+    """A driver process connected to the session's head, started again with the head if the head died."""
+    if ray_instance.ensure_running():
+        _ray_session_driver.close()
+    return _ray_session_driver
 
 
 @dataclasses.dataclass(frozen=True)

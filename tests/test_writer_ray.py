@@ -1,4 +1,5 @@
-"""engine='ray' against the single-process writer, on the session's real local Ray instance.
+"""engine='ray' against the single-process writer, on the session's real local Ray instance
+(its drivers in a process of their own: ``ray_driver``, CLI runs).
 
 The inputs are real text (stdlib sources) of every kind a unit is cut from:
 small files grouped, a JSONL file cut into byte ranges, a gzip stream whole,
@@ -40,8 +41,22 @@ def tokenizer_spec(request, bpe_tokenizer_json) -> str:
     return "bytes" if request.param == "bytes" else f"hf:{bpe_tokenizer_json}"
 
 
+def _write_in_order(paths: list[str], url: str, tokenizer_spec: str, order: list[int]):
+    """Run in the driver: write_with_ray submitting the units in ``order``."""
+    from zephon_stream.storage import open_store
+    from zephon_stream.writer.ray_engine import write_with_ray
+    from zephon_stream.writer.tokenizers import load_tokenizer
+
+    config = WriteConfig(block_tokens=RAY_BLOCK_TOKENS, blocks_per_shard=RAY_BLOCKS_PER_SHARD).resolved()
+    with open_store(url) as store:
+        return write_with_ray(
+            paths, store, config=config, tokenizer=load_tokenizer(tokenizer_spec), workers=2,
+            unit_bytes=RAY_UNIT_BYTES, submit_order=order, progress=False,
+        )  # fmt: skip
+
+
 def test_ray_engine_writes_what_one_process_writes_at_any_workers_and_order(
-    ray_instance, ray_inputs, tokenizer_spec, tmp_path
+    ray_driver, ray_inputs, tokenizer_spec, tmp_path
 ):
     paths = list(ray_inputs.paths)
     reference = write_dataset(paths, str(tmp_path / "reference"), tokenizer=tokenizer_spec, **LAYOUT)
@@ -49,22 +64,13 @@ def test_ray_engine_writes_what_one_process_writes_at_any_workers_and_order(
     kinds = {("range" if p.byte_range else "groups" if p.row_groups else "whole") for u in units for p in u.pieces}
     assert kinds == {"range", "groups", "whole"} and any(len(u.pieces) > 1 for u in units)
 
-    one = write_dataset(
-        paths, str(tmp_path / "one"), tokenizer=tokenizer_spec, engine="ray", ray_workers=1, unit_bytes=RAY_UNIT_BYTES,
-        **LAYOUT,
+    one = ray_driver.call(
+        write_dataset, paths, str(tmp_path / "one"), tokenizer=tokenizer_spec, engine="ray", ray_workers=1,
+        unit_bytes=RAY_UNIT_BYTES, **LAYOUT,
     )  # fmt: skip
     order = list(range(len(units)))
     random.Random(7).shuffle(order)
-    from zephon_stream.writer.ray_engine import write_with_ray
-    from zephon_stream.storage import open_store
-    from zephon_stream.writer.tokenizers import load_tokenizer
-
-    config = WriteConfig(block_tokens=RAY_BLOCK_TOKENS, blocks_per_shard=RAY_BLOCKS_PER_SHARD).resolved()
-    with open_store(str(tmp_path / "two")) as store:
-        two = write_with_ray(
-            paths, store, config=config, tokenizer=load_tokenizer(tokenizer_spec), workers=2,
-            unit_bytes=RAY_UNIT_BYTES, submit_order=order, progress=False,
-        )  # fmt: skip
+    two = ray_driver.call(_write_in_order, paths, str(tmp_path / "two"), tokenizer_spec, order)
 
     want = dataset_contents(str(tmp_path / "reference"))
     assert_same_contents(dataset_contents(str(tmp_path / "one")), want)
@@ -79,14 +85,17 @@ def test_ray_engine_writes_what_one_process_writes_at_any_workers_and_order(
     assert reference.rejected == {"bad_json": 1, "empty": 1, "missing_field": 1}
 
 
-def test_a_corrupt_input_fails_naming_it_and_the_offset_and_keeps_the_other_units(ray_instance, ray_inputs, tmp_path):
+def test_a_corrupt_input_fails_naming_it_and_the_offset_and_keeps_the_other_units(ray_driver, ray_inputs, tmp_path):
     good = gzip.compress("".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(400)).encode(), mtime=0)
     corrupt = tmp_path / "broken.jsonl.gz"
     corrupt.write_bytes(good[: len(good) // 2] + bytes(64) + good[len(good) // 2 + 64 :])
     paths = list(ray_inputs.paths[:6]) + [str(corrupt)]
     out = tmp_path / "out"
     with pytest.raises(InputError) as caught:
-        api_write_dataset(paths, str(out), tokenizer="bytes", engine="ray", ray_workers=2, unit_bytes=RAY_UNIT_BYTES, **LAYOUT)
+        ray_driver.call(
+            api_write_dataset, paths, str(out), tokenizer="bytes", engine="ray", ray_workers=2, unit_bytes=RAY_UNIT_BYTES,
+            **LAYOUT,
+        )  # fmt: skip
     message = str(caught.value)
     assert str(corrupt) in message and "decompressed byte" in message and "stored byte" in message
     assert "Traceback" not in message
@@ -106,7 +115,7 @@ def test_cli_engine_ray_joins_a_cluster_by_address(ray_instance, ray_inputs, tmp
         "--engine", "ray", "--ray-address", ray_instance.address, "--unit-bytes", str(RAY_UNIT_BYTES),
         "--block-tokens", str(RAY_BLOCK_TOKENS), "--blocks-per-shard", str(RAY_BLOCKS_PER_SHARD), "--json",
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=_child_env())
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ray_instance.child_env())
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["num_units"] > 1 and summary["units_reused"] == 0 and summary["num_documents"] == 24
@@ -115,16 +124,7 @@ def test_cli_engine_ray_joins_a_cluster_by_address(ray_instance, ray_inputs, tmp
     assert_same_contents(dataset_contents(str(out)), dataset_contents(str(tmp_path / "reference")))  # ...nothing else differs
 
 
-def _child_env() -> dict[str, str]:
-    import os
-
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + env.get("PYTHONPATH", "")
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    return env
-
-
-def test_token_inputs_are_one_unit_each_and_written_as_one_process_writes_them(ray_instance, stdlib_corpus, tmp_path):
+def test_token_inputs_are_one_unit_each_and_written_as_one_process_writes_them(ray_driver, stdlib_corpus, tmp_path):
     import numpy as np
 
     from zephon_stream.writer.tokenizers import load_tokenizer
@@ -139,24 +139,26 @@ def test_token_inputs_are_one_unit_each_and_written_as_one_process_writes_them(r
         paths.append(str(path))
     options = {"tokenizer": "bytes", "input_format": "tokens", **LAYOUT}
     write_dataset(paths, str(tmp_path / "reference"), **options)
-    summary = write_dataset(paths, str(tmp_path / "ray"), engine="ray", ray_workers=2, **options)
+    summary = ray_driver.call(write_dataset, paths, str(tmp_path / "ray"), engine="ray", ray_workers=2, **options)
     assert summary.num_units == 3 and summary.num_documents == 30
     assert_same_contents(dataset_contents(str(tmp_path / "ray")), dataset_contents(str(tmp_path / "reference")))
 
 
-def test_cli_without_an_address_starts_a_local_instance_and_leaves_nothing_behind(ray_instance, ray_inputs, tmp_path):
+def test_cli_without_an_address_starts_a_local_instance_and_leaves_nothing_behind(
+    ray_instance, ray_driver, ray_inputs, tmp_path
+):
     import shutil
     import tempfile
 
     # NOTE: short, as a machine's temporary folder is: the instance's sockets live below it.
     child_tmp = Path(tempfile.mkdtemp(prefix="zs-t-", dir="/tmp"))
     try:
-        _run_without_address(ray_inputs, tmp_path, child_tmp)
+        _run_without_address(ray_instance, ray_driver, ray_inputs, tmp_path, child_tmp)
     finally:
         shutil.rmtree(child_tmp, ignore_errors=True)
 
 
-def _run_without_address(ray_inputs, tmp_path: Path, child_tmp: Path) -> None:
+def _run_without_address(ray_instance, ray_driver, ray_inputs, tmp_path: Path, child_tmp: Path) -> None:
     import os
     import subprocess
     import sys
@@ -167,16 +169,16 @@ def _run_without_address(ray_inputs, tmp_path: Path, child_tmp: Path) -> None:
         "--engine", "ray", "--ray-workers", "1", "--unit-bytes", str(RAY_UNIT_BYTES),
         "--block-tokens", str(RAY_BLOCK_TOKENS), "--blocks-per-shard", str(RAY_BLOCKS_PER_SHARD), "--json",
     ]  # fmt: skip
-    env = {**_child_env(), "TMPDIR": str(child_tmp)}
+    env = {**ray_instance.child_env(), "TMPDIR": str(child_tmp)}
     env.pop("RAY_TMPDIR", None)
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Connecting to existing Ray cluster" not in done.stderr
     assert os.listdir(child_tmp) == []  # NOTE: the instance's session folder is gone, and so are its processes
     assert not [p for p in os.listdir("/proc") if p.isdigit() and str(child_tmp).encode() in _cmdline(p)]
-    in_session = write_dataset(
-        list(ray_inputs.paths[:24]), str(tmp_path / "session"), tokenizer="bytes", engine="ray", ray_workers=2,
-        unit_bytes=RAY_UNIT_BYTES, **LAYOUT,
+    in_session = ray_driver.call(
+        write_dataset, list(ray_inputs.paths[:24]), str(tmp_path / "session"), tokenizer="bytes", engine="ray",
+        ray_workers=2, unit_bytes=RAY_UNIT_BYTES, **LAYOUT,
     )  # fmt: skip
     assert json.loads(done.stdout.strip().splitlines()[-1])["fingerprint"] == in_session.fingerprint
     assert (out / "manifest").read_bytes() == (tmp_path / "session" / "manifest").read_bytes()
@@ -190,13 +192,13 @@ def _cmdline(pid: str) -> bytes:
         return b""
 
 
-def test_ray_engine_refuses_a_dataset_without_tokens_unless_asked(ray_instance, tmp_path):
+def test_ray_engine_refuses_a_dataset_without_tokens_unless_asked(ray_driver, tmp_path):
     src = tmp_path / "bad.jsonl"
     src.write_bytes(b'{"text": "cut short\n{not json}\n[1, 2]\n')
     out = tmp_path / "out"
     with pytest.raises(EmptyDatasetError, match="no tokens to commit"):
-        write_dataset([str(src)], str(out), tokenizer="bytes", engine="ray", **LAYOUT)
+        ray_driver.call(write_dataset, [str(src)], str(out), tokenizer="bytes", engine="ray", **LAYOUT)
     assert not (out / "manifest").exists() and len((out / "rejects.jsonl").read_text().splitlines()) == 3
-    summary = write_dataset([str(src)], str(out), tokenizer="bytes", engine="ray", allow_empty=True, **LAYOUT)
+    summary = ray_driver.call(write_dataset, [str(src)], str(out), tokenizer="bytes", engine="ray", allow_empty=True, **LAYOUT)
     assert (summary.num_tokens, summary.records_in, summary.num_rejected) == (0, 3, 3)
     assert (out / "manifest").exists()

@@ -1,4 +1,4 @@
-"""engine='ray' under faults, on the session's real Ray instance: a worker
+"""engine='ray' under faults, on the session's real Ray instance (drivers in processes of their own): a worker
 process SIGKILLed mid-task, the driver SIGKILLed before the commit and the
 command run again; and output to S3 on a real SeaweedFS server."""
 
@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -36,25 +35,16 @@ def _committed(out: Path) -> set[str]:
 
 
 def test_a_worker_killed_mid_task_is_retried_and_nothing_is_lost_or_duplicated(
-    ray_instance, ray_inputs, bpe_tokenizer_json, tmp_path
+    ray_instance, ray_driver, ray_inputs, bpe_tokenizer_json, tmp_path
 ):
     spec = f"hf:{bpe_tokenizer_json}"
     paths = list(ray_inputs.paths)
     out = tmp_path / "out"
-    outcome: dict[str, object] = {}
-
-    def convert() -> None:
-        try:
-            outcome["summary"] = write_dataset(
-                paths, str(out), tokenizer=spec, engine="ray", ray_workers=1, unit_bytes=RAY_UNIT_BYTES, **LAYOUT
-            )
-        except BaseException as exc:  # NOTE: handed to the test's thread
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=convert, name="ray-driver")
-    thread.start()
+    call = ray_driver.submit(
+        write_dataset, paths, str(out), tokenizer=spec, engine="ray", ray_workers=1, unit_bytes=RAY_UNIT_BYTES, **LAYOUT
+    )
     killed = None
-    while thread.is_alive() and killed is None:
+    while not call.done() and killed is None:
         # NOTE: mid-task: a part with shards written and no commit record yet, its worker converting.
         started = [p for p in out.glob("part-*") if not (p / UNIT_RECORD_NAME).exists() and any((p / "shards").glob("*.zst"))]
         pids = ray_instance.worker_pids("ray::convert_unit_task") if started else []
@@ -62,8 +52,7 @@ def test_a_worker_killed_mid_task_is_retried_and_nothing_is_lost_or_duplicated(
             os.kill(pids[0], signal.SIGKILL)
             killed = (pids[0], started[0].name)
         time.sleep(POLL_S)
-    thread.join(timeout=300)
-    assert "error" not in outcome, outcome.get("error")
+    call.result(timeout=300)
     assert killed is not None, "the conversion finished before a worker could be killed mid-task"
 
     reference = tmp_path / "reference"
@@ -78,7 +67,7 @@ def test_a_worker_killed_mid_task_is_retried_and_nothing_is_lost_or_duplicated(
 
 
 def test_a_driver_killed_before_the_commit_leaves_no_manifest_and_a_rerun_reuses_complete_units(
-    ray_instance, ray_inputs, bpe_tokenizer_json, tmp_path
+    ray_instance, ray_driver, ray_inputs, bpe_tokenizer_json, tmp_path
 ):
     spec = f"hf:{bpe_tokenizer_json}"
     paths = list(ray_inputs.paths)
@@ -90,9 +79,7 @@ def test_a_driver_killed_before_the_commit_leaves_no_manifest_and_a_rerun_reuses
         "--unit-bytes", str(RAY_UNIT_BYTES), "--block-tokens", str(RAY_BLOCK_TOKENS),
         "--blocks-per-shard", str(RAY_BLOCKS_PER_SHARD), "--no-progress",
     ]  # fmt: skip
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + env.get("PYTHONPATH", "")
-    driver = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    driver = subprocess.Popen(command, env=ray_instance.child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 240
         while not _committed(out):
@@ -109,31 +96,35 @@ def test_a_driver_killed_before_the_commit_leaves_no_manifest_and_a_rerun_reuses
     complete_after_kill = _committed(out)
     assert 0 < len(complete_after_kill) < num_units
 
-    summary = write_dataset(paths, str(out), tokenizer=spec, engine="ray", ray_workers=2, unit_bytes=RAY_UNIT_BYTES, **LAYOUT)
+    summary = ray_driver.call(
+        write_dataset, paths, str(out), tokenizer=spec, engine="ray", ray_workers=2, unit_bytes=RAY_UNIT_BYTES, **LAYOUT
+    )
     assert summary.num_units == num_units
     assert len(complete_after_kill) <= summary.units_reused < num_units
     assert "units reused" in summary.table()
     reference = tmp_path / "reference"
     write_dataset(paths, str(reference), tokenizer=spec, **LAYOUT)
     assert_same_contents(dataset_contents(str(out)), dataset_contents(str(reference)))
-    again = write_dataset(
-        paths, str(tmp_path / "clean"), tokenizer=spec, engine="ray", ray_workers=2, unit_bytes=RAY_UNIT_BYTES, **LAYOUT
-    )
+    again = ray_driver.call(
+        write_dataset, paths, str(tmp_path / "clean"), tokenizer=spec, engine="ray", ray_workers=2,
+        unit_bytes=RAY_UNIT_BYTES, **LAYOUT,
+    )  # fmt: skip
     assert again.fingerprint == summary.fingerprint
     assert (tmp_path / "clean" / "manifest").read_bytes() == (out / "manifest").read_bytes()
 
 
-def test_ray_engine_writes_to_s3_on_seaweedfs(ray_instance, ray_inputs, seaweedfs_server, tmp_path):
+def test_ray_engine_writes_to_s3_on_seaweedfs(ray_driver, ray_inputs, seaweedfs_server, tmp_path):
     bucket = new_bucket("seaweedfs", seaweedfs_server)
     url, options = bucket.url("ds"), bucket.storage_options
     paths = list(ray_inputs.paths)
-    summary = write_dataset(
-        paths, url, tokenizer="bytes", engine="ray", ray_workers=2, unit_bytes=RAY_UNIT_BYTES, storage_options=options,
-        **LAYOUT,
+    summary = ray_driver.call(
+        write_dataset, paths, url, tokenizer="bytes", engine="ray", ray_workers=2, unit_bytes=RAY_UNIT_BYTES,
+        storage_options=options, **LAYOUT,
     )  # fmt: skip
-    local = write_dataset(
-        paths, str(tmp_path / "local"), tokenizer="bytes", engine="ray", ray_workers=2, unit_bytes=RAY_UNIT_BYTES, **LAYOUT
-    )
+    local = ray_driver.call(
+        write_dataset, paths, str(tmp_path / "local"), tokenizer="bytes", engine="ray", ray_workers=2,
+        unit_bytes=RAY_UNIT_BYTES, **LAYOUT,
+    )  # fmt: skip
     assert summary.num_units > 1 and summary.fingerprint == local.fingerprint
     reference = tmp_path / "reference"
     write_dataset(paths, str(reference), tokenizer="bytes", **LAYOUT)
