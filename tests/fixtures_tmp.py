@@ -17,6 +17,10 @@ rank point ``ZEPHON_NODE_CACHE`` into a folder they remove, so anything new
 left there is a leak of a job that ended normally.
 Under pytest-xdist (``-n``) the controller owns that folder and checks it
 after every worker has finished; the workers' children share it.
+At the start, the controller removes the server folders (``zs-seaweedfs-*``,
+``zs-azurite-*``, ``zs-fake-gcs-*``, ``zs-ray-*``) that a killed session
+left in the machine's temp folder and in ``/tmp``: those whose recorded
+owner no longer runs (``zephon_stream.storage.lifetime.sweep_orphaned``).
 """
 
 from __future__ import annotations
@@ -24,12 +28,21 @@ from __future__ import annotations
 import fnmatch
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from zephon_stream.storage.lifetime import sweep_orphaned
 from zephon_stream.storage.node_cache import node_cache_root
+
+# NOTE: tools/ is not installed; the repository root on sys.path makes it importable.
+_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+if _REPO_ROOT not in sys.path:
+    sys.path.insert(0, _REPO_ROOT)
+
+from tools.server_process import SERVER_DIR_PREFIXES  # noqa: E402
 
 # NOTE: what leaked from the suite before; new ones in the machine's temp
 # folder are reported (not failed: other processes on the machine write there).
@@ -67,6 +80,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # NOTE: resolved (and cached by tempfile) before TMPDIR changes, so this
     # process and pytest's tmp_path keep the machine's temp folder.
     machine = Path(tempfile.gettempdir())
+    swept = [path for root in sorted({str(machine), "/tmp"}) for path in sweep_orphaned(root, SERVER_DIR_PREFIXES)]
+    if swept:
+        print(f"note: removed {len(swept)} server folders of killed sessions: {', '.join(swept[:10])}")
     children = Path(tempfile.mkdtemp(prefix="zs-suite-children-tmp-"))
     config.stash[_state] = {
         "machine": machine,

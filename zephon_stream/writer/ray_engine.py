@@ -24,10 +24,12 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from zephon_stream.errors import ConfigError, ZephonError
 from zephon_stream.storage import Store
+from zephon_stream.storage.lifetime import OWNER_FILE, mark_owner, sweep_orphaned
 from zephon_stream.writer.config import DEFAULT_UNIT_BYTES, WriteConfig
 from zephon_stream.writer.distributed import part_name
 from zephon_stream.writer.progress import UnitProgress, WriteSummary
@@ -43,6 +45,7 @@ from zephon_stream.writer.units import WorkUnit, cut_units, unit_key
 TASK_MAX_RETRIES = 3
 LINE_COUNT_BATCH = 64
 MAX_TEMP_ROOT_CHARS = 24
+SESSION_DIR_PREFIX = "zs-ray-"
 
 
 def _import_ray() -> Any:
@@ -59,7 +62,9 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
 
     A process already connected is left connected. The local instance keeps
     its session files in a temporary folder, removed after a run that
-    succeeded (kept after a failure: its workers' logs).
+    succeeded (kept after a failure: its workers' logs). While the run
+    lasts the folder names its owner: the folder of a run that was killed
+    is removed by the next run's start (``lifetime.sweep_orphaned``).
     """
     ray = _import_ray()
     if ray.is_initialized():
@@ -81,7 +86,12 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
     os.environ.setdefault("RAY_worker_niceness", "0")
     # NOTE: the local instance's session folder (logs, sockets) goes once the
     # run has succeeded; after a failure it stays, for its workers' logs.
-    session_dir = None if "RAY_TMPDIR" in os.environ else tempfile.mkdtemp(prefix="zs-ray-", dir=_short_temp_root())
+    session_dir = None
+    if "RAY_TMPDIR" not in os.environ:
+        root = _short_temp_root()
+        sweep_orphaned(root, (SESSION_DIR_PREFIX,))
+        session_dir = tempfile.mkdtemp(prefix=SESSION_DIR_PREFIX, dir=root)
+        mark_owner(session_dir)
     try:
         ray.init(
             num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False, _temp_dir=session_dir
@@ -96,8 +106,12 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
         succeeded = True
     finally:
         ray.shutdown()
-        if succeeded and session_dir is not None:
-            shutil.rmtree(session_dir, ignore_errors=True)
+        if session_dir is not None:
+            if succeeded:
+                shutil.rmtree(session_dir, ignore_errors=True)
+            else:
+                # NOTE: kept on purpose, for its logs: no longer the sweep's to take.
+                Path(session_dir, OWNER_FILE).unlink(missing_ok=True)
 
 
 def _short_temp_root() -> str:
