@@ -97,7 +97,9 @@ def check_rows(tokens: np.ndarray, rows: BlockRows, eos: int) -> None:
             seen[start : start + count] += 1
             if tokens[start + count - 1] != eos:
                 open_ends.append(k)
-        want = np.concatenate([tokens[s : s + c] for s, c in pieces] + [tokens[start + count : start + count + 1]])
+        label = sum(pieces[-1])  # NOTE: the token right after the row's last piece
+        assert label < n
+        want = np.concatenate([tokens[s : s + c] for s, c in pieces] + [tokens[label : label + 1]])
         np.testing.assert_array_equal(packed[row], want)
         assert open_ends in ([], [len(pieces) - 1])  # only the last piece may end without EOS
     assert np.all(seen == 1)  # nothing lost, nothing read twice
@@ -236,9 +238,7 @@ def test_small_block_packs_as_worked_out_by_hand():
     # pieces [0,3) [3,4) [4,8) [8,10) and the edge [10,12): best fit puts [4,8) in row 0,
     # [0,3) in row 1, [8,10) in row 2, [3,4) in row 1; the edge fills row 2.
     assert [rows.row_pieces(r) for r in range(3)] == [[(4, 4)], [(0, 3), (3, 1)], [(8, 2), (10, 2)]]
-    np.testing.assert_array_equal(
-        packed_rows(tokens, rows), [[2, 2, 2, 2, 2], [1, 1, e, e, 2], [2, e, 3, 3, 3]]
-    )
+    np.testing.assert_array_equal(packed_rows(tokens, rows), [[2, 2, 2, 2, 2], [1, 1, e, e, 2], [2, e, 3, 3, 3]])
     out = np.zeros((3, 5), np.uint16)
     assert packed_rows(tokens, rows, out) is out and out[2].tolist() == [2, e, 3, 3, 3]
     assert block_rows("best_fit", tokens, 4, e).row_pieces(1) == [(0, 3), (3, 1)]
@@ -246,7 +246,8 @@ def test_small_block_packs_as_worked_out_by_hand():
 
 
 def test_pieces_left_over_are_cut_only_where_a_row_ends():
-    # L = 10, R = 2: pieces 6, 6, 6 (each EOS-ended) and 2; the third 6 fits no row.
+    # L = 10, R = 2: pieces 6, 6, 6 (each EOS-ended) and 2. The third 6 fits no row: the
+    # fill lays its tokens across row 1 (room 4) then row 0 (room 2, after the 2).
     e = 0
     doc = [1] * 5 + [e]
     tokens = np.array(doc * 3 + [2, e, 4], np.uint16)
