@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from zephon_stream.format.block import decode_block, encode_block
-from zephon_stream.plan.packing import CutCounts, best_fit_rows, cut_counts, packed_rows, window_rows
+from zephon_stream.plan.packing import best_fit_rows, packed_rows, window_rows
+from zephon_stream.plan.packing_report import CutCounts, cut_counts
 
 EOS_ID = 256
 SEQ_LENS = (1024, 2048, 4096, 8192)

@@ -16,13 +16,13 @@ from zephon_stream.plan import packing
 from zephon_stream.plan.packing import (
     PACKINGS,
     BlockRows,
-    CutCounts,
     best_fit_rows,
     block_rows,
-    cut_counts,
     packed_rows,
+    packed_tokens,
     window_rows,
 )
+from zephon_stream.plan.packing_report import CutCounts, cut_counts
 
 VOCAB = 5
 
@@ -358,3 +358,9 @@ def test_bad_arguments_are_refused_naming_the_values():
         packed_rows(tokens[:8], rows)
     with pytest.raises(IndexError, match=r"row 2 outside \[0, 2\)"):
         rows.row_pieces(2)
+
+
+@pytest.mark.parametrize("num_tokens, seq_len", [(0, 4), (1, 4), (5, 4), (9, 4), (2**20 + 1, 2048), (2**20 + 1, 3000)])
+def test_packed_tokens_is_the_size_of_the_packed_rows(num_tokens, seq_len):
+    tokens = np.zeros(num_tokens, np.uint16)
+    assert packed_rows(tokens, best_fit_rows(tokens, seq_len, 1)).size == packed_tokens(num_tokens, seq_len)

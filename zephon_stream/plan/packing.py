@@ -86,6 +86,11 @@ class BlockRows:
         return self.piece_starts[last] + self.piece_lengths[last]
 
 
+def packed_tokens(num_tokens: int, seq_len: int) -> int:
+    """Tokens a block of ``num_tokens`` holds as packed rows (:func:`packed_rows`): ``R x (L + 1)``."""
+    return max(0, (num_tokens - 1) // seq_len) * (seq_len + 1)
+
+
 def window_rows(num_tokens: int, seq_len: int) -> BlockRows:
     """Today's windows (``packing="concat"``): row ``j`` is one piece ``[j * L, (j + 1) * L)``.
 
@@ -123,7 +128,7 @@ def best_fit_rows(tokens: np.ndarray, seq_len: int, eos_id: int) -> BlockRows:
         ConfigError: ``seq_len < 1`` or an ``eos_id`` outside the token dtype.
         ValueError: ``tokens`` is not a 1-D integer array.
     """
-    tokens = _check_tokens(tokens, eos_id)
+    tokens = check_tokens(tokens, eos_id)
     _check_seq_len(seq_len)
     length, rows = seq_len, max(0, (tokens.size - 1) // seq_len)
     region = rows * length
@@ -137,12 +142,12 @@ def best_fit_rows(tokens: np.ndarray, seq_len: int, eos_id: int) -> BlockRows:
     starts, lengths = starts[:rest], lengths[:rest]
     # NOTE: the pieces are in start order, so a stable sort on length alone
     # breaks ties by start ascending.
-    order = _stable_order(length - lengths, length)
+    order = stable_order(length - lengths, length)
     sorted_starts, sorted_lengths = starts[order], lengths[order]
     placed_rows, room = _place_best_fit(sorted_lengths, rows, length)
 
     gap_rows = np.flatnonzero(room > 0)
-    gap_rows = gap_rows[_stable_order((length - room[gap_rows]) * rows + gap_rows, length * rows)]
+    gap_rows = gap_rows[stable_order((length - room[gap_rows]) * rows + gap_rows, length * rows)]
     left = placed_rows < 0
     fill_starts = np.concatenate([sorted_starts[left], edge_start])
     fill_lengths = np.concatenate([sorted_lengths[left], edge_length])
@@ -152,7 +157,7 @@ def best_fit_rows(tokens: np.ndarray, seq_len: int, eos_id: int) -> BlockRows:
     all_rows = np.concatenate([placed_rows[placed], fill_rows])
     # NOTE: within a row, best-fit pieces in placement order (= sorted order),
     # then the fill stretch in sequence order: a stable sort on the row keeps both.
-    by_row = _stable_order(all_rows, rows)
+    by_row = stable_order(all_rows, rows)
     bounds = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(all_rows, minlength=rows), out=bounds[1:])
     return BlockRows(
@@ -222,7 +227,7 @@ def _lay_fill(starts: np.ndarray, lengths: np.ndarray, gap_rows: np.ndarray,
     return gap_rows[gap], starts[piece] + (firsts - piece_edges[piece]), np.diff(cuts)
 
 
-def _block_documents(tokens: np.ndarray, region: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+def block_documents(tokens: np.ndarray, region: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, ends)`` of the documents of tokens ``[0, region)``: split after every EOS."""
     ends = np.flatnonzero(tokens[:region] == eos_id) + 1
     if ends.size == 0 or ends[-1] != region:
@@ -232,7 +237,7 @@ def _block_documents(tokens: np.ndarray, region: int, eos_id: int) -> tuple[np.n
 
 def _block_pieces(tokens: np.ndarray, region: int, seq_len: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, lengths)`` of the region's pieces in start order."""
-    doc_starts, doc_ends = _block_documents(tokens, region, eos_id)
+    doc_starts, doc_ends = block_documents(tokens, region, eos_id)
     doc_lengths = doc_ends - doc_starts
     per_doc = (doc_lengths + seq_len - 1) // seq_len
     if per_doc.size == int(per_doc.sum()):
@@ -243,7 +248,7 @@ def _block_pieces(tokens: np.ndarray, region: int, seq_len: int, eos_id: int) ->
     return starts, np.minimum(seq_len, doc_ends[doc] - starts)
 
 
-def _stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
+def stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
     """A stable argsort of integer keys in ``[0, bound)``.
 
     NOTE: a stable sort has one result whatever its algorithm; numpy radix
@@ -311,85 +316,12 @@ def packed_rows(tokens: np.ndarray, rows: BlockRows, out: np.ndarray | None = No
     return out
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class CutCounts:
-    """How a packing cuts documents, summed over the blocks counted (``+`` adds two).
-
-    Documents are those of each block's region (module docstring): a region's
-    first document may have begun in the block before and its last may run
-    on past ``T``; both packings count each as a document that begins at token
-    0 and ends at ``T``. ``edge_documents`` (the first document, and the last
-    when it does not end on EOS) and ``edge_documents_cut`` let a report
-    leave them out.
-
-    Attributes:
-        documents: documents in the counted regions.
-        documents_cut: documents whose tokens are not all in one piece (one
-            contiguous stretch of one row).
-        tokens: input tokens (the regions' tokens).
-        tokens_without_beginning: input tokens whose piece does not reach back
-            to their document's first token: they are read without it.
-        floor: documents longer than ``L``, which any packing must cut.
-        edge_documents: documents touching a region's edge (in ``documents`` too).
-        edge_documents_cut: those of them cut (in ``documents_cut`` too).
-    """
-
-    documents: int = 0
-    documents_cut: int = 0
-    tokens: int = 0
-    tokens_without_beginning: int = 0
-    floor: int = 0
-    edge_documents: int = 0
-    edge_documents_cut: int = 0
-
-    def __add__(self, other: CutCounts) -> CutCounts:
-        if not isinstance(other, CutCounts):
-            return NotImplemented
-        return CutCounts(*(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)))
-
-
-def cut_counts(tokens: np.ndarray, rows: BlockRows, eos_id: int) -> CutCounts:
-    """How ``rows`` (of either packing) cut the documents of ``tokens``' region.
-
-    Args:
-        tokens: the block the rows were computed from.
-        rows: its rows; their pieces must cover the region once.
-        eos_id: the end-of-document token.
-    """
-    tokens = _check_tokens(tokens, eos_id)
-    region = rows.num_rows * rows.seq_len
-    if region == 0:
-        return CutCounts()
-    doc_starts, doc_ends = _block_documents(tokens, region, eos_id)
-    by_start = _stable_order(rows.piece_starts, region)
-    piece_starts = rows.piece_starts[by_start]
-    piece_ends = piece_starts + rows.piece_lengths[by_start]
-    assert piece_starts[0] == 0 and piece_ends[-1] == region and np.array_equal(piece_starts[1:], piece_ends[:-1])
-    # NOTE: a document is whole when the piece holding its first token also holds its last.
-    cut = piece_ends[np.searchsorted(piece_starts, doc_starts, side="right") - 1] < doc_ends
-    # NOTE: a piece starting past its document's first token reads the rest
-    # of that document, up to the piece's end, without its beginning.
-    doc = np.searchsorted(doc_starts, piece_starts, side="right") - 1
-    headless = doc_starts[doc] < piece_starts
-    without = np.minimum(piece_ends, doc_ends[doc])[headless] - piece_starts[headless]
-    edge = [0] if tokens[region - 1] == eos_id or doc_starts.size == 1 else [0, doc_starts.size - 1]
-    return CutCounts(
-        documents=int(doc_starts.size),
-        documents_cut=int(np.count_nonzero(cut)),
-        tokens=region,
-        tokens_without_beginning=int(without.sum()),
-        floor=int(np.count_nonzero(doc_ends - doc_starts > rows.seq_len)),
-        edge_documents=len(edge),
-        edge_documents_cut=int(np.count_nonzero(cut[edge])),
-    )
-
-
 def _check_seq_len(seq_len: int) -> None:
     if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
         raise ConfigError(f"seq_len must be an integer >= 1 (got {seq_len!r})")
 
 
-def _check_tokens(tokens: np.ndarray, eos_id: int) -> np.ndarray:
+def check_tokens(tokens: np.ndarray, eos_id: int) -> np.ndarray:
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
         raise ValueError(f"tokens must be a 1-D integer array (got shape {tokens.shape} of {tokens.dtype})")
