@@ -22,9 +22,13 @@ def test_state_is_plain_values_that_round_trip_through_json():
     assert json.loads(json.dumps(data)) == data
     assert data == {
         "version": 1, "position": 1234, "seed": 7, "seq_len": 16, "lanes": 8, "window": 0,
-        "weights": ["7/10", "3/10"], "lane_counts": [6, 2], "fingerprints": ["fp-a", "fp-b"],
+        "weights": ["7/10", "3/10"], "lane_counts": [6, 2], "fingerprints": ["fp-a", "fp-b"], "packing": "concat",
     }  # fmt: skip
     assert LoaderState.from_dict(data) == state
+    # NOTE: a state written before the packing was recorded read windows.
+    assert LoaderState.from_dict({k: v for k, v in data.items() if k != "packing"}) == state
+    with pytest.raises(StateMismatchError, match=r"'packing': expected one of \['concat', 'best_fit'\], got 'x'"):
+        LoaderState.from_dict({**data, "packing": "x"})
     assert state.order_config().weights == ("7/10", "3/10")
     assert order_for(weights=state.order_config().weights).lane_counts == [6, 2]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Protocol
 
 from zephon_stream.errors import StateMismatchError, VersionError
-from zephon_stream.plan.state import MAX_POSITION, LoaderState
+from zephon_stream.plan.state import MAX_POSITION, OPTIONAL_KEYS, LoaderState, check_packing
 
 if TYPE_CHECKING:
     from zephon_stream.plan.schedule import Phase
@@ -97,6 +97,8 @@ class ScheduleState:
             phase has begun once a sample of it was consumed (phase 0 always has).
         streams: per stream a dict ``fingerprint, epoch, samples,
             samples_in_epoch`` (empty when read from version 1).
+        packing: how rows are filled (``"concat"``, ``"best_fit"``); a state
+            written before it was recorded reads as ``"concat"``.
     """
 
     version: int = SCHEDULE_STATE_VERSION
@@ -106,6 +108,7 @@ class ScheduleState:
     fingerprints: list[str] = field(default_factory=list)
     phases: list[dict] = field(default_factory=list)
     streams: list[dict] = field(default_factory=list)
+    packing: str = "concat"
 
     def to_dict(self) -> dict:
         """The state as a dict of ints, strings and lists of strings.
@@ -124,6 +127,7 @@ class ScheduleState:
             "fingerprints": list(self.fingerprints),
             "phases": [_json(p) for p in self.phases],
             "streams": [_json(s) for s in self.streams],
+            "packing": str(self.packing),
         }
 
     @classmethod
@@ -146,7 +150,7 @@ class ScheduleState:
             }  # fmt: skip
             return cls(
                 version=1, position=old.position, step=None, seed=old.seed,
-                fingerprints=list(old.fingerprints), phases=[phase],
+                fingerprints=list(old.fingerprints), phases=[phase], packing=old.packing,
             )  # fmt: skip
         if version != SCHEDULE_STATE_VERSION:
             raise VersionError(
@@ -154,6 +158,7 @@ class ScheduleState:
                 f"and {SCHEDULE_STATE_VERSION})"
             )
         names = {f.name for f in fields(cls)}
+        data = {**OPTIONAL_KEYS, **data}
         missing, unknown = sorted(names - set(data)), sorted(set(data) - names)
         if missing or unknown:
             raise StateMismatchError(
@@ -183,10 +188,11 @@ class ScheduleState:
         return cls(
             position=data["position"], step=data["step"], seed=data["seed"],
             fingerprints=list(data["fingerprints"]), phases=phases, streams=streams,
+            packing=check_packing(data["packing"]),
         )  # fmt: skip
 
-    def validate(self, order: ScheduledOrder) -> None:
-        """Check this (loaded) state can resume ``order``: no begun phase changed.
+    def validate(self, order: ScheduledOrder, *, packing: str = "concat") -> None:
+        """Check this (loaded) state can resume ``order`` read with ``packing``: no begun phase changed.
 
         Phases that have not begun may be added, edited or removed, and
         streams appended. Every problem is named with the phase, the field and
@@ -198,6 +204,8 @@ class ScheduleState:
         problems = []
         if self.seed != order.seed:
             problems.append(f"seed: checkpoint has {self.seed!r}, this loader has {order.seed!r}")
+        if self.packing != packing:
+            problems.append(f"packing (how rows are filled): checkpoint has {self.packing!r}, this loader has {packing!r}")
         wanted = [s.fingerprint for s in order.shapes]
         if wanted[: len(self.fingerprints)] != list(self.fingerprints):
             problems.append(

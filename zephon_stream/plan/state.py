@@ -6,9 +6,12 @@ from dataclasses import dataclass, field, fields
 
 from zephon_stream.errors import StateMismatchError, VersionError
 from zephon_stream.plan.mixture import OrderConfig
+from zephon_stream.plan.packing import PACKINGS
 
 STATE_VERSION = 1
 MAX_POSITION = 2**62
+# NOTE: keys a state written before they existed lacks, and what their absence means.
+OPTIONAL_KEYS = {"packing": "concat"}
 
 # NOTE: (field, what a mismatch means to the user) in the order errors list them.
 _CHECKED = (
@@ -19,7 +22,19 @@ _CHECKED = (
     ("window", "window"),
     ("weights", "stream weights"),
     ("lane_counts", "lanes per stream"),
+    ("packing", "packing (how rows are filled)"),
 )
+
+
+def check_packing(value: object) -> str:
+    """A state's ``packing`` value, checked.
+
+    Raises:
+        StateMismatchError: not one of ``PACKINGS``.
+    """
+    if value not in PACKINGS:
+        raise StateMismatchError(f"loader state key 'packing': expected one of {list(PACKINGS)}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +54,8 @@ class LoaderState:
         weights: canonical weight strings, one per stream (``"1"``, ``"7/10"``).
         lane_counts: lanes each stream got.
         fingerprints: dataset fingerprints, one per stream.
+        packing: how rows are filled (``"concat"``, ``"best_fit"``); a state
+            written before it was recorded reads as ``"concat"``.
     """
 
     version: int = STATE_VERSION
@@ -50,6 +67,7 @@ class LoaderState:
     weights: list[str] = field(default_factory=list)
     lane_counts: list[int] = field(default_factory=list)
     fingerprints: list[str] = field(default_factory=list)
+    packing: str = "concat"
 
     def to_dict(self) -> dict:
         """The state as a dict of ints, strings and lists of them."""
@@ -63,6 +81,7 @@ class LoaderState:
             "weights": [str(w) for w in self.weights],
             "lane_counts": [int(c) for c in self.lane_counts],
             "fingerprints": [str(f) for f in self.fingerprints],
+            "packing": str(self.packing),
         }
 
     @classmethod
@@ -82,6 +101,7 @@ class LoaderState:
                 f"version {STATE_VERSION})"
             )
         names = {f.name for f in fields(cls)}
+        data = {**OPTIONAL_KEYS, **data}
         missing = sorted(names - set(data))
         unknown = sorted(set(data) - names)
         if missing or unknown:
@@ -105,6 +125,7 @@ class LoaderState:
                 raise StateMismatchError(
                     f"loader state key {name!r}: expected a list of {kind.__name__}, got {value!r}"
                 )
+        check_packing(data["packing"])
         return cls(**{name: list(v) if isinstance(v, tuple) else v for name, v in data.items()})
 
     def validate(self, expected: LoaderState) -> None:
