@@ -175,3 +175,38 @@ def small_bpe_dataset(
     return write_small_dataset(
         stdlib_corpus, tmp_path_factory.mktemp("small_bpe_dataset"), f"hf:{bpe_tokenizer_json}"
     )
+
+
+def split_at_definitions(text: str) -> list[str]:
+    """A source file cut into documents before each top-level ``def``/``class``/decorator:
+    real text whose documents run from one line to thousands of tokens."""
+    documents, current = [], []
+    for line in text.splitlines(keepends=True):
+        if current and line.startswith(("def ", "class ", "@", "async def ")) and not current[-1].startswith("@"):
+            documents.append("".join(current))
+            current = []
+        current.append(line)
+    if current:
+        documents.append("".join(current))
+    return [d for d in documents if d.strip()]
+
+
+@pytest.fixture(scope="session")
+def definitions_dataset(
+    stdlib_corpus: StdlibCorpus, bpe_tokenizer_json: Path, tmp_path_factory: pytest.TempPathFactory
+) -> WrittenDataset:
+    """The first 40 corpus files cut at top-level definitions (about 1,400
+    documents from a line to a few thousand tokens), one JSONL record each,
+    written with the BPE fixture tokenizer, block_tokens 4097 and 4 blocks a shard."""
+    from zephon_stream import Manifest, write_dataset
+
+    texts = tuple(d for text in stdlib_corpus.texts[:SMALL_DATASET_FILES] for d in split_at_definitions(text))
+    out = tmp_path_factory.mktemp("definitions_dataset")
+    jsonl = out.parent / f"{out.name}.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    summary = write_dataset(
+        str(jsonl), str(out), tokenizer=f"hf:{bpe_tokenizer_json}", block_tokens=SMALL_BLOCK_TOKENS,
+        blocks_per_shard=SMALL_BLOCKS_PER_SHARD, progress=False,
+    )  # fmt: skip
+    return WrittenDataset(url=str(out), manifest=Manifest.load(str(out)), sources=(jsonl,), texts=texts,
+                          tokenizer=f"hf:{bpe_tokenizer_json}", summary=summary)  # fmt: skip

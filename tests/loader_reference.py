@@ -16,6 +16,7 @@ import numpy as np
 from zephon_stream.format.block import decode_block
 from zephon_stream.format.manifest import Manifest
 from zephon_stream.loader.front.audit import union_sha256
+from zephon_stream.plan.packing import best_fit_rows, packed_rows
 from zephon_stream.storage import open_store
 
 
@@ -26,6 +27,7 @@ class DirectReader:
         self.stores = [open_store(url, storage_options) for url in urls]
         self.manifests = [Manifest.read(store) for store in self.stores]
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
+        self._packed: dict[tuple[int, int, int], np.ndarray] = {}
 
     def block(self, stream: int, block: int) -> np.ndarray:
         key = (stream, block)
@@ -37,8 +39,19 @@ class DirectReader:
             self._blocks[key] = decode_block(data, num_tokens=tokens, dtype=manifest.np_dtype, where=path)
         return self._blocks[key]
 
-    def sample(self, stream: int, block: int, sample: int, seq_len: int) -> np.ndarray:
-        """The ``seq_len + 1`` tokens of one sample, as int64."""
+    def sample(self, stream: int, block: int, sample: int, seq_len: int, packing: str = "concat") -> np.ndarray:
+        """The ``seq_len + 1`` tokens of one sample (its inputs, then its last label), as int64.
+
+        Under ``"best_fit"``: row ``sample`` of the block's best-fit rows,
+        computed here from the block's tokens (``plan/packing.py``).
+        """
+        if packing == "best_fit":
+            key = (stream, block, seq_len)
+            if key not in self._packed:
+                tokens = self.block(stream, block)
+                eos = int(self.manifests[stream].tokenizer.eos_id)
+                self._packed[key] = packed_rows(tokens, best_fit_rows(tokens, seq_len, eos))
+            return self._packed[key][sample].astype(np.int64)
         start = sample * seq_len
         return self.block(stream, block)[start : start + seq_len + 1].astype(np.int64)
 

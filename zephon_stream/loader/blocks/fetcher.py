@@ -6,7 +6,9 @@ once; other stores (local files) are read by that many threads calling
 ``store.read_range``. Either way retries and timeouts live in the store, and
 the compressed frame goes to decode threads through a short queue, so
 compressed bytes in flight stay bounded. zstd releases the GIL, so threads
-decode in parallel. Results, or the error that stopped them, land in the
+decode in parallel. Under ``packing="best_fit"`` a decode thread also packs
+the block's documents into its rows (``plan/packing.py``), one block at a
+time, and the cache keeps the packed rows instead of the tokens. Results, or the error that stopped them, land in the
 block cache; the assembler raises the error when it reaches that block.
 
 NOTE: why coroutines and not threads for network stores: these clients run
@@ -30,6 +32,7 @@ import numpy as np
 
 from zephon_stream.format.block import decode_block
 from zephon_stream.loader.blocks.cache import BlockCache
+from zephon_stream.plan.packing import best_fit_rows, packed_rows
 
 _POLL_S = 0.05
 # NOTE: how often a fetched frame retries the full decode queue; the loop
@@ -61,6 +64,9 @@ class BlockJob:
         num_tokens: tokens the block holds (from the manifest).
         dtype: the token dtype.
         where: names the object and block in errors.
+        packed_seq_len: keep the block as its best-fit rows at this seq_len
+            (``plan/packing.py``: ``[R, L + 1]``) instead of its tokens; 0: don't.
+        eos_id: the stream's EOS id (for the packing).
     """
 
     key: Hashable
@@ -71,6 +77,8 @@ class BlockJob:
     num_tokens: int
     dtype: np.dtype
     where: str
+    packed_seq_len: int = 0
+    eos_id: int = 0
 
 
 class FetchDecodePool:
@@ -110,6 +118,7 @@ class FetchDecodePool:
         self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self._tasks: dict[asyncio.AbstractEventLoop, set[asyncio.Task[None]]] = {}
         self._pending_lock = threading.Lock()
+        self._pack_lock = threading.Lock()
         self._pending: dict[asyncio.AbstractEventLoop, list[BlockJob]] = {}
         self._decoders = [
             threading.Thread(target=self._decode_loop, name=f"{name}-decode-{i}", daemon=True)
@@ -236,7 +245,14 @@ class FetchDecodePool:
                 self._cache.fail(job.key, exc)
                 continue
             del data
-            self._stats.add(blocks_decoded=1, decode_s=time.perf_counter() - started)
+            decoded = time.perf_counter()
+            self._stats.add(blocks_decoded=1, decode_s=decoded - started)
+            if job.packed_seq_len:
+                # NOTE: one block packed at a time: the packing's working
+                # arrays are the memory bound's packing part, counted once.
+                with self._pack_lock:
+                    tokens = packed_rows(tokens, best_fit_rows(tokens, job.packed_seq_len, job.eos_id))
+                self._stats.add(pack_s=time.perf_counter() - decoded)
             self._cache.fill(job.key, tokens)
 
     def close(self) -> None:

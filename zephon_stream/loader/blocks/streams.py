@@ -20,6 +20,7 @@ from zephon_stream.format.spec import MANIFEST_NAME
 from zephon_stream.loader.blocks.fetcher import BlockJob
 from zephon_stream.loader.blocks.metadata import StreamMetadata
 from zephon_stream.plan import StreamShape
+from zephon_stream.plan.packing import packed_tokens
 from zephon_stream.storage import open_store
 
 
@@ -151,16 +152,26 @@ class StreamSource:
         """Decoded bytes of a full block."""
         return self.metadata.block_tokens * self.dtype.itemsize
 
-    def decoded_bytes(self, block_id: int) -> int:
-        """Decoded bytes of one block."""
-        return self.metadata.block_num_tokens(block_id) * self.dtype.itemsize
+    def decoded_bytes(self, block_id: int, *, packed_seq_len: int = 0) -> int:
+        """Bytes one block takes in the cache: decoded, or as its packed rows at ``packed_seq_len``."""
+        return self._kept_bytes(self.metadata.block_num_tokens(block_id), packed_seq_len)
+
+    def decoded_bytes_of_full_block(self, packed_seq_len: int = 0) -> int:
+        """``decoded_bytes`` of a full block (the largest)."""
+        return self._kept_bytes(self.metadata.block_tokens, packed_seq_len)
+
+    def _kept_bytes(self, num_tokens: int, packed_seq_len: int) -> int:
+        if packed_seq_len:
+            num_tokens = max(num_tokens, packed_tokens(num_tokens, packed_seq_len))
+        return num_tokens * self.dtype.itemsize
 
     def locate(self, block_ids: Any) -> None:
         """Read, in one round, where the frames of these blocks lie."""
         self.metadata.locate(block_ids)
 
-    def job(self, key: tuple[int, int]) -> BlockJob:
-        """The fetch-and-decode job of block ``key = (stream, block_id)``."""
+    def job(self, key: tuple[int, int], *, packed_seq_len: int = 0) -> BlockJob:
+        """The fetch-and-decode job of block ``key = (stream, block_id)``; with
+        ``packed_seq_len``, the block is kept as its best-fit rows at that seq_len."""
         assert key[0] == self.index
         block_id = key[1]
         frame = self.metadata.frame(block_id)
@@ -174,6 +185,8 @@ class StreamSource:
             end=end,
             num_tokens=frame.num_tokens,
             dtype=self.dtype,
+            packed_seq_len=packed_seq_len,
+            eos_id=self.eos_id,
             where=f"shard {self.url}/{path} block {frame.block_in_shard} (dataset block {block_id}, bytes [{start}, {end}))",
         )
 

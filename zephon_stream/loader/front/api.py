@@ -116,6 +116,11 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         packing_outputs: also deliver each document's extent for packed
             attention kernels (segment ids, ``cu_seqlens``, ``max_seqlen``,
             document lengths); docs/PACKING.md.
+        packing: how a block's rows are filled: ``"concat"`` (default:
+            windows of the token stream) or ``"best_fit"`` (its documents
+            whole, packed by best-fit decreasing; the order, the rows per
+            block and resume at any world size are unchanged; the state
+            records it); docs/PACKING.md.
         node_cache: where the ranks of one node share the datasets'
             metadata (the manifest, index pages) so that one of them reads
             it from the store: a folder, False for none, or None for the
@@ -158,6 +163,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         end_after_phase: int | None = None,
         cross_document_targets: str = "predict",
         packing_outputs: bool = False,
+        packing: str = "concat",
         node_cache: str | bool | None = None,
     ) -> None:
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
@@ -198,7 +204,8 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         self._end_position: int | None = None
         self._steady_until: float = 0  # NOTE: the cursor the short way to a step stops at
         try:
-            self.packing = PackingSpec(cross_document_targets=cross_document_targets, outputs=packing_outputs)
+            self.packing = PackingSpec(cross_document_targets=cross_document_targets, outputs=packing_outputs,
+                                       rows=packing)  # fmt: skip
             # NOTE: construction reads straight through, each stage handing
             # its output on: streams -> phases -> layouts -> ring, delivery
             # and helper (the feed).

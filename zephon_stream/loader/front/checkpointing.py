@@ -7,6 +7,7 @@ cursor (with a schedule: its phase's), which the next step starts.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from zephon_stream.loader.planning.rank_layout import RankLayout
@@ -49,7 +50,8 @@ class LoaderCheckpointing:
         """Seek to a saved state in O(1), at this loader's world size.
 
         Lanes and window left unset in the constructor are taken from the
-        state; everything else must match. With a schedule, a version 1 state
+        state; everything else must match, the packing included (a state
+        saved before the packing was recorded is ``"concat"``'s). With a schedule, a version 1 state
         loads as its first phase; a phase that has begun must be unchanged,
         phases not begun may be added or edited.
 
@@ -59,7 +61,7 @@ class LoaderCheckpointing:
         """
         if self._schedule is not None:
             scheduled = ScheduleState.from_dict(dict(state_dict))
-            scheduled.validate(self._schedule)
+            scheduled.validate(self._schedule, packing=self._book.packing.rows)
             self._feed.stop()
             self._position = scheduled.position
             phase = self._schedule.phase_at_position(self._position).index
@@ -72,7 +74,7 @@ class LoaderCheckpointing:
         window = state.window if self._explicit_window is None else self._explicit_window
         if (lanes, window) != (self._layout.order.lanes, self._layout.order.config.window):
             self._layout = self._make_layout(lanes=lanes, window=window)
-        state.validate(self._layout.order.state(0))
+        state.validate(dataclasses.replace(self._layout.order.state(0), packing=self._book.packing.rows))
         self._feed.stop()
         self._feed.prepare(self._layout)
         self._position = state.position

@@ -57,6 +57,9 @@ class EvalLoader:
             label of each input EOS is -100), as for ``StreamingLoader``.
         packing_outputs: also deliver segment ids, ``cu_seqlens``,
             ``max_seqlen`` and document lengths.
+        packing: ``"concat"`` (default) or ``"best_fit"`` (rows of whole
+            documents), as for ``StreamingLoader``; an evaluation compared
+            with a training loss reads the rows that training reads.
 
     Raises:
         ConfigError: a bad size, or datasets without a sample of ``seq_len``.
@@ -76,6 +79,7 @@ class EvalLoader:
         num_decode_threads: int = 2,
         cross_document_targets: str = "predict",
         packing_outputs: bool = False,
+        packing: str = "concat",
     ) -> None:
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         for name, value in (("seq_len", seq_len), ("local_batch_size", local_batch_size),
@@ -88,7 +92,7 @@ class EvalLoader:
         self._sizes = (prefetch_steps, num_fetch_threads, num_decode_threads)
         self._sources: list[StreamSource] = []
         self._ring: SharedRing | None = None
-        self.packing = PackingSpec(cross_document_targets=cross_document_targets, outputs=packing_outputs)
+        self.packing = PackingSpec(cross_document_targets=cross_document_targets, outputs=packing_outputs, rows=packing)
         try:
             for index, stream in enumerate(as_streams(streams)):
                 self._sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options))
@@ -138,7 +142,8 @@ class EvalLoader:
         # touches at most rows / samples-per-block + 2 blocks.
         spb = max(1, min(s.manifest.block_tokens - 1 for s in self._sources) // self.seq_len)
         blocks = (self.local_batch_size // spb + 2) * (prefetch_steps + 2) + num_fetch_threads + num_decode_threads
-        block_bytes = max(s.full_block_bytes for s in self._sources)
+        block_bytes = max(s.decoded_bytes_of_full_block(self.seq_len if self.packing.best_fit else 0)
+                          for s in self._sources)  # fmt: skip
         assert self._ring is not None
         reset_returned(self._ring, ())
         return Pipeline(

@@ -14,6 +14,13 @@ a short block. The total is that, times the lanes the rank
 reads, times the decoded bytes of a block, plus the compressed bytes in
 flight, the batch ring shared by the trainer and the helper process, and
 the helper process itself (its interpreter and libraries).
+
+Under ``packing="best_fit"`` the cache holds each block as its packed rows
+(``R x (L + 1)`` tokens, a little more than the block), and the one block
+being packed at a time also holds its decoded tokens and the packing's
+working arrays: at most ``PACKING_WORK_BYTES_PER_TOKEN`` a token, reached when
+every token is a document of its own (web-length documents need about 0.2,
+40-token lines about 11; measured with tracemalloc).
 """
 
 from __future__ import annotations
@@ -24,6 +31,12 @@ import math
 from zephon_stream.errors import ConfigError
 
 MIB = 1 << 20
+PACKING_WORK_BYTES_PER_TOKEN = 96
+
+
+def packing_work_bytes(*, block_tokens: int, itemsize: int) -> int:
+    """The one block being packed: its decoded tokens and the packing's working arrays."""
+    return block_tokens * (itemsize + PACKING_WORK_BYTES_PER_TOKEN)
 
 
 def period_steps(*, lanes: int, global_batch: int) -> int:
@@ -81,6 +94,8 @@ class MemoryBound:
             ring, while two overlap: a run on threads and the helper taking
             it over, or a phase's run and the next one started ahead of the
             boundary (0 where runs never overlap).
+        packing_bytes: under ``packing="best_fit"``, the block being packed
+            (its decoded tokens and the working arrays); 0 otherwise.
     """
 
     resident_blocks: int
@@ -90,19 +105,22 @@ class MemoryBound:
     ring_bytes: int
     helper_bytes: int
     handover_bytes: int = 0
+    packing_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         """The bound: the sum of the parts."""
-        return self.cache_bytes + self.compressed_bytes + self.ring_bytes + self.helper_bytes + self.handover_bytes
+        return (self.cache_bytes + self.compressed_bytes + self.ring_bytes + self.helper_bytes + self.handover_bytes
+                + self.packing_bytes)  # fmt: skip
 
     def describe(self) -> str:
         """One line: the total and each part, in MiB."""
+        packing = f" + {self.packing_bytes / MIB:.1f} MiB for the block being packed" if self.packing_bytes else ""
         return (
             f"{self.total_bytes / MIB:.1f} MiB = {self.resident_blocks} decoded blocks x "
             f"{self.block_bytes / MIB:.2f} MiB + {self.compressed_bytes / MIB:.1f} MiB compressed in flight + "
             f"{self.ring_bytes / MIB:.1f} MiB batch ring + {self.helper_bytes / MIB:.1f} MiB helper process + "
-            f"{self.handover_bytes / MIB:.1f} MiB of a second run during a hand-over"
+            f"{self.handover_bytes / MIB:.1f} MiB of a second run during a hand-over{packing}"
         )
 
 
@@ -117,6 +135,7 @@ def compute_memory_bound(
     ring_bytes: int,
     helper_bytes: int,
     handover: bool = False,
+    packing_bytes: int = 0,
 ) -> MemoryBound:
     """The bound for one rank's loader.
 
@@ -130,6 +149,7 @@ def compute_memory_bound(
         ring_bytes: bytes of the batch ring.
         helper_bytes: the helper process's own footprint, or 0.
         handover: whether two producer runs of this size may overlap.
+        packing_bytes: the block being packed (:func:`packing_work_bytes`), or 0.
     """
     resident = lanes_read * blocks_per_lane
     compressed = (num_fetch_threads + 2 * num_decode_threads) * max_compressed_block_bytes
@@ -140,7 +160,8 @@ def compute_memory_bound(
         compressed_bytes=compressed,
         ring_bytes=ring_bytes,
         helper_bytes=helper_bytes,
-        handover_bytes=resident * block_bytes + compressed + ring_bytes if handover else 0,
+        handover_bytes=resident * block_bytes + compressed + ring_bytes + packing_bytes if handover else 0,
+        packing_bytes=packing_bytes,
     )
 
 

@@ -17,6 +17,7 @@ from zephon_stream.loader.planning.memory import (
     blocks_per_lane,
     check_memory,
     compute_memory_bound,
+    packing_work_bytes,
     period_steps,
     retention_steps,
     window_spread,
@@ -80,6 +81,7 @@ class RankLayout:
         steps_per_slot: consecutive steps a producer plans, fetches and
             assembles as one (a ring slot's worth); its fetch horizon then
             reaches up to ``2 * (steps_per_slot - 1)`` steps further.
+        best_fit: whether blocks are kept as their best-fit rows (memory bound).
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class RankLayout:
         addresses: AddressFn | None = None,
         phase: int = 0,
         steps_per_slot: int = 1,
+        best_fit: bool = False,
     ) -> None:
         self.order = order
         self.start_position = start_position
@@ -137,14 +140,17 @@ class RankLayout:
                 global_batch=global_batch,
                 fetch_steps=self.fetch_steps + 2 * (steps_per_slot - 1),
             ),
-            block_bytes=max(s.full_block_bytes for s in sources),
+            block_bytes=max(s.decoded_bytes_of_full_block(order.config.seq_len if best_fit else 0) for s in sources),
             max_compressed_block_bytes=max(s.max_compressed_block_bytes for s in sources),
             num_fetch_threads=num_fetch_threads,
             num_decode_threads=num_decode_threads,
             ring_bytes=ring_bytes,
             helper_bytes=helper_bytes,
             handover=handover,
-        )
+            packing_bytes=max(
+                packing_work_bytes(block_tokens=s.metadata.block_tokens, itemsize=s.dtype.itemsize) for s in sources
+            ) if best_fit else 0,
+        )  # fmt: skip
 
     def _count_lanes_read(self) -> int:
         """Distinct lanes this rank reads, over every step phase the cursor can take."""

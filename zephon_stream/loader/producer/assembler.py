@@ -1,7 +1,10 @@
 """Assembler: decoded blocks + one step's sample addresses -> one host batch.
 
 Sample ``j`` of a block is its tokens ``[j*L, j*L + L + 1)``: ``input`` is the
-first ``L``, ``labels`` the last ``L``. The pipeline's StepAssembler copies
+first ``L``, ``labels`` the last ``L``. Under ``packing="best_fit"`` the
+cache holds each block as its packed rows (``[R, L + 1]``, ``plan/packing.py``)
+and sample ``j`` is row ``j``, read the same way: its whole documents and
+the pieces of cut ones, then the label of its last input. The pipeline's StepAssembler copies
 each row's window into a ring slot at the stored width and widens the whole
 step to ``int64`` at once where the consumer wants host tensors;
 ``gather_rows`` is the plain row-by-row form.
@@ -148,10 +151,15 @@ class StepAssembler:
         """
         staging, width = slot.tokens, self.seq_len + 1
         assert len(blocks) == len(samples) == len(staging)
-        for row, (tokens, sample) in enumerate(zip(blocks, samples.tolist())):
-            start = sample * self.seq_len
-            assert start + width <= len(tokens), f"sample {sample} past the end of a block of {len(tokens)} tokens"
-            staging[row] = tokens[start : start + width]
+        if self.packing.best_fit:
+            # NOTE: each block is its packed rows, [R, L + 1]: row j is sample j.
+            for row, (rows, sample) in enumerate(zip(blocks, samples.tolist())):
+                staging[row] = rows[sample]
+        else:
+            for row, (tokens, sample) in enumerate(zip(blocks, samples.tolist())):
+                start = sample * self.seq_len
+                assert start + width <= len(tokens), f"sample {sample} past the end of a block of {len(tokens)} tokens"
+                staging[row] = tokens[start : start + width]
         slot.eos[:] = eos_ids
         wide = slot.wide
         if "input" in wide:

@@ -129,6 +129,8 @@ class Pipeline:
         self._slots = ring.producer_slots()
         self._stats = stats
         self._seq_len = seq_len
+        # NOTE: under best fit a block is kept as its packed rows (plan/packing.py).
+        self._packed_seq_len = seq_len if ring.layout.packing.best_fit else 0
         self._hash_data = hash_data
         self._stop = threading.Event()
         self._end_steps: int | None = None  # NOTE: set by end_at from the consumer's thread
@@ -197,11 +199,12 @@ class Pipeline:
                 if key in first_need:  # NOTE: issued and not released; no cache lock needed
                     continue
                 source = self._sources[key[0]]
-                if not self._cache.try_reserve(key, source.decoded_bytes(key[1]), force=index == next_index):
+                nbytes = source.decoded_bytes(key[1], packed_seq_len=self._packed_seq_len)
+                if not self._cache.try_reserve(key, nbytes, force=index == next_index):
                     return
                 first_need[key] = index
                 self._stats.add(cache_misses=1)
-                self._pool.submit(source.job(key))
+                self._pool.submit(source.job(key, packed_seq_len=self._packed_seq_len))
             self._planner.fetched_through(index)
 
     def _locate_ahead(self) -> None:

@@ -16,6 +16,7 @@ COUNTER_KEYS = (
     "cache_misses",
     "fetch_s",
     "decode_s",
+    "pack_s",
     "assemble_s",
     "stall_s",
     "stalled_steps",

@@ -28,6 +28,7 @@ import dataclasses
 import numpy as np
 
 from zephon_stream.errors import ConfigError
+from zephon_stream.plan.packing import PACKINGS
 
 IGNORE_INDEX = -100
 """The label of a target that must not count (PyTorch's and TorchTitan's ignore index)."""
@@ -55,15 +56,21 @@ class PackingSpec:
             next token, the next document's first) or ``"ignore"`` (it is -100).
         outputs: write ``segment_ids``, ``document_lengths``, ``cu_seqlens``,
             ``num_cu_seqlens`` and ``max_seqlen``.
+        rows: how a block's rows are filled (``plan/packing.py``):
+            ``"concat"``, windows of the token stream, or ``"best_fit"``,
+            the block's documents packed whole by best-fit decreasing.
 
     Raises:
-        ConfigError: an unknown ``cross_document_targets`` or a non-bool ``outputs``.
+        ConfigError: an unknown ``cross_document_targets`` or ``rows``, or a non-bool ``outputs``.
     """
 
     cross_document_targets: str = "predict"
     outputs: bool = False
+    rows: str = "concat"
 
     def __post_init__(self) -> None:
+        if self.rows not in PACKINGS:
+            raise ConfigError(f"packing must be one of {', '.join(map(repr, PACKINGS))} (got {self.rows!r})")
         if self.cross_document_targets not in CROSS_DOCUMENT_TARGETS:
             raise ConfigError(
                 f"cross_document_targets must be one of {CROSS_DOCUMENT_TARGETS} "
@@ -76,6 +83,11 @@ class PackingSpec:
     def ignore(self) -> bool:
         """Whether input EOS labels are -100."""
         return self.cross_document_targets == "ignore"
+
+    @property
+    def best_fit(self) -> bool:
+        """Whether rows hold whole documents packed by best fit (blocks are packed as they are decoded)."""
+        return self.rows == "best_fit"
 
 
 def packing_shapes(rows: int, seq_len: int) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -115,6 +115,7 @@ class LayoutBook:
             helper_bytes=self.helper_bytes,
             handover=self.handover,
             steps_per_slot=per_slot,
+            best_fit=self.packing.best_fit,
             **phase,
         )
 
@@ -203,10 +204,9 @@ class LayoutBook:
         return self.schedule.progress(position)
 
     def state(self, position: int, current: RankLayout) -> dict:
-        """The loader state at ``position``: version 1 without a schedule, 2 with one."""
-        if self.schedule is None:
-            return current.order.state(position).to_dict()
-        return self.schedule.state(position).to_dict()
+        """The loader state at ``position``: version 1 without a schedule, 2 with one; both record the packing."""
+        state = current.order.state(position) if self.schedule is None else self.schedule.state(position)
+        return dataclasses.replace(state, packing=self.packing.rows).to_dict()
 
     def largest_bound(self) -> MemoryBound:
         """The memory bound of the phase (built so far) that needs the most."""
