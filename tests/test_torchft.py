@@ -34,12 +34,12 @@ pytestmark = pytest.mark.slow
 STEPS = 20
 
 
-def check_tokens(run, dataset: str, *, lanes: int, loader: int = 0) -> int:
+def check_tokens(run, dataset: str, *, lanes: int, loader: int = 0, packing: str = "concat") -> int:
     """Every row any group was handed is the row one plain rank reads at its position."""
     rows = [(p, d) for recs in run.records.values() for rec in recs
             for p, d in zip(rec["positions"][loader], rec["digests"][loader])]  # fmt: skip
     top = max(p for p, _ in rows) + 1
-    reference = reference_digests(dataset, seq_len=16, lanes=lanes, positions=top)
+    reference = reference_digests(dataset, seq_len=16, lanes=lanes, positions=top, packing=packing)
     wrong = [(p, d) for p, d in rows if p >= 0 and reference[p] != d]
     assert not wrong, f"rows whose tokens differ from a single-rank reading: {wrong[:5]}"
     return len(rows)
@@ -73,13 +73,17 @@ def check_schedule_happened(run, *, killed: str, leaver: str | None, failer: str
 def test_per_replica_batches_lose_and_repeat_no_sample_through_kill_heal_leave_and_failed_commit_async(
     small_dataset, tmp_path
 ):
-    loaders = [{"policy": "per_replica", "group_batch": GROUP_BATCH}]
+    # NOTE: a second loader in the same groups reads rows of whole documents (best fit).
+    loaders = [{"policy": "per_replica", "group_batch": GROUP_BATCH},
+               {"policy": "per_replica", "group_batch": GROUP_BATCH, "packing": "best_fit"}]  # fmt: skip
     run = run_groups(tmp_path, dataset=small_dataset.url, groups=3, group_world_size=1, async_quorum=True,
                      loaders=loaders, steps=STEPS, lanes=12, events=EVENTS, restart={1: "g0r0.step"})  # fmt: skip
     counts = run.counts("ours")
     per_step = check_no_sample_lost_or_repeated(counts[0])
     # NOTE: each committed step trained whole group batches (a share counts or is owed whole).
     assert all(len(p) % GROUP_BATCH == 0 and p for p in per_step.values()), per_step
+    assert check_no_sample_lost_or_repeated(counts[1]) == per_step
+    check_tokens(run, small_dataset.url, lanes=12, loader=1, packing="best_fit")
     check_schedule_happened(run, killed="g1r0", leaver="g2r0", failer="g0r0")
     assert run.finals["g0r0"]["states"] == run.finals["g1r0"]["states"]
     # NOTE: the trap was sprung: rows went to a healing group, and were served again.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torchft")
@@ -104,10 +105,10 @@ def manager_factory():
         lighthouse.shutdown()
 
 
-def make_loader(dataset, manager, **config):
+def make_loader(dataset, manager, packing="concat", **config):
     config = {"seq_len": 16, "group_batch_size": 4, "lanes": 8, **config}
     return TorchFTLoader(dataset.url, manager=manager, config=TorchFTConfig(**config),
-                         loader_options={"pipeline": "threads"})  # fmt: skip
+                         loader_options={"pipeline": "threads", "packing": packing})  # fmt: skip
 
 
 def test_next_before_the_quorum_or_twice_in_one_quorum_is_an_error_naming_the_fix(small_dataset, manager_factory):
@@ -193,3 +194,37 @@ def test_microbatches_split_each_step_and_a_step_cut_short_is_an_error(small_dat
         manager.start_quorum()
         with pytest.raises(TorchFTOrderError, match=r"after 1 of 2 micro-batches of the last step"):
             next(loader)
+
+
+def test_best_fit_rows_are_served_again_after_a_failed_commit_and_a_windows_state_is_refused(
+    definitions_dataset, manager_factory
+):
+    from loader_reference import DirectReader
+    from zephon_stream import StreamingLoader
+
+    manager = manager_factory()
+    served = []
+    with make_loader(definitions_dataset, manager, packing="best_fit", seq_len=256) as loader:
+        for step in range(4):
+            manager.start_quorum()
+            served.append(next(loader))
+            if step == 1:
+                manager.report_error(RuntimeError("injected"))
+            manager.should_commit()
+        state = loader.state_dict()
+    assert state["order"]["packing"] == "best_fit"
+    np.testing.assert_array_equal(served[1]["input"].numpy(), served[2]["input"].numpy())
+    reader = DirectReader([definitions_dataset.url])
+    with StreamingLoader(definitions_dataset.url, seq_len=256, local_batch_size=4, lanes=8, pipeline="threads") as plan:
+        for batch in served:
+            stream, block, sample = plan.order.sample_at(batch["sample_positions"].numpy())
+            for row in range(4):
+                tokens = reader.sample(int(stream[row]), int(block[row]), int(sample[row]), 256, "best_fit")
+                np.testing.assert_array_equal(batch["input"][row].numpy(), tokens[:-1])
+    reader.close()
+    windows = manager_factory()
+    with make_loader(definitions_dataset, windows, seq_len=256) as loader:
+        with pytest.raises(StateMismatchError, match=r"packing: state has 'best_fit', this loader has 'concat'"):
+            loader.load_state_dict(state)
+        older = {**state, "order": {k: v for k, v in state["order"].items() if k != "packing"}}
+        loader.load_state_dict(older)  # NOTE: saved before the packing was recorded: windows

@@ -154,6 +154,42 @@ def test_load_state_dict_resumes_at_another_dp_degree_in_process(small_bpe_datas
         loader.close()
 
 
+def test_best_fit_batches_resume_at_another_dp_degree_and_refuse_a_windows_checkpoint(definitions_dataset):
+    from loader_reference import DirectReader
+
+    config = ZephonDataLoader.Config(dataset_path=definitions_dataset.url, seed=11, packing="best_fit")
+    expected = reference_hashes(config, seq_len=128, global_batch=6, num_steps=5)
+    assert expected != reference_hashes(dataclasses.replace(config, packing="concat"), seq_len=128, global_batch=6,
+                                        num_steps=5)  # fmt: skip
+    reader = DirectReader([definitions_dataset.url])
+    saving = [build(config, dp_world_size=3, dp_rank=r, seq_len=128, local_batch_size=2) for r in range(3)]
+    for loader in saving:
+        input_dict, labels = take(loader, 2)[-1]
+        order = loader._loader.order
+        stream, block, sample = order.sample_at(loader.last_sample_positions.numpy())
+        for row in range(2):
+            tokens = reader.sample(int(stream[row]), int(block[row]), int(sample[row]), 128, "best_fit")
+            assert input_dict["input"][row].tolist() == tokens[:-1].tolist()
+    state = saving[0].state_dict()
+    for loader in saving:
+        loader.close()
+    reader.close()
+    resumed = [build(config, dp_world_size=2, dp_rank=r, seq_len=128, local_batch_size=3) for r in range(2)]
+    for loader in resumed:
+        loader.load_state_dict(state)
+    iters = [iter(loader) for loader in resumed]
+    for step in range(2, 5):
+        union = [row for loader, it in zip(resumed, iters) for row in rows_of(loader, *next(it))]
+        assert _hash_rows(union) == expected[step], f"step {step}"
+    for loader in resumed:
+        loader.close()
+    with build(dataclasses.replace(config, packing="concat"), seq_len=128, local_batch_size=6) as windows:
+        with pytest.raises(StateMismatchError, match="packing .*checkpoint has 'best_fit', this loader has 'concat'"):
+            windows.load_state_dict(state)
+    with pytest.raises(ConfigError, match="packing must be one of"):
+        ZephonDataLoader.Config(dataset_path=definitions_dataset.url, packing="bestfit")
+
+
 def test_load_state_dict_refuses_a_per_rank_titan_state(small_bpe_dataset):
     with build(ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url), seq_len=32, local_batch_size=2) as loader:
         with pytest.raises(StateMismatchError, match="dp_rank_0"):

@@ -89,9 +89,10 @@ def main() -> None:
     for kind in kinds:
         config = TorchFTConfig(seq_len=spec["seq_len"], policy=kind["policy"], group_batch_size=kind.get("group_batch"),
                                global_batch_size=kind.get("global_batch"), lanes=spec["lanes"], seed=3,
-                               state_key=f"data_{kind['policy']}")  # fmt: skip
+                               state_key=f"data_{kind['policy']}_{kind.get('packing', 'concat')}")  # fmt: skip
         loaders.append(TorchFTLoader(spec["dataset"], manager=manager, config=config, group_rank=rank,
-                                     group_world_size=ranks, loader_options={"pipeline": "threads", "prefetch_steps": 2}))
+                                     group_world_size=ranks, loader_options={"pipeline": "threads", "prefetch_steps": 2,
+                                                                             "packing": kind.get("packing", "concat")}))
     records = (out / f"{name}.life{life}.jsonl").open("w")
     (out / f"{name}.life{life}.ready").write_text("")
     wait_for(out / "go")

@@ -165,14 +165,14 @@ def _all_tails(out: Path, procs: dict) -> str:
     return "\n".join(_log_tail(out, g, r) for g, r in procs)
 
 
-def reference_digests(dataset: str, *, seq_len: int, lanes: int, positions: int) -> dict[int, str]:
+def reference_digests(dataset: str, *, seq_len: int, lanes: int, positions: int, packing: str = "concat") -> dict[int, str]:
     """Row digest at each global position ``< positions``, read by one rank of a plain ``StreamingLoader``."""
     from zephon_stream.loader import StreamingLoader
 
     batch = lanes
     digests = {}
     with StreamingLoader(dataset, seq_len=seq_len, local_batch_size=batch, rank=0, world_size=1, seed=3,
-                         lanes=lanes, window=0, pipeline="threads") as loader:  # fmt: skip
+                         lanes=lanes, window=0, pipeline="threads", packing=packing) as loader:  # fmt: skip
         while loader.position < positions:
             rows = next(loader)
             for i, p in enumerate(rows["sample_positions"].tolist()):

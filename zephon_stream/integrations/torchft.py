@@ -108,7 +108,9 @@ class TorchFTLoader:
         group_rank: this rank inside its replica group (the ``rank`` given to the Manager).
         group_world_size: ranks per replica group (the Manager's ``world_size``).
         loader_options: other ``StreamingLoader`` keywords (``storage_options``,
-            ``device``, ``pipeline``, ``prefetch_steps``, ``cross_document_targets``, ...).
+            ``device``, ``pipeline``, ``prefetch_steps``, ``cross_document_targets``,
+            ``packing``, ...); the order config, the packing included, travels
+            in the data state and is checked on load.
 
     Raises:
         ConfigError: a bad config, a schedule, or ``fixed_global`` with the
@@ -171,6 +173,8 @@ class TorchFTLoader:
             StateMismatchError: another policy or order config (naming both values).
         """
         state = ReplicaDataState.from_dict(dict(state_dict))
+        # NOTE: a state saved before the packing was recorded read windows.
+        state.order.setdefault("packing", "concat")
         problems = []
         if state.policy != self._state.policy:
             problems.append(f"policy: state has {state.policy!r}, this loader has {self._state.policy!r}")

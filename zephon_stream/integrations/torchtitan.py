@@ -135,6 +135,7 @@ class ZephonDataLoader(BaseDataLoader):
             end_after_phase=config.end_after_phase,
             cross_document_targets=config.cross_document_targets,
             packing_outputs=config.packing_outputs,
+            packing=config.packing,
         )
         self._last_sample_positions = torch.empty(0, dtype=torch.int64)
         if tokenizer is not None:

@@ -113,6 +113,13 @@ class ZephonDataLoaderConfig(BaseDataLoader.Config):
     passes every ``input_dict`` entry but ``input`` to the model, so this
     needs a model or ``post_dataloading_process`` that takes them."""
 
+    packing: str = "concat"
+    """How a block's rows are filled: ``"concat"`` (windows of the token
+    stream) or ``"best_fit"`` (whole documents packed by best-fit
+    decreasing: fewer documents cut at a row boundary; the order, the rows
+    per block and resume at any dp degree are unchanged). Recorded in the
+    checkpoint: a run keeps the packing it started with (docs/PACKING.md)."""
+
     def __post_init__(self) -> None:
         if self.dataset_path and self.streams:
             raise ConfigError("dataloader: set dataset_path or streams, not both")
@@ -129,7 +136,7 @@ class ZephonDataLoaderConfig(BaseDataLoader.Config):
                 f"dataloader.gradient_accumulation_steps must be >= 1 (got {self.gradient_accumulation_steps})"
             )
         phase_dicts(self.phases)
-        PackingSpec(cross_document_targets=self.cross_document_targets, outputs=self.packing_outputs)
+        PackingSpec(cross_document_targets=self.cross_document_targets, outputs=self.packing_outputs, rows=self.packing)
 
     def to_dict(self) -> dict:
         """The config as TorchTitan logs and saves it, secrets redacted."""

@@ -80,6 +80,11 @@ class ZephonEvalDataLoader(BaseDataLoader):
         """Also put the document outputs in ``input_dict``, as the training
         loader's ``packing_outputs`` does; a padding row is one segment."""
 
+        packing: str = "concat"
+        """``"concat"`` or ``"best_fit"``, as the training loader's
+        ``packing``: a validation loss compared with the training loss reads
+        the same kind of rows."""
+
         def __post_init__(self) -> None:
             if bool(self.dataset_path) == bool(self.streams):
                 raise ConfigError("validator dataloader: set dataset_path or streams (exactly one)")
@@ -87,7 +92,8 @@ class ZephonEvalDataLoader(BaseDataLoader):
                 parse_stream_spec(spec)
             if self.prefetch_steps < 1:
                 raise ConfigError(f"validator dataloader.prefetch_steps must be >= 1 (got {self.prefetch_steps})")
-            PackingSpec(cross_document_targets=self.cross_document_targets, outputs=self.packing_outputs)
+            PackingSpec(cross_document_targets=self.cross_document_targets, outputs=self.packing_outputs,
+                        rows=self.packing)  # fmt: skip
 
         def to_dict(self) -> dict:
             """The config as TorchTitan logs it, secrets redacted."""
@@ -122,6 +128,7 @@ class ZephonEvalDataLoader(BaseDataLoader):
             prefetch_steps=config.prefetch_steps,
             cross_document_targets=config.cross_document_targets,
             packing_outputs=config.packing_outputs,
+            packing=config.packing,
         )
         self._pass: Iterator[dict[str, torch.Tensor]] | None = None
         self.passes = 0

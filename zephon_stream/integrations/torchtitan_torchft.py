@@ -186,7 +186,7 @@ class ZephonFTDataLoader(BaseDataLoader):
         options = {"storage_options": dict(config.storage_options) or None, "device": config.device,
                    "pipeline": config.pipeline, "helper_nice": config.helper_nice,
                    "prefetch_steps": config.prefetch_steps, "max_memory_bytes": config.max_memory_bytes,
-                   "cross_document_targets": config.cross_document_targets,
+                   "cross_document_targets": config.cross_document_targets, "packing": config.packing,
                    # NOTE: TorchTitan 0.3.0's train_step counts valid labels into a CPU tensor.
                    "host_labels": True}  # fmt: skip
         if self._tokenizer is not None:
