@@ -177,20 +177,6 @@ def small_bpe_dataset(
     )
 
 
-def split_at_definitions(text: str) -> list[str]:
-    """A source file cut into documents before each top-level ``def``/``class``/decorator:
-    real text whose documents run from one line to thousands of tokens."""
-    documents, current = [], []
-    for line in text.splitlines(keepends=True):
-        if current and line.startswith(("def ", "class ", "@", "async def ")) and not current[-1].startswith("@"):
-            documents.append("".join(current))
-            current = []
-        current.append(line)
-    if current:
-        documents.append("".join(current))
-    return [d for d in documents if d.strip()]
-
-
 @pytest.fixture(scope="session")
 def definitions_dataset(
     stdlib_corpus: StdlibCorpus, bpe_tokenizer_json: Path, tmp_path_factory: pytest.TempPathFactory
@@ -198,6 +184,7 @@ def definitions_dataset(
     """The first 40 corpus files cut at top-level definitions (about 1,400
     documents from a line to a few thousand tokens), one JSONL record each,
     written with the BPE fixture tokenizer, block_tokens 4097 and 4 blocks a shard."""
+    from benchmarks.bench_packing import split_at_definitions
     from zephon_stream import Manifest, write_dataset
 
     texts = tuple(d for text in stdlib_corpus.texts[:SMALL_DATASET_FILES] for d in split_at_definitions(text))

@@ -134,6 +134,21 @@ def reference_hashes(config: ZephonDataLoader.Config, *, seq_len: int, global_ba
         return {step: _hash_rows(rows_of(reference, *next(batches))) for step in range(num_steps)}
 
 
+def resumed_hashes(config, state, *, dp: int, seq_len: int, local_batch_size: int, steps: range) -> list[str]:
+    """Step hashes of ``dp`` ranks that load ``state`` and read ``steps`` (they start at ``steps[0]``)."""
+    resumed = [build(config, dp_world_size=dp, dp_rank=r, seq_len=seq_len, local_batch_size=local_batch_size)
+               for r in range(dp)]  # fmt: skip
+    try:
+        for loader in resumed:
+            loader.load_state_dict(state)
+        iters = [iter(loader) for loader in resumed]
+        return [_hash_rows([row for loader, it in zip(resumed, iters) for row in rows_of(loader, *next(it))])
+                for _ in steps]  # fmt: skip
+    finally:
+        for loader in resumed:
+            loader.close()
+
+
 def test_load_state_dict_resumes_at_another_dp_degree_in_process(small_bpe_dataset):
     config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=11)
     expected = reference_hashes(config, seq_len=32, global_batch=6, num_steps=5)
@@ -143,15 +158,9 @@ def test_load_state_dict_resumes_at_another_dp_degree_in_process(small_bpe_datas
     state = saving[0].state_dict()
     for loader in saving:
         loader.close()
-    resumed = [build(config, dp_world_size=2, dp_rank=r, seq_len=32, local_batch_size=3) for r in range(2)]
-    for loader in resumed:
-        loader.load_state_dict(state)
-    iters = [iter(loader) for loader in resumed]
-    for step in range(2, 5):
-        union = [row for loader, it in zip(resumed, iters) for row in rows_of(loader, *next(it))]
-        assert _hash_rows(union) == expected[step], f"step {step}"
-    for loader in resumed:
-        loader.close()
+    assert resumed_hashes(config, state, dp=2, seq_len=32, local_batch_size=3, steps=range(2, 5)) == [
+        expected[step] for step in range(2, 5)
+    ]
 
 
 def test_best_fit_batches_resume_at_another_dp_degree_and_refuse_a_windows_checkpoint(definitions_dataset):
@@ -174,15 +183,9 @@ def test_best_fit_batches_resume_at_another_dp_degree_and_refuse_a_windows_check
     for loader in saving:
         loader.close()
     reader.close()
-    resumed = [build(config, dp_world_size=2, dp_rank=r, seq_len=128, local_batch_size=3) for r in range(2)]
-    for loader in resumed:
-        loader.load_state_dict(state)
-    iters = [iter(loader) for loader in resumed]
-    for step in range(2, 5):
-        union = [row for loader, it in zip(resumed, iters) for row in rows_of(loader, *next(it))]
-        assert _hash_rows(union) == expected[step], f"step {step}"
-    for loader in resumed:
-        loader.close()
+    assert resumed_hashes(config, state, dp=2, seq_len=128, local_batch_size=3, steps=range(2, 5)) == [
+        expected[step] for step in range(2, 5)
+    ]
     with build(dataclasses.replace(config, packing="concat"), seq_len=128, local_batch_size=6) as windows:
         with pytest.raises(StateMismatchError, match="packing .*checkpoint has 'best_fit', this loader has 'concat'"):
             windows.load_state_dict(state)

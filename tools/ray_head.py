@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.server_process import LoopbackServer, free_ports, serve_until_signalled
+from tools.server_process import LoopbackServer, free_ports, installed_command, serve_until_signalled
 
 INSTALL_HINT = "install Ray: pip install 'ray[data]>=2.60,<3' (the project's 'ray' extra)"
 # NOTE: enough for the tests' small Ray Datasets; Ray's default is 30% of memory.
@@ -56,10 +55,7 @@ RAY_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_E
 
 def ray_binary() -> str:
     """The ``ray`` command (installed beside the interpreter with Ray)."""
-    path = shutil.which("ray") or shutil.which("ray", path=str(Path(sys.executable).parent))
-    if path is None:
-        raise FileNotFoundError(f"the 'ray' command was not found; {INSTALL_HINT}")
-    return path
+    return installed_command("ray", f"the 'ray' command was not found; {INSTALL_HINT}")
 
 
 class RayHead(LoopbackServer):

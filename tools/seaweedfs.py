@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 import sys
 import tempfile
 import threading
@@ -31,7 +30,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.server_process import LoopbackServer, answers_http, free_ports, serve_until_signalled
+from tools.server_process import LoopbackServer, answers_http, free_ports, installed_command, serve_until_signalled
 
 ACCESS_KEY = "zephon-test-key"
 SECRET_KEY = "zephon-test-secret-value"
@@ -60,12 +59,7 @@ def weed_binary() -> str:
     Raises:
         FileNotFoundError: it is not installed; the message says how to install it.
     """
-    # NOTE: pip puts ``weed`` beside the interpreter, which is not on the PATH
-    # when a virtual environment's python runs without being activated.
-    path = shutil.which("weed") or shutil.which("weed", path=str(Path(sys.executable).parent))
-    if path is None:
-        raise FileNotFoundError(f"SeaweedFS binary 'weed' not found on PATH; {INSTALL_HINT}")
-    return path
+    return installed_command("weed", f"SeaweedFS binary 'weed' not found on PATH; {INSTALL_HINT}")
 
 
 class SeaweedFS(LoopbackServer):

@@ -62,6 +62,21 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
+def installed_command(name: str, missing: str) -> str:
+    """The path of command ``name``, on the PATH or beside this interpreter.
+
+    NOTE: pip puts a package's commands beside the interpreter, which is not
+    on the PATH when a virtual environment's python runs without being activated.
+
+    Raises:
+        FileNotFoundError: ``missing`` (what to install).
+    """
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if path is None:
+        raise FileNotFoundError(missing)
+    return path
+
+
 def _log_tail(path: Path, num_lines: int = 20) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()
