@@ -22,6 +22,7 @@ from loader_reference import DirectReader, reference_positions, run_step_hashes
 from zephon_stream import Stream, StreamingLoader
 from zephon_stream.errors import ConfigError, StateMismatchError
 from zephon_stream.loader import EvalLoader, Phase
+from zephon_stream.loader.planning.memory import PACKING_WORK_BYTES_PER_TOKEN
 from zephon_stream.loader.ring.packing import IGNORE_INDEX
 
 SEQ_LEN = 256  # NOTE: 4097-token blocks hold 16 rows
@@ -217,7 +218,7 @@ def test_a_checkpoint_of_the_other_packing_is_refused_naming_both(definitions_da
         loader_for(definitions_dataset.url, packing="first_fit")
 
 
-def test_the_memory_bound_counts_the_packed_blocks_and_the_block_being_packed(definitions_dataset):
+def test_the_memory_bound_counts_the_packed_blocks_and_the_blocks_being_packed(definitions_dataset):
     with loader_for(definitions_dataset.url, packing="concat", pipeline="threads") as windows:
         plain = windows.memory_bound
     with loader_for(definitions_dataset.url, pipeline="threads") as packed:
@@ -227,5 +228,6 @@ def test_the_memory_bound_counts_the_packed_blocks_and_the_block_being_packed(de
         stats = packed.stats()
     assert plain.packing_bytes == 0 and bound.packing_bytes > 0
     assert bound.block_bytes == 16 * (SEQ_LEN + 1) * 2 and plain.block_bytes == 4097 * 2
-    assert "for the block being packed" in bound.describe()
+    assert "for the blocks being packed" in bound.describe()
+    assert bound.packing_bytes == 2 * 4097 * (2 + PACKING_WORK_BYTES_PER_TOKEN)  # NOTE: one block per decode thread
     assert stats["cache_peak_bytes"] <= stats["cache_capacity_bytes"]

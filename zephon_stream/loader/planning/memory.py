@@ -16,11 +16,11 @@ flight, the batch ring shared by the trainer and the helper process, and
 the helper process itself (its interpreter and libraries).
 
 Under ``packing="best_fit"`` the cache holds each block as its packed rows
-(``R x (L + 1)`` tokens, a little more than the block), and the one block
-being packed at a time also holds its decoded tokens and the packing's
-working arrays: at most ``PACKING_WORK_BYTES_PER_TOKEN`` a token, reached when
-every token is a document of its own (web-length documents need about 0.2,
-40-token lines about 11; measured with tracemalloc).
+(``R x (L + 1)`` tokens, a little more than the block), and each decode
+thread, while it packs a block, also holds the block's decoded tokens and the
+packing's working arrays: at most ``PACKING_WORK_BYTES_PER_TOKEN`` a token,
+reached when every token is a document of its own (web-length documents need
+about 0.2, 40-token lines about 11; measured with tracemalloc).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ PACKING_WORK_BYTES_PER_TOKEN = 96
 
 
 def packing_work_bytes(*, block_tokens: int, itemsize: int) -> int:
-    """The one block being packed: its decoded tokens and the packing's working arrays."""
+    """One block being packed: its decoded tokens and the packing's working arrays."""
     return block_tokens * (itemsize + PACKING_WORK_BYTES_PER_TOKEN)
 
 
@@ -94,8 +94,9 @@ class MemoryBound:
             ring, while two overlap: a run on threads and the helper taking
             it over, or a phase's run and the next one started ahead of the
             boundary (0 where runs never overlap).
-        packing_bytes: under ``packing="best_fit"``, the block being packed
-            (its decoded tokens and the working arrays); 0 otherwise.
+        packing_bytes: under ``packing="best_fit"``, the blocks being packed,
+            one per decode thread (their decoded tokens and the working
+            arrays); 0 otherwise.
     """
 
     resident_blocks: int
@@ -115,7 +116,7 @@ class MemoryBound:
 
     def describe(self) -> str:
         """One line: the total and each part, in MiB."""
-        packing = f" + {self.packing_bytes / MIB:.1f} MiB for the block being packed" if self.packing_bytes else ""
+        packing = f" + {self.packing_bytes / MIB:.1f} MiB for the blocks being packed" if self.packing_bytes else ""
         return (
             f"{self.total_bytes / MIB:.1f} MiB = {self.resident_blocks} decoded blocks x "
             f"{self.block_bytes / MIB:.2f} MiB + {self.compressed_bytes / MIB:.1f} MiB compressed in flight + "
@@ -149,7 +150,8 @@ def compute_memory_bound(
         ring_bytes: bytes of the batch ring.
         helper_bytes: the helper process's own footprint, or 0.
         handover: whether two producer runs of this size may overlap.
-        packing_bytes: the block being packed (:func:`packing_work_bytes`), or 0.
+        packing_bytes: the blocks being packed (one per decode thread, each
+            :func:`packing_work_bytes`), or 0.
     """
     resident = lanes_read * blocks_per_lane
     compressed = (num_fetch_threads + 2 * num_decode_threads) * max_compressed_block_bytes

@@ -147,7 +147,7 @@ class RankLayout:
             ring_bytes=ring_bytes,
             helper_bytes=helper_bytes,
             handover=handover,
-            packing_bytes=max(
+            packing_bytes=num_decode_threads * max(
                 packing_work_bytes(block_tokens=s.metadata.block_tokens, itemsize=s.dtype.itemsize) for s in sources
             ) if best_fit else 0,
         )  # fmt: skip
