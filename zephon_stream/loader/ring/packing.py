@@ -1,8 +1,9 @@
 """Packed rows as attention kernels see them: cross-document targets and document boundaries.
 
-A row is a window of the token stream, so it packs several documents; a
-document ends with (owns) its EOS and the next one starts on the token after
-it, or at the row's first token. From the same EOS scan that makes
+A row packs several documents (a window of the token stream, or under
+``rows="best_fit"`` whole documents and pieces of cut ones, plan/packing.py);
+a document ends with (owns) its EOS and the next one starts on the token
+after it, or at the row's first token. From the same EOS scan that makes
 ``positions`` (loader/producer/assembler.py) this module writes, per step:
 
 - under ``cross_document_targets="ignore"``, ``labels = -100`` at every input
