@@ -174,3 +174,24 @@ def test_a_resume_may_edit_only_phases_not_begun_and_reads_the_same_until_them(o
     later = ScheduleState.from_dict(order.state(cut + 1).to_dict())
     with pytest.raises(StateMismatchError, match=f"phase {k} \\(start step {specs[k].start_step}\\): seq_len: checkpoint has"):
         later.validate(resumed)
+
+
+def test_the_same_weights_in_other_units_resume_and_a_damaged_stream_list_is_named():
+    order = ScheduleOrder(SHAPES[:3], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8,
+                                                     weights=(5, 2, 1))], seed=3)  # fmt: skip
+    state = order.state(40).to_dict()
+    tenfold = ScheduleOrder(SHAPES[:3], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8,
+                                                       weights=(10, 4, 2))], seed=3)  # fmt: skip
+    ScheduleState.from_dict(state).validate(tenfold)  # NOTE: 10:4:2 splits the lanes as 5:2:1
+    with pytest.raises(StateMismatchError, match=r"phase 0: weights has 3 entries for the 2 streams of its "
+                                                 r"fingerprints: the state is damaged or was edited"):  # fmt: skip
+        ScheduleState.from_dict({**state, "fingerprints": state["fingerprints"][:2]})
+    # NOTE: a stream appended since the checkpoint shows as weight 0 in a begun phase, and the message says so.
+    shorter = ScheduleOrder(SHAPES[:2], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8,
+                                                       weights=(1, 1))], seed=3)  # fmt: skip
+    grown = ScheduleOrder(SHAPES[:3], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8,
+                                                     weights=(1, 1, 1))], seed=3)  # fmt: skip
+    with pytest.raises(StateMismatchError) as info:
+        ScheduleState.from_dict(shorter.state(40).to_dict()).validate(grown)
+    assert "weights: checkpoint has ['1', '1', '0'] (with 0 for the 1 streams added since), this loader has " \
+           "['1', '1', '1']" in str(info.value)

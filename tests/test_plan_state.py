@@ -59,8 +59,8 @@ def test_validate_reports_lanes_window_and_weights():
 
 def test_unknown_version_and_malformed_states_are_refused():
     data = order_for().state(5).to_dict()
-    with pytest.raises(VersionError, match="loader state version 2 is not supported"):
-        LoaderState.from_dict(data | {"version": 2})
+    with pytest.raises(VersionError, match="loader state version 3 is not supported"):
+        LoaderState.from_dict(data | {"version": 3})
     with pytest.raises(StateMismatchError, match=r"missing keys \['seed'\], unknown keys \['x'\]"):
         LoaderState.from_dict({k: v for k, v in data.items() if k != "seed"} | {"x": 1})
     with pytest.raises(StateMismatchError, match="key 'position': expected an int, got '5'"):
@@ -86,3 +86,24 @@ def test_order_config_errors_are_config_errors():
         order_for(weights=(1, -1))
     with pytest.raises(ConfigError, match="seq_len must be >= 1"):
         order_for(seq_len=0)
+
+
+def test_a_scheduled_state_into_a_loader_without_a_schedule_says_what_to_pass():
+    from zephon_stream.plan import SchedulePhase, ScheduleOrder
+
+    shapes = [StreamShape.from_counts(fp, 65, [65] * 30 + [12]) for fp in ("fp-a", "fp-b")]
+    scheduled = ScheduleOrder(shapes, [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8)], seed=7)
+    with pytest.raises(StateMismatchError, match=r"version 2 is a scheduled loader's .* build it with the "
+                                                 r"schedule the checkpoint was saved with"):  # fmt: skip
+        LoaderState.from_dict(scheduled.state(16).to_dict())
+    with pytest.raises(VersionError, match=r"version 7 is not supported"):
+        LoaderState.from_dict({**order_for().state(0).to_dict(), "version": 7})
+
+
+def test_weights_in_other_units_are_the_same_mixture():
+    five = order_for(weights=(5, 2))
+    ten = order_for(weights=(10, 4))
+    assert five.lane_counts == ten.lane_counts
+    five.state(40).validate(ten.state(0))
+    with pytest.raises(StateMismatchError, match=r"stream weights: checkpoint has \['5', '2'\], this loader has \['2', '5'\]"):
+        five.state(40).validate(order_for(weights=(2, 5)).state(0))

@@ -66,6 +66,24 @@ def canonical_weights(weights: tuple[Weight, ...], num_streams: int) -> tuple[st
     return tuple(str(v) for v in values)
 
 
+def same_proportions(a: list[str] | tuple[str, ...], b: list[str] | tuple[str, ...]) -> bool:
+    """Whether two weight lists split lanes alike: the same streams, each the same share of the total.
+
+    NOTE: the order reads weights only through ``w / sum(w)``, so ``10:4:2``
+    is ``5:2:1``; a state keeps the strings it was given and is compared by share.
+    """
+    if len(a) != len(b):
+        return False
+    try:
+        x, y = [Fraction(w) for w in a], [Fraction(w) for w in b]
+    except (TypeError, ValueError, ZeroDivisionError):
+        return list(a) == list(b)
+    total_x, total_y = sum(x), sum(y)
+    if not total_x or not total_y:
+        return x == y
+    return all(u / total_x == v / total_y for u, v in zip(x, y))
+
+
 def split_lanes(weights: tuple[str, ...], lanes: int) -> list[int]:
     """Lanes per stream by the largest-remainder method.
 

@@ -299,8 +299,10 @@ class GlobalOrder:
 
         Returns:
             One dict per stream: ``stream``, ``fingerprint``, ``lanes``,
-            ``epoch`` (of its least advanced lane), ``samples`` (consumed in
-            total), ``samples_in_epoch``, ``samples_read_per_epoch`` (after the
+            ``epoch`` (the epoch its lanes are in: they differ by at most one
+            step, and a lane that took the epoch's last step stays in it until
+            all have), ``samples`` (consumed in total), ``samples_in_epoch``
+            (of ``epoch``, in ``[0, samples_read_per_epoch]``), ``samples_read_per_epoch`` (after the
             lane cut), ``stream_samples`` (one pass over every block, before
             the cut) and ``lane_steps_per_epoch``. ``epoch_samples`` is the
             old name of ``samples_read_per_epoch``, kept as an alias.

@@ -107,7 +107,15 @@ class EpochSlots:
         return full + k, rest - self.cum_list[k]
 
     def ceil_slot(self, index: np.ndarray) -> np.ndarray:
-        """The first slot starting at or after each epoch index."""
+        """The slot that holds each epoch index, plus one when the index is not its slot's first sample.
+
+        The slot that holds index ``i`` is the one whose samples include it;
+        a short block holding no sample at this seq_len holds no index, so it
+        is never the slot of ``i`` even where it starts at ``i`` (several
+        slots may start at one index: the one returned is the last of them,
+        the one holding ``i``). For ``i`` = the epoch's total, the result is
+        the slot count.
+        """
         slot, sample = self.slot_of(index)
         return slot + (sample > 0)
 
@@ -335,7 +343,12 @@ class EpochRest:
         return EpochRest.from_ranges(self.base, base_lo, base_hi)
 
     def _split(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Concatenation ranges -> base ranges, split where the concatenation jumps."""
+        """Concatenation ranges -> base ranges, split where the concatenation jumps.
+
+        NOTE: split at every range of this rest, even where one range ends at
+        the base index the next begins, and never merged: a later seq_len
+        change converts each range on its own (docs/ORDER.md).
+        """
         lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
         keep = hi > lo
         lo, hi = lo[keep], hi[keep]

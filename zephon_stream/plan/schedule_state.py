@@ -12,13 +12,13 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Protocol
 
 from zephon_stream.errors import StateMismatchError, VersionError
-from zephon_stream.plan.state import MAX_POSITION, OPTIONAL_KEYS, LoaderState, check_packing
+from zephon_stream.plan.mixture import same_proportions
+from zephon_stream.plan.state import MAX_POSITION, OPTIONAL_KEYS, SCHEDULE_STATE_VERSION, LoaderState, check_packing
 
 if TYPE_CHECKING:
     from zephon_stream.plan.schedule import Phase
     from zephon_stream.plan.shape import StreamShape
 
-SCHEDULE_STATE_VERSION = 2
 
 
 class ScheduledOrder(Protocol):
@@ -185,6 +185,12 @@ class ScheduleState:
             absent = sorted(set(PHASE_FIELDS) - set(phase))
             if absent:
                 raise StateMismatchError(f"loader state phase {k}: missing keys {absent}")
+            for name in ("weights", "lane_counts"):
+                if isinstance(phase[name], list) and len(phase[name]) != len(data["fingerprints"]):
+                    raise StateMismatchError(
+                        f"loader state phase {k}: {name} has {len(phase[name])} entries for the "
+                        f"{len(data['fingerprints'])} streams of its fingerprints: the state is damaged or was edited"
+                    )
         return cls(
             position=data["position"], step=data["step"], seed=data["seed"],
             fingerprints=list(data["fingerprints"]), phases=phases, streams=streams,
@@ -237,14 +243,18 @@ class ScheduleState:
             later = k + 1 < len(order.phases)
             for name in PHASE_FIELDS:
                 mine = saved[name]
-                if name in ("weights", "lane_counts") and isinstance(mine, list):
+                if name in ("weights", "lane_counts") and isinstance(mine, list) and extra:
+                    # NOTE: streams appended since the checkpoint read nothing in a begun phase.
                     mine = list(mine) + ["0" if name == "weights" else 0] * extra
                 if name == "global_batch" and (mine is None or not later):
                     # NOTE: the batch of the last phase only numbers its steps;
                     # a resume may change it unless a later phase starts from it.
                     continue
+                if name == "weights" and same_proportions(mine, now[name]):
+                    continue
                 if mine != now[name]:
-                    problems.append(f"{where}: {name}: checkpoint has {saved[name]!r}, this loader has {now[name]!r}")
+                    appended = f" (with 0 for the {extra} streams added since)" if mine != saved[name] else ""
+                    problems.append(f"{where}: {name}: checkpoint has {mine!r}{appended}, this loader has {now[name]!r}")
         begun = len(self.phases)
         for phase in order.phases[begun:]:
             if phase.start_position < self.position:

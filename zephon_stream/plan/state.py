@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from zephon_stream.errors import StateMismatchError, VersionError
-from zephon_stream.plan.mixture import OrderConfig
+from zephon_stream.plan.mixture import OrderConfig, same_proportions
 from zephon_stream.plan.packing import PACKINGS
 
 STATE_VERSION = 1
+SCHEDULE_STATE_VERSION = 2
 MAX_POSITION = 2**62
 # NOTE: keys a state written before they existed lacks, and what their absence means.
 OPTIONAL_KEYS = {"packing": "concat"}
@@ -95,10 +96,16 @@ class LoaderState:
         if not isinstance(data, dict):
             raise StateMismatchError(f"loader state must be a dict, got {type(data).__name__}")
         version = data.get("version")
+        if version == SCHEDULE_STATE_VERSION:
+            raise StateMismatchError(
+                f"loader state version {SCHEDULE_STATE_VERSION} is a scheduled loader's (it records the phases "
+                f"begun and each stream's progress), and this loader has no schedule: build it with the "
+                f"schedule the checkpoint was saved with (schedule=...; phases not begun may change)"
+            )
         if version != STATE_VERSION:
             raise VersionError(
                 f"loader state version {version!r} is not supported (this code reads "
-                f"version {STATE_VERSION})"
+                f"version {STATE_VERSION}, and version {SCHEDULE_STATE_VERSION} with a schedule)"
             )
         names = {f.name for f in fields(cls)}
         data = {**OPTIONAL_KEYS, **data}
@@ -131,7 +138,8 @@ class LoaderState:
     def validate(self, expected: LoaderState) -> None:
         """Check this (loaded) state belongs to the loader that ``expected`` describes.
 
-        The position is not compared. Every mismatch is named with both values.
+        The position is not compared, and weights are compared as shares
+        (``10:4:2`` is ``5:2:1``). Every mismatch is named with both values.
 
         Raises:
             StateMismatchError: one or more fields differ.
@@ -139,6 +147,8 @@ class LoaderState:
         problems = []
         for name, label in _CHECKED:
             loaded, wanted = getattr(self, name), getattr(expected, name)
+            if name == "weights" and same_proportions(loaded, wanted):
+                continue
             if _as_plain(loaded) != _as_plain(wanted):
                 problems.append(f"{label}: checkpoint has {loaded!r}, this loader has {wanted!r}")
         if problems:
