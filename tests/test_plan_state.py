@@ -23,10 +23,11 @@ def test_state_is_plain_values_that_round_trip_through_json():
     assert data == {
         "version": 1, "position": 1234, "seed": 7, "seq_len": 16, "lanes": 8, "window": 0,
         "weights": ["7/10", "3/10"], "lane_counts": [6, 2], "fingerprints": ["fp-a", "fp-b"], "packing": "concat",
+        "history": [],
     }  # fmt: skip
     assert LoaderState.from_dict(data) == state
     # NOTE: a state written before the packing was recorded read windows.
-    assert LoaderState.from_dict({k: v for k, v in data.items() if k != "packing"}) == state
+    assert LoaderState.from_dict({k: v for k, v in data.items() if k not in ("packing", "history")}) == state
     with pytest.raises(StateMismatchError, match=r"'packing': expected one of \['concat', 'best_fit'\], got 'x'"):
         LoaderState.from_dict({**data, "packing": "x"})
     assert state.order_config().weights == ("7/10", "3/10")

@@ -80,7 +80,9 @@ class ShareReader:
             state = loader.state_dict()
         finally:
             loader.close()
+        # NOTE: the group's own cursor and shares are its state; the inner loaders' history is not.
         state.pop("position")
+        state.pop("history", None)
         return state
 
     def read(self, piece: Piece, *, global_batch: int, fresh: bool) -> dict[str, torch.Tensor]:

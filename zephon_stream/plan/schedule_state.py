@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from zephon_stream.errors import StateMismatchError, VersionError
 from zephon_stream.plan.mixture import same_proportions
+from zephon_stream.plan.run_history import decode
 from zephon_stream.plan.state import MAX_POSITION, OPTIONAL_KEYS, SCHEDULE_STATE_VERSION, LoaderState, check_packing
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class ScheduleState:
             samples_in_epoch`` (empty when read from version 1).
         packing: how rows are filled (``"concat"``, ``"best_fit"``); a state
             written before it was recorded reads as ``"concat"``.
+        history: the run's stretches and skips (plan/run_history.py), as ``LoaderState``'s.
     """
 
     version: int = SCHEDULE_STATE_VERSION
@@ -109,6 +111,7 @@ class ScheduleState:
     phases: list[dict] = field(default_factory=list)
     streams: list[dict] = field(default_factory=list)
     packing: str = "concat"
+    history: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """The state as a dict of ints, strings and lists of strings.
@@ -128,6 +131,7 @@ class ScheduleState:
             "phases": [_json(p) for p in self.phases],
             "streams": [_json(s) for s in self.streams],
             "packing": str(self.packing),
+            "history": list(self.history),
         }
 
     @classmethod
@@ -150,7 +154,7 @@ class ScheduleState:
             }  # fmt: skip
             return cls(
                 version=1, position=old.position, step=None, seed=old.seed,
-                fingerprints=list(old.fingerprints), phases=[phase], packing=old.packing,
+                fingerprints=list(old.fingerprints), phases=[phase], packing=old.packing, history=list(old.history),
             )  # fmt: skip
         if version != SCHEDULE_STATE_VERSION:
             raise VersionError(
@@ -173,10 +177,11 @@ class ScheduleState:
             raise StateMismatchError(
                 f"loader state key 'position': {data['position']} is outside [0, 2**62)"
             )
-        for name in ("fingerprints", "phases", "streams"):
+        for name in ("fingerprints", "phases", "streams", "history"):
             value = data[name]
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
                 raise StateMismatchError(f"loader state key {name!r}: expected a list of str, got {value!r}")
+        decode(data["history"])
         phases = [_parse(text, f"phase {k}") for k, text in enumerate(data["phases"])]
         streams = [_parse(text, f"stream {k}") for k, text in enumerate(data["streams"])]
         if not phases:
@@ -194,7 +199,7 @@ class ScheduleState:
         return cls(
             position=data["position"], step=data["step"], seed=data["seed"],
             fingerprints=list(data["fingerprints"]), phases=phases, streams=streams,
-            packing=check_packing(data["packing"]),
+            packing=check_packing(data["packing"]), history=list(data["history"]),
         )  # fmt: skip
 
     def validate(self, order: ScheduledOrder, *, packing: str = "concat") -> None:

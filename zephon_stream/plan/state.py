@@ -7,12 +7,13 @@ from dataclasses import dataclass, field, fields
 from zephon_stream.errors import StateMismatchError, VersionError
 from zephon_stream.plan.mixture import OrderConfig, same_proportions
 from zephon_stream.plan.packing import PACKINGS
+from zephon_stream.plan.run_history import decode
 
 STATE_VERSION = 1
 SCHEDULE_STATE_VERSION = 2
 MAX_POSITION = 2**62
 # NOTE: keys a state written before they existed lacks, and what their absence means.
-OPTIONAL_KEYS = {"packing": "concat"}
+OPTIONAL_KEYS = {"packing": "concat", "history": ()}
 
 # NOTE: (field, what a mismatch means to the user) in the order errors list them.
 _CHECKED = (
@@ -57,6 +58,8 @@ class LoaderState:
         fingerprints: dataset fingerprints, one per stream.
         packing: how rows are filled (``"concat"``, ``"best_fit"``); a state
             written before it was recorded reads as ``"concat"``.
+        history: the run's stretches and skips, one JSON object (string) each
+            (plan/run_history.py); empty in a state written before it was recorded.
     """
 
     version: int = STATE_VERSION
@@ -69,6 +72,7 @@ class LoaderState:
     lane_counts: list[int] = field(default_factory=list)
     fingerprints: list[str] = field(default_factory=list)
     packing: str = "concat"
+    history: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """The state as a dict of ints, strings and lists of them."""
@@ -83,6 +87,7 @@ class LoaderState:
             "lane_counts": [int(c) for c in self.lane_counts],
             "fingerprints": [str(f) for f in self.fingerprints],
             "packing": str(self.packing),
+            "history": [str(h) for h in self.history],
         }
 
     @classmethod
@@ -126,13 +131,14 @@ class LoaderState:
             raise StateMismatchError(
                 f"loader state key 'position': {data['position']} is outside [0, 2**62)"
             )
-        for name, kind in (("weights", str), ("lane_counts", int), ("fingerprints", str)):
+        for name, kind in (("weights", str), ("lane_counts", int), ("fingerprints", str), ("history", str)):
             value = data[name]
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, kind) for v in value):
                 raise StateMismatchError(
                     f"loader state key {name!r}: expected a list of {kind.__name__}, got {value!r}"
                 )
         check_packing(data["packing"])
+        decode(data["history"])
         return cls(**{name: list(v) if isinstance(v, tuple) else v for name, v in data.items()})
 
     def validate(self, expected: LoaderState) -> None:

@@ -235,6 +235,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
                                             window=window, max_memory_bytes=max_memory_bytes)  # fmt: skip
             if first is not None:
                 self._use_layout(first)
+            self._book.begin_history(0, first.global_batch if first else self._schedule.phases[0].global_batch)
             self._feed = BatchFeed(
                 book=self._book, streams=self._streams, storage_options=storage_options, pipeline_mode=pipeline,
                 helper_nice=helper_nice, first_layout=first,

@@ -124,9 +124,9 @@ class AuditLog:
         self._file.write(line + "\n")
         self._file.flush()
 
-    def append(self, record: dict[str, Any]) -> None:
-        """Add one step record (``{"kind": "step", ...}``)."""
-        line = json.dumps({"kind": "step", **record}, sort_keys=True)
+    def append(self, record: dict[str, Any], kind: str = "step") -> None:
+        """Add one record (``{"kind": "step", ...}``; ``kind="skip"`` for steps skipped)."""
+        line = json.dumps({"kind": kind, **record}, sort_keys=True)
         if self._file is not None:
             self._write_line(line)
             return

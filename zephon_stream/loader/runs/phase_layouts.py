@@ -21,6 +21,7 @@ from zephon_stream.loader.planning.schedule import local_batch_of, run_end_step
 from zephon_stream.loader.ring.packing import PackingSpec
 from zephon_stream.loader.ring.shared_ring import SharedRing, SlotLayout
 from zephon_stream.plan import GlobalOrder, ScheduleOrder
+from zephon_stream.plan.run_history import Skip, Stretch, continues, decode, encode, last_stretch, plain_distance
 
 # NOTE: a step of few tokens costs the producer and the trainer about as much
 # Python as a large one; below this many tokens a step, several consecutive
@@ -50,6 +51,9 @@ class LayoutBook:
             take one step a slot).
         schedule: the schedule's order, or None.
         packing: cross-document targets and document outputs of every slot.
+        history: the run's stretches and skips (plan/run_history.py), in the
+            state; without a schedule they number the steps, which then
+            continue across a resume at another global batch.
     """
 
     sources: Sequence[StreamSource]
@@ -69,6 +73,7 @@ class LayoutBook:
     schedule: ScheduleOrder | None = None
     packing: PackingSpec = PackingSpec()
     phases: dict[int, RankLayout] = dataclasses.field(default_factory=dict)
+    history: list[Stretch | Skip] = dataclasses.field(default_factory=list)
 
     @property
     def num_slots(self) -> int:
@@ -192,10 +197,56 @@ class LayoutBook:
         return self.schedule.phase_at_position(position).order
 
     def step_of(self, position: int, current: RankLayout) -> int:
-        """The global step at cursor ``position``."""
+        """The global step at cursor ``position``: with a schedule the schedule's;
+        without one, counted on from the run's last stretch (``P div B`` when it starts at 0)."""
         if self.schedule is None:
-            return position // current.global_batch
+            stretch = last_stretch(self.history)
+            if stretch is None or position < stretch.position:
+                return position // current.global_batch
+            return stretch.step + (position - stretch.position) // current.global_batch
         return self.schedule.step_of_position(position)
+
+    def position_of_step(self, step: int, current: RankLayout) -> int:
+        """The cursor at the start of global step ``step`` of this run (the inverse of ``step_of``)."""
+        if self.schedule is None:
+            stretch = last_stretch(self.history)
+            if stretch is None:
+                return step * current.global_batch
+            return stretch.position + (step - stretch.step) * current.global_batch
+        return self.schedule.position_of_step(step)
+
+    def distance(self, stretch: Stretch, step: int) -> int:
+        """Positions from ``stretch``'s first step to step ``step``, read on from it (plan/run_history.py)."""
+        if self.schedule is None:
+            return plain_distance(stretch, step)
+        phases = self.schedule.phases
+        following = self.schedule.phase_at_step(stretch.step).index + 1
+        if following == len(phases) or step <= phases[following].start_step:
+            return (step - stretch.step) * stretch.global_batch
+        after = phases[following]
+        return (after.start_step - stretch.step) * stretch.global_batch + self.schedule.position_of_step(step) - after.start_position
+
+    def begin_history(self, position: int, global_batch: int, saved: list[str] | None = None) -> None:
+        """The run's history as it starts at ``position``: the saved one (a resume's state, if it has one),
+        and a new stretch unless reading on from the last one reaches this cursor at this batch."""
+        entries = decode(saved) if saved else []
+        stretch = last_stretch(entries)
+        if self.schedule is not None:
+            step = self.schedule.step_of_position(position)
+        elif stretch is not None and position >= stretch.position and not (position - stretch.position) % stretch.global_batch:
+            step = stretch.step + (position - stretch.position) // stretch.global_batch
+        else:
+            step = position // global_batch
+        if not (continues(entries, step, position, self.distance) and stretch.global_batch == global_batch):
+            entries.append(Stretch(step, position, global_batch))
+        self.history = entries
+
+    def skip(self, num_steps: int, position: int, current: RankLayout) -> int:
+        """Record a skip of ``num_steps`` steps at ``position``; the cursor ``num_steps`` steps on."""
+        step = self.step_of(position, current)
+        target = self.position_of_step(step + num_steps, current) + position - self.position_of_step(step, current)
+        self.history.append(Skip(step, num_steps))
+        return target
 
     def progress(self, position: int, current: RankLayout) -> list[dict]:
         """Per-stream progress at ``position``, with its phase."""
@@ -206,7 +257,7 @@ class LayoutBook:
     def state(self, position: int, current: RankLayout) -> dict:
         """The loader state at ``position``: version 1 without a schedule, 2 with one; both record the packing."""
         state = current.order.state(position) if self.schedule is None else self.schedule.state(position)
-        return dataclasses.replace(state, packing=self.packing.rows).to_dict()
+        return dataclasses.replace(state, packing=self.packing.rows, history=encode(self.history)).to_dict()
 
     def largest_bound(self) -> MemoryBound:
         """The memory bound of the phase (built so far) that needs the most."""
@@ -220,7 +271,7 @@ def run_end_position(book: LayoutBook, current: RankLayout, ends: dict) -> int |
     order = book.schedule
     if order is None:
         if ends["max_epochs"] is None:
-            return ends["max_steps"] * current.global_batch
+            return book.position_of_step(ends["max_steps"], current)
         # NOTE: a loader without a schedule reads the one-phase schedule of its order.
         order = ScheduleOrder.single(list(current.order.shapes), current.order.config, current.global_batch)
     return order.position_of_step(run_end_step(order, **ends))
