@@ -61,6 +61,24 @@ def test_every_row_of_an_epoch_is_its_pieces_read_from_their_documents(definitio
     assert len({(s.block, s.sample) for s in samples}) == len(samples) == epoch
 
 
+def test_a_mixture_names_each_streams_pieces_with_its_own_eos(definitions_dataset, small_dataset):
+    urls = [definitions_dataset.url, small_dataset.url]
+    phase = SchedulePhase(start_step=0, global_batch=BATCH, seq_len=SEQ_LEN, lanes=BATCH, weights=("1", "1"))
+    readers = [DatasetReader.open(url) for url in urls]
+    direct = DirectReader(urls)
+    try:
+        assert readers[0].manifest.tokenizer.eos_id != readers[1].manifest.tokenizer.eos_id
+        samples = range_provenance(readers, schedule_for(readers, [phase], seed=5), 0, 6 * BATCH, packing="best_fit")
+        assert {s.stream for s in samples} == {0, 1}
+        for s in samples:
+            want = direct.sample(s.stream, s.block, s.sample, SEQ_LEN, "best_fit")
+            np.testing.assert_array_equal(read_back(readers[s.stream], s), want, err_msg=f"position {s.position}")
+    finally:
+        direct.close()
+        for reader in readers:
+            reader.close()
+
+
 def test_pieces_lie_in_their_documents_and_whole_means_the_whole_document(definitions_dataset):
     eos = definitions_dataset.manifest.tokenizer.eos_id
     with DatasetReader.open(definitions_dataset.url) as reader:
