@@ -138,6 +138,52 @@ def test_demo_end_to_end_resumes_at_another_world_size_with_the_same_data(stdlib
     assert '"start_step": 4' in events and '"world_size": 1' in events
 
 
+@pytest.mark.slow
+@pytest.mark.torchrun
+def test_demo_with_best_fit_rows_resumes_at_another_world_size_with_the_same_data(stdlib_corpus, tmp_path):
+    done, output = run_demo(stdlib_corpus, tmp_path, "--packing", "best_fit", "--steps", "4", "--kill-after", "2")
+    assert done.returncode == 0, output
+    assert "OK: all 4 steps read exactly the reference's data" in done.stdout, output
+    assert "uninterrupted, packing best_fit" in done.stdout
+    for run in ("reference", "interrupted", "resumed"):
+        records = [json.loads(line) for line in (tmp_path / "work" / f"{run}.jsonl").read_text().splitlines()]
+        assert records[0]["event"] == "start" and records[0]["packing"] == "best_fit", run
+        steps = [r for r in records if r["event"] == "step"]
+        assert {r["state"]["packing"] for r in steps} == {"best_fit"}, run
+        # NOTE: the workers' loaders packed blocks (their summed counters time it).
+        assert sum(r["loader"]["pack_s"] for r in steps) > 0, run
+
+
+def test_the_demo_packing_reaches_every_workers_loader(small_dataset, tmp_path, capsys):
+    """What `demo --packing` sets travels in the workers' arguments to each rank's loader (no torchrun here)."""
+    from zephon_stream.cli import main
+    from zephon_stream.demo.orchestrate import worker_args
+    from zephon_stream.demo.train import build_loader, parse_args
+
+    for packing in ("best_fit", "concat"):
+        args = worker_args(DemoConfig(packing=packing, global_batch=4, seq_len=64), small_dataset.url, vocab_size=257)
+        parsed = parse_args([*args, "--events", str(tmp_path / "events.jsonl"), "--ckpt-dir", str(tmp_path)])
+        loader = build_loader(parsed, rank=1, world_size=2)
+        try:
+            assert loader.state_dict()["packing"] == packing and loader.local_batch_size == 2
+        finally:
+            loader.close()
+    assert DemoConfig().packing == "concat" and "--packing concat" in " ".join(worker_args(DemoConfig(), "u", vocab_size=1))
+    with pytest.raises(ConfigError, match="--packing must be one of concat, best_fit, got 'first_fit'"):
+        DemoConfig(packing="first_fit").checked()
+    # NOTE: the demo's printed `which` line carries the packing, and `which` takes it as printed.
+    command = report.which_command([small_dataset.url], step=3, world_size=1, seed=0, seq_len=64, global_batch=4,
+                                   packing="best_fit")  # fmt: skip
+    assert command.endswith("--seed 0 --packing best_fit --world-size 1 --text")
+    assert main(shlex.split(command)[1:]) == 0
+    assert ", packing best_fit\n" in capsys.readouterr().out
+    assert main(["demo", "--torchft", "--packing", "best_fit"]) == 1
+    assert "--packing belongs to the kill-and-resize demo" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--packing", "first_fit"])
+    assert exc.value.code == 2 and "invalid choice: 'first_fit'" in capsys.readouterr().err
+
+
 def which_batch_hash(urls: list[str], step: int, schedule: Path, capsys) -> str:
     """The demo's hash of global step ``step``, from ``zephon-stream which --step`` alone."""
     return which_args_hash(["which", *urls, "--step", str(step), "--schedule", str(schedule), "--world-size", "1"],

@@ -293,6 +293,10 @@ def test_cut_counts_match_a_token_by_token_count(block):
         assert got.documents_cut == whole.count(False)
         assert got.tokens_without_beginning == int(np.count_nonzero(piece_start > doc_start))
         assert got.floor == int(np.count_nonzero(np.bincount(doc_start, minlength=1)[starts] > seq_len))
+        if region:
+            edge = {0, int(doc_start[region - 1])} if tokens[region - 1] != eos else {0}
+            assert got.edge_documents == len(edge)
+            assert got.edge_floor == sum(int(np.count_nonzero(doc_start == a)) > seq_len for a in edge)
 
 
 # -- real text ---------------------------------------------------------------------

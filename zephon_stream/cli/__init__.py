@@ -28,6 +28,11 @@ _SUBCOMMAND_MODULES = (
 )
 
 
+# NOTE: plan.packing.PACKINGS, spelled out so that building the parser
+# imports no plan module (tests/test_which.py keeps the two equal).
+PACKING_CHOICES = ("concat", "best_fit")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zephon-stream",

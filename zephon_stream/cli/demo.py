@@ -17,6 +17,7 @@ def _world_sizes(text: str) -> tuple[int, int]:
 
 
 def register(subparsers: Any) -> None:
+    from zephon_stream.cli import PACKING_CHOICES
     from zephon_stream.demo.orchestrate import DemoConfig
 
     defaults = DemoConfig()
@@ -64,6 +65,11 @@ def register(subparsers: Any) -> None:
         "resize fall inside it), long context at twice --seq-len",
     )
     parser.add_argument(
+        "--packing", choices=PACKING_CHOICES, default=defaults.packing,
+        help="how the loader fills each block's rows, in every run (default %(default)s: windows; best_fit: rows "
+        "of whole documents); the verdict is the same: every step's data as the reference's",
+    )  # fmt: skip
+    parser.add_argument(
         "--torchft",
         action="store_true",
         help="instead: three torchft replica groups under a real lighthouse, one SIGKILLed and restarted, one "
@@ -76,6 +82,11 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.torchft:
         import sys
+
+        from zephon_stream.errors import ConfigError
+
+        if args.packing != "concat":
+            raise ConfigError("--packing belongs to the kill-and-resize demo; --torchft runs its own loaders")
 
         from zephon_stream.demo.torchft_demo import run_torchft_demo
 
@@ -99,5 +110,6 @@ def run(args: argparse.Namespace) -> int:
         blocks_per_shard=args.blocks_per_shard,
         seed=args.seed,
         schedule=args.schedule,
+        packing=args.packing,
     )
     return run_demo(config, plot=args.plot)

@@ -1,4 +1,5 @@
-"""``zephon-stream inspect``: what a dataset holds, from its manifest alone."""
+"""``zephon-stream inspect``: what a dataset holds, from its manifest alone; with
+``--packing-report``, also how each packing cuts its documents (reads blocks)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,25 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "inspect",
         help="show a dataset's shards, blocks, tokens, documents, bytes and tokenizer",
-        description="Read a dataset's manifest (validated) and print its figures. Reads no shard.",
+        description=(
+            "Read a dataset's manifest (validated) and print its figures. Reads no shard, unless "
+            "--packing-report: then it also reads blocks and compares how the loader's two packings "
+            "(concat: windows; best_fit: rows of whole documents) cut the documents at each --seq-len."
+        ),
     )
     parser.add_argument("url", metavar="URL", help="dataset root: local folder or s3://bucket/prefix")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--shards", action="store_true", help="also list every shard (path, tokens, blocks, bytes)")
+    parser.add_argument(
+        "--packing-report", action="store_true",
+        help="also read blocks and compare concat and best_fit: documents cut, tokens read without their "
+        "document's beginning, and the floor (documents longer than a row); needs --seq-len",
+    )  # fmt: skip
+    parser.add_argument("--seq-len", type=int, action="append", metavar="L",
+                        help="row length of the packing report (repeatable: each block is read once)")
+    parser.add_argument("--blocks", type=int, metavar="N",
+                        help="blocks the packing report reads, spread evenly over the dataset (default: all)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar for the packing report")
     parser.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",
         help="fsspec/s3fs option (repeatable)",
@@ -58,14 +73,43 @@ def _tokenizer_rows(tok: Any) -> list[tuple[str, str]]:
     ]
 
 
+def _check_report_args(args: argparse.Namespace) -> None:
+    from zephon_stream.errors import ConfigError
+
+    if args.packing_report and not args.seq_len:
+        raise ConfigError("--packing-report needs --seq-len L (repeatable), the row length to compare the packings at")
+    if not args.packing_report and (args.seq_len or args.blocks is not None):
+        raise ConfigError("--seq-len and --blocks belong to --packing-report")
+    if args.blocks is not None and args.blocks < 1:
+        raise ConfigError(f"--blocks must be >= 1, got {args.blocks}")
+    if args.seq_len and min(args.seq_len) < 1:
+        raise ConfigError(f"--seq-len must be >= 1, got {min(args.seq_len)}")
+
+
+def _packing_report(manifest: Any, store: Any, args: argparse.Namespace) -> Any:
+    import sys
+
+    from tqdm import tqdm
+
+    from zephon_stream.packing_survey import packing_report, spread_blocks
+    from zephon_stream.reader import DatasetReader
+
+    total = len(spread_blocks(manifest.num_blocks, args.blocks))
+    with tqdm(total=total, unit="block", desc="packing report", file=sys.stderr,
+              disable=args.no_progress or not sys.stderr.isatty()) as bar:  # fmt: skip
+        return packing_report(DatasetReader(manifest, store), args.seq_len, blocks=args.blocks, progress=bar.update)
+
+
 def run(args: argparse.Namespace) -> int:
     from zephon_stream.format.manifest import Manifest
     from zephon_stream.storage import open_store, parse_storage_options
     from zephon_stream.writer.progress import name_value_table
 
+    _check_report_args(args)
     with open_store(args.url, parse_storage_options(args.storage_option)) as store:
         manifest = Manifest.read(store)
         url = store.url
+        report = _packing_report(manifest, store, args) if args.packing_report else None
     summary = {"url": url, **manifest.summary()}
     if args.shards:
         summary["shards"] = [
@@ -73,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
              "num_bytes": s.num_bytes, "num_documents": s.num_documents, "sha256": s.sha256}
             for s in manifest.shards
         ]
+    if report is not None:
+        summary["packing_report"] = report.to_dict()
     if args.json:
         print(json.dumps(summary, sort_keys=True))
         return 0
@@ -99,4 +145,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'shard':<40} {'tokens':>14} {'blocks':>7} {'bytes':>14} {'docs':>10}")
         for s in summary["shards"]:
             print(f"{s['path']:<40} {s['num_tokens']:>14,} {s['num_blocks']:>7} {s['num_bytes']:>14,} {s['num_documents']:>10,}")
+    if report is not None:
+        print()
+        print(report.text())
     return 0

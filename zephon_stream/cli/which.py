@@ -15,6 +15,8 @@ STEP_NUMBERING = (
 
 
 def register(subparsers: Any) -> None:
+    from zephon_stream.cli import PACKING_CHOICES
+
     parser = subparsers.add_parser(
         "which",
         help="show which datasets, shards, blocks and source documents made up a global step",
@@ -52,8 +54,13 @@ def register(subparsers: Any) -> None:
         "--accumulation", type=int, default=1, metavar="A",
         help="batches per TorchTitan train step (its gradient_accumulation_steps; default 1)",
     )  # fmt: skip
+    parser.add_argument(
+        "--packing", choices=PACKING_CHOICES, default="concat",
+        help="the loader's packing (default concat: windows); best_fit names each row's pieces, each with its "
+        "document, its place in it and whether it is the whole document or a head, tail or middle part",
+    )  # fmt: skip
     parser.add_argument("--world-size", type=int, help="also show the rank that reads each sample")
-    parser.add_argument("--text", action="store_true", help="decode each sample's text")
+    parser.add_argument("--text", action="store_true", help="decode each sample's text (best_fit: the packed row)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",
@@ -144,18 +151,20 @@ def run(args: argparse.Namespace) -> int:
         order = schedule_for(readers, phases, seed)
         if steps is None:
             start, end = _positions(args)
-            found = [(None, start, end, range_provenance(readers, order, start, end, text=args.text))]
+            samples = range_provenance(readers, order, start, end, text=args.text, packing=args.packing)
+            found = [(None, start, end, samples)]
         else:
             found = []
             for step in steps:
                 start = order.position_of_step(step)
                 end = start + order.phase_at_step(step).global_batch
-                samples = step_provenance(readers, order, step, world_size=args.world_size, text=args.text)
+                samples = step_provenance(readers, order, step, world_size=args.world_size, text=args.text,
+                                          packing=args.packing)  # fmt: skip
                 found.append((step, start, end, samples))
     finally:
         for reader in readers:
             reader.close()
-    described = [_described(order, seed, *item) for item in found]
+    described = [_described(order, seed, args.packing, *item) for item in found]
     if args.json:
         if args.torchtitan_step is None:
             print(json.dumps(described[0], sort_keys=True))
@@ -172,8 +181,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _described(order: Any, seed: int, step: int | None, start: int, end: int, samples: list[Any]) -> dict[str, Any]:
-    """One step's (or position range's) JSON object."""
+def _described(
+    order: Any, seed: int, packing: str, step: int | None, start: int, end: int, samples: list[Any]
+) -> dict[str, Any]:
+    """One step's (or position range's) JSON object (``packing`` in it when not concat, whose keys stay as they were)."""
     phase = order.phase_at_step(step) if step is not None else order.phase_at_position(start)
     spec = phase.spec
     return {
@@ -185,18 +196,23 @@ def _described(order: Any, seed: int, step: int | None, start: int, end: int, sa
             "window": phase.order.config.window, "weights": list(phase.order.weights),
         },
         "samples": [s.to_dict() for s in samples],
-    }  # fmt: skip
+    } | ({} if packing == "concat" else {"packing": packing})  # fmt: skip
 
 
 def _print_step(out: dict[str, Any], samples: list[Any], accumulation: int) -> None:
     phase = out["phase"]
     title = "" if out["step"] is None else f"step {out['step']} (from 0; {_torchtitan(out['step'], accumulation)}): "
     start, end = out["positions"]
-    print(f"{title}positions [{start}, {end}), seq_len {out['seq_len']}, lanes {out['lanes']}, seed {out['seed']}")
+    packing = f", packing {out['packing']}" if "packing" in out else ""
+    print(f"{title}positions [{start}, {end}), seq_len {out['seq_len']}, lanes {out['lanes']}, seed {out['seed']}"
+          f"{packing}")  # fmt: skip
     until = "on" if phase["end_step"] is None else f"to {phase['end_step'] - 1}"
     print(f"phase {phase['index']} (steps {phase['start_step']} {until}): global batch {phase['global_batch']}, "
           f"window {phase['window']}, weights {phase['weights']}")  # fmt: skip
     for s in samples:
+        if s.packing != "concat":
+            _print_row(s)
+            continue
         rank = "" if s.rank is None else f" rank {s.rank}"
         print(f"position {s.position}{rank}: stream {s.stream} {s.dataset} {s.shard_path} "
               f"block {s.block} (#{s.block_in_shard} in shard) sample {s.sample} "
@@ -211,3 +227,22 @@ def _print_step(out: dict[str, Any], samples: list[Any], accumulation: int) -> N
             print(f"    text of sample tokens [0, {s.num_tokens}):")
             for line in s.text.splitlines() or [""]:
                 print(f"    | {line}")
+
+
+def _print_row(s: Any) -> None:
+    """A packed sample: its row's pieces in row order, its label, its text."""
+    rank = "" if s.rank is None else f" rank {s.rank}"
+    pieces = f"{len(s.documents)} piece" + ("" if len(s.documents) == 1 else "s")
+    print(f"position {s.position}{rank}: stream {s.stream} {s.dataset} {s.shard_path} "
+          f"block {s.block} (#{s.block_in_shard} in shard) row {s.sample}, {pieces}")  # fmt: skip
+    for k, d in enumerate(s.documents):
+        print(f"    piece {k}: sample tokens [{d.sample_token_start}, {d.sample_token_end}) = {d.source} record "
+              f"{d.record}: document tokens [{d.document_token_start}, {d.document_token_end}) of {d.num_tokens} "
+              f"({d.cut})")  # fmt: skip
+    label = s.label
+    print(f"    label: sample token {s.num_tokens - 1} = {label.source} record {label.record}: document token "
+          f"{label.document_token} of {label.token_end - label.token_start}")  # fmt: skip
+    if s.text is not None:
+        print(f"    text of the packed row, sample tokens [0, {s.num_tokens}):")
+        for line in s.text.splitlines() or [""]:
+            print(f"    | {line}")

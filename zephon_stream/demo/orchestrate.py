@@ -56,6 +56,7 @@ class DemoConfig:
             corpus, anneal on a new mixture with a second dataset, then long
             context at twice the seq_len; the kill and resize fall inside
             the anneal.
+        packing: the loader's ``packing`` in every run (``plan.PACKINGS``).
     """
 
     steps: int = 40
@@ -74,6 +75,7 @@ class DemoConfig:
     blocks_per_shard: int = 16
     seed: int = 0
     schedule: bool = False
+    packing: str = "concat"
 
     def phases(self) -> list[dict[str, Any]] | None:
         """The loader's schedule with ``schedule`` (global steps from 0), else None."""
@@ -89,6 +91,10 @@ class DemoConfig:
 
     def checked(self) -> DemoConfig:
         """This config, or a ConfigError naming the flag that cannot work."""
+        from zephon_stream.plan.packing import PACKINGS
+
+        if self.packing not in PACKINGS:
+            raise ConfigError(f"--packing must be one of {', '.join(PACKINGS)}, got {self.packing!r}")
         if len(self.world_sizes) != 2 or min(self.world_sizes) < 1:
             raise ConfigError(f"--world-sizes needs two positive sizes (interrupted,resumed), got {self.world_sizes}")
         if self.world_sizes[0] == self.world_sizes[1]:
@@ -189,10 +195,10 @@ def convert(config: DemoConfig, url: str, inputs: Sequence[str] = ()) -> Any:
     return summary
 
 
-def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_size: int) -> dict[str, Any]:
-    """Run the reference, the interrupted and the resumed jobs; return where their logs are."""
+def worker_args(config: DemoConfig, url: str, *, vocab_size: int) -> list[str]:
+    """The arguments every run's workers (``python -m zephon_stream.demo.train``) share."""
     data = [url, url + "-anneal"] if config.schedule else [url]
-    common = [
+    return [
         "--data", *data,
         *(["--schedule", json.dumps(config.phases())] if config.schedule else []),
         "--steps", str(config.steps),
@@ -200,12 +206,20 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
         "--global-batch", str(config.global_batch),
         "--vocab-size", str(vocab_size),
         "--seed", str(config.seed),
+        "--packing", config.packing,
     ]  # fmt: skip
+
+
+def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_size: int) -> dict[str, Any]:
+    """Run the reference, the interrupted and the resumed jobs; return where their logs are."""
+    common = worker_args(config, url, vocab_size=vocab_size)
     logs = {name: workdir / f"{name}.jsonl" for name in ("reference", "interrupted", "resumed")}
     seconds: dict[str, float] = {}
     first, second = config.world_sizes
 
-    print(f"\nreference run: {config.steps} steps (0 to {config.steps - 1}) at W={config.reference_world_size}, uninterrupted")
+    packing = "" if config.packing == "concat" else f", packing {config.packing}"
+    print(f"\nreference run: {config.steps} steps (0 to {config.steps - 1}) at W={config.reference_world_size}, "
+          f"uninterrupted{packing}")  # fmt: skip
     start = time.monotonic()
     ref = TorchrunJob(
         name="reference",
@@ -295,7 +309,8 @@ def run_demo(config: DemoConfig, *, plot: str | None = None) -> int:
         if config.store is not None:
             urls = [url, url + "-anneal"] if config.schedule else [url]
             command = report.which_command(urls, step=config.kill_step, world_size=config.world_sizes[1], seed=config.seed,
-                                           seq_len=config.seq_len, global_batch=config.global_batch, phases=config.phases())  # fmt: skip
+                                           seq_len=config.seq_len, global_batch=config.global_batch, phases=config.phases(),
+                                           packing=config.packing)  # fmt: skip
             print(f"\nthe dataset stays in {url}; the samples of step {config.kill_step} (the first after the resize), "
                   f"with the demo's settings:\n  {command}")  # fmt: skip
         elapsed = time.monotonic() - started

@@ -268,14 +268,18 @@ def which_command(
     seq_len: int,
     global_batch: int,
     phases: list[dict[str, Any]] | None = None,
+    packing: str = "concat",
 ) -> str:
     """The ``zephon-stream which`` line that shows step ``step`` of the demo's
     datasets ``urls`` with the demo's settings (its ``phases`` inline when it
-    trains on a schedule), read by ``world_size`` ranks."""
+    trains on a schedule, its ``packing`` when not the default), read by
+    ``world_size`` ranks."""
     if phases is not None:
         schedule = json.dumps({"seed": seed, "phases": phases}, separators=(",", ":"))
         settings = ["--schedule", schedule]
     else:
         settings = ["--seq-len", str(seq_len), "--global-batch", str(global_batch), "--seed", str(seed)]
+    if packing != "concat":
+        settings += ["--packing", packing]
     words = ["zephon-stream", "which", *urls, "--step", str(step), *settings, "--world-size", str(world_size), "--text"]
     return shlex.join(words)

@@ -153,6 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--global-batch", type=int, default=12)
     parser.add_argument("--vocab-size", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--packing", default="concat", help="the loader's packing: concat or best_fit")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
@@ -174,6 +175,22 @@ class _Log:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+
+
+def build_loader(args: argparse.Namespace, rank: int, world_size: int) -> StreamingLoader:
+    """This rank's loader, as the job's arguments describe it (its schedule or one phase, its packing)."""
+    if args.schedule:
+        return StreamingLoader(args.data, schedule=json.loads(args.schedule), rank=rank, world_size=world_size,
+                               seed=args.seed, packing=args.packing)  # fmt: skip
+    return StreamingLoader(
+        args.data[0],
+        seq_len=args.seq_len,
+        local_batch_size=args.global_batch // world_size,
+        rank=rank,
+        world_size=world_size,
+        seed=args.seed,
+        packing=args.packing,
+    )
 
 
 def train(args: argparse.Namespace) -> None:
@@ -202,17 +219,7 @@ def train(args: argparse.Namespace) -> None:
     )
     ddp_model = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    if schedule is not None:
-        loader = StreamingLoader(args.data, schedule=schedule, rank=rank, world_size=world_size, seed=args.seed)
-    else:
-        loader = StreamingLoader(
-            args.data[0],
-            seq_len=args.seq_len,
-            local_batch_size=args.global_batch // world_size,
-            rank=rank,
-            world_size=world_size,
-            seed=args.seed,
-        )
+    loader = build_loader(args, rank, world_size)
     log = _Log(args.events, enabled=rank == 0)
 
     # NOTE: a checkpoint of N steps done resumes at step N (steps count from 0).
@@ -222,7 +229,8 @@ def train(args: argparse.Namespace) -> None:
         start_step, path = found
         loaded = load_checkpoint(path, ddp_model, optimizer, loader)
         assert loaded == start_step, (loaded, start_step)
-    log.write(event="start", world_size=world_size, start_step=start_step, resumed=found is not None)
+    log.write(event="start", world_size=world_size, start_step=start_step, resumed=found is not None,
+              packing=loader.state_dict()["packing"])  # fmt: skip
 
     batches = iter(loader)
     last = time.perf_counter()

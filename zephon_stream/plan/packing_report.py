@@ -24,8 +24,8 @@ class CutCounts:
     first document may have begun in the block before and its last may run
     on past ``T``; both packings count each as a document that begins at token
     0 and ends at ``T``. ``edge_documents`` (the first document, and the last
-    when it does not end on EOS) and ``edge_documents_cut`` let a report
-    leave them out.
+    when it does not end on EOS), ``edge_documents_cut`` and ``edge_floor``
+    let a report leave them out.
 
     Attributes:
         documents: documents in the counted regions.
@@ -37,6 +37,7 @@ class CutCounts:
         floor: documents longer than ``L``, which any packing must cut.
         edge_documents: documents touching a region's edge (in ``documents`` too).
         edge_documents_cut: those of them cut (in ``documents_cut`` too).
+        edge_floor: those of them longer than ``L`` (in ``floor`` too).
     """
 
     documents: int = 0
@@ -46,6 +47,7 @@ class CutCounts:
     floor: int = 0
     edge_documents: int = 0
     edge_documents_cut: int = 0
+    edge_floor: int = 0
 
     def __add__(self, other: CutCounts) -> CutCounts:
         if not isinstance(other, CutCounts):
@@ -78,12 +80,14 @@ def cut_counts(tokens: np.ndarray, rows: BlockRows, eos_id: int) -> CutCounts:
     headless = doc_starts[doc] < piece_starts
     without = np.minimum(piece_ends, doc_ends[doc])[headless] - piece_starts[headless]
     edge = [0] if tokens[region - 1] == eos_id or doc_starts.size == 1 else [0, doc_starts.size - 1]
+    longer = doc_ends - doc_starts > rows.seq_len
     return CutCounts(
         documents=int(doc_starts.size),
         documents_cut=int(np.count_nonzero(cut)),
         tokens=region,
         tokens_without_beginning=int(without.sum()),
-        floor=int(np.count_nonzero(doc_ends - doc_starts > rows.seq_len)),
+        floor=int(np.count_nonzero(longer)),
         edge_documents=len(edge),
         edge_documents_cut=int(np.count_nonzero(cut[edge])),
+        edge_floor=int(np.count_nonzero(longer[edge])),
     )
