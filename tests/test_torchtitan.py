@@ -193,6 +193,27 @@ def test_best_fit_batches_resume_at_another_dp_degree_and_refuse_a_windows_check
         ZephonDataLoader.Config(dataset_path=definitions_dataset.url, packing="bestfit")
 
 
+def test_skip_steps_skips_the_data_of_train_steps_once_at_any_dp_degree(small_bpe_dataset):
+    config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=11, skip_steps=["3:2"],
+                                     gradient_accumulation_steps=2)  # fmt: skip
+    with build(config, seq_len=32, local_batch_size=6) as loader:
+        steps = []
+        for _ in range(6):
+            take(loader, 1)
+            steps.append(loader._loader.step - 1)  # NOTE: the step just read
+        state = loader.state_dict()
+    # NOTE: train step 3 starts at batch 4 (2 a step): batches 4 to 7 (train steps 3 and 4) are skipped.
+    assert steps == [0, 1, 2, 3, 8, 9]
+    resumed = [build(config, dp_world_size=2, dp_rank=r, seq_len=32, local_batch_size=3) for r in range(2)]
+    for loader in resumed:
+        loader.load_state_dict(state)
+        take(loader, 1)
+        assert loader._loader.step == 11  # NOTE: resumed after the skip: it does not skip again
+        loader.close()
+    with pytest.raises(ConfigError, match=r"skip_steps: '3' is not TRAIN_STEP:NUM_STEPS"):
+        ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, skip_steps=["3"])
+
+
 def test_load_state_dict_refuses_a_per_rank_titan_state(small_bpe_dataset):
     with build(ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url), seq_len=32, local_batch_size=2) as loader:
         with pytest.raises(StateMismatchError, match="dp_rank_0"):

@@ -59,6 +59,14 @@ def register(subparsers: Any) -> None:
         help="the loader's packing (default concat: windows); best_fit names each row's pieces, each with its "
         "document, its place in it and whether it is the whole document or a head, tail or middle part",
     )  # fmt: skip
+    parser.add_argument(
+        "--state", metavar="FILE",
+        help="a run's loader state (its state_dict() as JSON, or a torch.distributed.checkpoint folder): the "
+        "order's settings and the run's history come from it, so a step is named as that run read it, after "
+        "global batch changes and skipped steps",
+    )  # fmt: skip
+    parser.add_argument("--state-key", metavar="KEY", help="with --state: the key of the loader state, where a "
+                        "checkpoint holds several (dotted, e.g. dataloader)")  # fmt: skip
     parser.add_argument("--world-size", type=int, help="also show the rank that reads each sample")
     parser.add_argument("--text", action="store_true", help="decode each sample's text (best_fit: the packed row)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -144,11 +152,14 @@ def run(args: argparse.Namespace) -> int:
     from zephon_stream.storage import parse_storage_options
 
     options = parse_storage_options(args.storage_option)
-    seed, phases = _phases(args)
+    settings = _state_settings(args)
+    seed, phases = (settings.seed, settings.phases) if settings else _phases(args)
     steps = _steps(args)
     readers = [DatasetReader.open(url, options) for url in args.datasets]
     try:
         order = schedule_for(readers, phases, seed)
+        if settings is not None and steps is not None:
+            return _run_state(args, readers, order, settings, steps)
         if steps is None:
             start, end = _positions(args)
             samples = range_provenance(readers, order, start, end, text=args.text, packing=args.packing)
@@ -178,6 +189,58 @@ def run(args: argparse.Namespace) -> int:
               "(counted from 0)")  # fmt: skip
     for item, out in zip(found, described):
         _print_step(out, item[3], args.accumulation)
+    if steps is not None and settings is None:
+        print("note: steps are numbered as if the run read every step since step 0 at these settings; a run that "
+              "changed its global batch or skipped steps read other samples at some steps: pass --state FILE")  # fmt: skip
+    return 0
+
+
+def _state_settings(args: argparse.Namespace) -> Any:
+    """The settings a --state gives (None without one); refuses flags it replaces."""
+    from zephon_stream.cli.which_state import load_state, run_settings
+    from zephon_stream.errors import ConfigError
+
+    if args.state is None:
+        return None
+    given = [flag for flag, value in (("--schedule", args.schedule), ("--seq-len", args.seq_len),
+                                      ("--global-batch", args.global_batch), ("--lanes", args.lanes),
+                                      ("--weights", args.weights), ("--world-size", args.world_size)) if value is not None]  # fmt: skip
+    if given:
+        raise ConfigError(f"with --state the settings come from the run's state (and it does not record a world "
+                          f"size); drop {', '.join(given)}")  # fmt: skip
+    settings = run_settings(load_state(args.state, args.state_key))
+    if args.packing != "concat" and args.packing != settings.packing:
+        raise ConfigError(f"--packing {args.packing}, but the state's run read with packing {settings.packing!r}")
+    args.packing = settings.packing
+    return settings
+
+
+def _run_state(args: argparse.Namespace, readers: list[Any], order: Any, settings: Any, steps: list[int]) -> int:
+    """Each step as the run of ``--state`` read it, or why it did not."""
+    from zephon_stream.cli.which_state import step_ranges
+    from zephon_stream.provenance import range_provenance
+
+    found = []
+    for step, start, end, reason in step_ranges(order, settings, steps):
+        samples = [] if start is None else range_provenance(readers, order, start, end, text=args.text,
+                                                               packing=args.packing)  # fmt: skip
+        found.append((step, start, end, reason, samples))
+    described = []
+    for step, start, end, reason, samples in found:
+        if start is None:
+            described.append({"step": step, "read": False, "reason": reason})
+            continue
+        out = _described(order, settings.seed, args.packing, None, start, end, samples)
+        described.append(out | {"step": step, "read": True})
+    if args.json:
+        print(json.dumps(described[0] if len(described) == 1 else {"steps": described}, sort_keys=True))
+        return 0
+    for (step, start, *_rest, samples), out in zip(found, described):
+        if start is None:
+            print(f"step {step} (from 0): not read by this run: {out['reason']}")
+            continue
+        print(f"step {step} of the run of the state, read at its cursor {start}:")
+        _print_step(out | {"step": None}, samples, args.accumulation)
     return 0
 
 

@@ -45,6 +45,7 @@ from zephon_stream.integrations.torchtitan_config import (  # noqa: F401 (phase_
     ZephonDataLoaderConfig,
     parse_stream_spec,
     phase_dicts,
+    skip_plan,
     titan_schedule,
 )
 from zephon_stream.integrations.torchtitan_state import STATE_KEY, loader_state_from_titan, titan_state
@@ -138,6 +139,7 @@ class ZephonDataLoader(BaseDataLoader):
             packing=config.packing,
         )
         self._last_sample_positions = torch.empty(0, dtype=torch.int64)
+        self._skips = skip_plan(config.skip_steps, config.gradient_accumulation_steps)
         if tokenizer is not None:
             try:
                 check_tokenizer(tokenizer, self._loader.manifests)
@@ -171,6 +173,11 @@ class ZephonDataLoader(BaseDataLoader):
         return self
 
     def __next__(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        if self._skips:
+            skip = self._skips.get(self._loader.step)
+            if skip:
+                # NOTE: the skip moves the step on, so it runs once per run that reaches it.
+                self._loader.skip_steps(skip)
         position = self._loader.position
         schedule = self._loader.schedule
         if schedule is not None:

@@ -17,6 +17,24 @@ from zephon_stream.loader import PackingSpec
 __all__ = ["ZephonDataLoaderConfig", "parse_stream_spec", "phase_dicts", "titan_schedule"]
 
 
+def skip_plan(entries: list[str], accumulation: int) -> dict[int, int]:
+    """``{loader step: batches to skip there}`` from ``skip_steps`` entries ``"S:N"`` (train steps from 1).
+
+    Raises:
+        ConfigError: an entry that is not ``S:N`` with ``S >= 1`` and ``N >= 1``.
+    """
+    plan = {}
+    for entry in entries:
+        try:
+            train_step, count = (int(part) for part in str(entry).split(":"))
+        except ValueError:
+            raise ConfigError(f"dataloader.skip_steps: {entry!r} is not TRAIN_STEP:NUM_STEPS (e.g. 1200:300)") from None
+        if train_step < 1 or count < 1:
+            raise ConfigError(f"dataloader.skip_steps: {entry!r}: the train step counts from 1 and at least 1 step is skipped")
+        plan[(train_step - 1) * accumulation] = count * accumulation
+    return plan
+
+
 @dataclass(kw_only=True, slots=True)
 class ZephonDataLoaderConfig(BaseDataLoader.Config):
     """The configuration of :class:`ZephonDataLoader` (``ZephonDataLoader.Config``)."""
@@ -113,6 +131,14 @@ class ZephonDataLoaderConfig(BaseDataLoader.Config):
     passes every ``input_dict`` entry but ``input`` to the model, so this
     needs a model or ``post_dataloading_process`` that takes them."""
 
+    skip_steps: list[str] = field(default_factory=list)
+    """Train steps whose data to skip after a loss spike (PaLM's recipe), as
+    ``"S:N"``: just before TorchTitan train step ``S`` (counted from 1), move
+    ``N`` train steps on (``N x gradient_accumulation_steps`` batches)
+    without reading them, at any dp degree. The skip is in the loader state's
+    history; a run resumed from a checkpoint saved after it does not skip
+    again, one resumed from before it does."""
+
     packing: str = "concat"
     """How a block's rows are filled: ``"concat"`` (windows of the token
     stream) or ``"best_fit"`` (whole documents packed by best-fit
@@ -136,6 +162,7 @@ class ZephonDataLoaderConfig(BaseDataLoader.Config):
                 f"dataloader.gradient_accumulation_steps must be >= 1 (got {self.gradient_accumulation_steps})"
             )
         phase_dicts(self.phases)
+        skip_plan(self.skip_steps, 1)
         PackingSpec(cross_document_targets=self.cross_document_targets, outputs=self.packing_outputs, rows=self.packing)
 
     def to_dict(self) -> dict:

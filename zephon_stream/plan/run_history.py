@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from zephon_stream.errors import StateMismatchError
 
@@ -138,3 +139,16 @@ def step_read(entries: Sequence[Entry], step: int, distance: Distance) -> StepRe
 def plain_distance(stretch: Stretch, step: int) -> int:
     """``distance`` without a schedule: the stretch's batch for every step."""
     return (step - stretch.step) * stretch.global_batch
+
+
+def schedule_distance(schedule: Any, stretch: Stretch, step: int) -> int:
+    """``distance`` with a schedule: the stretch's batch to the end of its phase, the schedule's after it.
+
+    ``schedule`` is a ``ScheduleOrder`` (``phases``, ``phase_at_step``, ``position_of_step``).
+    """
+    phases = schedule.phases
+    following = schedule.phase_at_step(stretch.step).index + 1
+    if following == len(phases) or step <= phases[following].start_step:
+        return (step - stretch.step) * stretch.global_batch
+    after = phases[following]
+    return (after.start_step - stretch.step) * stretch.global_batch + schedule.position_of_step(step) - after.start_position

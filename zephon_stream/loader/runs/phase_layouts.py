@@ -21,7 +21,16 @@ from zephon_stream.loader.planning.schedule import local_batch_of, run_end_step
 from zephon_stream.loader.ring.packing import PackingSpec
 from zephon_stream.loader.ring.shared_ring import SharedRing, SlotLayout
 from zephon_stream.plan import GlobalOrder, ScheduleOrder
-from zephon_stream.plan.run_history import Skip, Stretch, continues, decode, encode, last_stretch, plain_distance
+from zephon_stream.plan.run_history import (
+    Skip,
+    Stretch,
+    continues,
+    decode,
+    encode,
+    last_stretch,
+    plain_distance,
+    schedule_distance,
+)
 
 # NOTE: a step of few tokens costs the producer and the trainer about as much
 # Python as a large one; below this many tokens a step, several consecutive
@@ -219,12 +228,7 @@ class LayoutBook:
         """Positions from ``stretch``'s first step to step ``step``, read on from it (plan/run_history.py)."""
         if self.schedule is None:
             return plain_distance(stretch, step)
-        phases = self.schedule.phases
-        following = self.schedule.phase_at_step(stretch.step).index + 1
-        if following == len(phases) or step <= phases[following].start_step:
-            return (step - stretch.step) * stretch.global_batch
-        after = phases[following]
-        return (after.start_step - stretch.step) * stretch.global_batch + self.schedule.position_of_step(step) - after.start_position
+        return schedule_distance(self.schedule, stretch, step)
 
     def begin_history(self, position: int, global_batch: int, saved: list[str] | None = None) -> None:
         """The run's history as it starts at ``position``: the saved one (a resume's state, if it has one),

@@ -1,0 +1,151 @@
+"""``zephon-stream which --state FILE``: the samples a run read at its own steps, from its loader state.
+
+The loader numbers steps from its cursor, and a run that resumed at another
+global batch or skipped steps read each step where its history says
+(plan/run_history.py), not where today's settings would put it. A state
+(``StreamingLoader.state_dict()``: version 1, or 2 with a schedule) holds the
+order's settings and that history, so ``which`` needs nothing else.
+
+FILE is the state saved as JSON, or a torch.distributed.checkpoint folder
+holding it under some key (found by its ``version`` and ``position``
+entries; ``--state-key`` picks one when there are several).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from zephon_stream.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a saved state says of its run.
+
+    Attributes:
+        seed: the order's seed.
+        phases: ``SchedulePhase`` of each phase the run began (one without a schedule).
+        packing: how rows were filled.
+        history: the run's stretches and skips.
+        scheduled: whether the run had a schedule (its steps numbered by it).
+        position: the state's cursor.
+    """
+
+    seed: int
+    phases: list[Any]
+    packing: str
+    history: list[Any]
+    scheduled: bool
+    position: int
+
+
+def load_state(path: str, key: str | None = None) -> dict[str, Any]:
+    """The loader state in a JSON file or a torch.distributed.checkpoint folder.
+
+    Raises:
+        ConfigError: no file or folder there, not a loader state, or several
+            states in a checkpoint and no ``key`` (the message lists them).
+    """
+    if os.path.isdir(path):
+        if not os.path.exists(os.path.join(path, ".metadata")):
+            raise ConfigError(f"--state {path}: a folder without '.metadata': not a torch.distributed.checkpoint")
+        return _from_checkpoint(path, key)
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+    except OSError as exc:
+        raise ConfigError(f"--state {path}: cannot read it ({exc.strerror})") from None
+    except ValueError as exc:
+        raise ConfigError(f"--state {path}: not JSON ({exc})") from None
+    return _pick(_states_in(data, ""), path, key)
+
+
+def _from_checkpoint(path: str, key: str | None) -> dict[str, Any]:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    names = FileSystemReader(path).read_metadata().state_dict_metadata
+    prefixes = sorted({name[: -len(".position")] for name in names
+                       if name.endswith(".position") and f"{name[: -len('.position')]}.version" in names})  # fmt: skip
+    prefix = _pick({p: p for p in prefixes}, path, key)
+    top = prefix.split(".")[0]
+    import warnings
+
+    with warnings.catch_warnings():
+        # NOTE: "torch.distributed is unavailable or uninitialized, assuming ... a single process": as meant.
+        warnings.simplefilter("ignore", UserWarning)
+        loaded = _load_state_dict_from_keys({top}, checkpoint_id=path)
+    state: Any = loaded
+    for part in prefix.split("."):
+        state = state[part]
+    return state
+
+
+def _states_in(data: Any, where: str) -> dict[str, Any]:
+    """Every loader state in ``data`` (a dict holding ``version`` and ``position``), by its key path."""
+    if not isinstance(data, dict):
+        return {}
+    if "version" in data and "position" in data:
+        return {where or "(top)": data}
+    found = {}
+    for name, value in data.items():
+        found.update(_states_in(value, f"{where}.{name}" if where else str(name)))
+    return found
+
+
+def _pick(found: dict[str, Any], path: str, key: str | None) -> Any:
+    if key is not None:
+        if key not in found:
+            raise ConfigError(f"--state {path}: no loader state under key {key!r} (found: {sorted(found) or 'none'})")
+        return found[key]
+    if len(found) != 1:
+        what = "no loader state (a dict with 'version' and 'position')" if not found else f"{len(found)} loader states"
+        raise ConfigError(f"--state {path}: {what}" + (f": {sorted(found)}; pick one with --state-key" if found else ""))
+    return next(iter(found.values()))
+
+
+def run_settings(state: dict[str, Any]) -> RunSettings:
+    """The order's settings and the history a state records.
+
+    Raises:
+        StateMismatchError, VersionError: not a state this code reads.
+    """
+    from zephon_stream.plan import LoaderState, SchedulePhase, ScheduleState
+    from zephon_stream.plan.run_history import decode
+
+    if state.get("version") == 1:
+        old = LoaderState.from_dict(dict(state))
+        entries = decode(old.history)
+        batch = next((e.global_batch for e in entries if hasattr(e, "global_batch")), old.lanes)
+        phase = SchedulePhase(start_step=0, global_batch=batch, seq_len=old.seq_len, lanes=old.lanes, window=old.window,
+                              weights=tuple(old.weights))  # fmt: skip
+        return RunSettings(old.seed, [phase], old.packing, entries, False, old.position)
+    saved = ScheduleState.from_dict(dict(state))
+    phases = [SchedulePhase(start_step=p["start_step"], global_batch=p["global_batch"], seq_len=p["seq_len"],
+                            lanes=p["lanes"], window=p["window"], weights=tuple(p["weights"])) for p in saved.phases]  # fmt: skip
+    return RunSettings(saved.seed, phases, saved.packing, decode(saved.history), True, saved.position)
+
+
+def step_ranges(order: Any, settings: RunSettings, steps: list[int]) -> list[tuple[int, int | None, int | None, str]]:
+    """``(step, start, end, reason)`` of each step as the run read it (start None: not read, and why)."""
+    from zephon_stream.plan.run_history import Stretch, plain_distance, schedule_distance, step_read
+
+    def distance(stretch: Stretch, step: int) -> int:
+        return schedule_distance(order, stretch, step) if settings.scheduled else plain_distance(stretch, step)
+
+    out = []
+    for step in steps:
+        read = step_read(settings.history, step, distance)
+        if read.position is None:
+            out.append((step, None, None, read.reason))
+            continue
+        stretch = max((e for e in settings.history if isinstance(e, Stretch) and e.step <= step), key=lambda e: e.step)
+        end = read.position + distance(stretch, step + 1) - distance(stretch, step)
+        if read.position >= settings.position:
+            out.append((step, None, None, f"not read yet: the state's cursor is {settings.position}"))
+            continue
+        out.append((step, read.position, end, ""))
+    return out
