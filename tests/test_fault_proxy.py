@@ -115,8 +115,8 @@ def test_fail_every_answers_every_nth_eligible_request_and_lists_each(fault_prox
     assert proxy.injected() == [("error_503", "GET", path, "bytes=2-11"), ("error_503", "GET", path, "bytes=5-14")]
     proxy.set_fail_every(None)
     assert {_get(proxy.endpoint_url, path)[0] for _ in range(4)} == {200}
-    proxy.set_fail_every(1)
-    assert _get(proxy.endpoint_url, path)[0] == 503 and len(proxy.injected()) == 3
+    proxy.set_fail_every(1, times=2)
+    assert [_get(proxy.endpoint_url, path)[0] for _ in range(3)] == [503, 503, 200] and len(proxy.injected()) == 4
     with pytest.raises(ValueError, match="fail_every"):
         proxy.set_fail_every(0)
 

@@ -137,7 +137,7 @@ class FaultProxy:
         if fail_kind not in FAULT_KINDS:
             raise ValueError(f"fault proxy: unknown fail_kind {fail_kind!r} (known: {FAULT_KINDS})")
         self.fail_kind = fail_kind
-        self._fail_every, self._eligible = _positive_or_none(fail_every), 0
+        self._fail_every, self._fail_left, self._eligible = _positive_or_none(fail_every), None, 0
         self._injected: list[tuple[str, str, str, str]] = []
         self.fault_methods = tuple(m.upper() for m in fault_methods) if fault_methods else None
         self.fault_paths = tuple(fault_paths) if fault_paths else None
@@ -171,15 +171,16 @@ class FaultProxy:
         with self._lock:
             self.rates = dict(rates)
 
-    def set_fail_every(self, every: int | None) -> None:
-        """Answer every ``every``-th eligible request from now on with ``fail_kind`` (None: stop)."""
+    def set_fail_every(self, every: int | None, *, times: int | None = None) -> None:
+        """Answer every ``every``-th eligible request from now on with ``fail_kind`` (None: stop),
+        ``times`` times at most (None: no end); ``set_fail_every(1, times=1)`` fails the next one."""
         with self._lock:
-            self._fail_every, self._eligible = _positive_or_none(every), 0
+            self._fail_every, self._fail_left, self._eligible = _positive_or_none(every), times, 0
 
     def injected(self) -> list[tuple[str, str, str, str]]:
         """``(kind, method, path, range)`` of each fault injected so far, in order: the path
-        without its query string (where a presigned URL carries its signature), the request's
-        ``Range`` header or ``""``."""
+        decoded and without its query string (where a presigned URL carries its signature),
+        the request's byte range header or ``""``."""
         with self._lock:
             return list(self._injected)
 
@@ -296,21 +297,21 @@ class FaultProxy:
         return False
 
     def _draw(self, method: str, path: str, byte_range: str = "") -> str | None:
+        # NOTE: GCS's JSON API puts the object's name in the path
+        # percent-encoded (``shards%2F00000001.zst``).
+        plain = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
         with self._lock:
             self._counts["requests"] += 1
             if self.fault_methods is not None and method.upper() not in self.fault_methods:
                 return None
-            if self.fault_paths is not None:
-                # NOTE: GCS's JSON API puts the object's name in the path
-                # percent-encoded (``shards%2F00000001.zst``).
-                plain = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
-                if not any(part in plain for part in self.fault_paths):
-                    return None
+            if self.fault_paths is not None and not any(part in plain for part in self.fault_paths):
+                return None
             chosen = None
-            if self._fail_every is not None:
+            if self._fail_every is not None and self._fail_left != 0:
                 self._eligible += 1
                 if self._eligible % self._fail_every == 0:
                     chosen = self.fail_kind
+                    self._fail_left = None if self._fail_left is None else self._fail_left - 1
             if chosen is None:
                 u = self._rng.random()
                 cumulative = 0.0
@@ -324,7 +325,7 @@ class FaultProxy:
             if chosen == "truncate" and method.upper() == "HEAD":
                 chosen = "reset"
             self._counts[chosen] += 1
-            self._injected.append((chosen, method.upper(), urllib.parse.urlsplit(path).path, byte_range))
+            self._injected.append((chosen, method.upper(), plain, byte_range))
             return chosen
 
     def __enter__(self) -> "FaultProxy":
