@@ -235,7 +235,10 @@ def build_phases(shapes: list[StreamShape], specs: list[SchedulePhase], seed: in
     position = 0
     for k, spec in enumerate(specs):
         try:
-            order = GlobalOrder(shapes, spec.order_config(seed))
+            order = GlobalOrder(shapes, spec.order_config(seed), lanes_default=None if spec.lanes is not None else (
+                f"the phase's global batch of {spec.global_batch}, which gives its lanes when it sets none; "
+                "lower its global_batch or seq_len"
+            ))
         except ConfigError as exc:
             raise ConfigError(f"phase {k} (start step {spec.start_step}): {exc}") from exc
         length = None
