@@ -189,6 +189,7 @@ def report_dataset(stdlib_corpus, tmp_path_factory):
 def wait_for_the_helper(loader, *, deadline_s=60.0) -> None:
     """Until the loader's helper process is ready, as while a trainer builds its model: the run is then
     the helper's from its first step, and it works a ring ahead of the consumer."""
+    # NOTE: no public handle says whether the helper that is starting is ready; the feed's does.
     helper = loader._feed._spare_helper
     deadline = time.monotonic() + deadline_s
     while not helper.ready():
