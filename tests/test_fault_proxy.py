@@ -104,6 +104,23 @@ def test_same_seed_injects_the_same_faults(fault_proxy, stored):
     assert {500, 503, 200} <= set(outcomes[0])
 
 
+def test_fail_every_answers_every_nth_eligible_request_and_lists_each(fault_proxy, stored):
+    path, payload = stored
+    proxy = fault_proxy(fail_every=3, fault_methods=("GET",))
+    statuses = [_get(proxy.endpoint_url, path, {"Range": f"bytes={i}-{i + 9}"})[0] for i in range(7)]
+    head = _get(proxy.endpoint_url, path, method="HEAD")[0]
+    assert statuses == [206, 206, 503, 206, 206, 503, 206] and head == 200
+    assert proxy.counts()["error_503"] == proxy.failed() == 2
+    # NOTE: the path without its query string, so a presigned URL's signature is never kept.
+    assert proxy.injected() == [("error_503", "GET", path, "bytes=2-11"), ("error_503", "GET", path, "bytes=5-14")]
+    proxy.set_fail_every(None)
+    assert {_get(proxy.endpoint_url, path)[0] for _ in range(4)} == {200}
+    proxy.set_fail_every(1, times=2)
+    assert [_get(proxy.endpoint_url, path)[0] for _ in range(3)] == [503, 503, 200] and len(proxy.injected()) == 4
+    with pytest.raises(ValueError, match="fail_every"):
+        proxy.set_fail_every(0)
+
+
 def test_truncated_body_sends_fewer_bytes_than_content_length(fault_proxy, stored):
     path, payload = stored
     proxy = fault_proxy(rates={"truncate": 1.0})

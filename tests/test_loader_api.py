@@ -5,6 +5,7 @@ bad configs and bad blocks are refused, and close() leaves nothing running."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 
@@ -161,6 +162,22 @@ def test_memory_bound_is_computed_and_a_config_over_the_cap_is_refused(small_dat
         loader_for(small_dataset.url, max_memory_bytes=100_000)
     with loader_for(small_dataset.url, max_memory_bytes=bound.total_bytes) as fits:
         next(fits)
+
+
+def test_a_global_batch_over_an_epoch_names_local_batch_size_and_world_size_or_the_lanes_set(small_dataset):
+    # NOTE: about 600 samples of seq_len 512 an epoch, and no lanes given: they are the global batch, 1024.
+    with pytest.raises(ConfigError) as info:
+        StreamingLoader(small_dataset.url, seq_len=512, local_batch_size=128, rank=0, world_size=8, pipeline="threads")
+    said = re.fullmatch(
+        rf"stream 0 \({re.escape(small_dataset.url)}\): (\d+) samples of seq_len 512 per epoch, fewer than the "
+        r"global batch of 1024 \(local_batch_size 128 x world size 8\), which gives the lanes when lanes is not set; "
+        r"lower local_batch_size or seq_len",
+        str(info.value),
+    )
+    assert said is not None and 0 < int(said.group(1)) < 1024, str(info.value)
+    with pytest.raises(ConfigError, match=r"per epoch, fewer than its 2048 lanes; lower the lanes or seq_len$"):
+        StreamingLoader(small_dataset.url, seq_len=512, local_batch_size=16, rank=0, world_size=8, lanes=2048,
+                        pipeline="threads")  # fmt: skip
 
 
 def process_alive(pid):

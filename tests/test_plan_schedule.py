@@ -296,6 +296,14 @@ def test_bad_schedules_are_refused_with_the_phase_named():
     with pytest.raises(ConfigError, match=r"phase 1 \(start step 5\): seq_len must be >= 1, got 0"):
         ScheduleOrder(shapes, [SchedulePhase(start_step=0, global_batch=4, seq_len=8),
                                SchedulePhase(start_step=5, global_batch=4, seq_len=0)])  # fmt: skip
+    samples = shapes[0].stream_samples(8)
+    first = SchedulePhase(start_step=0, global_batch=4, seq_len=8)
+    with pytest.raises(ConfigError, match=rf"phase 1 \(start step 5\): stream 0 \(.*\): {samples} samples of seq_len 8 "
+                       rf"per epoch, fewer than the phase's global batch of {samples + 1}, which gives its lanes when "
+                       r"it sets none; lower its global_batch or seq_len$"):  # fmt: skip
+        ScheduleOrder(shapes, [first, SchedulePhase(start_step=5, global_batch=samples + 1, seq_len=8)])
+    with pytest.raises(ConfigError, match=rf"fewer than its {samples + 1} lanes; lower the lanes or seq_len$"):
+        ScheduleOrder(shapes, [first, SchedulePhase(start_step=5, global_batch=4, seq_len=8, lanes=samples + 1)])
 
 
 # NOTE: docs/ORDER.md ("Golden vectors: a three-phase schedule") lists the same

@@ -2,7 +2,9 @@
 failure and tried again, exactly once: compared with what tools/fault_proxy.py
 says it answered, on every real backend (SeaweedFS, fake-gcs-server, Azurite),
 in the thread and the event-loop read paths, and through the loader while it
-opens a dataset (its manifest) and while it streams, in both pipelines."""
+opens a dataset (its manifest) and while it streams, in both pipelines; with
+every Nth GET of any object failed (index pages included), and while a helper
+process waits a ring ahead, without a step taken to show the count."""
 
 from __future__ import annotations
 
@@ -161,3 +163,109 @@ def test_a_manifest_that_keeps_failing_reaches_the_store_once_per_counted_attemp
         counts = proxy.counts()
     assert counts["error_503"] == counts["requests"] == 4, counts
     assert (stats["retries"], stats["throttled"], stats["errors"]) == (3, 0, 1), stats
+
+
+# NOTE: the report's settings: one lane, one step prefetched. With blocks of
+# 64 samples a lane's next block (and, as the reads go on, the next index
+# page) is read while a helper process waits a ring ahead of the consumer.
+EVERY_NTH_SETTINGS = {"seq_len": 256, "local_batch_size": 12, "seed": 5, "lanes": 1, "prefetch_steps": 1}
+EVERY_NTH_STEPS = 30
+MORE_STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def report_dataset(stdlib_corpus, tmp_path_factory):
+    """The corpus (about 2.5 MB) in blocks of 16385 tokens, 4 a shard (about 150 blocks, index objects of
+    two pages), and the hashes of its first steps read locally."""
+    from zephon_stream import write_dataset
+
+    out = tmp_path_factory.mktemp("every_nth") / "ds"
+    write_dataset([str(p) for p in stdlib_corpus.files], str(out), tokenizer="bytes", block_tokens=16385,
+                  blocks_per_shard=4, progress=False)  # fmt: skip
+    with StreamingLoader(str(out), **EVERY_NTH_SETTINGS) as local:
+        return str(out), step_hashes(local, EVERY_NTH_STEPS + MORE_STEPS)
+
+
+def wait_for_the_helper(loader, *, deadline_s=60.0) -> None:
+    """Until the loader's helper process is ready, as while a trainer builds its model: the run is then
+    the helper's from its first step, and it works a ring ahead of the consumer."""
+    # NOTE: no public handle says whether the helper that is starting is ready; the feed's does.
+    helper = loader._feed._spare_helper
+    deadline = time.monotonic() + deadline_s
+    while not helper.ready():
+        assert time.monotonic() < deadline, "the helper process did not get ready"
+        time.sleep(0.01)
+
+
+def wait_until_quiet(proxy, *, quiet_s=0.3, deadline_s=30.0) -> None:
+    """Until no request has come for ``quiet_s``: the producer is a ring ahead, its reads done."""
+    deadline = time.monotonic() + deadline_s
+    seen, since = proxy.counts()["requests"], time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "the loader kept reading"
+        time.sleep(0.02)
+        now = proxy.counts()["requests"]
+        if now != seen:
+            seen, since = now, time.monotonic()
+
+
+def step_until_a_get_fails(loader, proxy, *, limit: int) -> list[str]:
+    """Fail the next GET, stepping one step at a time (each given 0.3 s to lead to a read) until it came."""
+    failed = len(proxy.injected()) + 1
+    proxy.set_fail_every(1, times=1)
+    hashes: list[str] = []
+    while len(hashes) < limit:
+        hashes += step_hashes(loader, 1)
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline and len(proxy.injected()) < failed:
+            time.sleep(0.005)
+        if len(proxy.injected()) == failed:
+            return hashes
+    raise AssertionError(f"no GET came in {limit} steps")
+
+
+def settled_without_steps(loader, proxy, *, deadline_s=10.0) -> int:
+    """``stats()["retries"]`` once it equals what the proxy injected, with no step taken meanwhile.
+
+    A 503 the proxy has sent may not have reached its reader yet; once it has,
+    the count must show it while the consumer takes no step (a helper process
+    that waits a ring ahead has no step to report it with).
+    """
+    deadline = time.monotonic() + deadline_s
+    while True:
+        retries, injected = loader.stats()["retries"], len(proxy.injected())
+        assert retries <= injected, (retries, proxy.injected())
+        if retries == injected or time.monotonic() > deadline:
+            return retries
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("pipeline", ["threads", "process"])
+def test_each_get_answered_503_is_one_retry_in_stats_index_pages_included(object_store, report_dataset, pipeline):
+    """The report's case: every 3rd GET of any object (manifest, index pages, blocks) answered 503 while a
+    loader opens a dataset and reads 30 steps, then one more GET failed while the loader waits a ring
+    ahead; ``stats()["retries"]`` is exactly the number of 503s, without a step taken to show them."""
+    local, expected = report_dataset
+    url = object_store.url("ds")
+    copy_dataset(local, url, dst_options=object_store.storage_options)
+    with FaultProxy(upstream=object_store.server.endpoint_url, fail_every=3, fault_methods=("GET",)) as proxy:
+        options = object_store.options_via(proxy.endpoint_url)
+        with StreamingLoader(url, storage_options=options, pipeline=pipeline, **EVERY_NTH_SETTINGS) as loader:
+            if pipeline == "process":
+                wait_for_the_helper(loader)
+            got = step_hashes(loader, EVERY_NTH_STEPS)
+            proxy.set_fail_every(None)
+            opened_and_read = settled_without_steps(loader, proxy), len(proxy.injected())
+            wait_until_quiet(proxy)
+            got += step_until_a_get_fails(loader, proxy, limit=MORE_STEPS)
+            waiting = settled_without_steps(loader, proxy), len(proxy.injected())
+            stats = loader.stats()
+            served_by_helper = loader.helper_pid is not None
+        injected = proxy.injected()
+    assert got == expected[: len(got)]
+    assert served_by_helper == (pipeline == "process")
+    assert any("/index/" in path for _, _, path, _ in injected), f"no index page read was failed: {injected}"
+    assert any("/shards/" in path for _, _, path, _ in injected), f"no block read was failed: {injected}"
+    assert opened_and_read[0] == opened_and_read[1], (opened_and_read, injected)
+    assert waiting[0] == waiting[1] == len(injected) == proxy.counts()["error_503"], (waiting, injected)
+    assert stats["throttled"] == 0 and stats["storage_errors"] == 0, stats

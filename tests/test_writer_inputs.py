@@ -99,7 +99,7 @@ def test_every_reject_reason_is_listed_with_its_place(tmp_path):
     bad_byte = dict(got)[1]
     assert bad_byte.detail == f"invalid UTF-8 at byte {len(good) + 1 + 14}"
     # NOTE: records count from 0, the lines a detail names from 1 (record 5 is the sixth line).
-    assert dict(got)[5].detail.startswith("line 6: malformed JSON at column ")
+    assert dict(got)[5].detail == "line 6: malformed JSON: Unterminated string starting at column 10"
     assert dict(got)[6].detail == "line 7: blank line"
     assert dict(got)[9].detail == "line 10: a JSON list, not an object"
 
@@ -111,6 +111,25 @@ def test_every_reject_reason_is_listed_with_its_place(tmp_path):
         (str(path), rec, reason) for rec, reason in sorted(reasons.items())
     ]
     assert documents_of(str(tmp_path / "out")) == [(str(path), 0, "fine"), (str(path), 10, "fine")]
+
+
+def test_a_malformed_json_line_is_rejected_with_a_whole_sentence(tmp_path):
+    """json's own messages that read on into the position ("Invalid control character at") are completed
+    with the column, in rejects.jsonl as in each Reject."""
+    path = tmp_path / "bad.jsonl"
+    lines = [b'{"text": "tab\tinside"}', b'{"text": "ok"} and more', b'{"text": "ok",}', b'{"text": "open', b'{"text": "x"}']
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    details = [
+        "line 1: malformed JSON: Invalid control character U+0009 at column 14",
+        "line 2: malformed JSON: Extra data at column 16",
+        "line 3: malformed JSON: Expecting property name enclosed in double quotes at column 15",
+        "line 4: malformed JSON: Unterminated string starting at column 10",
+    ]
+    assert [item.detail for _, item in records(path)[:4]] == details
+    summary = write_dataset(str(path), str(tmp_path / "out"), tokenizer="bytes", block_tokens=64, progress=False)
+    assert summary.rejected == {"bad_json": 4}
+    listed = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [r["detail"] for r in listed] == details
 
 
 def test_rejects_name_lines_as_editors_count_them_and_records_from_0(tmp_path):

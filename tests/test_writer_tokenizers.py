@@ -9,6 +9,7 @@ import pickle
 import numpy as np
 import pytest
 
+from zephon_stream.cli import main
 from zephon_stream.errors import TokenizerError
 from zephon_stream.writer.tokenizers import (
     BYTES_EOS_ID,
@@ -92,9 +93,45 @@ def test_missing_and_unknown_specs_are_named(tmp_path):
 
 
 def test_tiktoken_name_without_cache_explains_offline_cache(monkeypatch, tmp_path):
+    pytest.importorskip("tiktoken")
+    import tiktoken.load
+
+    def offline(blobpath):
+        raise ConnectionError(f"no network here ({blobpath})")
+
+    # NOTE: a machine without network access, on every machine: the test never downloads.
+    monkeypatch.setattr(tiktoken.load, "read_file", offline)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    with pytest.raises(TokenizerError, match="TIKTOKEN_CACHE_DIR"):
+    with pytest.raises(TokenizerError, match=r"^tokenizer tiktoken:cl100k_base: the encoding's file is not available "
+                       r"offline \(ConnectionError\); tiktoken reads its files from TIKTOKEN_CACHE_DIR"):  # fmt: skip
         load_tokenizer("tiktoken:cl100k_base")
+
+
+def test_an_unknown_tiktoken_name_is_one_line_naming_the_spec_and_the_specs_there_are(monkeypatch, tmp_path, capsys):
+    tiktoken = pytest.importorskip("tiktoken")
+    import tiktoken.load
+
+    def no_download(blobpath):
+        raise AssertionError(f"tried to fetch {blobpath}")
+
+    # NOTE: nothing may be fetched: the name is refused before tiktoken looks for its file.
+    monkeypatch.setattr(tiktoken.load, "read_file", no_download)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
+    known = ", ".join(tiktoken.list_encoding_names())
+    said = (
+        f"tokenizer tiktoken:nosuch_enc: tiktoken has no encoding named 'nosuch_enc' (it knows {known}); a tiktoken "
+        "spec is tiktoken:NAME of an encoding whose file is available offline (in TIKTOKEN_CACHE_DIR), or "
+        "tiktoken:PATH of a .tiktoken file"
+    )
+    with pytest.raises(TokenizerError) as info:
+        load_tokenizer("tiktoken:nosuch_enc")
+    assert str(info.value) == said and "cl100k_base" in known
+    (tmp_path / "a.txt").write_text("some text")
+    assert main(["write", str(tmp_path / "a.txt"), "-o", str(tmp_path / "out"), "--tokenizer", "tiktoken:nosuch_enc",
+                 "--no-progress"]) == 1  # fmt: skip
+    assert capsys.readouterr().err == f"zephon-stream write: error: {said}\n"
+    with pytest.raises(TokenizerError, match=r"^tokenizer tiktoken:\S+nope.tiktoken: no such .tiktoken file; a tiktoken spec"):
+        load_tokenizer(f"tiktoken:{tmp_path / 'nope.tiktoken'}")
 
 
 def _write_tiktoken_file(bpe_tokenizer_json, path):

@@ -3,13 +3,16 @@
 Per request, with configured probabilities drawn from a seeded generator, it
 answers 500, 503, 429 or 403 without forwarding, resets the connection, stalls before
 forwarding, drips the response body slowly, or sends fewer body bytes than
-Content-Length and closes. It can also add a fixed latency to every request,
+Content-Length and closes. Or, deterministically, it answers every Nth
+request eligible for faults with one kind (``fail_every``, ``fail_kind``).
+It can also add a fixed latency to every request,
 refuse the first N requests made on a presigned URL (a store that takes no
 query-string signatures, or a URL that expired), and it can be stopped and
 started again on the same port to play an endpoint that drops out.
 ``counts()`` says what it injected, how many requests came on presigned
 URLs (``presigned``) and how many the upstream server failed (``bad_gateway``,
-answered 502); ``failed()`` adds up the requests a client saw fail.
+answered 502); ``failed()`` adds up the requests a client saw fail;
+``injected()`` lists each fault with the request it answered.
 
 It can also limit the request rate as a store does (``rate_limit``, a token
 bucket per prefix; tools/rate_limit.py says what a prefix is) and answer
@@ -29,6 +32,7 @@ Library use::
 Script use (runs until interrupted, prints the counts as JSON on exit)::
 
     python tools/fault_proxy.py --upstream http://127.0.0.1:5000 --rate reset=0.05 --latency-ms 50
+    python tools/fault_proxy.py --upstream http://127.0.0.1:8333 --fail-every 4
     python tools/fault_proxy.py --upstream http://127.0.0.1:8333 --rate-limit 100:200 --throttle-style s3
 """
 
@@ -56,6 +60,12 @@ from tools.rate_limit import THROTTLE_STYLES, RateLimiter, parse_rate_limit  # n
 FAULT_KINDS = ("error_500", "error_503", "reset", "stall", "slow_body", "truncate", "error_429", "error_403")
 
 
+def _positive_or_none(every: int | None) -> int | None:
+    if every is not None and (not isinstance(every, int) or every < 1):
+        raise ValueError(f"fault proxy: fail_every must be a positive integer or None (got {every!r})")
+    return every
+
+
 class FaultProxy:
     """A fault-injecting HTTP proxy on 127.0.0.1, as a context manager.
 
@@ -81,6 +91,10 @@ class FaultProxy:
         throttle_style: ``s3`` (503 SlowDown), ``gcs`` (429
             rateLimitExceeded) or ``azure`` (503 ServerBusy).
         prefix_depth: key folders after the bucket in a prefix.
+        fail_every: answer every Nth request eligible for faults (counted
+            from the proxy's start, or from ``set_fail_every``) with
+            ``fail_kind`` instead of drawing (None: draw every request).
+        fail_kind: the fault kind ``fail_every`` injects (``FAULT_KINDS``).
     """
 
     def __init__(
@@ -102,6 +116,8 @@ class FaultProxy:
         burst: float | None = None,
         throttle_style: str = "s3",
         prefix_depth: int = 1,
+        fail_every: int | None = None,
+        fail_kind: str = "error_503",
     ) -> None:
         parsed = urllib.parse.urlsplit(upstream)
         if parsed.scheme != "http" or not parsed.hostname or not parsed.port:
@@ -118,6 +134,11 @@ class FaultProxy:
         self.stall_s = stall_s
         self.slow_body_s = slow_body_s
         self.drip_pieces = drip_pieces
+        if fail_kind not in FAULT_KINDS:
+            raise ValueError(f"fault proxy: unknown fail_kind {fail_kind!r} (known: {FAULT_KINDS})")
+        self.fail_kind = fail_kind
+        self._fail_every, self._fail_left, self._eligible = _positive_or_none(fail_every), None, 0
+        self._injected: list[tuple[str, str, str, str]] = []
         self.fault_methods = tuple(m.upper() for m in fault_methods) if fault_methods else None
         self.fault_paths = tuple(fault_paths) if fault_paths else None
         self.refuse_presigned = refuse_presigned
@@ -149,6 +170,19 @@ class FaultProxy:
         """Change the fault rates of later requests."""
         with self._lock:
             self.rates = dict(rates)
+
+    def set_fail_every(self, every: int | None, *, times: int | None = None) -> None:
+        """Answer every ``every``-th eligible request from now on with ``fail_kind`` (None: stop),
+        ``times`` times at most (None: no end); ``set_fail_every(1, times=1)`` fails the next one."""
+        with self._lock:
+            self._fail_every, self._fail_left, self._eligible = _positive_or_none(every), times, 0
+
+    def injected(self) -> list[tuple[str, str, str, str]]:
+        """``(kind, method, path, range)`` of each fault injected so far, in order: the path
+        decoded and without its query string (where a presigned URL carries its signature),
+        the request's byte range header or ``""``."""
+        with self._lock:
+            return list(self._injected)
 
     def set_rate_limit(self, rate_per_s: float | None, burst: float | None = None) -> None:
         """Change the request-rate limit of later requests (None: none)."""
@@ -262,27 +296,37 @@ class FaultProxy:
             self._counts["throttled"] += 1
         return False
 
-    def _draw(self, method: str, path: str) -> str | None:
+    def _draw(self, method: str, path: str, byte_range: str = "") -> str | None:
+        # NOTE: GCS's JSON API puts the object's name in the path
+        # percent-encoded (``shards%2F00000001.zst``).
+        plain = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
         with self._lock:
             self._counts["requests"] += 1
             if self.fault_methods is not None and method.upper() not in self.fault_methods:
                 return None
-            if self.fault_paths is not None:
-                # NOTE: GCS's JSON API puts the object's name in the path
-                # percent-encoded (``shards%2F00000001.zst``).
-                plain = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
-                if not any(part in plain for part in self.fault_paths):
-                    return None
-            u = self._rng.random()
-            cumulative = 0.0
-            for kind in FAULT_KINDS:
-                cumulative += self.rates.get(kind, 0.0)
-                if u < cumulative:
-                    if kind == "truncate" and method.upper() == "HEAD":
-                        kind = "reset"
-                    self._counts[kind] += 1
-                    return kind
-            return None
+            if self.fault_paths is not None and not any(part in plain for part in self.fault_paths):
+                return None
+            chosen = None
+            if self._fail_every is not None and self._fail_left != 0:
+                self._eligible += 1
+                if self._eligible % self._fail_every == 0:
+                    chosen = self.fail_kind
+                    self._fail_left = None if self._fail_left is None else self._fail_left - 1
+            if chosen is None:
+                u = self._rng.random()
+                cumulative = 0.0
+                for kind in FAULT_KINDS:
+                    cumulative += self.rates.get(kind, 0.0)
+                    if u < cumulative:
+                        chosen = kind
+                        break
+            if chosen is None:
+                return None
+            if chosen == "truncate" and method.upper() == "HEAD":
+                chosen = "reset"
+            self._counts[chosen] += 1
+            self._injected.append((chosen, method.upper(), plain, byte_range))
+            return chosen
 
     def __enter__(self) -> "FaultProxy":
         return self.start()
@@ -311,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throttle-style", choices=THROTTLE_STYLES, default="s3",
                         help="answer beyond the limit: s3 (503 SlowDown), gcs (429 rateLimitExceeded), azure")
     parser.add_argument("--prefix-depth", type=int, default=1, help="key folders after the bucket in a prefix")
+    parser.add_argument("--fail-every", type=int, default=None, metavar="N",
+                        help="answer every Nth request eligible for faults with --fail-kind")
+    parser.add_argument("--fail-kind", choices=FAULT_KINDS, default="error_503")
     args = parser.parse_args(argv)
     rate_limit, burst = args.rate_limit or (None, None)
     rates = {}
@@ -330,11 +377,14 @@ def main(argv: list[str] | None = None) -> int:
         burst=burst,
         throttle_style=args.throttle_style,
         prefix_depth=args.prefix_depth,
+        fail_every=args.fail_every,
+        fail_kind=args.fail_kind,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with proxy:
-        print(f"fault proxy: {proxy.endpoint_url} -> {args.upstream} rates={rates}", flush=True)
+        every = f" fail_every={args.fail_every} ({args.fail_kind})" if args.fail_every else ""
+        print(f"fault proxy: {proxy.endpoint_url} -> {args.upstream} rates={rates}{every}", flush=True)
         try:
             while not stop.wait(0.5):
                 pass

@@ -150,7 +150,8 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
                 time.sleep(proxy.latency_s)
             self._send_throttled(*throttle_answer(proxy.limiter.style, self.command))
             return
-        fault = proxy._draw(self.command, self.path)
+        byte_range = self.headers.get("Range") or self.headers.get("x-ms-range") or ""  # NOTE: Azure's own header
+        fault = proxy._draw(self.command, self.path, byte_range)
         if proxy.latency_s:
             time.sleep(proxy.latency_s)
         if fault == "error_500":

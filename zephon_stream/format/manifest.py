@@ -21,6 +21,7 @@ import msgpack
 import numpy as np
 
 from zephon_stream.errors import ManifestError, ObjectMissingError, VersionError
+from zephon_stream.format.committed import no_dataset_error
 from zephon_stream.format.entries import ShardInfo, SourceInfo, TokenizerInfo, entries_unchecked, max_frame_bytes
 from zephon_stream.format.fields import FieldReader, check_relative_path, unpack_map
 from zephon_stream.format.fingerprint import FINGERPRINT_HEADER, compute_fingerprint  # noqa: F401 (re-exported)
@@ -279,10 +280,7 @@ class Manifest:
         try:
             data = store.read(MANIFEST_NAME)
         except ObjectMissingError:
-            raise ObjectMissingError(
-                f"no committed dataset at {store.url}: {MANIFEST_NAME!r} is missing "
-                "(a dataset is committed when its manifest is written, last)"
-            ) from None
+            raise no_dataset_error(store) from None
         return cls.from_bytes(data, where=f"manifest {where}", read=store.read)
 
     @classmethod

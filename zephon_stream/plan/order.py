@@ -83,13 +83,18 @@ class GlobalOrder:
     Args:
         shapes: one ``StreamShape`` per stream, in mixture order.
         config: the frozen order configuration.
+        lanes_default: where the user set no lanes, what set ``config.lanes``
+            instead and what to lower, for the message of a stream with fewer
+            samples per epoch than its lanes (e.g. ``"the global batch of 64
+            (...), ...; lower local_batch_size or seq_len"``); None: the
+            user set them, and the message says to lower the lanes.
 
     Raises:
         ConfigError: an impossible config (no lane for a weighted stream, a
             stream with fewer samples per epoch than lanes, bad sizes...).
     """
 
-    def __init__(self, shapes: list[StreamShape], config: OrderConfig) -> None:
+    def __init__(self, shapes: list[StreamShape], config: OrderConfig, *, lanes_default: str | None = None) -> None:
         if not shapes:
             raise ConfigError("the order needs at least one stream")
         if config.seq_len < 1:
@@ -102,6 +107,7 @@ class GlobalOrder:
             raise ConfigError(f"seed must lie in [0, 2**64), got {config.seed}")
         self.shapes = list(shapes)
         self.config = config
+        self._lanes_default = lanes_default
         self.weights = canonical_weights(tuple(config.weights), len(shapes))
         self.lane_counts = split_lanes(self.weights, config.lanes)
         self.lane_stream, self.lane_index = lane_map(self.lane_counts)
@@ -132,10 +138,7 @@ class GlobalOrder:
         spb = shape.samples_per_full_block(seq_len)
         lane_length = stream_samples // lanes if lanes else 0
         if lanes and lane_length == 0:
-            reason = shape.no_samples_reason(seq_len) or (
-                f"{stream_samples} samples of seq_len {seq_len} per epoch, fewer than its {lanes} lanes; "
-                "lower the lanes or seq_len"
-            )
+            reason = shape.no_samples_reason(seq_len) or self._too_few_samples(stream_samples, lanes)
             raise ConfigError(f"stream {s} ({shape.label}): {reason}")
         window = self.config.window or spb
         return StreamPlan(
@@ -148,6 +151,14 @@ class GlobalOrder:
             lane_length=lane_length,
             window=max(1, min(window, lane_length)),
         )
+
+    def _too_few_samples(self, stream_samples: int, lanes: int) -> str:
+        counted = f"{stream_samples} samples of seq_len {self.config.seq_len} per epoch, fewer than"
+        if self._lanes_default is None:
+            return f"{counted} its {lanes} lanes; lower the lanes or seq_len"
+        # NOTE: the user set no lanes: the message names what they did set.
+        share = "" if lanes == self.config.lanes else f"its share, {lanes} lanes, of "
+        return f"{counted} {share}{self._lanes_default}"
 
     @property
     def lanes(self) -> int:

@@ -234,8 +234,12 @@ def build_phases(shapes: list[StreamShape], specs: list[SchedulePhase], seed: in
     phases: list[Phase] = []
     position = 0
     for k, spec in enumerate(specs):
+        lanes_default = None if spec.lanes is not None else (
+            f"the phase's global batch of {spec.global_batch}, which gives its lanes when it sets none; "
+            "lower its global_batch or seq_len"
+        )
         try:
-            order = GlobalOrder(shapes, spec.order_config(seed))
+            order = GlobalOrder(shapes, spec.order_config(seed), lanes_default=lanes_default)
         except ConfigError as exc:
             raise ConfigError(f"phase {k} (start step {spec.start_step}): {exc}") from exc
         length = None

@@ -240,6 +240,11 @@ class Store(abc.ABC):
             check_relative_path(prefix.rstrip("/") or ".", root=self._url)
         return sorted(self._run("list", prefix, "", lambda: self._list(prefix)))
 
+    def root_kind(self) -> str:
+        """What the store's root is, for messages: ``"file"`` (a file or object of its own, not a folder),
+        ``"folder"`` (a folder, or a prefix with objects under it) or ``"missing"`` (nothing there)."""
+        return "folder" if self.list() else "missing"
+
     def delete(self, path: str) -> None:
         """Remove the object at ``path``; removing an absent object is not an error."""
         rel = self._check(path)

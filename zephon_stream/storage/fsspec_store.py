@@ -313,6 +313,13 @@ class FsspecStore(Store):
                 found.append(rel)
         return found
 
+    def root_kind(self) -> str:
+        """``"file"`` where the URL names an object, else what its prefix holds (``Store.root_kind``)."""
+        _, root = self.filesystem()
+        if root and self._run("root_kind", "", "", lambda: self._call("isfile", root)):
+            return "file"
+        return super().root_kind()
+
     def _delete(self, path: str) -> None:
         _, full = self._full(path)
         try:

@@ -44,12 +44,19 @@ class LocalStore(Store):
         """The file behind relative ``path`` (checked not to escape the root)."""
         return self._root / self._check(path)
 
+    def _open(self, path: str) -> Any:
+        try:
+            return open(self._root / path, "rb")
+        except NotADirectoryError:
+            # NOTE: a folder on the way is a file (a file named as the root): no object is there.
+            raise FileNotFoundError(f"no file at {self._root / path}: a folder on its path is a file") from None
+
     def _read(self, path: str) -> bytes:
-        with open(self._root / path, "rb") as f:
+        with self._open(path) as f:
             return f.read()
 
     def _read_range(self, path: str, start: int, end: int) -> bytes:
-        with open(self._root / path, "rb") as f:
+        with self._open(path) as f:
             # NOTE: read() allocates the size asked for up front; a manifest
             # claiming a 1 TiB block must end in a truncation error, not a
             # MemoryError, so never ask for more than the file holds.
@@ -109,6 +116,12 @@ class LocalStore(Store):
                 if rel.startswith(prefix):
                     found.append(rel)
         return found
+
+    def root_kind(self) -> str:
+        """``"folder"``, ``"file"`` (the root is a file) or ``"missing"``."""
+        if self._root.is_dir():
+            return "folder"
+        return "file" if self._root.exists() else "missing"
 
     def _delete(self, path: str) -> None:
         try:

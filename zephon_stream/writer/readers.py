@@ -20,15 +20,14 @@ import io
 import json
 import zlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import zstandard
 
 from zephon_stream.errors import InputError, ZephonError
 from zephon_stream.storage import open_input
+from zephon_stream.writer.rejects import REJECT_REASONS, Reject, bad_json_detail  # noqa: F401 (re-exported)
 
-REJECT_REASONS = ("empty", "undecodable", "missing_field", "not_string", "bad_json")
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".py")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
@@ -37,28 +36,10 @@ LINE_BUFFER_BYTES = 1 << 20
 PARQUET_BATCH_ROWS = 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Reject:
-    """A record that was not written, and why.
-
-    Attributes:
-        source: the input it came from.
-        record: its record number in that input (0-based).
-        reason: one of ``REJECT_REASONS``.
-        detail: where and what, e.g. ``invalid UTF-8 at byte 1234``.
-    """
-
-    source: str
-    record: int
-    reason: str
-    detail: str
-
-    def to_json(self) -> str:
-        """One line of ``rejects.jsonl`` (without the newline)."""
-        return json.dumps(
-            {"source": self.source, "record": self.record, "reason": self.reason, "detail": self.detail},
-            ensure_ascii=False,
-        )
+def _without_terminator(line: bytes) -> bytes:
+    """A line without its ``\n`` or ``\r\n``."""
+    body = line[:-1] if line.endswith(b"\n") else line
+    return body[:-1] if body.endswith(b"\r") else body
 
 
 def input_format(url: str, *, override: str | None = None) -> tuple[str, str | None]:
@@ -186,16 +167,14 @@ class SourceReader:
 
     def _text_lines(self, stream: _CountingStream) -> Iterator[tuple[int, str | Reject]]:
         for number, (offset, line) in enumerate(stream.lines(), start=self.first_record):
-            body = line[:-1] if line.endswith(b"\n") else line
-            if body.endswith(b"\r"):
-                body = body[:-1]
-            yield number, self._decode(body, number, offset)
+            yield number, self._decode(_without_terminator(line), number, offset)
 
     def _jsonl(self, stream: _CountingStream) -> Iterator[tuple[int, str | Reject]]:
         field = self.text_field
         for number, (offset, line) in enumerate(stream.lines(), start=self.first_record):
             try:
-                decoded = line.decode("utf-8")
+                # NOTE: without its newline, a string left open says so, not "Invalid control character".
+                decoded = _without_terminator(line).decode("utf-8")
             except UnicodeDecodeError as exc:
                 yield number, self._reject(number, "undecodable", f"invalid UTF-8 at byte {offset + exc.start}")
                 continue
@@ -207,10 +186,7 @@ class SourceReader:
             try:
                 obj = json.loads(decoded)
             except json.JSONDecodeError as exc:
-                detail = f"line {line_number}: malformed JSON at column {exc.colno}: {exc.msg}"
-                if not decoded.strip():
-                    detail = f"line {line_number}: blank line"
-                yield number, self._reject(number, "bad_json", detail)
+                yield number, self._reject(number, "bad_json", bad_json_detail(exc, line_number=line_number))
                 continue
             if not isinstance(obj, dict):
                 kind = type(obj).__name__

@@ -124,7 +124,7 @@ def load_tiktoken(
     if name.endswith(".tiktoken") or os.sep in name:
         path = Path(name)
         if not path.is_file():
-            raise TokenizerError(f"tiktoken file {name}: not found")
+            raise TokenizerError(f"tokenizer tiktoken:{name}: no such .tiktoken file; {_SPECS}")
         ranks = read_tiktoken_ranks(path)
         specials = {TIKTOKEN_EOS: max(ranks.values()) + 1}
         return TiktokenTokenizer(
@@ -137,11 +137,16 @@ def load_tiktoken(
             eos_id=eos_id,
             bos_id=bos_id,
         )
+    # NOTE: an unknown name is refused before tiktoken is asked for it: its
+    # own error is three lines (plugins, version), and nothing is fetched.
+    known = tiktoken.list_encoding_names()
+    if name not in known:
+        raise _unknown_error(name, known)
     try:
         enc = tiktoken.get_encoding(name)
     except ValueError as exc:
         if "Unknown encoding" in str(exc):
-            raise TokenizerError(f"tiktoken encoding {name!r} is unknown: {exc}") from exc
+            raise _unknown_error(name, known) from None
         raise _offline_error(name, exc) from exc
     except Exception as exc:  # requests/urllib errors when its files are not cached
         raise _offline_error(name, exc) from exc
@@ -177,10 +182,22 @@ def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
+_SPECS = (
+    "a tiktoken spec is tiktoken:NAME of an encoding whose file is available offline (in TIKTOKEN_CACHE_DIR), "
+    "or tiktoken:PATH of a .tiktoken file"
+)
+
+
+def _unknown_error(name: str, known: Sequence[str]) -> TokenizerError:
+    return TokenizerError(
+        f"tokenizer tiktoken:{name}: tiktoken has no encoding named {name!r} (it knows {', '.join(known)}); {_SPECS}"
+    )
+
+
 def _offline_error(name: str, exc: BaseException) -> TokenizerError:
     cache = os.environ.get("TIKTOKEN_CACHE_DIR", "<unset>")
     return TokenizerError(
-        f"tiktoken encoding {name!r} is not available offline ({type(exc).__name__}). tiktoken reads "
-        f"its files from TIKTOKEN_CACHE_DIR (now {cache}); copy the cached files there from a machine "
-        "with network access, or pass tiktoken:/path/to/file.tiktoken"
+        f"tokenizer tiktoken:{name}: the encoding's file is not available offline ({type(exc).__name__}); tiktoken "
+        f"reads its files from TIKTOKEN_CACHE_DIR (now {cache}): copy the cached files there from a machine "
+        "with network access, or pass tiktoken:PATH of a .tiktoken file"
     )

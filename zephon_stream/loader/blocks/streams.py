@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zephon_stream.errors import ConfigError, ObjectMissingError
-from zephon_stream.format.manifest import Manifest
+from zephon_stream.format.committed import no_dataset_error
 from zephon_stream.format.spec import MANIFEST_NAME
 from zephon_stream.loader.blocks.fetcher import BlockJob
 from zephon_stream.loader.blocks.metadata import StreamMetadata
@@ -74,8 +74,7 @@ def read_manifest_bytes(store: Any, node_cache: Any = None) -> bytes:
         try:
             return store.read(MANIFEST_NAME)
         except ObjectMissingError:
-            Manifest.read(store)  # NOTE: raises the error naming the dataset that is not there
-            raise
+            raise no_dataset_error(store) from None
 
     if node_cache is None:
         return fetch()

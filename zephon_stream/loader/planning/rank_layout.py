@@ -44,11 +44,13 @@ _MAX_BLOCK_AHEAD_TOKENS = 1 << 22
 
 
 def build_order(
-    sources: Sequence[StreamSource], *, seed: int, seq_len: int, lanes: int, window: int, weights: tuple
+    sources: Sequence[StreamSource], *, seed: int, seq_len: int, lanes: int, window: int, weights: tuple,
+    lanes_default: str | None = None,
 ) -> GlobalOrder:
-    """The ``GlobalOrder`` of a loader without a schedule."""
+    """The ``GlobalOrder`` of a loader without a schedule (``lanes_default``: see ``GlobalOrder``)."""
     return GlobalOrder(
-        stream_shapes(sources), OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes, window=window, weights=weights)
+        stream_shapes(sources), OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes, window=window, weights=weights),
+        lanes_default=lanes_default,
     )
 
 

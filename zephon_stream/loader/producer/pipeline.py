@@ -42,7 +42,10 @@ _FIRST_PLAN_STEPS = 8
 # NOTE: the counters in the ring's header are written after each of the first
 # steps, then at most every _PUBLISH_EVERY_S, and once more when the producer
 # stops: at one small row a step, writing them every step cost a fifth of
-# the producer's time.
+# the producer's time. While the producer waits (for a block, or a ring ahead
+# for a free slot) they are written every _PUBLISH_EVERY_S too: a helper's
+# stores count the retries of reads made meanwhile (index pages, blocks
+# ahead), and the trainer sees no count but what is written here.
 _EAGER_PUBLISH_STEPS = 16
 _PUBLISH_EVERY_S = 0.005
 
@@ -225,6 +228,7 @@ class Pipeline:
             except TimeoutError:
                 if self._stop.is_set():
                     raise CacheClosedError("pipeline stopped") from None
+                self._publish_while_waiting()
 
     def _assemble_next(self) -> ReadyStep | None:
         plan = self._planner.next_step()
@@ -232,7 +236,7 @@ class Pipeline:
         new_keys = [key for key in plan.unique_keys if key not in resident]
         for key in new_keys:
             resident[key] = self._wait_block(key)
-        index = self._free_slots.acquire(self._stop)
+        index = self._free_slots.acquire(self._stop, idle=self._publish_while_waiting)
         if index is None:
             return None
         started = time.perf_counter()
@@ -258,6 +262,12 @@ class Pipeline:
     def _digest(self, slot: Slot) -> str:
         tokens = slot.tokens.astype(np.int64)
         return batch_sha256(slot.sample_positions, tokens[:, :-1], tokens[:, 1:])
+
+    def _publish_while_waiting(self) -> None:
+        now = time.perf_counter()
+        if now - self._published_at >= _PUBLISH_EVERY_S:
+            self._publish_counters(self._steps_done)
+            self._published_at = now
 
     def _publish_counters(self, steps: int) -> None:
         # NOTE: often, so keep it to one read of each lock (PRODUCER_KEYS order).

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -50,8 +50,11 @@ class FreeSlots:
         self._waited_at: float | None = None
         self._first_look_s = _FREE_POLL_MIN_S
 
-    def acquire(self, stop: threading.Event) -> int | None:
-        """A returned slot (its flag cleared), waiting for one; None once ``stop`` is set."""
+    def acquire(self, stop: threading.Event, *, idle: Callable[[], None] | None = None) -> int | None:
+        """A returned slot (its flag cleared), waiting for one; None once ``stop`` is set.
+
+        ``idle`` is called at each look while it waits (the producer
+        publishes its counters meanwhile)."""
         returned = self._ring.returned
         index = self._next
         if returned[index]:
@@ -88,6 +91,8 @@ class FreeSlots:
                 # its next look, paced by the consumer's steps. The flags are
                 # read and written without a fence, so a wake-up can be
                 # missed or come early: the bounded wait covers both.
+                if idle is not None:
+                    idle()
                 woken.wait(wait_s)
                 wait_s = min(2 * wait_s, _FREE_POLL_MAX_S)
             return None

@@ -135,6 +135,7 @@ class LayoutBook:
 
     def for_order(self, *, seq_len: int, global_batch: int, lanes: int | None, window: int | None) -> RankLayout:
         """The layout of a loader without a schedule (lanes default to the global batch)."""
+        world = self.world_size
         order = build_order(
             self.sources,
             seed=self.seed,
@@ -142,6 +143,10 @@ class LayoutBook:
             lanes=global_batch if lanes is None else lanes,
             window=0 if window is None else window,
             weights=self.weights,
+            lanes_default=None if lanes is not None else (
+                f"the global batch of {global_batch} (local_batch_size {global_batch // world} x world size {world}), "
+                "which gives the lanes when lanes is not set; lower local_batch_size or seq_len"
+            ),
         )
         return self._layout(order, global_batch)
 
