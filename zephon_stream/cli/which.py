@@ -155,8 +155,10 @@ def run(args: argparse.Namespace) -> int:
     settings = _state_settings(args)
     seed, phases = (settings.seed, settings.phases) if settings else _phases(args)
     steps = _steps(args)
-    readers = [DatasetReader.open(url, options) for url in args.datasets]
+    readers = []
     try:
+        for url in args.datasets:
+            readers.append(DatasetReader.open(url, options))
         order = schedule_for(readers, phases, seed)
         if settings is not None and steps is not None:
             return _run_state(args, readers, order, settings, steps)

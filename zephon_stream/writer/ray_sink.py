@@ -26,6 +26,7 @@ from zephon_stream.writer.pool import encode_chunk
 from zephon_stream.writer.output import prepare_output
 from zephon_stream.writer.ray_commit import commit_units
 from zephon_stream.writer.readers import Reject
+from zephon_stream.writer.rejects import a_type
 from zephon_stream.writer.token_check import RawDocuments
 from zephon_stream.writer.tokenizers import Tokenizer, load_tokenizer
 from zephon_stream.writer.unit_part import PartWriter, SourceCount, UnitRecord, UnitSpec, add_raw_documents
@@ -134,7 +135,7 @@ class ShardSink(Datasink):  # type: ignore[misc,valid-type]
             if value is None:
                 reason, detail = "missing_field", f"no value in column {self.column!r}"
             elif not isinstance(value, str):
-                reason, detail = "not_string", f"column {self.column!r} holds a {type(value).__name__}, not a string"
+                reason, detail = "not_string", f"column {self.column!r} holds {a_type(value)}, not a string"
             elif not value:
                 reason, detail = "empty", f"column {self.column!r} is empty"
             if reason is not None:

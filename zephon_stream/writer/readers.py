@@ -26,7 +26,7 @@ import zstandard
 
 from zephon_stream.errors import InputError, ZephonError
 from zephon_stream.storage import open_input
-from zephon_stream.writer.rejects import REJECT_REASONS, Reject, bad_json_detail  # noqa: F401 (re-exported)
+from zephon_stream.writer.rejects import REJECT_REASONS, Reject, a_type, bad_json_detail  # noqa: F401 (Reject re-exported)
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".py")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -258,7 +258,7 @@ class SourceReader:
             return self._reject(record, "missing_field", f"no value in field {self.text_field!r}")
         if not isinstance(value, str):
             return self._reject(
-                record, "not_string", f"field {self.text_field!r} holds a {type(value).__name__}, not a string"
+                record, "not_string", f"field {self.text_field!r} holds {a_type(value)}, not a string"
             )
         if not value:
             return self._reject(record, "empty", f"field {self.text_field!r} is empty")

@@ -52,3 +52,9 @@ def bad_json_detail(exc: json.JSONDecodeError, *, line_number: int) -> str:
     if problem.startswith("Invalid control character") and exc.pos < len(exc.doc):
         problem = f"{problem} U+{ord(exc.doc[exc.pos]):04X}"
     return f"line {line_number}: malformed JSON: {problem} at column {exc.colno}"
+
+
+def a_type(value: object) -> str:
+    """``value``'s type with its article, for a reject's detail: ``"an int"``, ``"a dict"``."""
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"

@@ -31,6 +31,7 @@ from zephon_stream.errors import InputError
 from zephon_stream.storage import expand_inputs, is_local_url, local_path, open_input
 from zephon_stream.storage.redact import redact_url
 from zephon_stream.writer.readers import JSONL_SUFFIXES, Reject, SourceReader
+from zephon_stream.writer.rejects import a_type
 from zephon_stream.writer.token_arrays import FLAT_DTYPES, OFFSETS_SUFFIX, ArraySource, TokenInputConfig, exists
 from zephon_stream.writer.token_check import RawDocuments
 
@@ -264,7 +265,7 @@ class TokenSource:
 def _json_ids(value: Any, url: str, record: int, field: str) -> np.ndarray | Reject:
     """A JSON value as an array of ids, or the reject that says why it is not one."""
     if not isinstance(value, list):
-        return Reject(url, record, "not_token_list", f"field {field!r} holds a {type(value).__name__}, not a list of ids")
+        return Reject(url, record, "not_token_list", f"field {field!r} holds {a_type(value)}, not a list of ids")
     for at, item in enumerate(value):
         if type(item) is not int and type(item) is not float:
             return Reject(url, record, "bad_token", f"token {at} of the document: {item!r} is not an integer")
