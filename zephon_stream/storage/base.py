@@ -12,51 +12,24 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-import re
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from zephon_stream.errors import PathEscapeError, TruncatedObjectError
+from zephon_stream.errors import TruncatedObjectError
 from zephon_stream.storage.classify import http_status
 from zephon_stream.storage.hints import error_chain, is_unreachable
+from zephon_stream.storage.paths import check_relative_path
 from zephon_stream.storage.redact import redact_text
 from zephon_stream.storage.retry import RetryPolicy, ShortReadError, call_with_retry, call_with_retry_async
 from zephon_stream.storage.throttle import StoreThrottle
 
+__all__ = ["STAT_KEYS", "Store", "StoreStats", "check_relative_path"]
+
 T = TypeVar("T")
 logger = logging.getLogger("zephon_stream.storage")
 
-_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 STAT_KEYS = ("reads", "bytes_read", "writes", "bytes_written", "retries", "throttled", "errors")
-
-
-def check_relative_path(path: str, *, root: str = "store root") -> str:
-    """Return ``path`` if it is a clean relative path inside the root.
-
-    Raises:
-        PathEscapeError: ``path`` is empty, absolute, has a scheme or a drive,
-            uses backslashes or NUL, or has ``..``, ``.`` or empty segments.
-    """
-    if not isinstance(path, str):
-        raise PathEscapeError(f"path {path!r} under {root}: not a string")
-    reason = None
-    if not path:
-        reason = "empty path"
-    elif path.startswith("/"):
-        reason = "absolute path"
-    elif _SCHEME.match(path):
-        reason = "has a scheme or drive"
-    elif "\\" in path or "\x00" in path:
-        reason = "backslash or NUL in path"
-    else:
-        for segment in path.split("/"):
-            if segment in ("", ".", ".."):
-                reason = f"segment {segment!r} not allowed"
-                break
-    if reason is not None:
-        raise PathEscapeError(f"path {path!r} escapes {root}: {reason}")
-    return path
 
 
 class StoreStats:
