@@ -203,6 +203,19 @@ class FsspecStore(Store):
             url = service.url.partition("?")[0] if service is not None else url
         return redact_url(url) if url else None
 
+    def limiter_key(self) -> str | None:
+        """The service, its endpoint and the bucket (container): what one request-rate limit covers here.
+
+        NOTE: S3 limits each key prefix, GCS each bucket, Azure each account
+        (its endpoint); a bucket on an endpoint covers all three from above.
+        """
+        if self._protocol in AZURE_PROTOCOLS:
+            self.filesystem()  # NOTE: the account's endpoint is known once its client is
+        family = ("s3" if self._protocol in S3_PROTOCOLS else "gcs" if self._protocol in GCS_PROTOCOLS
+                  else "azure" if self._protocol in AZURE_PROTOCOLS else self._protocol)  # fmt: skip
+        bucket = urllib.parse.urlsplit(self._raw_url).netloc.rpartition("@")[2]
+        return f"{family} {self.endpoint() or ''} {bucket}"
+
     def event_loop(self) -> asyncio.AbstractEventLoop | None:
         """fsspec's loop for an asynchronous filesystem (s3fs, gcsfs, adlfs), else None."""
         fs, _ = self.filesystem()
@@ -344,3 +357,5 @@ class FsspecStore(Store):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._retry = state["_retry"]
+        if not self._retry.throttle_limiter:
+            self._limiter = None

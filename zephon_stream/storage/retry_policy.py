@@ -22,13 +22,20 @@ class RetryPolicy:
             when it is longer, for an operation that met throttling).
         connect_timeout_s: per-attempt connect timeout (network backends).
         read_timeout_s: per-attempt timeout waiting for response bytes.
-        throttle_initial_backoff_s: the base of a throttled operation's sleep
-            after its ``n``-th throttling answer (0-based), with ``waiting``
-            of the store's operations already waiting out throttling:
+        throttle_initial_backoff_s: without the limiter, the base of a
+            throttled operation's sleep after its ``n``-th throttling answer
+            (0-based), with ``waiting`` of the store's operations already
+            waiting out throttling:
             ``uniform(0, min(throttle_max_backoff_s, base * 2**n * (1 + waiting)))``.
         throttle_max_backoff_s: cap on one such sleep's range.
         throttle_timeout_s: an operation the store keeps throttling fails once
-            a retry would end past this, from the operation's start.
+            a retry (or its wait for a turn) would end past this, from the
+            operation's start.
+        throttle_limiter: meet throttling with the store's request-rate
+            limiter (``limiter.py``: every attempt waits for its turn while it
+            is on, a rate cut at throttling answers and grown back; shared by
+            the ranks of a node through the node cache); False: with the
+            backoff above, each operation on its own.
     """
 
     max_attempts: int = 10
@@ -44,6 +51,7 @@ class RetryPolicy:
     # idle) and at 1.22-1.29 x with 5 s, for as many throttling answers.
     throttle_max_backoff_s: float = 5.0
     throttle_timeout_s: float = 300.0
+    throttle_limiter: bool = True
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
