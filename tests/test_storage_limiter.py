@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from zephon_stream.storage import open_store
+from zephon_stream.storage.cloud_clients import client_options
 from zephon_stream.storage.limiter import BETA, CUBIC_C, INITIAL_RATE, MIN_RATE, QUIET_S, RateRecord
 from zephon_stream.storage.limiter_state import (
     FILE_BYTES,
@@ -154,6 +156,23 @@ def test_a_stores_key_becomes_a_file_name_without_its_endpoint_or_bucket():
     name = limiter_file_name("s3 http://10.0.0.7:9000 secret-bucket")
     assert name.startswith("limit-") and "bucket" not in name and "10.0.0.7" not in name
     assert name == limiter_file_name("s3 http://10.0.0.7:9000 secret-bucket") != limiter_file_name("s3 x y")
+
+
+def test_a_store_shares_the_nodes_limiter_until_closed_unless_its_options_turn_the_limiter_off(tmp_path):
+    options = {"endpoint_url": "http://127.0.0.1:9", "key": "k", "secret": "s"}
+    with NodeCache(tmp_path / "node") as cache:
+        store = open_store("s3://bucket/ds", options)
+        assert store.limiter is not None and not store.limiter.shared, "a store of its own has a limiter of its own"
+        assert store.share_limiter(cache) and store.limiter.shared
+        assert os.listdir(tmp_path / "node" / "node-cache-limits") == [limiter_file_name(store.limiter_key())]
+        store.close()
+        assert not store.limiter.shared, "closed, the store lets the node's file go"
+        off = open_store("s3://bucket/ds", {**options, "zephon_throttle_limiter": False})
+        assert off.limiter is None and not off.retry_policy.throttle_limiter and not off.share_limiter(cache)
+        assert "zephon_throttle_limiter" not in client_options(off._options), "no client library is given it"
+        local = open_store(str(tmp_path / "data"))
+        assert not local.share_limiter(cache), "local files are never throttled"
+    assert not (tmp_path / "node").exists()
 
 
 # -- the record's file under real processes -----------------------------------

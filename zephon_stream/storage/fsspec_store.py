@@ -14,6 +14,7 @@ retry policy, and the copy reconnects on first use.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -30,7 +31,7 @@ from zephon_stream.storage.cloud_clients import client_options, filesystem_optio
 from zephon_stream.storage.presigned import PresignedRanges, PresignRefused, presigned_reads_allowed, signs_urls
 from zephon_stream.storage.redact import redact_options, redact_url, secret_values
 from zephon_stream.storage.retry import RetryPolicy
-from zephon_stream.storage.schemes import AZURE_PROTOCOLS, GCS_PROTOCOLS, S3_PROTOCOLS
+from zephon_stream.storage.schemes import AZURE_PROTOCOLS, GCS_PROTOCOLS, S3_PROTOCOLS, THROTTLE_LIMITER_OPTION
 
 logger = logging.getLogger("zephon_stream.storage")
 
@@ -120,6 +121,8 @@ class FsspecStore(Store):
         retry: RetryPolicy | None = None,
     ) -> None:
         policy = retry or RetryPolicy()
+        if (storage_options or {}).get(THROTTLE_LIMITER_OPTION) is False:
+            policy = dataclasses.replace(policy, throttle_limiter=False)
         self._raw_url = url
         self._options = dict(storage_options or {})
         self._protocol = get_protocol(url)

@@ -36,7 +36,9 @@ needs changed:
   factor and grow by the same absolute curve converge to equal shares.
 - **Probe** once ``PROBE_AFTER_S`` (or ``PROBE_AFTER_REQUESTS`` at ``W_max``,
   whichever is longer) have passed without a cut: the rate is at least ``BETA *
-  W_max`` doubled every ``PROBE_DOUBLING_S``. CUBIC alone, at a node's share of
+  W_max`` doubled every ``PROBE_DOUBLING_S`` (or ``PROBE_DOUBLING_REQUESTS`` at
+  ``W_max``, whichever is longer: at a small share, what a probe costs is
+  counted in requests, one throttling answer per overshoot). CUBIC alone, at a node's share of
   a large job (2-22 requests/s), takes 2-4 s to grow past where it was cut: a
   node left alone when the others finish would use a fraction of the store for
   the rest of the storm. This is TCP CUBIC's "friendly region" turned to the
@@ -61,6 +63,7 @@ MIN_RATE = 0.5
 PROBE_AFTER_S = 0.5
 PROBE_AFTER_REQUESTS = 4.0
 PROBE_DOUBLING_S = 0.25
+PROBE_DOUBLING_REQUESTS = 2.0
 QUIET_S = 30.0
 # NOTE: a waiting request looks again at least this often, so that a rate that
 # grew meanwhile (another process's cut or probe) serves it at its new turn.
@@ -104,9 +107,10 @@ def curve(record: RateRecord) -> float:
     w_max, grown_s = record.w_max, record.grown_s
     k = (w_max * (1.0 - BETA) / CUBIC_C) ** (1.0 / 3.0)
     rate = CUBIC_C * (grown_s - k) ** 3 + w_max
-    probe_after_s = max(PROBE_AFTER_S, PROBE_AFTER_REQUESTS / max(w_max, MIN_RATE))
+    share = max(w_max, MIN_RATE)
+    probe_after_s = max(PROBE_AFTER_S, PROBE_AFTER_REQUESTS / share)
     if grown_s > probe_after_s:
-        doublings = min(60.0, (grown_s - probe_after_s) / PROBE_DOUBLING_S)
+        doublings = min(60.0, (grown_s - probe_after_s) / max(PROBE_DOUBLING_S, PROBE_DOUBLING_REQUESTS / share))
         rate = max(rate, BETA * w_max * 2.0**doublings)
     return min(MAX_RATE, max(MIN_RATE, rate))
 
