@@ -165,8 +165,12 @@ def test_a_store_shares_the_nodes_limiter_until_closed_unless_its_options_turn_t
         assert store.limiter is not None and not store.limiter.shared, "a store of its own has a limiter of its own"
         assert store.share_limiter(cache) and store.limiter.shared
         assert os.listdir(tmp_path / "node" / "node-cache-limits") == [limiter_file_name(store.limiter_key())]
+        in_flight = store.limiter
+        in_flight.throttled(BEFORE_ANY_TICKET)
+        ticket = in_flight.ticket()
         store.close()
         assert not store.limiter.shared, "closed, the store lets the node's file go"
+        assert in_flight.wait_s(ticket) == 0.0 and in_flight.ticket() is None, "an operation in flight goes on"
         off = open_store("s3://bucket/ds", {**options, "zephon_throttle_limiter": False})
         assert off.limiter is None and not off.retry_policy.throttle_limiter and not off.share_limiter(cache)
         assert "zephon_throttle_limiter" not in client_options(off._options), "no client library is given it"

@@ -76,11 +76,15 @@ class LocalRecord:
     def __init__(self) -> None:
         self._record = RateRecord()
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def is_on(self) -> bool:
         return self._record.on
 
     def update(self, change: Callable[[RateRecord], T]) -> T:
+        if self._pid != os.getpid():
+            # NOTE: a lock held by another thread at a fork stays held in the child.
+            self._lock, self._pid = threading.Lock(), os.getpid()
         with self._lock:
             return change(self._record)
 
@@ -140,7 +144,9 @@ class SharedRecord:
         with self._lock:
             view = self._map
             if view is None:
-                raise ValueError(f"request-rate limiter {self.path}: closed")
+                # NOTE: closed (its store closed) under an operation still in
+                # flight: that operation goes on as if the limiter were off.
+                return change(RateRecord())
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
                 current = view[1] & 1
