@@ -38,9 +38,9 @@ class Clock:
         return self.now
 
 
-def limiter_on_a_clock(jitter: float = 0.0) -> tuple[Limiter, Clock]:
+def limiter_on_a_clock() -> tuple[Limiter, Clock]:
     clock = Clock()
-    return Limiter(LocalRecord(), clock=clock, jitter=lambda: jitter), clock
+    return Limiter(LocalRecord(), clock=clock), clock
 
 
 def go_times(lim: Limiter, clock: Clock, count: int, step_s: float = 0.001) -> list[float]:
@@ -61,16 +61,6 @@ def test_off_until_the_first_throttling_answer_then_requests_go_one_a_tick_at_th
     times = go_times(lim, clock, 8, step_s=0.0005)
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert all(gap == pytest.approx(1 / (BETA * INITIAL_RATE), abs=0.002) for gap in gaps), gaps
-
-
-def test_each_request_goes_at_a_random_point_of_its_tick_in_ticket_order():
-    lim, clock = limiter_on_a_clock(jitter=0.5)
-    lim.throttled(BEFORE_ANY_TICKET)
-    times = go_times(lim, clock, 8, step_s=0.0005)
-    tick = 1 / (BETA * INITIAL_RATE)
-    # NOTE: half a tick into each of its slots: the first after 1.5 ticks, then one a tick.
-    assert times[0] - 1000.0 == pytest.approx(1.5 * tick, abs=0.002)
-    assert all(b - a == pytest.approx(tick, abs=0.002) for a, b in zip(times, times[1:]))
 
 
 def test_answers_to_requests_sent_before_the_cut_cut_nothing_more():

@@ -8,14 +8,9 @@ of a node share one rate per store instead (``limiter_state.py`` says where the
 record lives), and a request waits for its turn rather than being sent to fail.
 
 The record is a queue of tickets served at ``rate`` a second: ticket ``n`` may go
-once ``credit``, the tokens the rate has granted so far, reaches ``n + 1 + u``,
-with ``u`` drawn in ``[0, 1)`` for each ticket. Tickets keep their order whatever
-the rate does, so a change of rate moves every waiter at once, and a waiter that
-dies leaves one slot unused, nothing held. ``u`` sends each request at a random
-point of its tick: requests paced exactly one tick apart lock onto the phase of
-a store's own token bucket, and one node then meets every throttling answer
-while another meets none (measured in a simulation of the storm benchmark: the
-2,048-rank storm's 90th percentile 1.37 x the floor without it, 1.19 with it).
+once ``credit``, the tokens the rate has granted so far, reaches ``n + 1``.
+Tickets keep their order whatever the rate does, so a change of rate moves every
+waiter at once, and a waiter that dies leaves one slot unused, nothing held.
 
 The rate, in the manner of the AWS SDKs' adaptive retry mode (botocore
 ``retries/adaptive.py``, CUBIC as in RFC 9438), with what a shared, short storm
@@ -136,9 +131,8 @@ def advance(record: RateRecord, now: float) -> None:
     record.rate = curve(record)
 
 
-def take(record: RateRecord, now: float, jitter: float = 0.0) -> tuple[int, float] | None:
-    """A ticket ``(epoch, number + jitter)`` for one request, ``jitter`` in ``[0, 1)``, or None when the limiter is
-    off (it may switch off here)."""
+def take(record: RateRecord, now: float) -> tuple[int, float] | None:
+    """A ticket ``(epoch, number)`` for one request, or None when the limiter is off (it may switch off here)."""
     if not record.on:
         return None
     advance(record, now)
@@ -147,7 +141,7 @@ def take(record: RateRecord, now: float, jitter: float = 0.0) -> tuple[int, floa
         return None
     number = record.issued
     record.issued += 1.0
-    return record.epoch, number + min(max(jitter, 0.0), 1.0 - _EPSILON)
+    return record.epoch, number
 
 
 def wait_s(record: RateRecord, ticket: tuple[int, float], now: float) -> float:

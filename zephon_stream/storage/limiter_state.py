@@ -29,7 +29,6 @@ import fcntl
 import hashlib
 import mmap
 import os
-import random
 import struct
 import threading
 import time
@@ -184,14 +183,11 @@ class Limiter:
     Args:
         record: ``SharedRecord`` or ``LocalRecord``.
         clock: monotonic seconds, one clock for every process of the node.
-        jitter: draws where in its tick each request goes, in ``[0, 1)`` (``limiter.take``).
     """
 
-    def __init__(self, record: SharedRecord | LocalRecord, *, clock: Callable[[], float] = time.monotonic,
-                 jitter: Callable[[], float] = random.random) -> None:
+    def __init__(self, record: SharedRecord | LocalRecord, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.record = record
         self._clock = clock
-        self._jitter = jitter
 
     @property
     def shared(self) -> bool:
@@ -202,8 +198,8 @@ class Limiter:
         """A ticket for one request, or None when the limiter is off (one byte read, nothing else)."""
         if not self.record.is_on():
             return None
-        now, jitter = self._clock(), self._jitter()
-        return self.record.update(lambda record: limiter.take(record, now, jitter))
+        now = self._clock()
+        return self.record.update(lambda record: limiter.take(record, now))
 
     def wait_s(self, ticket: tuple[int, float]) -> float:
         """Seconds until ``ticket`` may go at the rate now; 0: go."""
