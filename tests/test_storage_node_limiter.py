@@ -92,8 +92,9 @@ def test_loaders_of_one_node_share_its_limiter_stay_under_the_limit_and_outlive_
     served = counts["requests"] - counts["throttled"]
     assert counts["throttled"] > 0, "the rate limit throttled nothing; the test proves nothing"
     # NOTE: the node's first burst (the blocks of every rank's first steps, asked at once) is sent before anything is
-    # known; after it the node's requests wait their turns. Measured here (load 10): 107 requests in 4.8 s, 11 served
-    # and 40 throttled in the first second (the first burst), then 14-19 served and 0-3 throttled a second.
+    # known; after it the node's requests wait their turns. Measured here (load 1.5-2): 67-70 requests in 3.6-3.7 s,
+    # 11 throttled: 15-17 served and 6 throttled in the first second (the first burst), then 17-19 served and 0-3
+    # throttled a second.
     assert counts["requests"] / elapsed < 1.5 * RATE, (counts, elapsed, timeline)
     assert counts["throttled"] / elapsed < RATE and counts["throttled"] < 2 * served, (counts, elapsed, timeline)
     assert sum(stats["throttle_waits"] for _, _, stats in got.values()) > 0

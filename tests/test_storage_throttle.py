@@ -124,16 +124,16 @@ def test_many_readers_throttled_at_once_retry_at_a_rate_near_the_limit(seaweedfs
         # NOTE: the floor is readers / rate = 3 s. The first burst (all 60 at
         # once, 59 throttled) is sent before anything is known; after it the
         # readers wait their turns, and the rate is cut from 70/s to the limit
-        # in a few answers. Measured here: 130 requests in 4.2-4.3 s, 70
-        # throttled, 11 of them after the first burst: 16-17 requests/s after it.
+        # in a few answers. Measured here: 129 requests in 3.8 s, 69 throttled,
+        # 10 of them after the first burst: 18 requests/s after it.
         assert (counts["requests"] - readers) / elapsed < 1.2 * rate, (counts, elapsed)
         after_first_burst = counts["throttled"] - (readers - 1)
         assert 0 <= after_first_burst < served / 3 and stats["throttle_waits"] >= readers - 10, (stats, counts)
     else:
         # NOTE: measured here: each reader backing off on its own count alone
         # (windows 0.05, 0.1, 0.2 s, ...) sent 68 requests/s, 6.3 throttled for
-        # each one served; with the window grown by the readers waiting, 34-36
-        # requests/s, 2.5-2.8 throttled for each served, in 6.1-6.2 s.
+        # each one served; with the window grown by the readers waiting, 34-38
+        # requests/s, 2.5-2.8 throttled for each served, in 5.7-6.6 s.
         assert attempts_per_s < 3 * rate, (attempts_per_s, counts, elapsed)
         assert counts["throttled"] < 4 * served and stats["throttle_waits"] == 0, counts
 
