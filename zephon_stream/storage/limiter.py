@@ -16,13 +16,13 @@ The rate, in the manner of the AWS SDKs' adaptive retry mode (botocore
 ``retries/adaptive.py``, CUBIC as in RFC 9438), with what a shared, short storm
 needs changed:
 
-- **Off** until the first throttling answer any process of the node gets: then
-  no record is read on the request path, only one byte (``limiter_state.py``).
-  It switches on as if cut from ``INITIAL_RATE``: at ``BETA * INITIAL_RATE``.
-  From above, because a rate too high is found out in one round trip, while a
-  rate too low grows back only in seconds (measured: ``benchmarks/
-  bench_startup_storm.py``); the requests already sent when it switched on
-  (a node's first burst) cut nothing.
+- **Off** until the first throttling answer any process of the node gets: until
+  then the request path reads one byte, no record (``limiter_state.py``). It
+  switches on as if cut from ``INITIAL_RATE``: at ``BETA * INITIAL_RATE``. From
+  above, because a rate too high is found out in one round trip, while a rate
+  too low grows back only in seconds (docs/BENCHMARKS.md, the node's
+  request-rate limiter); the requests already sent when it switched on (a
+  node's first burst) cut nothing.
 - **Cut** to ``BETA`` times the rate at a throttling answer, once per congestion
   event: an answer to a request sent before the last cut says nothing about the
   rate since, so it cuts nothing (TCP's one reduction per window; the SDK cuts
@@ -38,11 +38,13 @@ needs changed:
   whichever is longer) have passed without a cut: the rate is at least ``BETA *
   W_max`` doubled every ``PROBE_DOUBLING_S`` (or ``PROBE_DOUBLING_REQUESTS`` at
   ``W_max``, whichever is longer: at a small share, what a probe costs is
-  counted in requests, one throttling answer per overshoot). CUBIC alone, at a node's share of
-  a large job (2-22 requests/s), takes 2-4 s to grow past where it was cut: a
-  node left alone when the others finish would use a fraction of the store for
-  the rest of the storm. This is TCP CUBIC's "friendly region" turned to the
-  same end: never slower than a plain exponential probe.
+  counted in requests, one throttling answer per overshoot). CUBIC alone, at
+  a node's share of a large job (2-22 requests/s), takes 1.3-2.5 s to get
+  back to ``W_max`` and seconds more past it: a node left alone when the
+  others finish would use a fraction of the store for the rest of the storm.
+  This is TCP CUBIC's "friendly region" turned to the same end: never slower
+  than a plain exponential probe. Cuts land on a node in proportion to its
+  rate, so a node above its share is cut more often and probes less.
 - **Off again** after ``QUIET_S`` without a throttling answer and with no request
   waiting: the steady state of a job that met throttling once at its start costs
   what it cost before.

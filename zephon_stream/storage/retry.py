@@ -192,10 +192,11 @@ class _Attempts:
             return 0.0
         if self._wait_started is None:
             self._wait_started = now
-        elapsed = now - self._started
-        if elapsed + wait_s > self._policy.throttle_timeout_s:
+        elapsed, sleep_s = now - self._started, min(wait_s, POLL_S)
+        # NOTE: the next look, not the whole estimated wait: the rate may grow meanwhile.
+        if elapsed + sleep_s > self._policy.throttle_timeout_s:
             raise self._gave_up(now, elapsed)
-        return min(wait_s, POLL_S)
+        return sleep_s
 
     def woke(self) -> None:
         """The sleep after a failure is over (or cut short)."""
