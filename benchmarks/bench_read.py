@@ -27,7 +27,10 @@ Figures, each with its baseline measured in the same run:
 3. 50 ms of latency injected on every storage request (fault proxy), a
    consumer that computes for ``--step-ms`` per step, prefetch 4: stall time
    per step once warm. Target: no stalls.
-4. ``--packing`` (alone): what the document outputs cost the helper process
+4. ``--limiter`` (alone, on ``--backend``, SeaweedFS unless given): the loader
+   with the node's request-rate limiter against it off, paired, on a store
+   that never throttles (benchmarks/read_limiter.py). Target: 1.0.
+5. ``--packing`` (alone): what the document outputs cost the helper process
    (docs/PACKING.md), with the settings off (baseline), with
    ``cross_document_targets="ignore"`` alone, and with ``"ignore"`` and
    ``packing_outputs=True``. (a) The producer's assembly alone in this
@@ -64,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zstandard
 
 from benchmarks.bench_read_remote import BACKENDS, remote_figures
+from benchmarks.read_limiter import limiter_figures
 from benchmarks.read_measurements import first_batch_s, loader_tokens_per_s, process_cpu_s  # noqa: F401 (re-exported)
 from tools.fault_proxy import FaultProxy
 from zephon_stream import Manifest, StreamingLoader, write_dataset
@@ -229,7 +233,12 @@ def main() -> None:
                         help="only the cost of cross_document_targets and packing_outputs in the helper")
     parser.add_argument("--packing-trials", type=int, default=7)
     parser.add_argument("--packing-steps", type=int, default=300)
+    parser.add_argument("--limiter", action="store_true",
+                        help="only the loader with the request-rate limiter against it off, on --backend "
+                             "(seaweedfs unless given), paired (benchmarks/read_limiter.py)")
     args = parser.parse_args()
+    if args.limiter and args.backend == "local":
+        args.backend = "seaweedfs"
 
     if args.blocks_per_shard is None and args.backend in ("local", "moto"):
         args.blocks_per_shard = 2
@@ -244,9 +253,10 @@ def main() -> None:
                   f"tokens, {manifest.num_shards} shards, {manifest.compressed_bytes / 2**20:.1f} MiB compressed; "
                   f"{args.local_batch} x {args.seq_len}")
             epoch_steps = manifest.num_tokens // args.seq_len // args.local_batch - 2
+            measure = limiter_figures if args.limiter else remote_figures
             figures = {"tokens": manifest.num_tokens, "blocks": manifest.num_blocks,
                        "block_tokens": manifest.block_tokens, "seq_len": args.seq_len, "local_batch": args.local_batch,
-                       **remote_figures(manifest, root, args, epoch_steps)}
+                       **measure(manifest, root, args, epoch_steps)}
             figures["load_average_1min"] = os.getloadavg()[0]
             print(json.dumps(figures))
             return

@@ -27,9 +27,14 @@ blocks of ``--block-tokens`` so that the ranks' first steps touch different
 blocks. Each rank's loader stops after one step (``max_steps=1``), so that it
 requests only what its first batch needs.
 
-Each trial runs the storm twice, in alternating order: throttled, and with no
-limit (the baseline: what the same ranks take on this machine when the store
-answers everything). It prints GETs and bytes per rank and in all, the proxy's
+After ``--warmup`` storms without limit that are not counted (the first storm
+after the dataset's writing is slower), each trial runs the storm three times,
+the order rotating: throttled with the
+policy under test (``--policy``; the defaults: the node's request-rate limiter,
+storage/limiter.py), throttled with the baseline policy (``--baseline``;
+default ``throttle_limiter=0``: each operation's own full-jitter backoff, the
+policy before the limiter), and with no limit (what the same ranks take on
+this machine when the store answers everything). It prints GETs and bytes per rank and in all, the proxy's
 throttled (503) and served requests, the time until the last rank has its
 first batch, the floor and the ratio, failed ranks, whether every throttled
 request was counted by the ranks' stats, whether every rank's first batch was
@@ -37,7 +42,8 @@ the same in both runs, and the model that scales the figures to 2,048 and
 16,384 ranks (``model``: what is measured, what computed).
 ``--policy FIELD=VALUE`` runs every rank's store with another ``RetryPolicy``
 default (e.g. ``throttle_max_backoff_s=5``), to measure a change before making
-it. The last printed line is one JSON object.
+it; ``--baseline FIELD=VALUE`` sets the baseline's (``--baseline none``: no
+baseline storm). The last printed line is one JSON object.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -120,11 +127,13 @@ def run_rank(rank: int, job: dict, go: threading.Event, out: dict) -> None:
             stats = loader.stats()
             # NOTE: the store's own counters: GETs completed and bytes, which loader.stats() does not break out.
             store = loader._sources[0].store.stats()
+            shared = loader._sources[0].store.limiter is not None and loader._sources[0].store.limiter.shared
         digest = hashlib.sha256(batch["input"].numpy().tobytes()).hexdigest()
         out[rank] = {"ok": True, "started": started, "built_s": built - started, "first": first,
                      "first_s": first - started, "gets": store["reads"], "bytes": store["bytes_read"],
                      "throttled": stats["throttled"], "retries": stats["retries"],
-                     "blocks": stats["blocks_fetched"], "sha256": digest}
+                     "throttle_waits": stats["throttle_waits"], "throttle_wait_s": stats["throttle_wait_s"],
+                     "limiter_shared": shared, "blocks": stats["blocks_fetched"], "sha256": digest}
     except Exception as exc:  # noqa: BLE001 - a failed rank is a figure, reported with its error
         out[rank] = {"ok": False, "started": started, "error": f"{type(exc).__name__}: {exc}"[:500]}
 
@@ -155,13 +164,13 @@ def node_main(job: dict) -> None:
 # -- one storm: every node started together -----------------------------------
 
 
-def start_nodes(url: str, opts: dict, args: argparse.Namespace, nodes_dir: Path, nodes: list) -> None:
+def start_nodes(url: str, opts: dict, args: argparse.Namespace, policy: dict, nodes_dir: Path, nodes: list) -> None:
     """Start every node process, appending it and its log file to ``nodes`` as it starts; wait until all are ready."""
     for node in range(-(-args.ranks // args.ranks_per_node)):
         ranks = list(range(node * args.ranks_per_node, min(args.ranks, (node + 1) * args.ranks_per_node)))
         job = {"url": url, "options": opts, "seq_len": args.seq_len, "local_batch": args.local_batch,
                "world_size": args.ranks, "ranks": ranks, "node_cache": str(nodes_dir / f"node{node}"),
-               "policy": args.policy}  # fmt: skip
+               "policy": policy}  # fmt: skip
         log = open(nodes_dir / f"node{node}.log", "w+")
         nodes.append((subprocess.Popen([sys.executable, __file__, "--node", json.dumps(job)], text=True,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log), log))
@@ -170,9 +179,10 @@ def start_nodes(url: str, opts: dict, args: argparse.Namespace, nodes_dir: Path,
             raise RuntimeError(f"node process {proc.pid} did not start (exit {proc.wait()})")
 
 
-def storm(url: str, options: dict, args: argparse.Namespace, *, rate: float | None, upstream: str,
+def storm(url: str, options: dict, args: argparse.Namespace, *, rate: float | None, policy: dict, upstream: str,
           tmp: Path) -> dict:
-    """One storm: every rank of every node started at once through a fresh proxy (``rate`` None: no limit)."""
+    """One storm: every rank of every node started at once through a fresh proxy (``rate`` None: no limit),
+    each rank's store with the RetryPolicy defaults ``policy``."""
     from tools.fault_proxy import FaultProxy
 
     burst = args.burst if rate else None
@@ -182,7 +192,7 @@ def storm(url: str, options: dict, args: argparse.Namespace, *, rate: float | No
     with proxy, tempfile.TemporaryDirectory(dir=tmp, prefix="nodes-") as nodes_dir:
         try:
             # NOTE: each node is in ``nodes`` as soon as it starts, so that an interrupt kills it below.
-            start_nodes(url, {**options, "endpoint_url": proxy.endpoint_url}, args, Path(nodes_dir), nodes)
+            start_nodes(url, {**options, "endpoint_url": proxy.endpoint_url}, args, policy, Path(nodes_dir), nodes)
             time.sleep(0.2)  # NOTE: let the node processes reach their stdin read before the clock starts
             before = proxy.counts()
             started = time.time()
@@ -218,17 +228,21 @@ def storm(url: str, options: dict, args: argparse.Namespace, *, rate: float | No
         return [ranks[r][key] if ranks[r]["ok"] else None for r in sorted(ranks)]
 
     return {
-        "rate": rate, "burst": burst if rate else None, "last_first_batch_s": last_s,
+        "policy": policy, "rate": rate, "burst": burst if rate else None, "last_first_batch_s": last_s,
         "first_batch_s_median": statistics.median(v["first_s"] for v in ok) if ok else None,
         "construct_s_median": statistics.median(v["built_s"] for v in ok) if ok else None,
         "ranks_failed": len(ranks) - len(ok), "errors": sorted({v["error"] for v in ranks.values() if not v["ok"]})[:3],
         "served": served, "throttled": throttled, "ranks_throttled": sum(v["throttled"] for v in ok),
         "ranks_retries": sum(v["retries"] for v in ok), "gets": sum(v["gets"] for v in ok),
+        "throttle_waits": sum(v["throttle_waits"] for v in ok),
+        "throttle_wait_s": sum(v["throttle_wait_s"] for v in ok),
+        "limiter_shared": sum(v["limiter_shared"] for v in ok),
         "bytes": sum(v["bytes"] for v in ok), "gets_per_rank": per_rank("gets"), "bytes_per_rank": per_rank("bytes"),
         "blocks_per_rank": per_rank("blocks"), "throttled_per_rank": per_rank("throttled"),
         "first_s_per_rank": [None if t is None else round(t - started, 3) for t in per_rank("first")],
         "sha256": {r: v.get("sha256") for r, v in sorted(ranks.items())},
         "floor_s": max(0.0, served - burst) / rate if rate else None, "timeline": storm_timeline,
+        "throttled_per_s_over_limit": throttled / last_s / rate if rate and ok else None,
         "throttled_per_s_peak": max((t for _, _, t in storm_timeline), default=0),
         "node_cache_leftovers": len(leftover), "throttle_warnings": warnings,
     }  # fmt: skip
@@ -243,6 +257,7 @@ def parse_policy(items: list[str]) -> dict[str, float]:
         name, _, value = item.partition("=")
         if name not in fields or not value:
             raise ValueError(f"--policy {item!r}: expected FIELD=VALUE, FIELD one of {sorted(fields)}")
+        # NOTE: bool(float("0")) is False: throttle_limiter=0 turns the limiter off.
         policy[name] = type(fields[name])(float(value))
     RetryPolicy(**policy)  # NOTE: refused here, with its own message, rather than in every node
     return policy
@@ -258,7 +273,9 @@ def main() -> None:
                         help="the job whose start is played: the limit is S3's scaled by ranks / job ranks")
     parser.add_argument("--burst", type=float, default=None,
                         help="the token bucket (default: a tenth of a second's tokens, at least 8)")
-    parser.add_argument("--trials", type=int, default=1, help="paired trials: a throttled storm and one without limit")
+    parser.add_argument("--trials", type=int, default=1,
+                        help="paired trials: the policy's throttled storm, the baseline's and one without limit")
+    parser.add_argument("--warmup", type=int, default=1, help="storms without limit run first and not counted")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--local-batch", type=int, default=4)
     parser.add_argument("--tokens-m", type=float, default=40.0, help="dataset size, millions of tokens")
@@ -266,6 +283,9 @@ def main() -> None:
     parser.add_argument("--blocks-per-shard", type=int, default=16)
     parser.add_argument("--policy", action="append", default=[], metavar="FIELD=VALUE",
                         help="a RetryPolicy default for every rank's store, e.g. throttle_max_backoff_s=2 (repeatable)")
+    parser.add_argument("--baseline", action="append", default=None, metavar="FIELD=VALUE",
+                        help="the RetryPolicy defaults of the baseline storm (default throttle_limiter=0: today's "
+                             "backoff before the limiter; 'none': no baseline storm)")
     parser.add_argument("--node", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.node:
@@ -275,6 +295,8 @@ def main() -> None:
         raise ValueError(f"--ranks, --ranks-per-node and --trials must be >= 1 (got {args.ranks}, "
                          f"{args.ranks_per_node}, {args.trials})")
     args.policy = parse_policy(args.policy)
+    baseline_items = ["throttle_limiter=0"] if args.baseline is None else args.baseline
+    args.baseline = None if baseline_items == ["none"] else parse_policy(baseline_items)
     if args.rate is None:
         args.rate = S3_GET_PER_S * args.ranks / args.job_ranks
     else:
@@ -292,15 +314,27 @@ def main() -> None:
               f"{dataset['blocks']} blocks of {args.block_tokens}, {dataset['shards']} shards "
               f"({dataset['shard_bytes'] / 1e6:.1f} MB), metadata {dataset['metadata_objects']} "
               f"(written in {time.perf_counter() - started:.1f} s)")
+        for _ in range(args.warmup):
+            # NOTE: the first storm after the dataset's writing pays the server's and the page cache's warm-up
+            # (its ranks built their loaders in 1.5 s, the later storms' in 0.5 s); with the order rotating it
+            # always fell on the policy under test.
+            run = storm(url, options, args, rate=None, policy=args.policy, upstream=server.endpoint_url,
+                        tmp=Path(tmp))  # fmt: skip
+            print(f"warm-up (no limit, not counted): last first batch {run['last_first_batch_s']:.2f} s", flush=True)
         runs = []
+        kinds = [("policy", args.rate, args.policy), ("no limit", None, args.policy)]
+        if args.baseline is not None:
+            kinds.insert(1, ("baseline", args.rate, args.baseline))
         for trial in range(args.trials):
-            # NOTE: paired, the order alternating, so drift on a shared machine hits both alike.
-            for rate in (args.rate, None) if trial % 2 == 0 else (None, args.rate):
-                run = storm(url, options, args, rate=rate, upstream=server.endpoint_url, tmp=Path(tmp))
+            # NOTE: paired, the order rotating, so drift on a shared machine hits every kind alike.
+            for kind, rate, policy in kinds[trial % len(kinds) :] + kinds[: trial % len(kinds)]:
+                run = storm(url, options, args, rate=rate, policy=policy, upstream=server.endpoint_url,
+                            tmp=Path(tmp))  # fmt: skip
+                run.update(kind=kind, trial=trial, load_1min=os.getloadavg()[0])
                 runs.append(run)
-                print(f"trial {trial} {'throttled' if rate else 'no limit'}: last first batch "
+                print(f"trial {trial} {kind}{' (throttled)' if rate else ''}: last first batch "
                       f"{run['last_first_batch_s']:.2f} s, served {run['served']}, 503s {run['throttled']}, "
-                      f"failed {run['ranks_failed']}", flush=True)
+                      f"failed {run['ranks_failed']}, load {os.getloadavg()[0]:.1f}", flush=True)
     print(json.dumps(report(runs, args, dataset)))
 
 

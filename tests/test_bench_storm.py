@@ -56,6 +56,8 @@ def test_storm_model_scales_the_measured_requests_per_rank_and_node():
 def test_storm_policy_takes_retry_policy_fields():
     assert parse_policy(["throttle_max_backoff_s=5", "max_attempts=3"]) == {"throttle_max_backoff_s": 5.0,
                                                                            "max_attempts": 3}
+    # NOTE: the baseline storm's default: today's backoff, before the node's limiter.
+    assert parse_policy(["throttle_limiter=0"]) == {"throttle_limiter": False}
 
 
 @pytest.mark.parametrize("item", ["throttle_cap=5", "throttle_max_backoff_s", "throttle_max_backoff_s=-1"])

@@ -12,51 +12,26 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-import re
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from zephon_stream.errors import PathEscapeError, TruncatedObjectError
+from zephon_stream.errors import TruncatedObjectError
 from zephon_stream.storage.classify import http_status
 from zephon_stream.storage.hints import error_chain, is_unreachable
+from zephon_stream.storage.limiter_state import Limiter, LocalRecord, SharedRecord, limiter_file_name
+from zephon_stream.storage.paths import check_relative_path
 from zephon_stream.storage.redact import redact_text
 from zephon_stream.storage.retry import RetryPolicy, ShortReadError, call_with_retry, call_with_retry_async
 from zephon_stream.storage.throttle import StoreThrottle
 
+__all__ = ["STAT_KEYS", "Store", "StoreStats", "check_relative_path"]
+
 T = TypeVar("T")
 logger = logging.getLogger("zephon_stream.storage")
 
-_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
-STAT_KEYS = ("reads", "bytes_read", "writes", "bytes_written", "retries", "throttled", "errors")
-
-
-def check_relative_path(path: str, *, root: str = "store root") -> str:
-    """Return ``path`` if it is a clean relative path inside the root.
-
-    Raises:
-        PathEscapeError: ``path`` is empty, absolute, has a scheme or a drive,
-            uses backslashes or NUL, or has ``..``, ``.`` or empty segments.
-    """
-    if not isinstance(path, str):
-        raise PathEscapeError(f"path {path!r} under {root}: not a string")
-    reason = None
-    if not path:
-        reason = "empty path"
-    elif path.startswith("/"):
-        reason = "absolute path"
-    elif _SCHEME.match(path):
-        reason = "has a scheme or drive"
-    elif "\\" in path or "\x00" in path:
-        reason = "backslash or NUL in path"
-    else:
-        for segment in path.split("/"):
-            if segment in ("", ".", ".."):
-                reason = f"segment {segment!r} not allowed"
-                break
-    if reason is not None:
-        raise PathEscapeError(f"path {path!r} escapes {root}: {reason}")
-    return path
+STAT_KEYS = ("reads", "bytes_read", "writes", "bytes_written", "retries", "throttled", "throttle_waits",
+             "throttle_wait_ms", "errors")
 
 
 class StoreStats:
@@ -95,6 +70,8 @@ class Store(abc.ABC):
         # NOTE: shared by every operation of the store, threads and event loop
         # alike: see storage/throttle.py for why not one per operation.
         self._throttle = StoreThrottle()
+        # NOTE: this store's own until share_limiter() gives it the node's.
+        self._limiter = Limiter(LocalRecord()) if self._retry.throttle_limiter else None
 
     # -- primitives -------------------------------------------------------
     @abc.abstractmethod
@@ -165,6 +142,34 @@ class Store(abc.ABC):
         """Where requests go (``http://host:port``), free of secrets; None where there is no network."""
         return None
 
+    def limiter_key(self) -> str | None:
+        """What one request-rate limit covers (service, endpoint, bucket), or None where nothing throttles."""
+        return None
+
+    def share_limiter(self, node_cache: Any) -> bool:
+        """Wait on the node's request-rate limiter for this store, through ``node_cache`` (``storage/node_cache.py``).
+
+        The processes of a node that open the same bucket on the same endpoint
+        share one limiter (``limiter.py``); until ``close()`` this store's
+        attempts wait for their turns from it once any of them met throttling.
+
+        Returns:
+            Whether the store now shares the node's limiter (False: the policy
+            has no limiter, or the store does not throttle).
+        """
+        key = self.limiter_key()
+        if self._limiter is None or key is None:
+            return False
+        shared = Limiter(SharedRecord(node_cache.limiter_path(limiter_file_name(key))))
+        own, self._limiter = self._limiter, shared
+        own.close()
+        return True
+
+    @property
+    def limiter(self) -> Limiter | None:
+        """The request-rate limiter this store's attempts wait on (None: the policy backs off per operation)."""
+        return self._limiter
+
     def event_loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop :meth:`read_range_async` runs on, or None where reads are blocking calls only.
 
@@ -193,7 +198,9 @@ class Store(abc.ABC):
                 scrub=self.scrub,
                 on_retry=self._retrying,
                 on_throttled=self._throttled,
+                on_waited=self._waited,
                 throttle=self._throttle,
+                limiter=self._limiter,
                 stop=self._closing,
             )
         except Exception:
@@ -258,7 +265,10 @@ class Store(abc.ABC):
         failure other than throttling; ``throttled`` counts the answers that
         were the store throttling (503 SlowDown, 429, ServerBusy, ...), each
         waited out and tried again unless the policy's throttle deadline had
-        come, apart from ``retries``; ``errors`` counts operations that raised (missing objects,
+        come, apart from ``retries``; ``throttle_waits`` counts the attempts that
+        waited for their turn from the store's request-rate limiter and
+        ``throttle_wait_ms`` how long they waited in all (milliseconds);
+        ``errors`` counts operations that raised (missing objects,
         truncation and exhaustion included; refused paths excluded).
         """
         return self._stats.snapshot()
@@ -272,6 +282,12 @@ class Store(abc.ABC):
         """
         closing, self._closing = self._closing, threading.Event()
         closing.set()
+        limiter = self._limiter
+        if limiter is not None and limiter.shared:
+            # NOTE: the node's file is let go with the store; used again, the
+            # store waits on a limiter of its own.
+            self._limiter = Limiter(LocalRecord())
+            limiter.close()
 
     def __enter__(self) -> "Store":
         return self
@@ -305,7 +321,9 @@ class Store(abc.ABC):
                 scrub=self.scrub,
                 on_retry=self._retrying,
                 on_throttled=self._throttled,
+                on_waited=self._waited,
                 throttle=self._throttle,
+                limiter=self._limiter,
                 stop=self._closing,
             )
             self._unreachable_said = False
@@ -327,19 +345,26 @@ class Store(abc.ABC):
             self._url, self.scrub(where) if where else "the store's endpoint", policy.max_attempts, policy.timeout_s,
         )
 
+    def _waited(self, seconds: float) -> None:
+        self._stats.add(throttle_waits=1, throttle_wait_ms=round(seconds * 1000.0))
+
     def _throttled(self, exc: Exception, starts: bool) -> None:
         """Count one throttling answer; say once, when throttling starts, that the store throttles."""
         self._stats.add(throttled=1)
         if not starts:
             return
         policy = self._retry
+        if self._limiter is None:
+            pacing = f"backing off with full jitter (up to {policy.throttle_max_backoff_s:.0f} s a sleep, "
+        else:
+            whose = "this node's" if self._limiter.shared else "this store's"
+            pacing = f"pacing {whose} requests to it (the rate cut at each throttling answer, up to "
         # NOTE: the store's URL only (scrubbed at construction), never the
         # request's: a presigned URL would carry a signature.
         logger.warning(
-            "%s: the store is throttling requests (%s); backing off with full jitter (up to %.0f s a sleep, "
-            "%.0f s per operation). Fewer ranks starting at once, a higher request-rate limit or node-local "
-            "metadata sharing lower the request rate",
-            self._url, self.scrub(_answer(exc)), policy.throttle_max_backoff_s, policy.throttle_timeout_s,
+            "%s: the store is throttling requests (%s); %s%.0f s per operation). Fewer ranks starting at once, "
+            "a higher request-rate limit or node-local metadata sharing lower the request rate",
+            self._url, self.scrub(_answer(exc)), pacing, policy.throttle_timeout_s,
         )
 
 

@@ -7,7 +7,8 @@ s3fs are for S3, so that ``RetryPolicy`` is the one layer that retries, bounds
 the time and counts every retry in ``stats()["retries"]``.
 
 Also here, for every store: the storage options a library is given (the
-user's, less this package's own ``zephon_presigned_reads``), and the warm-up
+user's, less this package's own ``zephon_presigned_reads`` and
+``zephon_throttle_limiter``), and the warm-up
 a helper process runs for them.
 """
 
@@ -20,13 +21,14 @@ from typing import Any
 
 from zephon_stream.storage.aio_session import shared_aio_session
 from zephon_stream.storage.retry import RetryPolicy
-from zephon_stream.storage.schemes import AZURE_PROTOCOLS, GCS_PROTOCOLS, PRESIGNED_READS_OPTION, S3_PROTOCOLS
+from zephon_stream.storage.schemes import AZURE_PROTOCOLS, GCS_PROTOCOLS, OWN_OPTIONS, S3_PROTOCOLS
 
 
 def client_options(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
     """A copy of the user's storage options without this package's own."""
     opts = dict(storage_options or {})
-    opts.pop(PRESIGNED_READS_OPTION, None)
+    for name in OWN_OPTIONS:
+        opts.pop(name, None)
     return opts
 
 

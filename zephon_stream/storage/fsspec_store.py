@@ -14,6 +14,7 @@ retry policy, and the copy reconnects on first use.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -30,7 +31,7 @@ from zephon_stream.storage.cloud_clients import client_options, filesystem_optio
 from zephon_stream.storage.presigned import PresignedRanges, PresignRefused, presigned_reads_allowed, signs_urls
 from zephon_stream.storage.redact import redact_options, redact_url, secret_values
 from zephon_stream.storage.retry import RetryPolicy
-from zephon_stream.storage.schemes import AZURE_PROTOCOLS, GCS_PROTOCOLS, S3_PROTOCOLS
+from zephon_stream.storage.schemes import AZURE_PROTOCOLS, GCS_PROTOCOLS, S3_PROTOCOLS, THROTTLE_LIMITER_OPTION
 
 logger = logging.getLogger("zephon_stream.storage")
 
@@ -120,6 +121,8 @@ class FsspecStore(Store):
         retry: RetryPolicy | None = None,
     ) -> None:
         policy = retry or RetryPolicy()
+        if (storage_options or {}).get(THROTTLE_LIMITER_OPTION) is False:
+            policy = dataclasses.replace(policy, throttle_limiter=False)
         self._raw_url = url
         self._options = dict(storage_options or {})
         self._protocol = get_protocol(url)
@@ -202,6 +205,19 @@ class FsspecStore(Store):
             service = getattr(self._fs, "service_client", None)
             url = service.url.partition("?")[0] if service is not None else url
         return redact_url(url) if url else None
+
+    def limiter_key(self) -> str | None:
+        """The service, its endpoint and the bucket (container): what one request-rate limit covers here.
+
+        NOTE: S3 limits each key prefix, GCS each bucket, Azure each account
+        (its endpoint); a bucket on an endpoint covers all three from above.
+        """
+        if self._protocol in AZURE_PROTOCOLS:
+            self.filesystem()  # NOTE: the account's endpoint is known once its client is
+        family = ("s3" if self._protocol in S3_PROTOCOLS else "gcs" if self._protocol in GCS_PROTOCOLS
+                  else "azure" if self._protocol in AZURE_PROTOCOLS else self._protocol)  # fmt: skip
+        bucket = urllib.parse.urlsplit(self._raw_url).netloc.rpartition("@")[2]
+        return f"{family} {self.endpoint() or ''} {bucket}"
 
     def event_loop(self) -> asyncio.AbstractEventLoop | None:
         """fsspec's loop for an asynchronous filesystem (s3fs, gcsfs, adlfs), else None."""
@@ -351,3 +367,5 @@ class FsspecStore(Store):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._retry = state["_retry"]
+        if not self._retry.throttle_limiter:
+            self._limiter = None

@@ -13,6 +13,7 @@ when the cache has left it empty)::
     node-cache-locks/<name>   one lock per key, held while that key is fetched
     node-cache-objects/<name> header (magic, length, blake2b) + the bytes
     node-cache-tmp/<name>@<id> objects being written, renamed into place
+    node-cache-limits/<name>  a store's request-rate limiter (storage/limiter_state.py)
 
 ``storage`` never imports torch.
 """
@@ -33,6 +34,7 @@ from typing import Any
 from zephon_stream.errors import ConfigError
 from zephon_stream.storage.node_cache_files import (
     GATE,
+    LIMITS,
     LOCKS,
     O_FLAGS,
     OBJECTS,
@@ -343,6 +345,18 @@ class NodeCache:
                 except FileNotFoundError:
                     pass
         return total
+
+    def limiter_path(self, name: str) -> str:
+        """The file of the node's request-rate limiter ``name`` (``limiter_state.py``); removed with the cache.
+
+        Raises:
+            ValueError: the cache is closed, or ``name`` is not a plain file name.
+        """
+        if not self._registration.open:
+            raise ValueError(f"node cache at {self._root}: closed (or opened in a parent process)")
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+            raise ValueError(f"node cache limiter name {name!r}: want letters, digits, '_' and '-'")
+        return self._path(LIMITS, name)
 
     def stats(self) -> dict[str, int]:
         """This process's counts: ``hits`` (read from the node), ``fetches``, ``waits``

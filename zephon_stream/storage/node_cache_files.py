@@ -15,7 +15,8 @@ import struct
 
 GATE = "node-cache.lock"
 USERS, LOCKS, OBJECTS, TMP = "node-cache-users", "node-cache-locks", "node-cache-objects", "node-cache-tmp"
-SUBDIRS = (USERS, LOCKS, OBJECTS, TMP)
+LIMITS = "node-cache-limits"
+SUBDIRS = (USERS, LOCKS, OBJECTS, TMP, LIMITS)
 O_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW
 _HEADER = struct.Struct("<4sQ16s")  # magic, payload length, blake2b-128 of the payload
 _MAGIC = b"ZNC1"

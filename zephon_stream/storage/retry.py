@@ -9,24 +9,27 @@ credentials, a bad request) is not retried. The clients are configured
 endpoint fails within ``RetryPolicy`` bounds instead of hanging for minutes,
 and every retry is counted here.
 
-Throttling (the store asking for fewer requests) is retried apart: with
-full-jitter exponential backoff whose window also grows with the store's
-operations throttled at once (``throttle.py``), without a bound on attempts,
-until a deadline of its own that is long enough for a large job's start.
+Throttling (the store asking for fewer requests) is retried apart, without a
+bound on attempts, until a deadline of its own that is long enough for a large
+job's start. By default a throttled operation waits for its turn from the
+store's request-rate limiter (``limiter.py``; shared by the ranks of a node
+through the node cache, ``limiter_state.py``), which every attempt of the
+store's operations waits on while it is on; with
+``RetryPolicy(throttle_limiter=False)`` it sleeps a full-jitter exponential
+backoff whose window also grows with the store's operations throttled at once
+(``throttle.py``) instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import random
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from zephon_stream.errors import ConfigError, ObjectMissingError, StorageError, ZephonError
+from zephon_stream.errors import ObjectMissingError, StorageError, ZephonError
 from zephon_stream.storage.classify import (
     HttpStatusError,
     ShortReadError,
@@ -37,6 +40,9 @@ from zephon_stream.storage.classify import (
     is_transient,
 )
 from zephon_stream.storage.hints import credentials_hint
+from zephon_stream.storage.limiter import POLL_S
+from zephon_stream.storage.limiter_state import Limiter
+from zephon_stream.storage.retry_policy import RetryPolicy
 from zephon_stream.storage.throttle import StoreThrottle
 
 __all__ = [
@@ -60,68 +66,6 @@ T = TypeVar("T")
 _STOP_POLL_S = 0.05
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class RetryPolicy:
-    """How hard a store tries before a storage operation fails.
-
-    Attributes:
-        max_attempts: attempts per operation, the first one included; throttled
-            attempts are not among them (they have ``throttle_timeout_s``).
-        initial_backoff_s: sleep before the first retry; doubles each retry.
-        max_backoff_s: cap on one sleep.
-        timeout_s: cap on the whole operation, sleeps included; no retry
-            starts once it would end past this (``throttle_timeout_s`` instead,
-            when it is longer, for an operation that met throttling).
-        connect_timeout_s: per-attempt connect timeout (network backends).
-        read_timeout_s: per-attempt timeout waiting for response bytes.
-        throttle_initial_backoff_s: the base of a throttled operation's sleep
-            after its ``n``-th throttling answer (0-based), with ``waiting``
-            of the store's operations already waiting out throttling:
-            ``uniform(0, min(throttle_max_backoff_s, base * 2**n * (1 + waiting)))``.
-        throttle_max_backoff_s: cap on one such sleep's range.
-        throttle_timeout_s: an operation the store keeps throttling fails once
-            a retry would end past this, from the operation's start.
-    """
-
-    max_attempts: int = 10
-    initial_backoff_s: float = 0.1
-    max_backoff_s: float = 4.0
-    timeout_s: float = 120.0
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 30.0
-    throttle_initial_backoff_s: float = 0.2
-    # NOTE: 5 s, not 20: in benchmarks/bench_startup_storm.py at 16,384 ranks'
-    # contention the last rank's first batch came at 1.52-2.10 x the floor with
-    # 20 s (requests still owed sleeping in grown windows while the store sat
-    # idle) and at 1.22-1.29 x with 5 s, for as many throttling answers.
-    throttle_max_backoff_s: float = 5.0
-    throttle_timeout_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ConfigError(f"RetryPolicy.max_attempts must be >= 1 (got {self.max_attempts})")
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.name.endswith("_s") and not value >= 0:
-                raise ConfigError(f"RetryPolicy.{field.name} must be >= 0 (got {value})")
-
-    def backoff_s(self, retry_index: int) -> float:
-        """Sleep before retry number ``retry_index`` (0-based), with jitter in [50%, 100%]."""
-        base = min(self.max_backoff_s, self.initial_backoff_s * (2.0**retry_index))
-        return base * random.uniform(0.5, 1.0)
-
-    def throttle_backoff_s(self, throttled_index: int, waiting: int = 0) -> float:
-        """Sleep after throttling answer number ``throttled_index`` (0-based) of an operation, ``waiting`` others waiting.
-
-        Full jitter: ``uniform(0, min(cap, base * 2**throttled_index * (1 + waiting)))``.
-        """
-        # NOTE: full jitter (from zero, not from half) spreads the retries of
-        # many readers throttled at once over the whole window, so they do not
-        # come back together; the mean sleep is half the window.
-        window_s = self.throttle_initial_backoff_s * 2.0 ** min(throttled_index, 64) * (1 + waiting)
-        return random.uniform(0.0, min(self.throttle_max_backoff_s, window_s))
-
-
 _ADVICE = (
     "The store limits its request rate (S3 per key prefix, GCS per bucket, Azure per account): start fewer ranks "
     "at once, ask the provider for a higher limit, let the ranks of a node share one read of the dataset's "
@@ -139,10 +83,18 @@ class _Attempts:
         what: str,
         scrub: Callable[[str], str],
         throttle: StoreThrottle | None,
+        limiter: Limiter | None,
         on_retry: Callable[[Exception], None],
         on_throttled: Callable[[Exception, bool], None],
+        on_waited: Callable[[float], None],
     ) -> None:
         self._policy = policy
+        self._limiter = limiter if policy.throttle_limiter else None
+        # NOTE: when the attempt in flight got its turn; -inf: it went without
+        # a ticket (the limiter was off), so its throttling answer cuts nothing.
+        self._sent_at = float("-inf")
+        self._wait_started: float | None = None
+        self._on_waited = on_waited
         self._what = what
         self._scrub = scrub
         # NOTE: without a store's, an operation is the only one it counts.
@@ -195,16 +147,55 @@ class _Attempts:
         # NOTE: counted before the deadline is looked at: every throttling
         # answer is one, the last one before giving up included.
         self._on_throttled(exc, starts)
-        sleep_s = self._policy.throttle_backoff_s(self.throttled - 1, waiting)
+        if self._limiter is not None:
+            # NOTE: no sleep of its own: the next attempt waits for its turn
+            # from the limiter, which this answer has switched on or cut.
+            self._limiter.throttled(self._sent_at)
+            sleep_s = 0.0
+        else:
+            sleep_s = self._policy.throttle_backoff_s(self.throttled - 1, waiting)
         if elapsed + sleep_s > self._policy.throttle_timeout_s:
             self.woke()
-            raise StorageError(
-                f"{self._what}: throttled by the store for {now - self._throttled_since:.1f}s "
-                f"({self.throttled} answers asking for fewer requests, {self.count} attempts in {elapsed:.1f}s; "
-                f"last: {self.detail}); gave up at RetryPolicy.throttle_timeout_s = "
-                f"{self._policy.throttle_timeout_s:g}s. {_ADVICE}"
-            ) from None
+            raise self._gave_up(now, elapsed)
         logger.debug("%s: throttled (%s); retrying in %.2fs", self._what, self.detail, sleep_s)
+        return sleep_s
+
+    def _gave_up(self, now: float, elapsed: float) -> StorageError:
+        since = now - (self._throttled_since if self._throttled_since is not None else self._started)
+        return StorageError(
+            f"{self._what}: throttled by the store for {since:.1f}s "
+            f"({self.throttled} answers asking for fewer requests, {self.count} attempts in {elapsed:.1f}s; "
+            f"last: {self.detail or 'none yet: waiting for a turn'}); gave up at RetryPolicy.throttle_timeout_s = "
+            f"{self._policy.throttle_timeout_s:g}s. {_ADVICE}"
+        )
+
+    def ticket(self) -> tuple[int, float] | None:
+        """The next attempt's ticket from the store's limiter, or None: it goes at once (the limiter is off)."""
+        limiter = self._limiter
+        if limiter is None:
+            return None
+        ticket = limiter.ticket()
+        self._sent_at = float("-inf")
+        return ticket
+
+    def turn_wait_s(self, ticket: tuple[int, float]) -> float:
+        """How long to sleep before looking again (at most ``POLL_S``); 0: the attempt goes now."""
+        limiter = self._limiter
+        assert limiter is not None
+        wait_s = limiter.wait_s(ticket)
+        now = limiter.now()
+        if wait_s <= 0.0:
+            self._sent_at = now
+            if self._wait_started is not None:
+                self._on_waited(now - self._wait_started)
+                self._wait_started = None
+            return 0.0
+        if self._wait_started is None:
+            self._wait_started = now
+        elapsed, sleep_s = now - self._started, min(wait_s, POLL_S)
+        # NOTE: the next look, not the whole estimated wait: the rate may grow meanwhile.
+        if elapsed + sleep_s > self._policy.throttle_timeout_s:
+            raise self._gave_up(now, elapsed)
         return sleep_s
 
     def woke(self) -> None:
@@ -227,7 +218,9 @@ def call_with_retry(
     scrub: Callable[[str], str],
     on_retry: Callable[[Exception], None] = lambda exc: None,
     on_throttled: Callable[[Exception, bool], None] = lambda exc, starts: None,
+    on_waited: Callable[[float], None] = lambda seconds: None,
     throttle: StoreThrottle | None = None,
+    limiter: Limiter | None = None,
     stop: threading.Event | None = None,
 ) -> T:
     """Run ``attempt`` until it succeeds, retrying transient failures.
@@ -242,19 +235,30 @@ def call_with_retry(
             failure other than throttling (stats, a warning).
         on_throttled: called with each throttling answer, retried or not, and
             whether throttling starts with it (``StoreThrottle.throttled``).
+        on_waited: called with the seconds an attempt waited for its turn
+            from ``limiter``, once per attempt that waited.
         throttle: what the store's operations share while throttled (None:
             this operation counts only itself).
-        stop: when set, a backoff sleep ends at once and the operation fails
-            (the store was closed while retrying).
+        limiter: the store's request-rate limiter (None, or a policy with
+            ``throttle_limiter=False``: each operation backs off on its own).
+        stop: when set, a backoff sleep or a wait for a turn ends at once and
+            the operation fails (the store was closed while retrying).
 
     Raises:
         ObjectMissingError: the object does not exist (never retried).
         StorageError: a non-transient failure, or transient ones past the bounds.
         ZephonError: raised by ``attempt`` itself, passed through unchanged.
     """
-    attempts = _Attempts(policy=policy, what=what, scrub=scrub, throttle=throttle, on_retry=on_retry,
-                         on_throttled=on_throttled)  # fmt: skip
+    attempts = _Attempts(policy=policy, what=what, scrub=scrub, throttle=throttle, limiter=limiter,
+                         on_retry=on_retry, on_throttled=on_throttled, on_waited=on_waited)  # fmt: skip
     while True:
+        ticket = attempts.ticket()
+        if ticket is not None:
+            while (wait_s := attempts.turn_wait_s(ticket)) > 0.0:
+                if stop is None:
+                    time.sleep(wait_s)
+                elif stop.wait(wait_s):
+                    raise attempts.abandoned() from None
         attempts.count += 1
         try:
             result = attempt()
@@ -281,17 +285,28 @@ async def call_with_retry_async(
     scrub: Callable[[str], str],
     on_retry: Callable[[Exception], None] = lambda exc: None,
     on_throttled: Callable[[Exception, bool], None] = lambda exc, starts: None,
+    on_waited: Callable[[float], None] = lambda seconds: None,
     throttle: StoreThrottle | None = None,
+    limiter: Limiter | None = None,
     stop: threading.Event | None = None,
 ) -> T:
     """:func:`call_with_retry` for a coroutine: the same bounds, errors and counting.
 
-    Backoff sleeps on the event loop, so other requests on it go on meanwhile;
-    ``stop`` is looked at every ``_STOP_POLL_S`` of a sleep.
+    Backoff sleeps and waits for a turn are on the event loop, so other
+    requests on it go on meanwhile; ``stop`` is looked at every
+    ``_STOP_POLL_S`` of a sleep (every ``POLL_S`` of a wait).
     """
-    attempts = _Attempts(policy=policy, what=what, scrub=scrub, throttle=throttle, on_retry=on_retry,
-                         on_throttled=on_throttled)  # fmt: skip
+    attempts = _Attempts(policy=policy, what=what, scrub=scrub, throttle=throttle, limiter=limiter,
+                         on_retry=on_retry, on_throttled=on_throttled, on_waited=on_waited)  # fmt: skip
     while True:
+        ticket = attempts.ticket()
+        if ticket is not None:
+            while (wait_s := attempts.turn_wait_s(ticket)) > 0.0:
+                if stop is not None and stop.is_set():
+                    raise attempts.abandoned()
+                await asyncio.sleep(wait_s)
+            if stop is not None and stop.is_set():
+                raise attempts.abandoned()
         attempts.count += 1
         try:
             result = await attempt()

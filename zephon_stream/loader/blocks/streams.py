@@ -104,7 +104,8 @@ class StreamSource:
         storage_options: fsspec options (credentials, endpoint); never shown.
         metadata: the metadata, when already read (the helper process gets
             the consumer's); None reads it from the store.
-        node_cache: the node's shared metadata cache, or None.
+        node_cache: the node's shared metadata cache, or None; through it the
+            store also shares the node's request-rate limiter.
     """
 
     def __init__(
@@ -120,6 +121,11 @@ class StreamSource:
         self.stream = stream
         self.store = open_store(stream.url, storage_options)
         try:
+            if node_cache is not None:
+                # NOTE: the node's ranks wait on one request-rate limiter per
+                # store once it throttles (storage/limiter.py), the manifest's
+                # read included.
+                self.store.share_limiter(node_cache)
             shared = read_metadata(self.store, node_cache) if metadata is None else metadata
         except BaseException:
             self.store.close()

@@ -120,7 +120,9 @@ class LoaderIntrospection:
         boundaries, seeks and helper restarts: steps, samples, stall time
         (the consumer waiting) and their per-step averages; bytes and blocks
         fetched and decoded, cache hits and misses, retries, throttling
-        answers (``throttled``, apart from ``retries``), fetch/decode/assemble
+        answers (``throttled``, apart from ``retries``), the attempts that
+        waited for their turn from the store's request-rate limiter and for
+        how long (``throttle_waits``, ``throttle_wait_s``), fetch/decode/assemble
         time; and the block cache's current bytes, capacity and the
         peak any producer run held."""
         producer = self._feed.counters() if self._feed is not None else {}

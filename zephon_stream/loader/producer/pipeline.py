@@ -277,20 +277,19 @@ class Pipeline:
         values += (*stores, resident, peak, self._cache.capacity_bytes, forced, steps)
         self._ring.counters[: len(values)] = values
 
-    def _store_counts(self) -> tuple[int, int, int]:
-        """The stores' ``(retries, throttled, errors)``, in PRODUCER_KEYS order."""
-        retries = throttled = errors = 0
+    def _store_counts(self) -> tuple[float, ...]:
+        """The stores' ``(retries, throttled, throttle_waits, throttle_wait_s, errors)``, in PRODUCER_KEYS order."""
+        totals = [0.0] * 5
         if not self._own_stores:
             # NOTE: runs on threads overlap (a run started ahead, one being
             # retired) over the same stores; each publishing the stores'
             # counts would count one retry in every run that saw it.
-            return retries, throttled, errors
+            return tuple(totals)
         for source in self._sources:
             store = source.store.stats()
-            retries += store["retries"]
-            throttled += store["throttled"]
-            errors += store["errors"]
-        return retries, throttled, errors
+            for i, key in enumerate(("retries", "throttled", "throttle_waits", "throttle_wait_ms", "errors")):
+                totals[i] += store[key] / 1000.0 if key == "throttle_wait_ms" else store[key]
+        return tuple(totals)
 
     def _put(self, item: Any) -> bool:
         if self._emit is not None:

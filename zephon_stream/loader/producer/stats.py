@@ -84,6 +84,8 @@ PIPELINE_KEYS = tuple(key for key in COUNTER_KEYS if key not in CONSUMER_KEYS)
 PRODUCER_KEYS = PIPELINE_KEYS + (
     "retries",
     "throttled",
+    "throttle_waits",
+    "throttle_wait_s",
     "storage_errors",
     "cache_resident_bytes",
     "cache_peak_bytes",
@@ -130,7 +132,7 @@ class RunTotals:
         The cache's resident bytes are those of the runs in progress, its
         capacity that of the newest of them, its peak the most any run held.
         ``stores`` are the consumer's own stores: their retries, throttling
-        answers and errors count whole, from the dataset's opening (its manifests) through
+        answers, waits for a turn and errors count whole, from the dataset's opening (its manifests) through
         every run on threads; runs publish only their own stores' (a helper
         process's).
         """
@@ -139,6 +141,8 @@ class RunTotals:
             counts = store.stats()
             out["retries"] += counts["retries"]
             out["throttled"] += counts["throttled"]
+            out["throttle_waits"] += counts["throttle_waits"]
+            out["throttle_wait_s"] += counts["throttle_wait_ms"] / 1000.0
             out["storage_errors"] += counts["errors"]
         out["cache_resident_bytes"] = out["cache_capacity_bytes"] = 0
         for counters in running:

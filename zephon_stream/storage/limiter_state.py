@@ -1,0 +1,226 @@
+"""Where a store's request-rate limiter (``limiter.py``) keeps its record: in a node's shared folder, or in the process.
+
+``Limiter`` is what the retry layer calls: ``ticket()`` before each attempt,
+``wait_s()`` until the ticket's turn, ``throttled()`` at a throttling answer.
+Its record lives in one of two places:
+
+- ``SharedRecord``: a small file in the node cache's folder
+  (``node-cache-limits/<digest of the store's key>``, ``storage/node_cache.py``),
+  mapped into every process of the node that reads the store. Updates hold an
+  ``fcntl.flock`` on the file, which the kernel releases when its holder dies,
+  so a rank SIGKILLed in the middle of an update never leaves the others
+  waiting. An update writes a full copy of the record into the slot not in use,
+  with its CRC, then flips one byte to name it: a holder killed before the flip
+  leaves the record as it was, one killed after leaves the new one; a copy whose
+  CRC does not match is never read. The file goes with the node cache's other
+  files, removed by its last user.
+- ``LocalRecord``: the same record in this process's memory, for a store that
+  has no node cache to share it through.
+
+NOTE: before any throttling answer the request path reads one byte: byte 0 of
+the mapped file (or an attribute), written only once the record says ``on``.
+No lock, no system call. A lock is taken per attempt only while the limiter is
+on, that is while the store throttles and for ``limiter.QUIET_S`` after.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import mmap
+import os
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from typing import TypeVar
+
+from zephon_stream.storage import limiter
+from zephon_stream.storage.limiter import RateRecord
+
+T = TypeVar("T")
+
+_FIELDS = struct.Struct("<B7x8dQ")  # on, rate, credit, issued, stamp, grown_s, w_max, cut_at, throttled_at, epoch
+_CRC = struct.Struct("<I")
+_SLOT_BYTES = 128
+_SLOTS = (128, 256)  # NOTE: byte 0 says on, byte 1 which slot holds the record
+FILE_BYTES = 384
+O_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def pack_record(record: RateRecord) -> bytes:
+    fields = _FIELDS.pack(record.on, record.rate, record.credit, record.issued, record.stamp, record.grown_s,
+                          record.w_max, record.cut_at, record.throttled_at, record.epoch)  # fmt: skip
+    return fields + _CRC.pack(zlib.crc32(fields))
+
+
+def unpack_record(blob: bytes) -> RateRecord | None:
+    """The record in one slot's bytes, or None when its CRC does not match (never written, or torn)."""
+    fields = blob[: _FIELDS.size]
+    (crc,) = _CRC.unpack_from(blob, _FIELDS.size)
+    if zlib.crc32(fields) != crc:
+        return None
+    on, *values, epoch = _FIELDS.unpack(fields)
+    return RateRecord(bool(on), *values, epoch=epoch)
+
+
+def limiter_file_name(key: str) -> str:
+    """The file name of the record of the store ``key`` names (a digest: no endpoint or bucket in a file name)."""
+    return "limit-" + hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+
+
+class LocalRecord:
+    """The record in this process's memory."""
+
+    def __init__(self) -> None:
+        self._record = RateRecord()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def is_on(self) -> bool:
+        return self._record.on
+
+    def update(self, change: Callable[[RateRecord], T]) -> T:
+        if self._pid != os.getpid():
+            # NOTE: a lock held by another thread at a fork stays held in the child.
+            self._lock, self._pid = threading.Lock(), os.getpid()
+        with self._lock:
+            return change(self._record)
+
+    def close(self) -> None:
+        pass
+
+
+class SharedRecord:
+    """The record in a file every process of the node maps (see the module docstring).
+
+    Args:
+        path: the file, in a folder of this user that outlives none of its users
+            (the node cache's ``node-cache-limits``).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._pid = -1
+        self._fd = -1
+        self._map: mmap.mmap | None = None
+        self._lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | O_FLAGS, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                # NOTE: zeros fail the CRC, so a new file reads as a fresh record (off).
+                if os.fstat(fd).st_size < FILE_BYTES:
+                    os.ftruncate(fd, FILE_BYTES)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            self._map = mmap.mmap(fd, FILE_BYTES)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._pid = fd, os.getpid()
+
+    def is_on(self) -> bool:
+        view = self._map
+        try:
+            return view is not None and view[0] == 1
+        except ValueError:  # NOTE: closed by another thread meanwhile
+            return False
+
+    def update(self, change: Callable[[RateRecord], T]) -> T:
+        """Run ``change`` on the record under the node's lock and store what it leaves."""
+        if self._pid != os.getpid() and self._map is not None:
+            # NOTE: a forked child shares its parent's open file, and with it
+            # the parent's flock: it opens the file again to lock on its own
+            # (and a lock held by another thread at the fork stays held).
+            inherited, self._lock = self._map, threading.Lock()
+            os.close(self._fd)
+            self._open()
+            inherited.close()
+        with self._lock:
+            view = self._map
+            if view is None:
+                # NOTE: closed (its store closed) under an operation still in
+                # flight: that operation goes on as if the limiter were off.
+                return change(RateRecord())
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                current = view[1] & 1
+                record = unpack_record(view[_SLOTS[current] : _SLOTS[current] + _SLOT_BYTES])
+                if record is None:
+                    record = unpack_record(view[_SLOTS[1 - current] : _SLOTS[1 - current] + _SLOT_BYTES])
+                record = record or RateRecord()
+                result = change(record)
+                self._write(view, 1 - current, record)
+                return result
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    @staticmethod
+    def _write(view: mmap.mmap, slot: int, record: RateRecord) -> None:
+        blob = pack_record(record)
+        view[_SLOTS[slot] : _SLOTS[slot] + len(blob)] = blob
+        view[1] = slot  # NOTE: the flip: the new copy is whole before anyone is told to read it
+        view[0] = 1 if record.on else 0
+
+    def close(self) -> None:
+        with self._lock:
+            view, self._map = self._map, None
+            if view is not None:
+                view.close()
+            if self._fd >= 0 and self._pid == os.getpid():
+                os.close(self._fd)
+            self._fd = -1
+
+
+class Limiter:
+    """A store's request-rate limiter (``limiter.py``) over its record (shared by the node, or this process's).
+
+    Args:
+        record: ``SharedRecord`` or ``LocalRecord``.
+        clock: monotonic seconds, one clock for every process of the node.
+    """
+
+    def __init__(self, record: SharedRecord | LocalRecord, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.record = record
+        self._clock = clock
+
+    @property
+    def shared(self) -> bool:
+        """Whether the record is the node's (a file) rather than this process's."""
+        return isinstance(self.record, SharedRecord)
+
+    def ticket(self) -> tuple[int, float] | None:
+        """A ticket for one request, or None when the limiter is off (one byte read, nothing else)."""
+        if not self.record.is_on():
+            return None
+        now = self._clock()
+        return self.record.update(lambda record: limiter.take(record, now))
+
+    def wait_s(self, ticket: tuple[int, float]) -> float:
+        """Seconds until ``ticket`` may go at the rate now; 0: go."""
+        now = self._clock()
+        return self.record.update(lambda record: limiter.wait_s(record, ticket, now))
+
+    def throttled(self, sent_at: float) -> str:
+        """A throttling answer to a request sent at ``sent_at`` (``-inf``: before it had a ticket)."""
+        now = self._clock()
+        return self.record.update(lambda record: limiter.throttled(record, now, sent_at))
+
+    def now(self) -> float:
+        return self._clock()
+
+    def snapshot(self) -> RateRecord:
+        """A copy of the record (tests, diagnostics)."""
+        return self.record.update(lambda record: RateRecord(**{f: getattr(record, f) for f in RateRecord.__slots__}))
+
+    def close(self) -> None:
+        self.record.close()
+
+
+__all__ = ["FILE_BYTES", "Limiter", "LocalRecord", "SharedRecord", "limiter_file_name", "pack_record",
+           "unpack_record"]
