@@ -249,10 +249,10 @@ def convert_unit(unit: WorkUnit, spec: UnitSpec, *, name: str, key: str) -> Unit
         if spec.config.tokens:
             counts = [_token_piece(writer, index, piece.url) for index, piece in enumerate(unit.pieces)]
         else:
-            # NOTE: measured (docs/WRITING.md, "CPU per token"): the tokenizer's
-            # many small allocations cost 20-30% more CPU when they share this
-            # thread's malloc arena with the reading and shard building than on
-            # a thread of their own, as in the pool's worker processes.
+            # NOTE: measured (docs/WRITING.md, "CPU per token"): tokenizing on
+            # this thread, between the reading and the shard building, cost
+            # 1.12-1.37x the CPU of tokenizing on a thread of its own (as the
+            # pool's workers do, being processes of their own).
             with TokenizePool(tokenizer=spec.tokenizer, dtype=writer.dtype, workers=1, max_in_flight=TOKENIZE_IN_FLIGHT) as pool:
                 counts = [_text_piece(writer, pool, index, piece) for index, piece in enumerate(unit.pieces)]
                 while len(pool):
