@@ -1,15 +1,22 @@
-"""The Ray engine's throughput against the process pool, and the commit's cost at 10,000 and 100,000 parts.
+"""The Ray engine's throughput and CPU per token against the process pool, and the commit's cost at 10,000 and 100,000 parts.
 
 Throughput, on one corpus (stdlib ``.py`` sources, ``--max-mb``), one BPE
 tokenizer (vocab 8000, trained here) and one local Ray instance of 2 CPUs
-(started once, its start-up reported apart), each run ``--repeat`` times,
-alternating, best kept and each pair's ratio shown (the machine may be shared):
+(started once, its start-up reported apart). A first Ray run and a first pool
+run are reported apart (a Ray worker's first unit imports the writer), then
+Ray's daemons are measured idle (``--idle-s``). Then ``--repeat`` rounds,
+each a pair run back to back in alternating order (the machine may be shared):
 
-- baseline: the tokenizer alone, texts in memory, on 1 and on 2 processes;
-- pool: ``write_dataset(workers=2)`` (the process pool);
-- ray: ``write_dataset(engine="ray")`` at 1 and 2 workers (units of ``--unit-mb``).
+- pool: ``write_dataset(workers=2)`` (the process pool), the baseline;
+- ray: ``write_dataset(engine="ray", ray_workers=2)`` (units of ``--unit-mb``);
+- unless ``--pairs-only``: the tokenizer alone on texts in memory on 1 and 2
+  processes, and ray at 1 worker.
 
-Target: ray at 2 workers >= 0.8x the pool's tokens/s.
+CPU by process (``ray_cpu.py``): the pool's is its driver and workers; Ray's
+tasks' is its worker processes' whole; Ray's daemons' (raylet, GCS, agents,
+monitors) is reported as their share of Ray's CPU in the run, idle, and in a
+model of a 64-core node (computed, marked so). Targets, medians of the pairs:
+ray tokens/s >= 0.8x the pool's, the tasks' CPU per token <= 1.15x the pool's.
 
 Commit: N synthetic unit records (one shard each, every 100th with rejects)
 written to a local folder, then in a fresh process each: the records read
@@ -17,7 +24,7 @@ alone (the baseline) and the full commit (records checked, manifest and index
 objects built and written); wall time and peak RSS. Target: < 60 s and
 < 2 GB at 100,000 parts. The last line printed is one JSON object.
 
-Usage: python benchmarks/bench_write_ray.py [--max-mb 20] [--repeat 2] [--parts 10000,100000]
+Usage: python benchmarks/bench_write_ray.py [--max-mb 20] [--repeat 2] [--pairs-only] [--parts 10000,100000]
 """
 
 from __future__ import annotations
@@ -28,50 +35,22 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import ray_cpu
 from bench_write import baseline, corpus_files, train_bpe
 
 TARGET_RATIO = 0.8
+TARGET_CPU_RATIO = 1.15
 TARGET_COMMIT_S = 60.0
 TARGET_COMMIT_BYTES = 2 * 2**30
 BLOCK_TOKENS = 2**20 + 1
 RAY_CPUS = 2
-
-
-def tree_cpu_seconds() -> float:
-    """CPU seconds of this process, its reaped children and every live descendant (Ray's daemons and workers).
-
-    NOTE: on a machine shared under the kernel's autogroup scheduling, this
-    process tree gets one group's share of the cores however many processes
-    it runs, so tokens/s there measures CPU efficiency more than parallelism:
-    CPU seconds per token say it directly.
-    """
-    tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry)] = int(fields[1])
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    tree, frontier = set(), {os.getpid()}
-    while frontier:
-        tree |= frontier
-        frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in tree}
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    live = sum(times.get(pid, 0.0) for pid in tree if pid != os.getpid())
-    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime + live
 
 
 def synthesize_parts(root: Path, num_parts: int) -> None:
@@ -175,6 +154,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--parts", default="10000,100000", help="commit sizes, comma-separated ('' skips)")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--pairs-only", action="store_true", help="each round: the pool and Ray at 2 workers only")
+    parser.add_argument("--idle-s", type=float, default=10.0, help="seconds Ray's idle daemons are measured")
     parser.add_argument("--commit-child", nargs=3, metavar=("ROOT", "N", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.commit_child:
@@ -194,7 +175,6 @@ def main() -> None:
 
 
 def throughput(args: argparse.Namespace, work: Path) -> dict:
-    from zephon_stream import write_dataset
     from zephon_stream.writer.ray_engine import ray_session
     from zephon_stream.writer.tokenizers import load_tokenizer
 
@@ -216,53 +196,149 @@ def throughput(args: argparse.Namespace, work: Path) -> dict:
     session.__enter__()
     ray_start_s = time.perf_counter() - start
     print(f"local Ray instance of {RAY_CPUS} CPUs: {ray_start_s:.1f} s to start (not counted below)")
-    runs: dict[str, list[float]] = {k: [] for k in ("base1", "base2", "pool2", "ray1", "ray2")}
-    cpu_per_mtok: dict[str, list[float]] = {k: [] for k in runs}
-    num_tokens = 0
+    runner = WriteRuns(corpus=corpus, spec=spec, work=work, unit_bytes=int(args.unit_mb * 2**20))
+    rounds: list[dict] = []
     try:
+        workers_code = ray_cpu.check_workers_code()
+        # NOTE: a Ray worker's first unit imports the writer and fetches the tokenizer: paid once, reported apart.
+        first = {label: runner.run(label) for label in ("ray2", "pool2")}
+        print(f"first runs (not counted): ray2 {first['ray2']['tokens_per_s']:,.0f} tokens/s, task CPU "
+              f"{first['ray2']['task_cpu_s_per_mtok']:.2f} s/M tokens; pool2 {first['pool2']['tokens_per_s']:,.0f}")  # fmt: skip
+        pool_start_s = runner.pool_start_cpu_s()
+        print(f"the pool's start (2 worker processes; a run on one small file): {pool_start_s:.2f} CPU s")
+        idle = ray_cpu.idle_cpu(args.idle_s)
+        print(f"idle for {args.idle_s:.0f} s: Ray's daemons {idle['daemon_cores']:.4f} cores "
+              f"({', '.join(f'{k} {v:.4f}' for k, v in idle['daemon_cores_by_name'].items())}), "
+              f"its {idle['workers']} idle workers {idle['worker_cores']:.4f} cores")  # fmt: skip
         for rep in range(args.repeat):
-            for label, workers in (("base1", 1), ("base2", 2)):
-                cpu = tree_cpu_seconds()
-                tokens, seconds = baseline(tokenizer, texts, workers)
-                cpu_per_mtok[label].append((tree_cpu_seconds() - cpu) / (tokens + len(texts)) * 1e6)
-                runs[label].append((tokens + len(texts)) / seconds)  # NOTE: the writer adds one EOS a document
-            for label, kwargs in (
-                ("pool2", {"workers": 2, "pool_min_input_bytes": 0}),
-                ("ray1", {"engine": "ray", "ray_workers": 1, "unit_bytes": int(args.unit_mb * 2**20)}),
-                ("ray2", {"engine": "ray", "ray_workers": 2, "unit_bytes": int(args.unit_mb * 2**20)}),
-            ):
-                out = work / label
-                shutil.rmtree(out, ignore_errors=True)
-                cpu, start = tree_cpu_seconds(), time.perf_counter()
-                summary = write_dataset(str(corpus / "*.py"), str(out), tokenizer=spec, progress=False, **kwargs)
-                runs[label].append(summary.num_tokens / (time.perf_counter() - start))
-                cpu_per_mtok[label].append((tree_cpu_seconds() - cpu) / summary.num_tokens * 1e6)
-                num_tokens = summary.num_tokens
-            print(f"[{rep}] tokens/s: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in runs.items()))
-            print(f"[{rep}] CPU s per M tokens (process tree): " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in cpu_per_mtok.items()))
+            row: dict = {"load_average": round(os.getloadavg()[0], 2)}
+            if not args.pairs_only:
+                for label, workers in (("base1", 1), ("base2", 2)):
+                    row[label] = tokenizer_alone(tokenizer, texts, workers)
+            # NOTE: the pair's order alternates, so a load that rises or falls through a round favours neither.
+            labels = ("pool2", "ray2") if rep % 2 == 0 else ("ray2", "pool2")
+            for label in labels + (() if args.pairs_only else ("ray1",)):
+                row[label] = runner.run(label)
+            pool = row["pool2"]
+            pool["net_cpu_s_per_mtok"] = (pool["cpu_s"] - pool_start_s) / pool["num_tokens"] * 1e6
+            rounds.append(row)
+            print(round_line(rep, row))
     finally:
         session.__exit__(None, None, None)
-    best = {k: max(v) for k, v in runs.items()}
-    ratio = best["ray2"] / best["pool2"]
-    pairs = [r / p for r, p in zip(runs["ray2"], runs["pool2"])]
-    print(f"tokenizer alone: 1 process {best['base1']:,.0f}, 2 processes {best['base2']:,.0f} tokens/s")
-    print(f"pool (2 workers): {best['pool2']:,.0f} tokens/s ({best['pool2'] / best['base2']:.3f}x the tokenizer alone)")
-    print(f"ray: 1 worker {best['ray1']:,.0f} ({best['ray1'] / best['base1']:.3f}x one process alone), "
-          f"2 workers {best['ray2']:,.0f} tokens/s ({best['ray2'] / best['base2']:.3f}x two alone)")  # fmt: skip
-    print(f"ray/pool at 2 workers: {ratio:.3f} (target >= {TARGET_RATIO}) {'OK' if ratio >= TARGET_RATIO else 'BELOW TARGET'}; "
-          f"each pair {', '.join(f'{r:.3f}' for r in pairs)}")  # fmt: skip
-    cpu_best = {k: min(v) for k, v in cpu_per_mtok.items()}
-    print("CPU s per M tokens (best): " + ", ".join(f"{k} {v:.2f}" for k, v in cpu_best.items())
-          + f"; ray2/pool2 CPU {cpu_best['ray2'] / cpu_best['pool2']:.3f}; load average {os.getloadavg()[0]:.1f}")
+    return summarize(rounds, idle=idle, first=first, corpus_bytes=corpus_bytes, files=len(files), args=args,
+                     ray_start_s=ray_start_s, pool_start_s=pool_start_s, workers_code=workers_code)  # fmt: skip
+
+
+class WriteRuns:
+    """``write_dataset`` runs by label, each with its tokens/s and CPU by role (``ray_cpu``)."""
+
+    def __init__(self, *, corpus: Path, spec: str, work: Path, unit_bytes: int) -> None:
+        self.corpus, self.spec, self.work = corpus, spec, work
+        self.kwargs = {
+            "pool2": {"workers": 2, "pool_min_input_bytes": 0},
+            "ray1": {"engine": "ray", "ray_workers": 1, "unit_bytes": unit_bytes},
+            "ray2": {"engine": "ray", "ray_workers": 2, "unit_bytes": unit_bytes},
+        }
+
+    def run(self, label: str, inputs: str | None = None) -> dict:
+        from zephon_stream import write_dataset
+
+        out = self.work / label
+        shutil.rmtree(out, ignore_errors=True)
+        before, start = ray_cpu.snapshot(), time.perf_counter()
+        summary = write_dataset(inputs or str(self.corpus / "*.py"), str(out), tokenizer=self.spec, progress=False,
+                                **self.kwargs[label])  # fmt: skip
+        seconds = time.perf_counter() - start
+        after = ray_cpu.snapshot()
+        spent, daemons = ray_cpu.cpu_by_role(before, after), ray_cpu.daemon_cpu_by_name(before, after)
+        mtok = summary.num_tokens / 1e6
+        result = {"tokens_per_s": summary.num_tokens / seconds, "seconds": seconds, "num_tokens": summary.num_tokens,
+                  "cpu_s": {k: round(v, 3) for k, v in spent.items()}}  # fmt: skip
+        if label.startswith("ray"):
+            # NOTE: the tasks' CPU is their worker processes' whole (Ray's own threads there included).
+            task_s = spent["task"] + spent["worker_ray"]
+            ray_total_s = task_s + spent["daemon"] + spent["driver"]
+            result.update(
+                units=summary.num_units, task_cpu_s_per_mtok=task_s / mtok, cpu_s_per_mtok=ray_total_s / mtok,
+                daemon_cpu_s=spent["daemon"], daemons_share=spent["daemon"] / ray_total_s if ray_total_s else 0.0,
+                daemon_cpu_s_by_name={k: round(v, 3) for k, v in daemons.items()},
+            )  # fmt: skip
+        else:
+            # NOTE: Ray's processes idle beside the pool; their CPU is not the pool's.
+            result["cpu_s"] = spent["driver"] + spent["reaped"] + spent["other"]
+            result["cpu_s_per_mtok"] = result["cpu_s"] / mtok
+        return result
+
+    def pool_start_cpu_s(self, tries: int = 3) -> float:
+        """The CPU of a pool run on one small file: starting its 2 worker processes, mostly (median of ``tries``)."""
+        small = min(self.corpus.glob("*.py"), key=lambda p: (p.stat().st_size < 1000, p.stat().st_size))
+        return statistics.median(self.run("pool2", inputs=str(small))["cpu_s"] for _ in range(tries))
+
+
+def tokenizer_alone(tokenizer, texts: list[str], workers: int) -> dict:
+    before = ray_cpu.snapshot()
+    tokens, seconds = baseline(tokenizer, texts, workers)
+    spent = ray_cpu.cpu_by_role(before, ray_cpu.snapshot())
+    tokens += len(texts)  # NOTE: the writer adds one EOS a document
+    return {"tokens_per_s": tokens / seconds, "cpu_s_per_mtok": (spent["driver"] + spent["reaped"] + spent["other"]) / tokens * 1e6}
+
+
+def round_line(rep: int, row: dict) -> str:
+    pool, ray = row["pool2"], row["ray2"]
+    return (f"[{rep}] load {row['load_average']:.1f}: pool2 {pool['tokens_per_s']:,.0f} tokens/s, "
+            f"{pool['cpu_s_per_mtok']:.2f} CPU s/M tokens ({pool['net_cpu_s_per_mtok']:.2f} less its start); ray2 {ray['tokens_per_s']:,.0f} tokens/s "
+            f"({ray['tokens_per_s'] / pool['tokens_per_s']:.3f}x), tasks {ray['task_cpu_s_per_mtok']:.2f} CPU s/M tokens "
+            f"({ray['task_cpu_s_per_mtok'] / pool['net_cpu_s_per_mtok']:.3f}x), daemons {ray['daemons_share'] * 100:.1f}% "
+            f"of Ray's CPU" + "".join(f"; {k} {row[k]['tokens_per_s']:,.0f}" for k in ("base1", "base2", "ray1") if k in row))  # fmt: skip
+
+
+def summarize(
+    rounds: list[dict], *, idle: dict, first: dict, corpus_bytes: int, files: int, args, ray_start_s: float,
+    pool_start_s: float, workers_code: str,
+) -> dict:
+    throughput_pairs = [r["ray2"]["tokens_per_s"] / r["pool2"]["tokens_per_s"] for r in rounds]
+    # NOTE: against the pool's CPU less its workers' start, as Ray's is measured after its workers' first unit.
+    cpu_pairs = [r["ray2"]["task_cpu_s_per_mtok"] / r["pool2"]["net_cpu_s_per_mtok"] for r in rounds]
+    whole_pairs = [r["ray2"]["task_cpu_s_per_mtok"] / r["pool2"]["cpu_s_per_mtok"] for r in rounds]
+    shares = [r["ray2"]["daemons_share"] for r in rounds]
+    model = ray_cpu.model_cores(rounds, idle, corpus_bytes, measured_cpus=RAY_CPUS)
+    labels = [k for k in ("base1", "base2", "pool2", "ray1", "ray2") if k in rounds[0]]
+    best = {k: max(r[k]["tokens_per_s"] for r in rounds) for k in labels}
+    med = {"throughput": statistics.median(throughput_pairs), "cpu": statistics.median(cpu_pairs), "share": statistics.median(shares)}
+    print("\n| round | load | pool, 2 workers: tokens/s, CPU s/M tokens (less its start) | Ray, 2 workers: tokens/s, "
+          "tasks' CPU s/M tokens | Ray / pool: tokens/s, tasks' CPU per token (vs the pool's whole) "
+          "| daemons' share of Ray's CPU |\n|---|---|---|---|---|---|")  # fmt: skip
+    for i, r in enumerate(rounds):
+        pool, ray = r["pool2"], r["ray2"]
+        print(f"| {i} | {r['load_average']:.1f} | {pool['tokens_per_s'] / 1e3:,.0f}k, {pool['cpu_s_per_mtok']:.2f} "
+              f"({pool['net_cpu_s_per_mtok']:.2f}) | {ray['tokens_per_s'] / 1e3:,.0f}k, {ray['task_cpu_s_per_mtok']:.2f} "
+              f"| {throughput_pairs[i]:.2f}, {cpu_pairs[i]:.2f} ({whole_pairs[i]:.2f}) | {shares[i] * 100:.1f}% |")  # fmt: skip
+    print(f"\nRay / pool at 2 workers, median of {len(rounds)} pairs: tokens/s {med['throughput']:.3f} "
+          f"({min(throughput_pairs):.2f}-{max(throughput_pairs):.2f}; target >= {TARGET_RATIO}), tasks' CPU per token "
+          f"{med['cpu']:.3f} ({min(cpu_pairs):.2f}-{max(cpu_pairs):.2f}; target <= {TARGET_CPU_RATIO}; against the "
+          f"pool's whole, its start's {pool_start_s:.2f} CPU s included: {statistics.median(whole_pairs):.3f}); daemons "
+          f"{med['share'] * 100:.1f}% of Ray's CPU; load average {os.getloadavg()[0]:.1f} now, "
+          f"{min(r['load_average'] for r in rounds):.1f}-{max(r['load_average'] for r in rounds):.1f} at the rounds' starts")  # fmt: skip
+    print(f"model (computed), a {model['cores']}-core node converting {model['unit_mib']:.0f} MiB units: Ray's daemons "
+          f"{model['daemon_cores'][0]:.3f}-{model['daemon_cores'][1]:.3f} cores, {model['daemons_share_of_node'][0] * 100:.2f}-"
+          f"{model['daemons_share_of_node'][1] * 100:.2f}% of the node")  # fmt: skip
     return {
-        "cpu_s_per_mtok": {k: round(v, 3) for k, v in cpu_best.items()},
-        "runs_cpu_s_per_mtok": {k: [round(x, 3) for x in v] for k, v in cpu_per_mtok.items()},
-        "corpus_files": len(files), "corpus_bytes": corpus_bytes, "num_tokens": num_tokens,
-        "unit_mb": args.unit_mb, "ray_start_s": round(ray_start_s, 2),
+        "corpus_files": files, "corpus_bytes": corpus_bytes, "num_tokens": rounds[0]["ray2"]["num_tokens"],
+        "unit_mb": args.unit_mb, "ray_start_s": round(ray_start_s, 2), "rounds": len(rounds),
+        "load_averages": [r["load_average"] for r in rounds],
+        "throughput_vs_pool": round(med["throughput"], 4), "throughput_vs_pool_pairs": [round(x, 4) for x in throughput_pairs],
+        "ray_task_cpu_per_token_vs_pool": round(med["cpu"], 4), "ray_task_cpu_per_token_vs_pool_pairs": [round(x, 4) for x in cpu_pairs],
+        "ray_task_cpu_per_token_vs_pool_whole": round(statistics.median(whole_pairs), 4), "pool_start_cpu_s": round(pool_start_s, 3),
+        "ray_daemons_cpu_share": round(med["share"], 5), "ray_daemons_cpu_share_runs": [round(x, 5) for x in shares],
+        "daemons_idle": {k: (round(v, 5) if isinstance(v, float) else v) for k, v in idle.items()},
+        "daemons_model_64_cores": model,
+        "first_runs": {k: {"tokens_per_s": round(v["tokens_per_s"]), "cpu_s_per_mtok": round(v["cpu_s_per_mtok"], 3)} for k, v in first.items()},
         "tokens_per_s": {k: round(v) for k, v in best.items()},
-        "runs_tokens_per_s": {k: [round(x) for x in v] for k, v in runs.items()},
-        "ray2_over_pool2": round(ratio, 4), "pair_ratios": [round(r, 4) for r in pairs],
-        "target_ratio": TARGET_RATIO, "meets_target": ratio >= TARGET_RATIO,
+        "cpu_s_per_mtok": {k: round(min(r[k]["cpu_s_per_mtok"] for r in rounds), 3) for k in labels},
+        "ray_task_cpu_s_per_mtok": [round(r["ray2"]["task_cpu_s_per_mtok"], 3) for r in rounds],
+        "runs": rounds, "workers_code": workers_code,
+        "ray2_over_pool2": round(best["ray2"] / best["pool2"], 4), "target_ratio": TARGET_RATIO, "target_cpu_ratio": TARGET_CPU_RATIO,
+        "meets_target": med["throughput"] >= TARGET_RATIO and med["cpu"] <= TARGET_CPU_RATIO,
     }  # fmt: skip
 
 

@@ -16,6 +16,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fixtures_ray import (
@@ -83,6 +84,47 @@ def test_ray_engine_writes_what_one_process_writes_at_any_workers_and_order(
         )  # fmt: skip
         assert summary.num_tokens == reference.num_tokens and summary.num_documents == reference.num_documents
     assert reference.rejected == {"bad_json": 1, "empty": 1, "missing_field": 1}
+
+
+def _write_with_build_probe(paths: list[str], url: str, run: str):
+    """Run in the driver: write_with_ray with a tokenizer whose every document is
+    ``"PID BUILDS"``: the process that encoded it and how many times that process
+    had unpickled (built) this run's tokenizer by then."""
+    import os
+
+    from zephon_stream.storage import open_store
+    from zephon_stream.writer.ray_engine import write_with_ray
+    from zephon_stream.writer.tokenizer_base import Tokenizer
+    from zephon_stream.writer.tokenizers import BytesTokenizer
+
+    class BuildProbe(BytesTokenizer):  # NOTE: a local class: Ray pickles it by value, no import needed in workers
+        encode_documents = Tokenizer.encode_documents
+
+        def __getstate__(self):
+            return {"run": run}
+
+        def __setstate__(self, state):
+            name = f"ZS_PROBE_BUILDS_{state['run']}"
+            os.environ[name] = str(int(os.environ.get(name, "0")) + 1)
+
+        def encode_batch(self, texts):
+            probe = f"{os.getpid()} {os.environ.get(f'ZS_PROBE_BUILDS_{run}', '0')}".encode()
+            return [list(probe) for _ in texts]
+
+    config = WriteConfig(block_tokens=RAY_BLOCK_TOKENS, blocks_per_shard=RAY_BLOCKS_PER_SHARD).resolved()
+    with open_store(url) as store:
+        return write_with_ray(
+            paths, store, config=config, tokenizer=BuildProbe(), workers=2, unit_bytes=RAY_UNIT_BYTES, progress=False,
+        )  # fmt: skip
+
+
+def test_a_worker_builds_the_runs_tokenizer_once_however_many_units_it_converts(ray_driver, ray_inputs, tmp_path):
+    summary = ray_driver.call(_write_with_build_probe, list(ray_inputs.paths), str(tmp_path / "out"), tmp_path.name)
+    contents = dataset_contents(str(tmp_path / "out"))
+    probes = {contents.tokens[start : end - 1].astype(np.uint8).tobytes().decode() for _, _, start, end in contents.documents}
+    pids = {probe.split()[0] for probe in probes}
+    assert summary.num_units > len(pids)  # NOTE: some worker converted several units
+    assert {probe.split()[1] for probe in probes} == {"1"}
 
 
 def test_a_corrupt_input_fails_naming_it_and_the_offset_and_keeps_the_other_units(ray_driver, ray_inputs, tmp_path):

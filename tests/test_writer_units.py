@@ -112,3 +112,34 @@ def test_engine_settings_that_do_not_apply_are_refused_before_anything_starts(tm
     with pytest.raises(ConfigError, match="unit_bytes 0"):
         cut_units([str(src)], config=WriteConfig(), unit_bytes=0)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_units_tokenizer_error_names_the_tokenizer_and_commits_nothing(stdlib_corpus, tmp_path):
+    import numpy as np
+
+    from zephon_stream.errors import TokenizerError
+    from zephon_stream.writer.tokenizers import BytesTokenizer
+    from zephon_stream.writer.unit_part import UNIT_RECORD_NAME, UnitSpec, convert_unit
+
+    class OutOfRangeAfterTwoChunks(BytesTokenizer):
+        """Encodes as bytes, then gives id 300 from its third chunk on (on the unit's tokenizer thread)."""
+
+        chunks = 0
+
+        def encode_documents(self, texts):
+            OutOfRangeAfterTwoChunks.chunks += 1
+            if self.chunks <= 2:
+                return super().encode_documents(texts)
+            return np.array([300, self.eos_id], dtype=np.int64), np.array([2], dtype=np.int64)
+
+    paths = []
+    for i, text in enumerate(stdlib_corpus.texts[:40]):
+        (tmp_path / f"{i:02d}.py").write_text(text, encoding="utf-8")
+        paths.append(str(tmp_path / f"{i:02d}.py"))
+    config = WriteConfig(chunk_chars=20_000).resolved()
+    (unit,) = cut_units(paths, config=config, unit_bytes=1 << 30)
+    spec = UnitSpec(output=str(tmp_path / "out"), config=config, tokenizer=OutOfRangeAfterTwoChunks())
+    with pytest.raises(TokenizerError, match="produced id 300"):
+        convert_unit(unit, spec, name="part-00000-of-00001", key="k")
+    assert OutOfRangeAfterTwoChunks.chunks > 2
+    assert not (tmp_path / "out" / "part-00000-of-00001" / UNIT_RECORD_NAME).exists()

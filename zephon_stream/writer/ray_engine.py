@@ -233,14 +233,15 @@ def _run_tasks(
 ) -> None:
     """Convert ``todo`` with at most ``in_flight_max`` tasks at once; on a failure, finish those running, then raise."""
     remote = ray.remote(num_cpus=1, max_retries=TASK_MAX_RETRIES)(convert_unit_task)
-    spec_ref = ray.put(spec)
+    # NOTE: boxed, so that Ray hands each task the ref and a worker resolves it once a run (ray_tasks.py).
+    spec_box = [ray.put(spec)]
     pending = list(reversed(todo))
     running: list[Any] = []
     failure: BaseException | None = None
     while running or (pending and failure is None):
         while pending and failure is None and len(running) < in_flight_max:
             unit = pending.pop()
-            running.append(remote.remote(unit, spec_ref, names[unit.index], keys[unit.index]))
+            running.append(remote.remote(unit, spec_box, names[unit.index], keys[unit.index]))
         done, running = ray.wait(running, num_returns=1)
         try:
             record: UnitRecord = ray.get(done[0])
