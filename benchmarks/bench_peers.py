@@ -24,8 +24,10 @@ MosaicML's ``StreamingDataLoader`` over the fixed-shape MDS, all shuffled,
 the peers' loaders once per ``--workers`` count of DataLoader workers
 (default ``1,0``: one worker, as zephon_stream has one helper process, and
 none, batches built in the trainer's process). For each: the time to the first batch,
-steady tokens/s over at least ``--min-seconds`` (repeated epochs), and the
-peak memory of the reader's processes, at batch 1 and at ``--batch`` (16) x
+steady tokens/s over at least ``--min-seconds`` (repeated epochs), the CPU a
+step costs the trainer's own thread (``time.thread_time()`` around each
+steady ``next()``, median and mean: with no worker the whole read is there),
+and the peak memory of the reader's processes, at batch 1 and at ``--batch`` (16) x
 ``--seq-len`` (2048), from local disk and from S3 on a SeaweedFS server on
 loopback (the same two cores), ``--pass-trials`` paired trials with the
 order rotating; every zephon_stream / peer ratio of steady tokens/s is the
@@ -33,8 +35,11 @@ median and range of the per-trial ratios. The resume check reads global
 batches at one rank, then at two ranks, saves the state, and goes on at
 three ranks from it: zephon_stream with in-process ranks, each peer as ranks
 under torchrun (gloo, ``peer_resume.py``); each global batch is compared
-with one rank's, in order and as a set. The figures in docs/BENCHMARKS.md
-come from ``--max-bytes 32e6`` (the whole standard library, 31.5 M tokens).
+with one rank's, in order and as a set. After each set of passes a table
+gives every reader's medians and the load they ran at. The figures in
+docs/BENCHMARKS.md come from ``--max-bytes 32e6`` (the whole standard
+library, 31.5 M tokens) and, for the CPU per step, from ``--no-s3
+--no-resume --max-bytes 8e6``.
 
 The peers are optional and are not installed by this project (their
 dependencies pin other torch builds). To include them, use a separate
@@ -44,7 +49,7 @@ virtualenv that sees this environment's packages::
     /tmp/peers-venv/bin/pip install --no-deps mosaicml-streaming==0.13.0 litdata==0.2.76 \
         xxhash zstd brotli cramjam python-snappy catalogue lightning-utilities \
         transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.2
-    /tmp/peers-venv/bin/python benchmarks/bench_peers.py
+    /tmp/peers-venv/bin/python benchmarks/bench_peers.py --no-s3 --no-resume --max-bytes 8e6 --pass-trials 3
 
 ``--convert-only`` stops after the conversions, ``--no-local``, ``--no-s3``
 and ``--no-resume`` skip those parts. A peer that cannot be imported is reported

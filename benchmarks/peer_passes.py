@@ -23,7 +23,11 @@ Time to the first batch runs from before the reader is built (its library
 already imported) to the first batch in hand. Steady tokens/s counts ``batch * seq_len`` tokens per batch
 after the first, over at least ``--min-seconds``, starting new epochs as
 needed (a peer reading from S3 downloads whole shards into its cache during
-the first epoch and reads later epochs from there). Peak memory is sampled
+the first epoch and reads later epochs from there). CPU per step is what a
+training step pays for the reader in the trainer's own thread:
+``time.thread_time()`` around each steady ``next()``, its median and its mean
+over the steady steps (a reader with no worker reads in that thread, so its
+whole reading is there; a worker's or a helper's CPU is not). Peak memory is sampled
 every 50 ms over this process and all its descendants: the sum of their RSS
 and the sum of their PSS (shared pages, such as a shared-memory ring, split
 among the processes that map them). The last printed line is one JSON object.
@@ -46,7 +50,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-FIGURES = ("first_batch_s", "steady_tokens_per_s", "peak_rss_mib", "peak_pss_mib")
+FIGURES = ("first_batch_s", "steady_tokens_per_s", "step_cpu_us", "step_cpu_mean_us", "peak_rss_mib", "peak_pss_mib",
+           "load_average")  # fmt: skip
 
 
 def process_tree(pid: int) -> list[int]:
@@ -173,30 +178,38 @@ def import_reader(lib: str) -> None:
 
 
 def measure(args: argparse.Namespace, options: dict[str, Any] | None) -> dict[str, Any]:
-    """Time to the first batch, then steady tokens/s over at least ``min_seconds``, and peak memory."""
+    """Time to the first batch, then steady tokens/s and the trainer's thread CPU per step
+    over at least ``min_seconds``, and peak memory."""
     tokens_per_batch = args.batch * args.seq_len
+    load_average = os.getloadavg()[0]
     # NOTE: imported before the clock starts: the first batch times the reader, not the imports.
     import_reader(args.lib)
+    step_cpu_s = []
     with PeakMemory() as memory:
         started = time.perf_counter()
         batches = READERS[args.lib](args, options)
         next(batches)
         first = time.perf_counter()
-        count = 0
         now = first
         while now - first < args.min_seconds:
+            cpu = time.thread_time()
             next(batches)
-            count += 1
+            step_cpu_s.append(time.thread_time() - cpu)
             now = time.perf_counter()
         batches.close()
+    count = len(step_cpu_s)
     return {
         "lib": args.lib,
         "batch": args.batch,
         "seq_len": args.seq_len,
+        "workers": args.workers,
+        "load_average": load_average,
         "first_batch_s": first - started,
         "steady_s": now - first,
         "steady_batches": count,
         "steady_tokens_per_s": count * tokens_per_batch / (now - first),
+        "step_cpu_us": statistics.median(step_cpu_s) * 1e6,
+        "step_cpu_mean_us": statistics.fmean(step_cpu_s) * 1e6,
         "peak_rss_mib": memory.peak_rss / 2**20,
         "peak_pss_mib": memory.peak_pss / 2**20,
     }
@@ -244,7 +257,9 @@ def paired_passes(readers: dict[str, dict[str, Any]], trials: int, label: str, r
             entry["trials"].append(figures)
             print(f"{label} trial {trial} {name}: first batch {figures['first_batch_s'] * 1e3:.1f} ms, "
                   f"{figures['steady_tokens_per_s'] / 1e6:.2f} M tokens/s over {figures['steady_s']:.1f} s, "
-                  f"peak RSS {figures['peak_rss_mib']:.0f} MiB (PSS {figures['peak_pss_mib']:.0f})", flush=True)  # fmt: skip
+                  f"trainer's thread CPU per step {figures['step_cpu_us']:.1f} µs (mean {figures['step_cpu_mean_us']:.1f}), "
+                  f"peak RSS {figures['peak_rss_mib']:.0f} MiB (PSS {figures['peak_pss_mib']:.0f}), "
+                  f"load {figures['load_average']:.1f}", flush=True)  # fmt: skip
     for name in names:
         entry = results[f"{label}_{name}"]
         for key in FIGURES:
@@ -261,6 +276,28 @@ def paired_passes(readers: dict[str, dict[str, Any]], trials: int, label: str, r
         results[f"{label}_ratio_zephon_over_{name}"] = {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
         print(f"{label}: zephon/{name} steady tokens/s, median {statistics.median(ratios):.2f}, "
               f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} paired trials", flush=True)
+    print_pass_table(label, [(name, results[f"{label}_{name}"]) for name in names])
+
+
+def print_pass_table(label: str, entries: list[tuple[str, dict[str, Any]]]) -> None:
+    """One line per reader: medians (ranges) of its trials' figures, and the load they ran at."""
+
+    def cell(entry: dict[str, Any], key: str, scale: float, digits: int) -> str:
+        if key not in entry:
+            return "-"
+        low, high = entry[f"{key}_range"]
+        return f"{entry[key] * scale:.{digits}f} ({low * scale:.{digits}f}-{high * scale:.{digits}f})"
+
+    print(f"{label}, medians (ranges) of the trials:", flush=True)
+    print(f"  {'reader':<14} {'M tokens/s':>20} {'CPU/step in next(), µs':>24} {'mean, µs':>22} "
+          f"{'first batch, ms':>20} {'PSS, MiB':>16} {'load':>12}")  # fmt: skip
+    for name, entry in entries:
+        if "error" in entry:
+            print(f"  {name:<14} failed: {entry['error'][:100]}")
+            continue
+        print(f"  {name:<14} {cell(entry, 'steady_tokens_per_s', 1e-6, 2):>20} {cell(entry, 'step_cpu_us', 1, 1):>24} "
+              f"{cell(entry, 'step_cpu_mean_us', 1, 1):>22} {cell(entry, 'first_batch_s', 1e3, 1):>20} "
+              f"{cell(entry, 'peak_pss_mib', 1, 0):>16} {cell(entry, 'load_average', 1, 1):>12}", flush=True)  # fmt: skip
 
 
 def main() -> None:

@@ -1,9 +1,11 @@
 """benchmarks/peer_passes.py, the harness behind bench_peers' comparison: it
-counts a reader's children in its peak memory and reports a pass's figures
-from a fresh process (zephon_stream's reader; the peers are not installed here)."""
+counts a reader's children in its peak memory, counts only the trainer's own
+thread in the CPU per step, and reports a pass's figures from a fresh process
+(zephon_stream's reader; the peers are not installed here)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -11,7 +13,8 @@ import time
 
 import pytest
 
-from benchmarks.peer_passes import PeakMemory, process_tree, run_pass
+from benchmarks import peer_passes
+from benchmarks.peer_passes import PeakMemory, measure, process_tree, run_pass
 
 
 def test_peak_memory_counts_a_child_process_that_holds_memory():
@@ -39,6 +42,8 @@ def test_a_zephon_pass_reports_its_first_batch_steady_rate_and_memory(small_data
     assert figures["steady_s"] >= 0.5 and figures["steady_batches"] > 0
     rate = figures["steady_batches"] * 4 * 256 / figures["steady_s"]
     assert figures["steady_tokens_per_s"] == pytest.approx(rate)
+    # NOTE: the helper process reads; the trainer's thread pays at most the wall time of a step.
+    assert 0 < figures["step_cpu_us"] and 0 < figures["step_cpu_mean_us"] * 1e-6 <= figures["steady_s"] / figures["steady_batches"]
     # NOTE: the interpreter holds torch: far above 50 MiB; the helper's pages are counted in the PSS too.
     assert 50 < figures["peak_pss_mib"] <= figures["peak_rss_mib"]
 
@@ -46,3 +51,27 @@ def test_a_zephon_pass_reports_its_first_batch_steady_rate_and_memory(small_data
 def test_a_pass_that_fails_names_the_reader_and_its_error(tmp_path):
     with pytest.raises(RuntimeError, match=r"zephon pass at batch 2 exited 1: .*"):
         run_pass("zephon", str(tmp_path / "no-such-dataset"), batch=2, seq_len=128, min_seconds=0.1, timeout_s=300)
+
+
+def test_cpu_per_step_counts_work_in_the_trainers_thread_not_waiting_nor_other_threads(monkeypatch):
+    def spinning(args, options):  # reads in the trainer's thread, as a loader with no worker does
+        while True:
+            end = time.thread_time() + 0.002
+            while time.thread_time() < end:
+                pass
+            yield None
+
+    def waiting(args, options):  # a batch that a worker made: the trainer's thread only waits for it
+        while True:
+            time.sleep(0.002)
+            yield None
+
+    monkeypatch.setattr(peer_passes, "import_reader", lambda lib: None)
+    monkeypatch.setattr(peer_passes, "READERS", {"spinning": spinning, "waiting": waiting})
+    figures = {}
+    for lib in ("spinning", "waiting"):
+        args = argparse.Namespace(lib=lib, batch=1, seq_len=8, min_seconds=0.3, workers=0)
+        figures[lib] = measure(args, None)
+    assert figures["spinning"]["step_cpu_us"] >= 2000 and figures["spinning"]["step_cpu_mean_us"] >= 2000
+    assert figures["waiting"]["step_cpu_us"] < 500
+    assert figures["waiting"]["steady_batches"] > 10

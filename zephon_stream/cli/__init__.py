@@ -33,11 +33,35 @@ _SUBCOMMAND_MODULES = (
 PACKING_CHOICES = ("concat", "best_fit")
 
 
+# NOTE: argparse's own status for a usage error (an unknown option, a missing
+# argument), kept for no command at all too, as other command-line tools do.
+EXIT_USAGE = 2
+
+EXIT_STATUS_EPILOG = (
+    "exit status: 0 done; 1 an error the command reports on stderr, or a check that failed (verify, diff-log, "
+    "demo); 2 a usage error; 130 interrupted; 141 stdout's reader went away (| head)"
+)
+
+
+def package_version() -> str:
+    """The installed distribution's version, or the package's ``__version__`` where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("zephon-stream")
+    except PackageNotFoundError:
+        from zephon_stream import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zephon-stream",
         description="Token shards for LLM pretraining: write, inspect, verify, stream.",
+        epilog=EXIT_STATUS_EPILOG,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _SUBCOMMAND_MODULES:
         try:
@@ -57,7 +81,8 @@ EXIT_PIPE_CLOSED = 141
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one subcommand; its exit status (0 done, 1 error, 141 stdout's reader went away).
+    """Run one subcommand; its exit status (``EXIT_STATUS_EPILOG``: 0 done, 1 an error or a
+    failed check, 2 a usage error, 130 interrupted, 141 stdout's reader went away).
 
     A reader that closes the pipe early (``| head -1``) ends the command
     quietly, without a traceback, at its next write to stdout.
@@ -100,7 +125,7 @@ def _run(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     try:
         return int(args.handler(args) or 0)
     except ZephonError as exc:

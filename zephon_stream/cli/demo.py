@@ -51,7 +51,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--block-tokens", type=int, default=defaults.block_tokens, help="tokens per block (default %(default)s)")
     parser.add_argument("--blocks-per-shard", type=int, default=defaults.blocks_per_shard, help="blocks per shard (default %(default)s)")
     parser.add_argument("--input", action="append", default=[], metavar="PATH", help="file or glob to convert (repeatable; default: the stdlib's top-level .py files)")
-    parser.add_argument("--store", help="local folder or s3://bucket/prefix for the dataset, kept; the demo ends with the `which` "
+    parser.add_argument("--store", help="local folder or store prefix (s3://, gs://, az://) for the dataset, kept; the demo ends with the `which` "
                         "line for it (default: an embedded S3 server)")
     parser.add_argument("--s3-port", type=int, default=defaults.s3_port, help="port tried first for the embedded S3 server (default %(default)s)")
     parser.add_argument("--workdir", help="folder for checkpoints and logs (default: a temporary folder)")

@@ -18,7 +18,7 @@ def register(subparsers: Any) -> None:
             "(concat: windows; best_fit: rows of whole documents) cut the documents at each --seq-len."
         ),
     )
-    parser.add_argument("url", metavar="URL", help="dataset root: local folder or s3://bucket/prefix")
+    parser.add_argument("url", metavar="URL", help="dataset root: local folder or store prefix (s3://, gs://, az://)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--shards", action="store_true", help="also list every shard (path, tokens, blocks, bytes)")
     parser.add_argument(
@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar for the packing report")
     parser.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",
-        help="fsspec/s3fs option (repeatable)",
+        help="fsspec option (s3fs, gcsfs, adlfs; repeatable)",
     )
     parser.set_defaults(handler=run)
 

@@ -18,13 +18,13 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("parts", nargs="*", metavar="PART", help="part folder or URL (or a path relative to --output)")
-    parser.add_argument("--output", required=True, help="merged dataset root: local folder or s3://bucket/prefix")
+    parser.add_argument("--output", required=True, help="merged dataset root: local folder or store prefix (s3://, gs://, az://)")
     parser.add_argument(
         "--storage-option",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="fsspec/s3fs option for the output store (repeatable)",
+        help="fsspec option for the output store (s3fs, gcsfs, adlfs; repeatable)",
     )
     parser.add_argument(
         "--allow-empty", action="store_true",

@@ -18,7 +18,7 @@ def register(subparsers: Any) -> None:
             "A dataset already in 1.1 is left as it is."
         ),
     )
-    parser.add_argument("url", metavar="DATASET", help="dataset root: local folder or s3:// (gs://, az://) prefix")
+    parser.add_argument("url", metavar="DATASET", help="dataset root: local folder or store prefix (s3://, gs://, az://)")
     parser.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",
         help="fsspec option for the store (repeatable)",

@@ -17,11 +17,11 @@ def register(subparsers: Any) -> None:
             "problem is listed (object, block, byte offsets); the exit status is 1 if any was found."
         ),
     )
-    parser.add_argument("url", metavar="URL", help="dataset root: local folder or s3://bucket/prefix")
+    parser.add_argument("url", metavar="URL", help="dataset root: local folder or store prefix (s3://, gs://, az://)")
     parser.add_argument("--workers", type=int, default=4, help="shards checked concurrently (default 4)")
     parser.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",
-        help="fsspec/s3fs option (repeatable)",
+        help="fsspec option (s3fs, gcsfs, adlfs; repeatable)",
     )
     parser.set_defaults(handler=run)
 

@@ -72,7 +72,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",
-        help="fsspec/s3fs option (repeatable)",
+        help="fsspec option (s3fs, gcsfs, adlfs; repeatable)",
     )  # fmt: skip
     parser.set_defaults(handler=run)
 

@@ -16,15 +16,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="tokenize raw text (txt, jsonl, .gz/.zst, parquet), or take token ids, into zstd token shards",
         description=(
             "Tokenize raw text into fixed-size zstd token shards with a manifest. Inputs are "
-            "paths, folders, globs (** included) or s3:// URLs and globs; each pattern's matches "
-            "are sorted. S3 credentials and endpoint come from the standard AWS variables "
-            "(AWS_ENDPOINT_URL included) or --storage-option. With --input-format tokens the inputs "
+            "paths, folders, globs (** included) or object-store URLs and globs (s3://, gs://, az:// or abfs://); "
+            "each pattern's matches are sorted. S3 credentials and endpoint come from the standard AWS variables "
+            "(AWS_ENDPOINT_URL included), GCS's and Azure's from theirs (GOOGLE_APPLICATION_CREDENTIALS, "
+            "AZURE_STORAGE_*; docs/STORAGE.md), or from --storage-option. With --input-format tokens the inputs "
             "already hold ids of --tokenizer: .npy, raw .bin (--token-dtype), Megatron PREFIX.bin+.idx "
             "(or PREFIX alone), Parquet/JSONL lists of ids (--tokens-field), or a datasets.save_to_disk folder."
         ),
     )
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="input file, folder, glob or s3:// URL")
-    parser.add_argument("--output", "-o", required=True, metavar="URL", help="local folder or s3://bucket/prefix")
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="input file, folder, glob, or store URL or glob (s3://, gs://, az://)")
+    parser.add_argument("--output", "-o", required=True, metavar="URL", help="local folder or store prefix (s3://, gs://, az://)")
     parser.add_argument(
         "--tokenizer", required=True, metavar="SPEC", help="bytes | hf:PATH_OR_URL | tiktoken:NAME_OR_PATH"
     )
@@ -75,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="fsspec/s3fs option for inputs and output (repeatable)",
+        help="fsspec option for inputs and output (s3fs, gcsfs, adlfs; repeatable)",
     )
     parser.add_argument(
         "--engine",
