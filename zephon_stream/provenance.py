@@ -25,40 +25,8 @@ from zephon_stream.plan import (
     step_positions,
 )
 from zephon_stream.plan.packing import PACKINGS
-from zephon_stream.provenance_rows import LabelToken, PackedBlock, RowPiece
+from zephon_stream.provenance_rows import DocumentPart, LabelToken, PackedBlock, RowPiece, plain_fields
 from zephon_stream.reader import DatasetReader
-
-
-@dataclass(frozen=True, slots=True)
-class DocumentPart:
-    """The part of one source document inside a sample.
-
-    Attributes:
-        source: input file or URL the document came from.
-        record: record number of the document within that source.
-        token_start: first token of the document in the dataset's token stream.
-        token_end: one past its last token (its EOS).
-        sample_token_start: first token of the document inside the sample (0-based).
-        sample_token_end: one past its last token inside the sample.
-        document_token_start: the same first token, counted from the
-            document's first token (0 when the sample holds its start).
-        document_token_end: one past the same last token, counted the same
-            way (``token_end - token_start`` when the sample holds its end).
-    """
-
-    source: str
-    record: int
-    token_start: int
-    token_end: int
-    sample_token_start: int
-    sample_token_end: int
-    document_token_start: int
-    document_token_end: int
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens of the whole document, its EOS included."""
-        return self.token_end - self.token_start
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +74,13 @@ class SampleProvenance:
     def to_dict(self) -> dict:
         """Plain values, for JSON (``packing`` and ``label`` only under ``best_fit``)."""
         out = {name: getattr(self, name) for name in self.__slots__}
-        out["documents"] = [{name: getattr(d, name) for name in d.__slots__} for d in self.documents]
+        out["documents"] = [plain_fields(d) for d in self.documents]
         if self.packing == "concat":
             # NOTE: concat's objects are what scripts read before packings
             # existed (tests/data/format-1.0-which.json): keys are only added.
             del out["packing"], out["label"]
         else:
-            out["label"] = {name: getattr(self.label, name) for name in self.label.__slots__}
+            out["label"] = plain_fields(self.label)
         return out
 
 

@@ -11,13 +11,18 @@ there is that document's tail (or a middle part), never a whole document.
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from zephon_stream.format.docindex import DocumentSpan
 from zephon_stream.plan.packing import BlockRows, block_rows, packed_rows
 from zephon_stream.reader import DatasetReader
+
+def plain_fields(entry: object) -> dict:
+    """A provenance entry's fields, its bases' included, as a dict (for JSON)."""
+    return {f.name: getattr(entry, f.name) for f in fields(entry)}
+
 
 # NOTE: what a piece holds of its document, by which of its ends it reaches.
 CUT_KINDS = ("whole", "head", "tail", "middle")
@@ -30,21 +35,20 @@ def cut_kind(document_token_start: int, document_token_end: int, num_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
-class RowPiece:
-    """One piece of a packed row: a stretch of one source document.
+class DocumentPart:
+    """The part of one source document inside a sample.
 
     Attributes:
         source: input file or URL the document came from.
         record: record number of the document within that source.
         token_start: first token of the document in the dataset's token stream.
         token_end: one past its last token (its EOS).
-        sample_token_start: first token of the piece inside the row (0-based).
-        sample_token_end: one past its last token inside the row (at most ``seq_len``).
-        document_token_start: the piece's first token, counted from the document's first token.
-        document_token_end: one past its last token, counted the same way.
-        block_token_start: the piece's first token, counted from its block's first token.
-        cut: ``"whole"`` (the whole document), ``"head"`` (its beginning, not
-            its end), ``"tail"`` (its end, not its beginning) or ``"middle"``.
+        sample_token_start: first token of the document inside the sample (0-based).
+        sample_token_end: one past its last token inside the sample.
+        document_token_start: the same first token, counted from the
+            document's first token (0 when the sample holds its start).
+        document_token_end: one past the same last token, counted the same
+            way (``token_end - token_start`` when the sample holds its end).
     """
 
     source: str
@@ -55,13 +59,27 @@ class RowPiece:
     sample_token_end: int
     document_token_start: int
     document_token_end: int
-    block_token_start: int
-    cut: str
 
     @property
     def num_tokens(self) -> int:
         """Tokens of the whole document, its EOS included."""
         return self.token_end - self.token_start
+
+
+@dataclass(frozen=True, slots=True)
+class RowPiece(DocumentPart):
+    """One piece of a packed row: a stretch of one source document, its
+    ``DocumentPart`` fields counted within the row (``sample_token_end`` at
+    most ``seq_len``), and:
+
+    Attributes:
+        block_token_start: the piece's first token, counted from its block's first token.
+        cut: ``"whole"`` (the whole document), ``"head"`` (its beginning, not
+            its end), ``"tail"`` (its end, not its beginning) or ``"middle"``.
+    """
+
+    block_token_start: int
+    cut: str
 
 
 @dataclass(frozen=True, slots=True)
