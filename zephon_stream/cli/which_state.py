@@ -131,21 +131,14 @@ def run_settings(state: dict[str, Any]) -> RunSettings:
 
 def step_ranges(order: Any, settings: RunSettings, steps: list[int]) -> list[tuple[int, int | None, int | None, str]]:
     """``(step, start, end, reason)`` of each step as the run read it (start None: not read, and why)."""
-    from zephon_stream.plan.run_history import Stretch, plain_distance, schedule_distance, step_read
+    from zephon_stream.plan.run_history import history_distance, step_read
 
-    def distance(stretch: Stretch, step: int) -> int:
-        return schedule_distance(order, stretch, step) if settings.scheduled else plain_distance(stretch, step)
-
+    distance = history_distance(order if settings.scheduled else None)
     out = []
     for step in steps:
         read = step_read(settings.history, step, distance)
-        if read.position is None:
-            out.append((step, None, None, read.reason))
-            continue
-        stretch = max((e for e in settings.history if isinstance(e, Stretch) and e.step <= step), key=lambda e: e.step)
-        end = read.position + distance(stretch, step + 1) - distance(stretch, step)
-        if read.position >= settings.position:
+        if read.position is not None and read.position >= settings.position:
             out.append((step, None, None, f"not read yet: the state's cursor is {settings.position}"))
             continue
-        out.append((step, read.position, end, ""))
+        out.append((step, read.position, read.end, read.reason))
     return out

@@ -102,11 +102,13 @@ class StepRead:
     Attributes:
         step: the step.
         position: the cursor it started at, or None when the run did not read it.
+        end: one past its last position (None when not read).
         reason: why not (skipped, numbered past by a resume, before the history), else "".
     """
 
     step: int
     position: int | None
+    end: int | None = None
     reason: str = ""
 
 
@@ -122,18 +124,25 @@ def step_read(entries: Sequence[Entry], step: int, distance: Distance) -> StepRe
     stretches = [e for e in entries if isinstance(e, Stretch)]
     if not stretches or step < stretches[0].step:
         first = f"step {stretches[0].step}" if stretches else "its cursor"
-        return StepRead(step, None, f"before this state's history, which starts at {first}")
+        return StepRead(step, None, reason=f"before this state's history, which starts at {first}")
     for skip in (e for e in entries if isinstance(e, Skip)):
         if skip.step <= step < skip.step + skip.steps:
-            return StepRead(step, None, f"skipped: the run moved {skip.steps} steps on at step {skip.step}")
+            return StepRead(step, None, reason=f"skipped: the run moved {skip.steps} steps on at step {skip.step}")
     index = max(k for k, s in enumerate(stretches) if s.step <= step)
     stretch = stretches[index]
     position = stretch.position + distance(stretch, step)
     if index + 1 < len(stretches) and position >= stretches[index + 1].position:
         following = stretches[index + 1]
-        return StepRead(step, None, f"not read: the run resumed at cursor {following.position} with another "
-                                    f"global batch and numbered it step {following.step}")  # fmt: skip
-    return StepRead(step, position)
+        return StepRead(step, None, reason=f"not read: the run resumed at cursor {following.position} with another "
+                                           f"global batch and numbered it step {following.step}")  # fmt: skip
+    return StepRead(step, position, end=stretch.position + distance(stretch, step + 1))
+
+
+def history_distance(schedule: Any = None) -> Distance:
+    """The ``distance`` of a run read without a schedule (None) or with ``schedule`` (a ``ScheduleOrder``)."""
+    if schedule is None:
+        return plain_distance
+    return lambda stretch, step: schedule_distance(schedule, stretch, step)
 
 
 def plain_distance(stretch: Stretch, step: int) -> int:

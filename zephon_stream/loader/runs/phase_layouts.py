@@ -21,16 +21,7 @@ from zephon_stream.loader.planning.schedule import local_batch_of, run_end_step
 from zephon_stream.loader.ring.packing import PackingSpec
 from zephon_stream.loader.ring.shared_ring import SharedRing, SlotLayout
 from zephon_stream.plan import GlobalOrder, ScheduleOrder
-from zephon_stream.plan.run_history import (
-    Skip,
-    Stretch,
-    continues,
-    decode,
-    encode,
-    last_stretch,
-    plain_distance,
-    schedule_distance,
-)
+from zephon_stream.plan.run_history import Skip, Stretch, continues, decode, encode, history_distance, last_stretch
 
 # NOTE: a step of few tokens costs the producer and the trainer about as much
 # Python as a large one; below this many tokens a step, several consecutive
@@ -229,12 +220,6 @@ class LayoutBook:
             return stretch.position + (step - stretch.step) * current.global_batch
         return self.schedule.position_of_step(step)
 
-    def distance(self, stretch: Stretch, step: int) -> int:
-        """Positions from ``stretch``'s first step to step ``step``, read on from it (plan/run_history.py)."""
-        if self.schedule is None:
-            return plain_distance(stretch, step)
-        return schedule_distance(self.schedule, stretch, step)
-
     def begin_history(self, position: int, global_batch: int, saved: list[str] | None = None) -> None:
         """The run's history as it starts at ``position``: the saved one (a resume's state, if it has one),
         and a new stretch unless reading on from the last one reaches this cursor at this batch."""
@@ -246,7 +231,7 @@ class LayoutBook:
             step = stretch.step + (position - stretch.position) // stretch.global_batch
         else:
             step = position // global_batch
-        if not (continues(entries, step, position, self.distance) and stretch.global_batch == global_batch):
+        if not (continues(entries, step, position, history_distance(self.schedule)) and stretch.global_batch == global_batch):
             entries.append(Stretch(step, position, global_batch))
         self.history = entries
 
