@@ -224,24 +224,21 @@ def _run_state(args: argparse.Namespace, readers: list[Any], order: Any, setting
 
     found = []
     for step, start, end, reason in step_ranges(order, settings, steps):
-        samples = [] if start is None else range_provenance(readers, order, start, end, text=args.text,
-                                                               packing=args.packing)  # fmt: skip
-        found.append((step, start, end, reason, samples))
-    described = []
-    for step, start, end, reason, samples in found:
         if start is None:
-            described.append({"step": step, "read": False, "reason": reason})
+            found.append(({"step": step, "read": False, "reason": reason}, []))
             continue
-        out = _described(order, settings.seed, args.packing, None, start, end, samples)
-        described.append(out | {"step": step, "read": True})
+        samples = range_provenance(readers, order, start, end, text=args.text, packing=args.packing)
+        found.append((_described(order, settings.seed, args.packing, None, start, end, samples) | {"step": step, "read": True},
+                      samples))  # fmt: skip
     if args.json:
+        described = [out for out, _ in found]
         print(json.dumps(described[0] if len(described) == 1 else {"steps": described}, sort_keys=True))
         return 0
-    for (step, start, *_rest, samples), out in zip(found, described):
-        if start is None:
-            print(f"step {step} (from 0): not read by this run: {out['reason']}")
+    for out, samples in found:
+        if not out["read"]:
+            print(f"step {out['step']} (from 0): not read by this run: {out['reason']}")
             continue
-        print(f"step {step} of the run of the state, read at its cursor {start}:")
+        print(f"step {out['step']} of the run of the state, read at its cursor {out['positions'][0]}:")
         _print_step(out | {"step": None}, samples, args.accumulation)
     return 0
 
