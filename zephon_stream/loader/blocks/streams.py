@@ -152,16 +152,11 @@ class StreamSource:
         """The dataset's metadata (header fields, block look-ups; ``.manifest`` for every entry)."""
         return self.metadata
 
-    @property
-    def full_block_bytes(self) -> int:
-        """Decoded bytes of a full block."""
-        return self.metadata.block_tokens * self.dtype.itemsize
-
     def decoded_bytes(self, block_id: int, *, packed_seq_len: int = 0) -> int:
         """Bytes one block takes in the cache: decoded, or as its packed rows at ``packed_seq_len``."""
         return self._kept_bytes(self.metadata.block_num_tokens(block_id), packed_seq_len)
 
-    def decoded_bytes_of_full_block(self, packed_seq_len: int = 0) -> int:
+    def full_block_bytes(self, packed_seq_len: int = 0) -> int:
         """``decoded_bytes`` of a full block (the largest)."""
         return self._kept_bytes(self.metadata.block_tokens, packed_seq_len)
 

@@ -142,7 +142,7 @@ class EvalLoader:
         # touches at most rows / samples-per-block + 2 blocks.
         spb = max(1, min(s.manifest.block_tokens - 1 for s in self._sources) // self.seq_len)
         blocks = (self.local_batch_size // spb + 2) * (prefetch_steps + 2) + num_fetch_threads + num_decode_threads
-        block_bytes = max(s.decoded_bytes_of_full_block(self.seq_len if self.packing.best_fit else 0)
+        block_bytes = max(s.full_block_bytes(self.seq_len if self.packing.best_fit else 0)
                           for s in self._sources)  # fmt: skip
         assert self._ring is not None
         reset_returned(self._ring, ())

@@ -142,7 +142,7 @@ class RankLayout:
                 global_batch=global_batch,
                 fetch_steps=self.fetch_steps + 2 * (steps_per_slot - 1),
             ),
-            block_bytes=max(s.decoded_bytes_of_full_block(order.config.seq_len if best_fit else 0) for s in sources),
+            block_bytes=max(s.full_block_bytes(order.config.seq_len if best_fit else 0) for s in sources),
             max_compressed_block_bytes=max(s.max_compressed_block_bytes for s in sources),
             num_fetch_threads=num_fetch_threads,
             num_decode_threads=num_decode_threads,
