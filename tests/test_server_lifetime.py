@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tools.processes import alive, process_group
 from zephon_stream.storage.lifetime import guarded_command, mark_owner, process_start_ticks, sweep_orphaned
 
 TESTS = Path(__file__).resolve().parent
@@ -35,19 +36,11 @@ HOLDS_EVERY_SERVER = """
 import json, os, time
 from pathlib import Path
 
-def _group(leader):
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and os.getpgid(int(entry)) == leader:
-                found.append(int(entry))
-        except ProcessLookupError:
-            pass
-    return sorted(found)
+from tools.processes import process_group
 
 def test_hold_the_servers(seaweedfs_server, fake_gcs_server, azurite_server, ray_instance):
     servers = [seaweedfs_server, fake_gcs_server, azurite_server, ray_instance.head]
-    groups = {s.pid: _group(s.pid) for s in servers}
+    groups = {s.pid: process_group(s.pid) for s in servers}
     record = {"session": os.getpid(), "groups": groups, "folders": [str(s.data_dir) for s in servers]}
     Path(os.environ["ZS_RECORD"]).write_text(json.dumps(record))
     time.sleep(600)
@@ -101,26 +94,6 @@ def _inner_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _group(leader: int) -> list[int]:
-    """The live processes of the group ``leader`` leads."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and os.getpgid(int(entry)) == leader and _alive(int(entry)):
-                found.append(int(entry))
-        except ProcessLookupError:
-            pass
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
 def test_a_sigkilled_session_leaves_no_server_and_no_folder(tmp_path):
     (tmp_path / "test_inner.py").write_text(HOLDS_EVERY_SERVER)
@@ -145,9 +118,9 @@ def test_a_sigkilled_session_leaves_no_server_and_no_folder(tmp_path):
     pids = sorted({int(pid) for group in record["groups"].values() for pid in group})
     assert len(record["groups"]) == 4 and len(pids) >= 8, record  # NOTE: guards, servers, Ray's daemons
     deadline = time.monotonic() + GONE_WITHIN_S
-    while time.monotonic() < deadline and (any(map(_alive, pids)) or any(map(os.path.exists, record["folders"]))):
+    while time.monotonic() < deadline and (any(map(alive, pids)) or any(map(os.path.exists, record["folders"]))):
         time.sleep(0.1)
-    assert not [pid for pid in pids if _alive(pid)], f"still running {GONE_WITHIN_S:.0f} s after the SIGKILL"
+    assert not [pid for pid in pids if alive(pid)], f"still running {GONE_WITHIN_S:.0f} s after the SIGKILL"
     assert not [folder for folder in record["folders"] if os.path.exists(folder)]
 
 
@@ -185,10 +158,10 @@ def test_a_guarded_command_stops_when_its_starter_is_killed_and_its_folder_goes(
     try:
         guard = int(parent.stdout.readline())
         deadline = time.monotonic() + 10
-        while len(_group(guard)) < 2:
+        while len(process_group(guard)) < 2:
             assert time.monotonic() < deadline, "the guarded command did not start"
             time.sleep(0.05)
-        group = _group(guard)
+        group = process_group(guard)
         parent.kill()
         parent.wait()
     finally:
@@ -196,9 +169,9 @@ def test_a_guarded_command_stops_when_its_starter_is_killed_and_its_folder_goes(
         parent.wait()
         parent.stdout.close()
     deadline = time.monotonic() + GONE_WITHIN_S
-    while time.monotonic() < deadline and (any(map(_alive, group)) or folder.exists()):
+    while time.monotonic() < deadline and (any(map(alive, group)) or folder.exists()):
         time.sleep(0.05)
-    assert not [pid for pid in group if _alive(pid)] and not folder.exists()
+    assert not [pid for pid in group if alive(pid)] and not folder.exists()
 
 
 def test_the_sweep_takes_folders_whose_owner_is_gone_and_nothing_else(tmp_path):

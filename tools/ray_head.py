@@ -30,6 +30,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tools.processes import process_group, processes
 from tools.server_process import LoopbackServer, free_ports, installed_command, serve_until_signalled
 
 INSTALL_HINT = "install Ray: pip install 'ray[data]>=2.60,<3' (the project's 'ray' extra)"
@@ -137,11 +138,12 @@ class RayHead(LoopbackServer):
         """The processes of the head's group: the guard, ``ray start``, the raylet, the GCS, agents, workers."""
         if self.pid is None:
             return []
-        return [pid for pid, pgid, _ in _processes() if pgid == self.pid]
+        return process_group(self.pid)
 
     def raylet_pid(self) -> int | None:
         """The raylet's process id (task workers are its children)."""
-        return next((pid for pid, pgid, comm in _processes() if pgid == self.pid and comm == "raylet"), None)
+        return next((pid for pid, group, state, comm in processes()
+                     if group == self.pid and state != "Z" and comm == "raylet"), None)  # fmt: skip
 
     def worker_pids(self, title: str) -> list[int]:
         """The raylet's children whose title starts with ``title`` (``ray::convert_unit_task``)."""
@@ -157,20 +159,6 @@ class RayHead(LoopbackServer):
             except OSError:
                 continue
         return found
-
-
-def _processes() -> Iterable[tuple[int, int, str]]:
-    """``(pid, process group, command name)`` of every process this user can read."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                head, tail = stat.read().rsplit(b")", 1)
-        except OSError:
-            continue
-        comm = head.split(b"(", 1)[1].decode(errors="replace")
-        yield int(entry), int(tail.split()[2]), comm
 
 
 def _children(parent: int) -> list[int]:
