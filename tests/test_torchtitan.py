@@ -30,6 +30,7 @@ pytest.importorskip("torchtitan", reason="needs the [torchtitan] extra")
 
 from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
 
+from titan_forms import TITAN_OWN_REFUSAL, as_rows, repeat, titan_own_entries, trainer_keywords  # noqa: E402
 from zephon_stream.errors import ConfigError, StateMismatchError, TokenizerError  # noqa: E402
 from zephon_stream.integrations.torchtitan import (  # noqa: E402
     STATE_KEY,
@@ -78,7 +79,7 @@ def build(config: ZephonDataLoader.Config, *, dp_world_size: int = 1, dp_rank: i
     if not TITAN.flat_batches:
         kwargs.setdefault("snapshot_every_n_steps", None)
     if "seq_len" in kwargs and "local_batch_size" in kwargs:
-        kwargs.update(titan_setup.trainer_keywords(kwargs.pop("seq_len"), kwargs.pop("local_batch_size")))
+        kwargs.update(trainer_keywords(kwargs.pop("seq_len"), kwargs.pop("local_batch_size")))
     return config.build(dp_world_size=dp_world_size, dp_rank=dp_rank, **kwargs)
 
 
@@ -101,10 +102,9 @@ def test_config_build_yields_titan_batches(small_bpe_dataset, titan_tokenizer):
     for tensor in (input_dict["input"], input_dict["positions"], labels):
         assert tensor.shape == shape and tensor.dtype == torch.int64 and tensor.device.type == "cpu"
     assert not torch.equal(input_dict["input"], second["input"])
-    rows = titan_setup.as_rows
-    tokens = torch.cat([rows(d["input"], 256) for d, _ in batches])
-    positions = torch.cat([rows(d["positions"], 256) for d, _ in batches])
-    labels = torch.cat([rows(lab, 256) for _, lab in batches])
+    tokens = torch.cat([as_rows(d["input"], 256) for d, _ in batches])
+    positions = torch.cat([as_rows(d["positions"], 256) for d, _ in batches])
+    labels = torch.cat([as_rows(lab, 256) for _, lab in batches])
     is_eos = tokens == titan_tokenizer.eos_id
     # NOTE: the default: an input EOS's label is IGNORE_INDEX (its next token starts another document).
     assert (labels[is_eos] == -100).all()
@@ -193,7 +193,7 @@ def test_best_fit_batches_resume_at_another_dp_degree_and_refuse_a_windows_check
         stream, block, sample = order.sample_at(loader.last_sample_positions.numpy())
         for row in range(2):
             tokens = reader.sample(int(stream[row]), int(block[row]), int(sample[row]), 128, "best_fit")
-            assert titan_setup.as_rows(input_dict["input"], 128)[row].tolist() == tokens[:-1].tolist()
+            assert as_rows(input_dict["input"], 128)[row].tolist() == tokens[:-1].tolist()
     state = saving[0].state_dict()
     for loader in saving:
         loader.close()
@@ -264,10 +264,9 @@ def test_both_torchtitans_keywords_give_the_same_rows_and_a_token_budget_pads_on
         expected = take(old_style, 2)
     with config.build(**plain, max_context_length=32, num_tokens_per_batch=128) as new_style:
         got = take(new_style, 2)
-    rows = titan_setup.as_rows
     for (want_dict, want_labels), (got_dict, got_labels) in zip(expected, got):
-        assert torch.equal(rows(want_dict["input"], 32), rows(got_dict["input"], 32))
-        assert torch.equal(rows(want_labels, 32), rows(got_labels, 32))
+        assert torch.equal(as_rows(want_dict["input"], 32), as_rows(got_dict["input"], 32))
+        assert torch.equal(as_rows(want_labels, 32), as_rows(got_labels, 32))
     if TITAN.flat_batches:
         # Main: 100 tokens = 3 rows of 32 and 4 tokens of padding, as main's own collator pads.
         with config.build(**plain, seq_len=32, local_batch_size=3) as three_rows:
@@ -345,8 +344,7 @@ def test_one_pass_as_torchtitans_validator_asks_for_it(small_bpe_dataset):
     plain loop must end too."""
     seq_len, rows = 256, 4
     samples_per_pass = sum((int(n) - 1) // seq_len for n in small_bpe_dataset.manifest.block_token_counts())
-    config = dataclasses.replace(ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url),
-                                 **{TITAN.repeat_field: False})  # fmt: skip
+    config = dataclasses.replace(ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url), **repeat(False))
     with build(config, seq_len=seq_len, local_batch_size=rows) as loader:
         positions = []
         for _ in loader:
@@ -548,10 +546,10 @@ def test_titan_checkpoint_at_dp4_resumes_at_dp2_and_dp3_bit_identically(
     # One dataloader entry for all ranks; TorchTitan's own loader writes one per rank.
     assert dataloader_entries(tmp_path / "ckpt", save_step) == ["dataloader.zephon"]
     titan_entries = {".".join(key.split(".")[:2]) for key in dataloader_entries(tmp_path / "titan_ckpt", save_step)}
-    assert sorted(titan_entries) == titan_setup.titan_own_entries(4)
+    assert sorted(titan_entries) == titan_own_entries(4)
 
     # The same flow with TorchTitan's own loader stops at the load.
-    error_type, message = titan_setup.TITAN_OWN_REFUSAL
+    error_type, message = TITAN_OWN_REFUSAL
     for name in ("dp2", "dp3"):
         for path in sorted((tmp_path / name).glob("rank*.json")):
             error = json.loads(path.read_text())["titan_error"]

@@ -178,7 +178,7 @@ class ZephonDataLoader(BaseDataLoader):
                     f"{phase.start_step // self.config.gradient_accumulation_steps + 1}): global_batch "
                     f"{phase.global_batch}, but the trainer gives local batch {self.local_batch_size} x dp "
                     f"{self.dp_world_size} = {self.global_batch_size}; relaunch from this step with "
-                    f"{TITAN.batch_flag_value(rows=phase.global_batch // self.dp_world_size, seq_len=phase.seq_len)}"
+                    f"{TITAN.batch_flag_value(rows=phase.global_batch // self.dp_world_size, seq_len=phase.spec.seq_len)}"
                 )
         if not TITAN.repeats(self.config) and position + self.global_batch_size > self._end_of_first_pass():
             raise DataloaderExhausted(
