@@ -577,17 +577,32 @@ def test_training_losses_after_dp2_to_dp1_resume_match_the_uninterrupted_run(sma
         assert loss == pytest.approx(uninterrupted[step], rel=1e-5), f"step {step}"
 
 
-def test_example_job_configs_select_the_zephon_loader(monkeypatch):
-    # NOTE: TorchTitan's model code imports triton, which CPU-only installs lack;
-    # tools/gpu_check.sh runs this on a GPU machine.
-    pytest.importorskip("triton", reason="torchtitan.models needs triton")
-    monkeypatch.setenv("ZEPHON_DATASET", "s3://bucket/zephon/web")
-    monkeypatch.syspath_prepend(str(REPO / "examples" / "torchtitan"))
-    monkeypatch.delitem(sys.modules, "zephon_titan", raising=False)
-    import zephon_titan
-
-    for make_config in (zephon_titan.llama3_debugmodel_zephon, zephon_titan.llama3_8b_zephon):
-        config = make_config()
-        assert isinstance(config.dataloader, ZephonDataLoader.Config)
-        assert config.dataloader.dataset_path == "s3://bucket/zephon/web"
-        assert config.validator.enable is False
+def test_example_job_configs_select_the_zephon_loader(tmp_path):
+    """The example's job configs build on the installed TorchTitan, in a process
+    of their own (TorchTitan's models need triton: check_job.py stands in for
+    its one triton module where it is missing)."""
+    check = textwrap.dedent(
+        """
+        import check_job
+        check_job.stand_in_for_triton_kernels()
+        import zephon_titan
+        from zephon_stream.integrations.torchtitan import TITAN, ZephonDataLoader
+        for make_config in (zephon_titan.llama3_debugmodel_zephon, zephon_titan.llama3_8b_zephon):
+            config = make_config()
+            assert isinstance(config.dataloader, ZephonDataLoader.Config), type(config.dataloader)
+            assert config.dataloader.dataset_path == "s3://bucket/zephon/web"
+            assert config.validator.enable is False
+        keywords = TITAN.loader_keywords(zephon_titan.llama3_debugmodel_zephon().training)
+        print(sorted(keywords.items()))
+        """
+    )
+    path = os.pathsep.join(p for p in (str(REPO / "examples" / "torchtitan"), os.environ.get("PYTHONPATH"), str(REPO))
+                           if p)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": path, "ZEPHON_DATASET": "s3://bucket/zephon/web",
+                               "TMPDIR": str(tmp_path)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    # 8 rows of 512 tokens a rank, in the installed TorchTitan's names.
+    want = ([("max_context_length", 512), ("num_tokens_per_batch", 4096)] if TITAN.flat_batches
+            else [("local_batch_size", 8), ("seq_len", 512)])  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1] == repr(want)

@@ -94,6 +94,14 @@ class TitanAPI:
         """``--flag value`` that gives each dp rank ``rows`` rows of ``seq_len`` per microbatch."""
         return f"{self.batch_flag} {rows * seq_len if self.flat_batches else rows}"
 
+    def loader_keywords(self, training: Any) -> dict[str, int]:
+        """The shape keywords the trainer passes a loader's ``build``, from a
+        job's ``training`` config (no pipeline parallelism)."""
+        if self.flat_batches:
+            return {"max_context_length": training.max_context_length,
+                    "num_tokens_per_batch": training.num_tokens_per_microbatch_per_dp_rank}  # fmt: skip
+        return {"seq_len": training.seq_len, "local_batch_size": training.local_batch_size}
+
     def pp_microbatches(self, trainer: Any) -> int:
         """The trainer's pipeline microbatches per gradient-accumulation step."""
         return int(getattr(trainer, self.pp_microbatches_attr))
