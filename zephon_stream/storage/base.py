@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from zephon_stream.errors import TruncatedObjectError
 from zephon_stream.storage.classify import http_status
 from zephon_stream.storage.hints import error_chain, is_unreachable
-from zephon_stream.storage.limiter_state import Limiter, LocalRecord, SharedRecord, limiter_file_name
+from zephon_stream.storage.limiter import Limiter, LocalRecord, SharedRecord, limiter_file_name
 from zephon_stream.storage.paths import check_relative_path
 from zephon_stream.storage.redact import redact_text
 from zephon_stream.storage.retry import RetryPolicy, ShortReadError, call_with_retry, call_with_retry_async

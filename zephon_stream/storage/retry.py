@@ -12,8 +12,8 @@ and every retry is counted here.
 Throttling (the store asking for fewer requests) is retried apart, without a
 bound on attempts, until a deadline of its own that is long enough for a large
 job's start. By default a throttled operation waits for its turn from the
-store's request-rate limiter (``limiter.py``; shared by the ranks of a node
-through the node cache, ``limiter_state.py``), which every attempt of the
+store's request-rate limiter (``limiter.py``, its rate ``request_rate.py``;
+shared by the ranks of a node through the node cache), which every attempt of the
 store's operations waits on while it is on; with
 ``RetryPolicy(throttle_limiter=False)`` it sleeps a full-jitter exponential
 backoff whose window also grows with the store's operations throttled at once
@@ -40,8 +40,8 @@ from zephon_stream.storage.classify import (
     is_transient,
 )
 from zephon_stream.storage.hints import credentials_hint
-from zephon_stream.storage.limiter import POLL_S
-from zephon_stream.storage.limiter_state import Limiter
+from zephon_stream.storage.limiter import Limiter
+from zephon_stream.storage.request_rate import Ticket
 from zephon_stream.storage.retry_policy import RetryPolicy
 from zephon_stream.storage.throttle import StoreThrottle
 
@@ -62,8 +62,10 @@ logger = logging.getLogger("zephon_stream.storage")
 
 T = TypeVar("T")
 
-# NOTE: how often an async backoff sleep looks whether its store was closed.
-_STOP_POLL_S = 0.05
+# NOTE: a waiting operation looks again at least this often: whether a rate
+# that grew meanwhile (another process's cut or probe) serves it at its new
+# turn, and (on the event loop) whether its store was closed.
+POLL_S = 0.05
 
 
 _ADVICE = (
@@ -169,7 +171,7 @@ class _Attempts:
             f"{self._policy.throttle_timeout_s:g}s. {_ADVICE}"
         )
 
-    def ticket(self) -> tuple[int, float] | None:
+    def ticket(self) -> Ticket | None:
         """The next attempt's ticket from the store's limiter, or None: it goes at once (the limiter is off)."""
         limiter = self._limiter
         if limiter is None:
@@ -178,7 +180,7 @@ class _Attempts:
         self._sent_at = float("-inf")
         return ticket
 
-    def turn_wait_s(self, ticket: tuple[int, float]) -> float:
+    def turn_wait_s(self, ticket: Ticket) -> float:
         """How long to sleep before looking again (at most ``POLL_S``); 0: the attempt goes now."""
         limiter = self._limiter
         assert limiter is not None
@@ -294,7 +296,7 @@ async def call_with_retry_async(
 
     Backoff sleeps and waits for a turn are on the event loop, so other
     requests on it go on meanwhile; ``stop`` is looked at every
-    ``_STOP_POLL_S`` of a sleep (every ``POLL_S`` of a wait).
+    ``POLL_S`` of a sleep or a wait.
     """
     attempts = _Attempts(policy=policy, what=what, scrub=scrub, throttle=throttle, limiter=limiter,
                          on_retry=on_retry, on_throttled=on_throttled, on_waited=on_waited)  # fmt: skip
@@ -319,7 +321,7 @@ async def call_with_retry_async(
                 while (left_s := deadline - time.monotonic()) > 0:
                     if stop is not None and stop.is_set():
                         raise attempts.abandoned() from None
-                    await asyncio.sleep(min(left_s, _STOP_POLL_S))
+                    await asyncio.sleep(min(left_s, POLL_S))
                 if stop is not None and stop.is_set():
                     raise attempts.abandoned() from None
             finally:
