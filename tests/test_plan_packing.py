@@ -22,7 +22,7 @@ from zephon_stream.plan.packing import (
     packed_tokens,
     window_rows,
 )
-from zephon_stream.plan.packing_report import CutCounts, cut_counts
+from zephon_stream.plan.packing_cuts import CutCounts, cut_counts
 
 VOCAB = 5
 

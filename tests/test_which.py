@@ -10,7 +10,7 @@ import pytest
 
 from zephon_stream.cli import main
 from zephon_stream.plan import OrderConfig
-from zephon_stream.provenance import order_for, provenance, step_range
+from zephon_stream.reader.provenance import order_for, provenance, step_range
 from zephon_stream.reader import DatasetReader
 
 SEQ_LEN = 64

@@ -147,8 +147,8 @@ def _torchtitan(step: int, accumulation: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zephon_stream.provenance import range_provenance, schedule_for, step_provenance
     from zephon_stream.reader import DatasetReader
+    from zephon_stream.reader.provenance import range_provenance, schedule_for, step_provenance
     from zephon_stream.storage import parse_storage_options
 
     options = parse_storage_options(args.storage_option)
@@ -220,7 +220,7 @@ def _state_settings(args: argparse.Namespace) -> Any:
 def _run_state(args: argparse.Namespace, readers: list[Any], order: Any, settings: Any, steps: list[int]) -> int:
     """Each step as the run of ``--state`` read it, or why it did not."""
     from zephon_stream.cli.which_state import step_ranges
-    from zephon_stream.provenance import range_provenance
+    from zephon_stream.reader.provenance import range_provenance
 
     found = []
     for step, start, end, reason in step_ranges(order, settings, steps):

@@ -197,7 +197,8 @@ class Store(abc.ABC):
             raise self._short_read_error(rel, start, end, len(data), await self._size_async(rel))
 
         try:
-            data = await call_with_retry_async(attempt, **self._retry_options("read_range", rel, f" bytes [{start}, {end})"))
+            options = self._retry_options("read_range", rel, f" bytes [{start}, {end})")
+            data = await call_with_retry_async(attempt, **options)
         except Exception:
             self._stats.add(errors=1)
             raise
@@ -317,7 +318,7 @@ class Store(abc.ABC):
             raise
 
     def _retry_options(self, op: str, rel: str, detail: str) -> RetryOptions:
-        """What every operation of this store hands the retry layer: its counters, the throttling it shares, ``close()``."""
+        """What an operation of this store hands the retry layer: its counters, shared throttling, ``close()``."""
         return RetryOptions(
             policy=self._retry,
             what=f"{op} {self._name(rel)}{detail}",

@@ -75,8 +75,8 @@ def unpack_record(blob: bytes) -> RateRecord | None:
     (crc,) = _CRC.unpack_from(blob, _FIELDS.size)
     if zlib.crc32(fields) != crc:
         return None
-    values = _FIELDS.unpack(fields)
-    return RateRecord(**{f.name: _FIELD_TYPES[name](value) for f, name, value in zip(_RECORD_FIELDS, _TYPE_NAMES, values)})
+    values = zip(_RECORD_FIELDS, _TYPE_NAMES, _FIELDS.unpack(fields))
+    return RateRecord(**{field.name: _FIELD_TYPES[name](value) for field, name, value in values})
 
 
 def limiter_file_name(key: str) -> str:

@@ -197,10 +197,7 @@ class _Attempts:
             raise StorageError(f"{what}: failed, not retryable ({detail}){credentials_hint(exc)}") from None
         now = self._clock()
         elapsed = now - self._started
-        if is_throttled(exc):
-            sleep_s = self._throttled(exc, now, elapsed)
-        else:
-            sleep_s = self._retried(exc, elapsed)
+        sleep_s = self._throttled(exc, now, elapsed) if is_throttled(exc) else self._retried(exc, elapsed)
         self._retry_at = now + sleep_s
         self._looks_at_stop = True
 
@@ -274,7 +271,8 @@ class _Attempts:
     def _look_at_stop(self) -> None:
         if self._looks_at_stop and self._stop is not None and self._stop.is_set():
             raise StorageError(
-                f"{self._what}: abandoned after {self._count} attempts, the store was closed (last error: {self._detail})"
+                f"{self._what}: abandoned after {self._count} attempts, the store was closed "
+                f"(last error: {self._detail})"
             )
 
     def _woke(self) -> None:
