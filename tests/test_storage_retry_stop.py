@@ -16,8 +16,8 @@ from zephon_stream.storage.limiter import Limiter, LocalRecord
 from zephon_stream.storage.retry import RetryPolicy, call_with_retry, call_with_retry_async
 
 # NOTE: backoffs of 2.5-5 s: a stop that did not cut one short shows as seconds.
-SLOW_BACKOFF = RetryPolicy(max_attempts=5, initial_backoff_s=5.0, max_backoff_s=5.0, timeout_s=120,
-                           throttle_timeout_s=120)  # fmt: skip
+SLOW_BACKOFF = RetryPolicy(max_attempts=5, initial_backoff_s=5.0, max_backoff_s=5.0, throttle_timeout_s=120)
+READ_X = {"policy": SLOW_BACKOFF, "what": "read x", "scrub": str}
 
 
 def run_blocking(attempt: Callable[[], str], **options) -> str:
@@ -52,17 +52,19 @@ def switched_on(limiter: Limiter, queued: int = 0) -> Limiter:
 
 def stopped_during_a_backoff(driver) -> tuple[int, str]:
     made, stop = [], threading.Event()
-    on_retry = lambda exc: threading.Timer(0.2, stop.set).start()  # noqa: E731
+
+    def on_retry(exc: Exception) -> None:
+        threading.Timer(0.2, stop.set).start()
+
     with pytest.raises(StorageError) as caught:
-        driver(failing(made), policy=SLOW_BACKOFF, what="read x", scrub=str, on_retry=on_retry, stop=stop)
+        driver(failing(made), **READ_X, on_retry=on_retry, stop=stop)
     return len(made), str(caught.value)
 
 
 def stopped_before_a_backoff(driver) -> tuple[int, str]:
     made, stop = [], threading.Event()
     with pytest.raises(StorageError) as caught:
-        driver(failing(made), policy=SLOW_BACKOFF, what="read x", scrub=str, on_retry=lambda exc: stop.set(),
-               stop=stop)  # fmt: skip
+        driver(failing(made), **READ_X, on_retry=lambda exc: stop.set(), stop=stop)
     return len(made), str(caught.value)
 
 
@@ -72,7 +74,7 @@ def stopped_during_a_wait_for_a_turn(driver) -> tuple[int, str]:
     limiter = switched_on(Limiter(LocalRecord()), queued=700)
     threading.Timer(0.2, stop.set).start()
     with pytest.raises(StorageError) as caught:
-        driver(failing(made), policy=SLOW_BACKOFF, what="read x", scrub=str, limiter=limiter, stop=stop)
+        driver(failing(made), **READ_X, limiter=limiter, stop=stop)
     return len(made), str(caught.value)
 
 
@@ -80,8 +82,7 @@ def stopped_as_the_turn_comes(driver) -> tuple[int, str]:
     made, stop = [], threading.Event()
     limiter = switched_on(Limiter(LocalRecord()), queued=1)
     with pytest.raises(StorageError) as caught:
-        driver(failing(made), policy=SLOW_BACKOFF, what="read x", scrub=str, limiter=limiter,
-               on_waited=lambda seconds: stop.set(), stop=stop)  # fmt: skip
+        driver(failing(made), **READ_X, limiter=limiter, on_waited=lambda seconds: stop.set(), stop=stop)
     return len(made), str(caught.value)
 
 
@@ -89,7 +90,7 @@ def stopped_before_the_first_attempt(driver) -> tuple[int, str]:
     made, stop = [], threading.Event()
     stop.set()
     with pytest.raises(StorageError) as caught:
-        driver(failing(made), policy=SLOW_BACKOFF, what="read x", scrub=str, stop=stop)
+        driver(failing(made), **READ_X, stop=stop)
     return len(made), str(caught.value)
 
 
