@@ -25,7 +25,7 @@ from zephon_stream.reader.dataset import DatasetReader
 
 
 def spread_blocks(num_blocks: int, count: int | None) -> list[int]:
-    """``count`` block ids spread evenly over ``num_blocks`` (the first included); all when ``count`` is None or more."""
+    """``count`` block ids spread evenly over ``num_blocks``, the first included; all when ``count`` is None or more."""
     if count is None or count >= num_blocks:
         return list(range(num_blocks))
     if count < 1:

@@ -19,6 +19,7 @@ from zephon_stream.format.docindex import DocumentSpan
 from zephon_stream.plan.packing import BlockRows, block_rows, packed_rows
 from zephon_stream.reader.dataset import DatasetReader
 
+
 def plain_fields(entry: object) -> dict:
     """A provenance entry's fields, its bases' included, as a dict (for JSON)."""
     return {f.name: getattr(entry, f.name) for f in fields(entry)}
