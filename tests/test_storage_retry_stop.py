@@ -50,48 +50,46 @@ def switched_on(limiter: Limiter, queued: int = 0) -> Limiter:
     return limiter
 
 
+def abandoned(driver, stop: threading.Event, **options) -> tuple[int, str]:
+    """The attempts an operation that always fails made, and its error, when ``stop`` ends it."""
+    made: list[int] = []
+    with pytest.raises(StorageError) as caught:
+        driver(failing(made), **READ_X, stop=stop, **options)
+    return len(made), str(caught.value)
+
+
 def stopped_during_a_backoff(driver) -> tuple[int, str]:
-    made, stop = [], threading.Event()
+    stop = threading.Event()
 
     def on_retry(exc: Exception) -> None:
         threading.Timer(0.2, stop.set).start()
 
-    with pytest.raises(StorageError) as caught:
-        driver(failing(made), **READ_X, on_retry=on_retry, stop=stop)
-    return len(made), str(caught.value)
+    return abandoned(driver, stop, on_retry=on_retry)
 
 
 def stopped_before_a_backoff(driver) -> tuple[int, str]:
-    made, stop = [], threading.Event()
-    with pytest.raises(StorageError) as caught:
-        driver(failing(made), **READ_X, on_retry=lambda exc: stop.set(), stop=stop)
-    return len(made), str(caught.value)
+    stop = threading.Event()
+    return abandoned(driver, stop, on_retry=lambda exc: stop.set())
 
 
 def stopped_during_a_wait_for_a_turn(driver) -> tuple[int, str]:
-    made, stop = [], threading.Event()
+    stop = threading.Event()
     # NOTE: 700 requests ahead at 70 a second: a turn 10 s away.
     limiter = switched_on(Limiter(LocalRecord()), queued=700)
     threading.Timer(0.2, stop.set).start()
-    with pytest.raises(StorageError) as caught:
-        driver(failing(made), **READ_X, limiter=limiter, stop=stop)
-    return len(made), str(caught.value)
+    return abandoned(driver, stop, limiter=limiter)
 
 
 def stopped_as_the_turn_comes(driver) -> tuple[int, str]:
-    made, stop = [], threading.Event()
+    stop = threading.Event()
     limiter = switched_on(Limiter(LocalRecord()), queued=1)
-    with pytest.raises(StorageError) as caught:
-        driver(failing(made), **READ_X, limiter=limiter, on_waited=lambda seconds: stop.set(), stop=stop)
-    return len(made), str(caught.value)
+    return abandoned(driver, stop, limiter=limiter, on_waited=lambda seconds: stop.set())
 
 
 def stopped_before_the_first_attempt(driver) -> tuple[int, str]:
-    made, stop = [], threading.Event()
+    stop = threading.Event()
     stop.set()
-    with pytest.raises(StorageError) as caught:
-        driver(failing(made), **READ_X, stop=stop)
-    return len(made), str(caught.value)
+    return abandoned(driver, stop)
 
 
 @pytest.mark.parametrize(

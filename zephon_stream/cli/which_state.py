@@ -129,14 +129,7 @@ def run_settings(state: dict[str, Any]) -> RunSettings:
         old = LoaderState.from_dict(dict(state))
         entries = decode(old.history)
         batch = next((e.global_batch for e in entries if hasattr(e, "global_batch")), old.lanes)
-        phase = SchedulePhase(
-            start_step=0,
-            global_batch=batch,
-            seq_len=old.seq_len,
-            lanes=old.lanes,
-            window=old.window,
-            weights=tuple(old.weights),
-        )
+        phase = SchedulePhase.from_order_config(old.order_config(), batch)
         return RunSettings(
             seed=old.seed, phases=[phase], packing=old.packing, history=entries, scheduled=False, position=old.position
         )
