@@ -13,10 +13,10 @@ import pytest
 
 from loader_reference import DirectReader
 from zephon_stream.cli import main
-from zephon_stream.packing_survey import figures, packing_report, spread_blocks
 from zephon_stream.plan.packing import PACKINGS, block_rows
-from zephon_stream.plan.packing_report import CutCounts, cut_counts
+from zephon_stream.plan.packing_cuts import CutCounts, cut_counts
 from zephon_stream.reader import DatasetReader
+from zephon_stream.reader.packing_report import figures, packing_report, spread_blocks
 
 
 def summed(url: str, blocks: list[int], seq_len: int) -> dict[str, CutCounts]:

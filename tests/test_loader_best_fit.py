@@ -23,7 +23,7 @@ from zephon_stream import Stream, StreamingLoader
 from zephon_stream.errors import ConfigError, StateMismatchError
 from zephon_stream.loader import EvalLoader, Phase
 from zephon_stream.loader.planning.memory import PACKING_WORK_BYTES_PER_TOKEN
-from zephon_stream.loader.ring.packing import IGNORE_INDEX
+from zephon_stream.loader.ring.row_documents import IGNORE_INDEX
 
 SEQ_LEN = 256  # NOTE: 4097-token blocks hold 16 rows
 GLOBAL_BATCH = 30  # NOTE: divided by world sizes 1, 2, 3 and 5

@@ -18,11 +18,12 @@ from zephon_stream.plan.packing import (
     BlockRows,
     best_fit_rows,
     block_rows,
+    gather_index,
     packed_rows,
     packed_tokens,
     window_rows,
 )
-from zephon_stream.plan.packing_report import CutCounts, cut_counts
+from zephon_stream.plan.packing_cuts import CutCounts, cut_counts
 
 VOCAB = 5
 
@@ -259,6 +260,14 @@ def test_a_last_piece_of_exactly_seq_len_tokens_is_placed_by_best_fit_not_left_f
     # NOTE: a last piece shorter than L is the edge piece: it waits for the fill, after row 2's [E].
     shorter = np.array([e, e, a, e, e, b, c], np.uint16)
     assert [best_fit_rows(shorter, 2, e).row_pieces(r) for r in range(3)] == [[(2, 2)], [(0, 1), (1, 1)], [(4, 1), (5, 1)]]
+
+
+def test_the_gather_index_reads_as_its_worked_example():
+    # NOTE: the example of gather_index's docstring: L = 3, row 0 pieces (0, 2) and (5, 1), row 1 piece (2, 3).
+    rows = BlockRows(seq_len=3, num_rows=2, piece_starts=[0, 5, 2], piece_lengths=[2, 1, 3], row_bounds=[0, 2, 3])
+    assert gather_index(rows).tolist() == [0, 1, 5, 6, 2, 3, 4, 5]
+    tokens = np.arange(100, 110, dtype=np.uint16)
+    np.testing.assert_array_equal(packed_rows(tokens, rows), [[100, 101, 105, 106], [102, 103, 104, 105]])
 
 
 def test_pieces_left_over_are_cut_only_where_a_row_ends():

@@ -38,7 +38,7 @@ from fixtures_corpus import EOS_TOKEN  # noqa: E402
 from packing_reference import check_attention  # noqa: E402
 from zephon_stream import StreamingLoader, write_dataset  # noqa: E402
 from zephon_stream.integrations.torchtitan import ZephonDataLoader  # noqa: E402
-from zephon_stream.loader.ring.packing import IGNORE_INDEX as OUR_IGNORE_INDEX  # noqa: E402
+from zephon_stream.loader.ring.row_documents import IGNORE_INDEX as OUR_IGNORE_INDEX  # noqa: E402
 
 SEQ_LEN, ROWS = 128, 4
 

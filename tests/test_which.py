@@ -10,8 +10,8 @@ import pytest
 
 from zephon_stream.cli import main
 from zephon_stream.plan import OrderConfig
-from zephon_stream.provenance import order_for, provenance, step_range
 from zephon_stream.reader import DatasetReader
+from zephon_stream.reader.provenance import order_for, provenance, step_range
 
 SEQ_LEN = 64
 BATCH = 8

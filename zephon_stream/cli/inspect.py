@@ -89,8 +89,8 @@ def _packing_report(manifest: Any, store: Any, args: argparse.Namespace) -> Any:
 
     from tqdm import tqdm
 
-    from zephon_stream.packing_survey import packing_report, spread_blocks
     from zephon_stream.reader import DatasetReader
+    from zephon_stream.reader.packing_report import packing_report, spread_blocks
 
     total = len(spread_blocks(manifest.num_blocks, args.blocks))
     with tqdm(total=total, unit="block", desc="packing report", file=sys.stderr,

@@ -32,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from zephon_stream.reader import DatasetReader
+    from zephon_stream.reader.verify import verify_dataset
     from zephon_stream.storage import parse_storage_options
-    from zephon_stream.verify import verify_dataset
 
     with DatasetReader.open(args.url, parse_storage_options(args.storage_option)) as reader:
         m = reader.manifest

@@ -143,8 +143,8 @@ def _torchtitan(step: int, accumulation: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zephon_stream.provenance import range_provenance, schedule_for, step_provenance
     from zephon_stream.reader import DatasetReader
+    from zephon_stream.reader.provenance import range_provenance, schedule_for, step_provenance
     from zephon_stream.storage import parse_storage_options
 
     options = parse_storage_options(args.storage_option)
@@ -215,17 +215,17 @@ def _state_settings(args: argparse.Namespace) -> Any:
 
 def _run_state(args: argparse.Namespace, readers: list[Any], order: Any, settings: Any, steps: list[int]) -> int:
     """Each step as the run of ``--state`` read it, or why it did not."""
-    from zephon_stream.cli.which_state import step_ranges
-    from zephon_stream.provenance import range_provenance
+    from zephon_stream.cli.which_state import step_reads
+    from zephon_stream.reader.provenance import range_provenance
 
     found = []
-    for step, start, end, reason in step_ranges(order, settings, steps):
-        if start is None:
-            found.append(({"step": step, "read": False, "reason": reason}, []))
+    for read in step_reads(order, settings, steps):
+        if read.position is None:
+            found.append(({"step": read.step, "read": False, "reason": read.reason}, []))
             continue
-        samples = range_provenance(readers, order, start, end, text=args.text, packing=args.packing)
-        found.append((_described(order, settings.seed, args.packing, None, start, end, samples) | {"step": step, "read": True},
-                      samples))  # fmt: skip
+        samples = range_provenance(readers, order, read.position, read.end, text=args.text, packing=args.packing)
+        out = _described(order, settings.seed, args.packing, None, read.position, read.end, samples)
+        found.append((out | {"step": read.step, "read": True}, samples))
     if args.json:
         described = [out for out, _ in found]
         print(json.dumps(described[0] if len(described) == 1 else {"steps": described}, sort_keys=True))

@@ -34,7 +34,7 @@ from zephon_stream.loader.planning.memory import MIB
 from zephon_stream.loader.planning.rank_layout import RankLayout
 from zephon_stream.loader.planning.schedule import Phase, build_schedule
 from zephon_stream.loader.producer.stats import LoaderStats
-from zephon_stream.loader.ring.packing import PackingSpec
+from zephon_stream.loader.ring.row_documents import PackingSpec
 from zephon_stream.loader.runs.feed import BatchFeed
 from zephon_stream.loader.runs.phase_layouts import LayoutBook, run_end_position
 from zephon_stream.plan import ScheduleOrder

@@ -29,7 +29,7 @@ from zephon_stream.loader.planning.planner import Planner
 from zephon_stream.loader.producer.pipeline import EndOfData, Pipeline
 from zephon_stream.loader.producer.stats import LoaderStats
 from zephon_stream.loader.ring.free_slots import hand_back, reset_returned
-from zephon_stream.loader.ring.packing import IGNORE_INDEX, PackingSpec, PackingWriter
+from zephon_stream.loader.ring.row_documents import IGNORE_INDEX, PackingSpec, PackingWriter
 from zephon_stream.loader.ring.shared_ring import WIDE_KEYS, SharedRing, SlotLayout
 from zephon_stream.plan import EvalOrder
 
