@@ -18,7 +18,8 @@ there, and no file tells which process made it.
 tiktoken, which caches the files of named encodings it loads in
 ``data-gym-cache`` under the temp folder, caches in a session folder instead.
 The node-local metadata cache's folder for torchrun ranks
-(``/dev/shm/zephon-node-cache-<uid>``, or ``$ZEPHON_NODE_CACHE``) is checked too: torchrun jobs of the suite that kill every rank point
+(``/dev/shm/zephon-node-cache-<uid>``, or ``$ZEPHON_NODE_CACHE``) is checked
+too: torchrun jobs of the suite that kill every rank point
 ``ZEPHON_NODE_CACHE`` into a folder they remove, so anything new left there
 is a leak of a job that ended normally. The folder is shared by every process
 of the user, and each open cache records its owner's pid in it

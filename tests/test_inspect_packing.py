@@ -116,7 +116,9 @@ def test_inspect_packing_report_refuses_what_it_cannot_count(definitions_dataset
 
 @pytest.mark.parametrize(("args", "message"), [(["--blocks", "0"], "--blocks: must be >= 1 (got 0)"),
                                                (["--seq-len", "0"], "--seq-len: must be >= 1 (got 0)")])  # fmt: skip
-def test_inspect_packing_report_at_no_row_length_or_no_block_is_a_usage_error(definitions_dataset, capsys, args, message):
+def test_inspect_packing_report_at_no_row_length_or_no_block_is_a_usage_error(
+    definitions_dataset, capsys, args, message
+):
     with pytest.raises(SystemExit, match="2"):
         main(["inspect", definitions_dataset.url, "--packing-report", "--seq-len", "256", *args])
     captured = capsys.readouterr()

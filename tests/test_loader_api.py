@@ -189,8 +189,8 @@ def test_url_weight_strings_split_only_at_a_numeric_suffix_after_the_last_colon(
 @pytest.mark.parametrize("streams", [[object()], 42, None, [b"./out/ds"], [("./out/ds", "2")], [["./out/ds", 2, 3]],
                                      {"./out/ds", "./out/web"}])  # fmt: skip
 def test_a_stream_in_no_accepted_form_is_a_type_error_naming_the_forms(streams):
-    with pytest.raises(TypeError, match=r"is no stream; give a dataset URL or path .*a Stream, a dict of a "
-                                        r"Stream's fields .*a \(url, weight\) pair, or a list of these") as raised:  # fmt: skip
+    forms = r"is no stream; give a dataset URL or path .*a Stream, a dict of a Stream's fields .*a \(url, weight\) pair"
+    with pytest.raises(TypeError, match=forms + ", or a list of these") as raised:
         StreamingLoader(streams, seq_len=128, local_batch_size=4)
     assert "no committed dataset" not in str(raised.value)
 

@@ -69,7 +69,8 @@ def test_the_worked_case_of_the_packing_docs_reads_as_written(tmp_path):
     want = {"concat": ([[e, e], [a, e], [b, c]], [[e, a], [e, b], [c, d]]),
             "best_fit": ([[a, e], [b, c], [e, e]], [[e, b], [c, d], [e, a]])}  # fmt: skip
     for packing, (inputs, labels) in want.items():
-        with StreamingLoader(url, seq_len=2, local_batch_size=3, lanes=3, packing=packing, packing_outputs=True) as loader:
+        options = {"seq_len": 2, "local_batch_size": 3, "lanes": 3, "packing": packing, "packing_outputs": True}
+        with StreamingLoader(url, **options) as loader:
             batch = next(loader)
         assert batch["input"].tolist() == inputs, packing
         assert batch["labels"].tolist() == labels, packing

@@ -259,7 +259,8 @@ def test_a_last_piece_of_exactly_seq_len_tokens_is_placed_by_best_fit_not_left_f
     check_best_fit(tokens, rows, e)
     # NOTE: a last piece shorter than L is the edge piece: it waits for the fill, after row 2's [E].
     shorter = np.array([e, e, a, e, e, b, c], np.uint16)
-    assert [best_fit_rows(shorter, 2, e).row_pieces(r) for r in range(3)] == [[(2, 2)], [(0, 1), (1, 1)], [(4, 1), (5, 1)]]
+    rows = best_fit_rows(shorter, 2, e)
+    assert [rows.row_pieces(r) for r in range(3)] == [[(2, 2)], [(0, 1), (1, 1)], [(4, 1), (5, 1)]]
 
 
 def test_the_gather_index_reads_as_its_worked_example():

@@ -69,17 +69,19 @@ def test_a_child_exits_without_closing_its_node_cache():
 """
 
 
-def start_inner_session(tmp_path: Path, source: str, *options: str, env: dict | None = None) -> tuple[subprocess.Popen, Path]:
+def start_inner_session(
+    tmp_path: Path, source: str, *options: str, env: dict | None = None
+) -> tuple[subprocess.Popen, Path]:
     """A pytest session with the check, on its own machine temp folder, started; the process and that folder."""
     (tmp_path / "test_inner.py").write_text(source)
     machine = tmp_path / "machine-tmp"
     machine.mkdir()
-    env = {**os.environ, "TMPDIR": str(machine), "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-           **(env or {})}  # fmt: skip
+    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "TMPDIR": str(machine), "PYTHONPATH": path, **(env or {})}
     env.pop("TIKTOKEN_CACHE_DIR", None)
-    process = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "fixtures_tmp", "-p", "no:cacheprovider",
-                                "--basetemp", str(tmp_path / "basetemp"), *options, "test_inner.py"],
-                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "fixtures_tmp", "-p", "no:cacheprovider",
+            "--basetemp", str(tmp_path / "basetemp"), *options, "test_inner.py"]  # fmt: skip
+    process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return process, machine
 
 
@@ -107,6 +109,9 @@ def wait_for(path: Path, process: subprocess.Popen) -> None:
         time.sleep(0.05)
 
 
+CHILDREN_LEFT_ONE = "the suite's child processes left 1 entries in their temp folder"
+
+
 def lines_starting(output: str, start: str) -> list[str]:
     """The lines of ``output`` that start with ``start``: a message glued onto pytest's progress is not one."""
     return [line for line in output.splitlines() if line.startswith(start)]
@@ -115,7 +120,7 @@ def lines_starting(output: str, start: str) -> list[str]:
 def test_a_session_whose_child_leaves_a_torchelastic_folder_fails_naming_it(tmp_path):
     code, output, machine = run_inner_session(tmp_path, LEAKY)
     assert code == 1, output
-    assert "1 passed" in output and lines_starting(output, "the suite's child processes left 1 entries in their temp folder"), output
+    assert "1 passed" in output and lines_starting(output, CHILDREN_LEFT_ONE), output
     assert "torchelastic_" in output
     assert os.listdir(machine) == [], "the children's temp folder is removed, leak and all"
 
@@ -125,7 +130,7 @@ def test_under_xdist_a_worker_child_that_leaves_a_folder_fails_the_session_namin
     code, output, machine = run_inner_session(tmp_path, LEAKY + TIDY.split("\n", 2)[2], "-n", "2", "-p", "xdist")
     assert code == 1, output
     # NOTE: on a line of its own, not glued onto the progress line's "[100%]"
-    assert "2 passed" in output and lines_starting(output, "the suite's child processes left 1 entries in their temp folder"), output
+    assert "2 passed" in output and lines_starting(output, CHILDREN_LEFT_ONE), output
     assert "torchelastic_" in output
     assert os.listdir(machine) == [], "the children's temp folder is removed, leak and all"
 
@@ -138,12 +143,15 @@ def test_a_session_whose_children_clean_up_passes_and_leaves_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("options", [(), ("-n", "2", "-p", "xdist")], ids=["one-process", "xdist"])
-def test_what_the_test_processes_leave_is_named_on_a_line_of_its_own_and_what_other_processes_write_never(tmp_path, options):
+def test_what_the_test_processes_leave_is_named_on_a_line_of_its_own_and_what_other_processes_write_never(
+    tmp_path, options
+):
     if options:
         pytest.importorskip("xdist")
     flags = tmp_path / "flags"
     flags.mkdir()
-    source = WAITS.replace("def test_waits", "def test_keeps_a_cache_like_torch_compile():\n    tempfile.mkdtemp(prefix='torchinductor_')\n\n\ndef test_waits")
+    cache = "def test_keeps_a_cache_like_torch_compile():\n    tempfile.mkdtemp(prefix='torchinductor_')\n\n\n"
+    source = WAITS.replace("def test_waits", cache + "def test_waits")
     process, machine = start_inner_session(tmp_path, source, *options, env={"ZS_FLAGS": str(flags)})
     try:
         wait_for(flags / "started", process)

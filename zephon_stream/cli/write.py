@@ -66,12 +66,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "this process whatever --workers says (default: 4 MiB; 0: always start the workers)",
     )
     parser.add_argument(
-        "--block-tokens", type=bounded_int(MIN_BLOCK_TOKENS, MAX_BLOCK_TOKENS), default=DEFAULT_BLOCK_TOKENS, metavar="N", help="tokens per block (default: 2**20+1)"
+        "--block-tokens",
+        type=bounded_int(MIN_BLOCK_TOKENS, MAX_BLOCK_TOKENS),
+        default=DEFAULT_BLOCK_TOKENS,
+        metavar="N",
+        help="tokens per block (default: 2**20+1)",
     )
     parser.add_argument(
-        "--blocks-per-shard", type=positive, default=None, metavar="N", help="blocks per shard (default: ~64 Mi tokens a shard)"
+        "--blocks-per-shard", type=positive, metavar="N", help="blocks per shard (default: ~64 Mi tokens a shard)"
     )
-    parser.add_argument("--zstd-level", type=bounded_int(1, 22), default=DEFAULT_ZSTD_LEVEL, metavar="L", help="zstd level (default: 3)")
+    parser.add_argument(
+        "--zstd-level", type=bounded_int(1, 22), default=DEFAULT_ZSTD_LEVEL, metavar="L", help="zstd level (default: 3)"
+    )
     parser.add_argument("--eos-token", metavar="TOK", help="end-of-document token (default: found by name)")
     parser.add_argument("--bos-token", metavar="TOK", help="start-of-document token (default: none)")
     parser.add_argument(
@@ -93,7 +99,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="--engine ray: the cluster to join (HOST:PORT, ray://HOST:PORT or auto; default: a local instance)",
     )
     parser.add_argument(
-        "--ray-workers", type=positive, metavar="N", help="--engine ray: units converted at once (default: the cluster's CPUs)"
+        "--ray-workers",
+        type=positive,
+        metavar="N",
+        help="--engine ray: units converted at once (default: the cluster's CPUs)",
     )
     parser.add_argument(
         "--unit-bytes",

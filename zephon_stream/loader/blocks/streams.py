@@ -16,7 +16,7 @@ import numbers
 import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 from zephon_stream.errors import ConfigError, ObjectMissingError
 from zephon_stream.format.committed import no_dataset_error
@@ -49,7 +49,7 @@ class Stream:
 
 
 # NOTE: what one stream may be given as (STREAM_FORMS); a list of them is a mixture.
-StreamLike = Union[str, os.PathLike, Stream, Mapping[str, Any], tuple]
+StreamLike = str | os.PathLike | Stream | Mapping[str, Any] | tuple
 
 STREAM_FORMS = (
     "a dataset URL or path ('./out/ds', 's3://bucket/ds'), one with its weight after the last ':' "
