@@ -8,6 +8,8 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
+    from zephon_stream.cli import bounded_int
+
     parser = subparsers.add_parser(
         "verify",
         help="re-hash every shard, decode every block, check sidecars; exit 1 on any problem",
@@ -18,7 +20,7 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("url", metavar="URL", help="dataset root: local folder or store prefix (s3://, gs://, az://)")
-    parser.add_argument("--workers", type=int, default=4, help="shards checked concurrently (default 4)")
+    parser.add_argument("--workers", type=bounded_int(1), default=4, help="shards checked concurrently (default 4)")
     parser.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",
         help="fsspec option (s3fs, gcsfs, adlfs; repeatable)",
