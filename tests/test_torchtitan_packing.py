@@ -42,7 +42,7 @@ from titan_forms import titan_own_loader, trainer_keywords  # noqa: E402
 from zephon_stream import StreamingLoader, write_dataset  # noqa: E402
 from zephon_stream.errors import ConfigError  # noqa: E402
 from zephon_stream.integrations.torchtitan import TITAN, ZephonDataLoader  # noqa: E402
-from zephon_stream.loader.ring.packing import IGNORE_INDEX as OUR_IGNORE_INDEX  # noqa: E402
+from zephon_stream.loader.ring.row_documents import IGNORE_INDEX as OUR_IGNORE_INDEX  # noqa: E402
 
 SEQ_LEN, ROWS = 128, 4
 

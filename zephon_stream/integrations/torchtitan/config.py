@@ -10,7 +10,6 @@ with ``dataset_path`` and the repeat flag under that TorchTitan's name
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +17,7 @@ from zephon_stream.errors import ConfigError
 from zephon_stream.integrations.torchtitan.api import TITAN
 from zephon_stream.integrations.torchtitan.base import redacted_config_dict, redacted_config_repr
 from zephon_stream.loader import PackingSpec
+from zephon_stream.loader.blocks.streams import parse_stream_spec
 
 __all__ = ["ZephonDataLoaderConfig", "parse_stream_spec", "phase_dicts", "titan_schedule"]
 
@@ -199,41 +199,6 @@ def refuse_packing_outputs_on_flat_batches(packing_outputs: bool) -> None:
             "dataloader.packing_outputs: TorchTitan main builds its document masks from positions (which restart "
             "at every document here) and takes no other document outputs; leave packing_outputs off"
         )
-
-
-def parse_stream_spec(spec: str) -> tuple[str, float]:
-    """Split a ``"url"`` or ``"url:weight"`` mixture entry.
-
-    The text after the last ``:`` is a weight when it parses as a positive
-    finite number; otherwise the whole entry is the URL (so ``s3://b/ds`` and
-    ``/data/ds`` need no weight).
-
-    Args:
-        spec: one entry of ``Config.streams``.
-
-    Returns:
-        ``(url, weight)``; the weight defaults to 1.
-
-    Raises:
-        ConfigError: an empty URL, or a weight that is zero, negative or not finite.
-    """
-    text = spec.strip()
-    url, sep, suffix = text.rpartition(":")
-    weight = _number(suffix) if sep and not suffix.startswith("/") else None
-    if weight is None:
-        url, weight = text, 1.0
-    elif not math.isfinite(weight) or weight <= 0:
-        raise ConfigError(f"dataloader.streams entry {spec!r}: weight must be a positive number (got {suffix!r})")
-    if not url:
-        raise ConfigError(f"dataloader.streams entry {spec!r}: empty dataset URL")
-    return url, weight
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def phase_dicts(phases: list[dict[str, Any]] | str) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ import torch
 from zephon_stream.loader.delivery.handback import SlotReturns
 from zephon_stream.loader.delivery.slot_views import SlotViews, cached_views_available, slot_tensors
 from zephon_stream.loader.delivery.widen import widen
-from zephon_stream.loader.ring.packing import host_scalars
+from zephon_stream.loader.ring.row_documents import host_scalars
 from zephon_stream.loader.ring.shared_ring import WIDE_KEYS, SharedRing
 
 BATCH_KEYS = ("input", "labels", "positions", "sample_positions")

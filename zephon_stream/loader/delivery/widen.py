@@ -16,7 +16,7 @@ import re
 
 import torch
 
-from zephon_stream.loader.ring.packing import ignore_eos_targets, packing_tensors
+from zephon_stream.loader.ring.row_documents import ignore_eos_targets, packing_tensors
 from zephon_stream.loader.ring.shared_ring import SlotLayout
 
 _TORCH_DTYPES = {"<u2": torch.uint16, "<u4": torch.uint32}
@@ -108,7 +108,7 @@ def widen(raw: torch.Tensor, layout: SlotLayout) -> dict[str, torch.Tensor]:
     """``input``, ``labels``, ``positions`` and ``sample_positions`` (int64)
     from a slot's first part, on ``raw``'s device; labels of input EOS tokens
     -100 under ``cross_document_targets="ignore"``, and the document outputs
-    when the layout holds them (loader/ring/packing.py).
+    when the layout holds them (loader/ring/row_documents.py).
 
     Args:
         raw: ``uint8`` tensor of ``layout.device_bytes`` bytes.

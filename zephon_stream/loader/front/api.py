@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from zephon_stream.loader.blocks.streams import Stream, StreamSource, as_streams, open_node_cache, open_sources
+from zephon_stream.loader.blocks.streams import (
+    Stream,
+    StreamLike,
+    StreamSource,
+    as_streams,
+    open_node_cache,
+    open_sources,
+)
 from zephon_stream.loader.delivery.device import resolve_device
 from zephon_stream.loader.front.args import PIPELINE_MODES, check_loader_args, resolve_rank_world
 from zephon_stream.loader.front.audit import AuditLog, addresses_sha256
@@ -34,7 +41,7 @@ from zephon_stream.loader.planning.memory import MIB
 from zephon_stream.loader.planning.rank_layout import RankLayout
 from zephon_stream.loader.planning.schedule import Phase, build_schedule
 from zephon_stream.loader.producer.stats import LoaderStats
-from zephon_stream.loader.ring.packing import PackingSpec
+from zephon_stream.loader.ring.row_documents import PackingSpec
 from zephon_stream.loader.runs.feed import BatchFeed
 from zephon_stream.loader.runs.phase_layouts import LayoutBook, run_end_position
 from zephon_stream.plan import ScheduleOrder
@@ -67,7 +74,8 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
     its arguments, exactly as it always has.
 
     Args:
-        streams: a dataset URL, a list of URLs, or ``Stream(url, weight=...)``s.
+        streams: one stream or a list (a mixture), each a URL or path, ``"url:weight"``, a
+            ``Stream``, its fields as a dict or a ``(url, weight)`` pair; else a ``TypeError``.
         seq_len: tokens per sample input ``L`` (without a schedule).
         local_batch_size: rows per step on this rank (without a schedule).
         schedule: phases (``Phase`` or dicts of its fields), the first at step
@@ -137,7 +145,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
 
     def __init__(
         self,
-        streams: str | Stream | Sequence[str | Stream],
+        streams: StreamLike | Sequence[StreamLike],
         *,
         seq_len: int | None = None,
         local_batch_size: int | None = None,

@@ -18,7 +18,7 @@ from zephon_stream.loader.delivery.device import ring_slots, ring_wide_keys
 from zephon_stream.loader.planning.memory import MemoryBound
 from zephon_stream.loader.planning.rank_layout import RankLayout, build_order
 from zephon_stream.loader.planning.schedule import local_batch_of, run_end_step
-from zephon_stream.loader.ring.packing import PackingSpec
+from zephon_stream.loader.ring.row_documents import PackingSpec
 from zephon_stream.loader.ring.shared_ring import SharedRing, SlotLayout
 from zephon_stream.plan import GlobalOrder, ScheduleOrder
 from zephon_stream.plan.run_history import Skip, Stretch, continues, decode, encode, history_distance, last_stretch
