@@ -6,10 +6,11 @@ or wrap it (CPU), hand the tensors over.
 On CPU the consumer gets ``int64`` tensors that are views of the slot, without
 a copy, in the batch layout the loader was built with (``"rows"`` or
 ``"tokens"``, loader/delivery/widen.py); the 1-D views of ``"tokens"`` are
-made with the slot's other tensors, once. A slot goes back to the producer once nothing refers to it any more,
-that is once the consumer has dropped every tensor (or view) of that batch. A
-consumer that keeps more than ``max_held`` batches gets copies of the further
-ones, so it can keep batches as long as it likes without stalling the ring.
+made with the slot's other tensors, once. A slot goes back to the producer
+once nothing refers to it any more, that is once the consumer has dropped
+every tensor (or view) of that batch. A consumer that keeps more than
+``max_held`` batches gets copies of the further ones (in the same layout), so
+it can keep batches as long as it likes without stalling the ring.
 
 With CUDA the ring is registered as pinned memory. Per step one transfer moves
 the slot's narrow part (token windows at the stored width, EOS ids, sample
