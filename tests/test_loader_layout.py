@@ -35,6 +35,13 @@ def in_ring(loader: StreamingLoader, batch: dict[str, torch.Tensor]) -> bool:
     return all(low <= tensor.data_ptr() < low + loader.ring.nbytes for tensor in batch.values())
 
 
+def serving(loader: StreamingLoader, pipeline: str) -> int:
+    """The loader's cursor once its steps come from where ``pipeline`` runs (the helper process takes over from threads)."""
+    if pipeline == "process":
+        steps_until_the_helper_serves(loader)
+    return loader.position
+
+
 def rows_reference(url: str, start: int, **settings):
     """A ``"rows"`` loader on threads, seeked to cursor ``start``."""
     reference = StreamingLoader(url, pipeline="threads", **settings)
@@ -56,9 +63,7 @@ def test_tokens_batches_are_the_rows_batches_flattened_and_views_of_the_ring(sma
     settings = {"seq_len": 128, "local_batch_size": local_batch_size, "seed": 3}
     with StreamingLoader(small_dataset.url, pipeline=pipeline, batch_layout="tokens", **settings) as loader:
         assert loader.batch_layout == "tokens"
-        if pipeline == "process":
-            steps_until_the_helper_serves(loader)
-        start = loader.position
+        start = serving(loader, pipeline)
         got = []
         for _ in range(40):
             batch = next(loader)
@@ -95,9 +100,7 @@ def test_the_1d_views_are_made_once_per_slot_and_handed_over_again(small_dataset
 def test_a_hoarding_consumer_gets_copies_in_the_tokens_layout(small_dataset, pipeline):
     settings = {"seq_len": 128, "local_batch_size": 4, "seed": 2}
     with StreamingLoader(small_dataset.url, pipeline=pipeline, batch_layout="tokens", **settings) as loader:
-        if pipeline == "process":
-            steps_until_the_helper_serves(loader)
-        start = loader.position
+        start = serving(loader, pipeline)
         kept = [next(loader) for _ in range(80)]
         views = [in_ring(loader, batch) for batch in kept]
         assert views[:16] == [True] * 16 and not any(views[48:]), "past two held slots, copies"
