@@ -118,6 +118,24 @@ def test_config_build_yields_titan_batches(small_bpe_dataset, titan_tokenizer):
     assert (positions[inside] == torch.roll(positions, 1, dims=1)[inside] + 1).all()
 
 
+@pytest.mark.parametrize("local_batch_size", [4, 64])
+def test_the_streaming_loader_hands_over_the_installed_titans_form_itself(small_bpe_dataset, local_batch_size):
+    # NOTE: main's 1-D tensors are the delivery's own, made once per ring
+    # slot (batch_layout="tokens"), not views made again each step; 4 x 256
+    # tokens share a slot with other steps, 64 x 256 fill one.
+    config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=3, pipeline="threads")
+    with build(config, seq_len=256, local_batch_size=local_batch_size) as loader:
+        inner = loader.streaming_loader
+        assert inner.batch_layout == TITAN.batch_layout == ("tokens" if TITAN.flat_batches else "rows")
+        for _ in range(40):
+            input_dict, labels = next(loader)
+            cached = {id(tensor) for views in inner.delivery.views if views is not None
+                      for part in (views.whole, *views.steps) for tensor in part.values()}  # fmt: skip
+            assert {id(input_dict["input"]), id(input_dict["positions"]), id(labels)} <= cached
+            assert input_dict["input"].dim() == (1 if TITAN.flat_batches else 2)
+            del input_dict, labels
+
+
 def test_state_dict_is_one_key_equal_on_every_rank(small_bpe_dataset):
     config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url)
     states = []

@@ -31,7 +31,7 @@ from zephon_stream.integrations.torchtitan.base import (
     check_tokenizer,
     titan_shape,
 )
-from zephon_stream.integrations.torchtitan.batches import IGNORE_INDEX, titan_batch, titan_input_dict
+from zephon_stream.integrations.torchtitan.batches import IGNORE_INDEX, titan_batch, titan_input_dict, titan_layout
 from zephon_stream.integrations.torchtitan.config import ZephonDataLoaderConfig, parse_stream_spec, phase_dicts
 from zephon_stream.integrations.torchtitan.eval import ZephonEvalDataLoader
 from zephon_stream.integrations.torchtitan.loader import ZephonDataLoader
@@ -55,5 +55,6 @@ __all__ = [
     "phase_dicts",
     "titan_batch",
     "titan_input_dict",
+    "titan_layout",
     "titan_shape",
 ]

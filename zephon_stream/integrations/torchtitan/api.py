@@ -90,6 +90,12 @@ class TitanAPI:
         """Whether a loader config asks for passes that repeat."""
         return bool(getattr(config, self.repeat_field))
 
+    @property
+    def batch_layout(self) -> str:
+        """The ``StreamingLoader`` batch layout this API trains: ``"tokens"``
+        (1-D, the rows end to end) where batches are flat, else ``"rows"``."""
+        return "tokens" if self.flat_batches else "rows"
+
     def batch_flag_value(self, *, rows: int, seq_len: int) -> str:
         """``--flag value`` that gives each dp rank ``rows`` rows of ``seq_len`` per microbatch."""
         return f"{self.batch_flag} {rows * seq_len if self.flat_batches else rows}"

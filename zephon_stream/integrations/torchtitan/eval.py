@@ -35,7 +35,7 @@ from zephon_stream.integrations.torchtitan.base import (
     redacted_config_repr,
     titan_shape,
 )
-from zephon_stream.integrations.torchtitan.batches import titan_batch
+from zephon_stream.integrations.torchtitan.batches import titan_batch, titan_layout
 from zephon_stream.integrations.torchtitan.config import parse_stream_spec, refuse_packing_outputs_on_flat_batches
 from zephon_stream.loader import PackingSpec
 
@@ -162,7 +162,10 @@ class ZephonEvalDataLoader(BaseDataLoader):
                 self.passes += 1
             batch = next(self._pass, None)
             if batch is not None:
-                return titan_batch(batch, shape=self.shape, packing_outputs=self.config.packing_outputs)
+                # NOTE: EvalLoader copies each step's rows out of its ring (its padding
+                # rows are rewritten in the copy), so it has no slot tensors to keep
+                # 1-D views of; the rows are laid end to end here, a view a key.
+                return titan_batch(titan_layout(batch), shape=self.shape, packing_outputs=self.config.packing_outputs)
             self._pass = None
 
     def state_dict(self) -> dict[str, Any]:

@@ -114,6 +114,8 @@ class ZephonDataLoader(BaseDataLoader):
             # TorchTitan's train_step (0.3.0 and main) does ``cpu_count +=
             # (labels != IGNORE_INDEX).sum()``: CUDA labels would fail there.
             host_labels=True,
+            # NOTE: main's 1-D batches come from the delivery, made once per ring slot.
+            batch_layout=TITAN.batch_layout,
             pipeline=config.pipeline,
             helper_nice=config.helper_nice,
             prefetch_steps=config.prefetch_steps,

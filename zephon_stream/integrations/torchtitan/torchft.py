@@ -191,7 +191,7 @@ class ZephonFTDataLoader(BaseDataLoader):
                    "prefetch_steps": config.prefetch_steps, "max_memory_bytes": config.max_memory_bytes,
                    "cross_document_targets": config.cross_document_targets, "packing": config.packing,
                    # TorchTitan's train_step (0.3.0 and main) counts valid labels into a CPU tensor.
-                   "host_labels": True}  # fmt: skip
+                   "host_labels": True, "batch_layout": TITAN.batch_layout}  # fmt: skip
         if self._tokenizer is not None:
             self._check_tokenizer(streams, options)
         ft_config = TorchFTConfig(seq_len=self.seq_len, policy="per_replica",
