@@ -26,6 +26,7 @@ _PUBLIC = {
     # NOTE: what users and the integrations import.
     "StreamingLoader": "zephon_stream.loader.front.api",
     "PIPELINE_MODES": "zephon_stream.loader.front.args",
+    "BATCH_LAYOUTS": "zephon_stream.loader.delivery.widen",
     "HELPER_PROCESS_BYTES": "zephon_stream.loader.front.api",
     "Stream": "zephon_stream.loader.blocks.streams",
     "Phase": "zephon_stream.loader.planning.schedule",

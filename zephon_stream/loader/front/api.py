@@ -43,7 +43,7 @@ from zephon_stream.loader.planning.schedule import Phase, build_schedule
 from zephon_stream.loader.producer.stats import LoaderStats
 from zephon_stream.loader.ring.row_documents import PackingSpec
 from zephon_stream.loader.runs.feed import BatchFeed
-from zephon_stream.loader.runs.phase_layouts import LayoutBook, run_end_position
+from zephon_stream.loader.runs.phase_layouts import LayoutBook, run_end_position, stop_position
 from zephon_stream.plan import ScheduleOrder
 
 __all__ = ["PIPELINE_MODES", "Phase", "Stream", "StreamingLoader"]
@@ -59,9 +59,9 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
     """Streams one rank's share of every global batch from local or S3 datasets.
 
     Iterating yields dicts of ``int64`` tensors: ``input``, ``labels`` and
-    ``positions`` of shape ``[local_batch_size, seq_len]`` and
-    ``sample_positions`` (the global position of each row) of shape
-    ``[local_batch_size]``. With ``packing_outputs`` also ``segment_ids``,
+    ``positions`` of shape ``[local_batch_size, seq_len]`` (``batch_layout="tokens"``:
+    1-D, the rows end to end) and ``sample_positions`` (the global position of
+    each row) of shape ``[local_batch_size]``. With ``packing_outputs`` also ``segment_ids``,
     ``document_lengths`` (``int32 [local_batch_size, seq_len]``),
     ``cu_seqlens`` (``int32 [local_batch_size * seq_len + 1]``) and the
     CPU scalars ``num_cu_seqlens`` and ``max_seqlen`` (docs/PACKING.md).
@@ -98,6 +98,9 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
             them itself); the other tensors go to the device. They view pinned
             memory, and ``labels.to(device, non_blocking=True)`` is safe: the
             memory is refilled only after the current stream has run past it.
+        batch_layout: ``"rows"`` (default) or ``"tokens"``: ``input``, ``labels`` and
+            ``positions`` 1-D ``[local_batch_size * seq_len]`` (TorchTitan main's
+            form), views made once per ring slot; other keys keep their shapes.
         pipeline: ``"process"`` (default): fetch, decode and assembly run in
             a helper process writing into a shared-memory ring, outside this
             interpreter; ``"threads"``: on threads of this process (debugging).
@@ -158,6 +161,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         storage_options: dict[str, Any] | None = None,
         device: str | torch.device | None = None,
         host_labels: bool = False,
+        batch_layout: str = "rows",
         pipeline: str = "process",
         helper_nice: int = 10,
         prefetch_steps: int = 4,
@@ -177,12 +181,13 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         check_loader_args(
             rank=self.rank, world_size=self.world_size, scheduled=schedule is not None, pipeline=pipeline,
-            seq_len=seq_len, local_batch_size=local_batch_size, lanes=lanes, window=window,
+            batch_layout=batch_layout, seq_len=seq_len, local_batch_size=local_batch_size, lanes=lanes, window=window,
             prefetch_steps=prefetch_steps, num_fetch_threads=num_fetch_threads,
             num_decode_threads=num_decode_threads, max_steps=max_steps, max_epochs=max_epochs,
             epochs_stream=epochs_stream, end_after_phase=end_after_phase, helper_nice=helper_nice,
         )  # fmt: skip
         self.pipeline_mode = pipeline
+        self.batch_layout = batch_layout
         self.helper_nice = helper_nice
         self.seq_len = seq_len
         self.local_batch_size = local_batch_size
@@ -236,6 +241,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
                 helper_bytes=HELPER_PROCESS_BYTES if pipeline == "process" else 0,
                 handover=pipeline == "process" or self._schedule is not None,
                 share_slots=audit_log is None or self.rank != 0,
+                batch_layout=batch_layout,
                 schedule=self._schedule,
                 packing=self.packing,
             )
@@ -318,13 +324,13 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         if self._audit is not None:
             self._audit.append(self._audit_record(ready.cursor, ready.data_sha256))
         if feed.steady is not None:
-            stop = _stop_position(self._layout, end)
+            stop = stop_position(self._layout, end)
             self._steady_until = math.inf if stop is None else stop
         return batch
 
     def _run_args(self, layout: RankLayout, start: int, end: int | None) -> dict[str, Any]:
         """The keywords of a producer run of ``layout`` from cursor ``start`` to its end or ``end``."""
-        stop = _stop_position(layout, end)
+        stop = stop_position(layout, end)
         num_steps = None if stop is None else max(0, -(-(stop - start) // layout.global_batch))
         more_runs = layout.end_position is not None and (end is None or layout.end_position < end)
         return {"start": start, "start_step": self._book.step_of(start, layout), "num_steps": num_steps,
@@ -392,9 +398,3 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
-
-
-def _stop_position(layout: RankLayout, end: int | None) -> int | None:
-    """Where reading ``layout`` stops: its own end (a phase's) or the run's ``end``, whichever comes first."""
-    stops = [p for p in (end, layout.end_position) if p is not None]
-    return min(stops) if stops else None
