@@ -82,12 +82,14 @@ def test_passes_against_torchtitan_main(module: str, titan_main: Path, tmp_path:
         pytest.skip("test_torchtitan_gpu.py needs CUDA (every test of it would skip)")
     path = os.pathsep.join(p for p in (str(titan_main), os.environ.get("PYTHONPATH"), str(REPO)) if p)
     (tmp_path / "tmp").mkdir()
-    env = {**os.environ, "PYTHONPATH": path, "ZEPHON_EXPECT_TORCHTITAN": "main", "TMPDIR": str(tmp_path / "tmp")}
+    # A session of its own: none of this one's xdist worker variables.
+    outer = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "XDIST_"))}
+    env = {**outer, "PYTHONPATH": path, "ZEPHON_EXPECT_TORCHTITAN": "main", "TMPDIR": str(tmp_path / "tmp")}
     command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
                f"--basetemp={tmp_path / 'base'}", f"tests/{module}"]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     output = done.stdout + done.stderr
-    summary = output.strip().splitlines()[-1] if output.strip() else ""
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     assert done.returncode == 0, f"{module} against TorchTitan main: exit {done.returncode}\n{output[-8000:]}"
     assert re.search(r"\d+ passed", summary) or "skipped" in summary, summary
     print(f"{module} against TorchTitan main: {summary}")
