@@ -30,6 +30,7 @@ class StoreRequest(NamedTuple):
     client: str  # the address it came from
     method: str
     key: str  # bucket/key, decoded, without the query string
+    byte_range: str  # the Range header, "" for a whole object
     status: int  # the answer's status; 0 when the proxy reset the connection instead
 
 
@@ -42,7 +43,9 @@ class _RecordingHandler(ProxyHandler):
             super()._proxy()
         finally:
             key = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
-            self.server.proxy.record(StoreRequest(arrived, self.client_address[0], self.command, key, self._status))
+            byte_range = self.headers.get("Range", "") if self.headers is not None else ""
+            self.server.proxy.record(StoreRequest(arrived, self.client_address[0], self.command, key, byte_range,
+                                                  self._status))  # fmt: skip
 
     def send_response(self, code: int, message: str | None = None) -> None:
         self._status = code

@@ -125,7 +125,8 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
             metadata (the manifest, index pages) so that one of them reads
             it from the store: a folder, False for none, or None for the
             default ($ZEPHON_NODE_CACHE, else a private folder under
-            /dev/shm when torchrun's LOCAL_WORLD_SIZE > 1, else none).
+            /dev/shm when the launcher says this node runs more than one
+            rank: torchrun, srun, mpirun; storage/node_ranks.py; else none).
             Removed by the node's last loader to close.
 
     Raises:
