@@ -26,7 +26,7 @@ from tools.seaweedfs import SeaweedFS
 class StoreRequest(NamedTuple):
     """One request the store's proxy answered."""
 
-    when: float  # time.monotonic() at its arrival
+    when: float  # time.time() at its arrival (the nodes share the machine's clock)
     client: str  # the address it came from
     method: str
     key: str  # bucket/key, decoded, without the query string
@@ -38,7 +38,7 @@ class _RecordingHandler(ProxyHandler):
     """The fault proxy's handler, recording each request with the address it came from."""
 
     def _proxy(self) -> None:
-        arrived, self._status = time.monotonic(), 0
+        arrived, self._status = time.time(), 0
         try:
             super()._proxy()
         finally:

@@ -287,6 +287,17 @@ class Box:
             raise sp.CalledProcessError(proc.returncode, argv, out, err)
         return out
 
+    def waiting_sockets(self, index: int, address: str) -> int:
+        """How many TCP sockets of node ``index`` to ``address`` wait for an answer: connecting (SYN-SENT) or
+        holding bytes sent that were not acknowledged (what a lost route leaves a node's requests doing)."""
+        listed = sp.run(["nsenter", f"--net=/run/netns/{self.nodes[index].netns}", "ss", "-tnH", "dst", address],
+                        capture_output=True, text=True, check=True).stdout  # fmt: skip
+        waiting = 0
+        for line in listed.splitlines():
+            state, _, send_q = line.split()[:3]
+            waiting += state == "SYN-SENT" or (state == "ESTAB" and int(send_q) > 0)
+        return waiting
+
     def pids(self, index: int) -> list[int]:
         """The processes of node ``index``, its holder included."""
         return net.netns_pids(self.nodes[index].netns)
