@@ -38,7 +38,6 @@ import subprocess as sp
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,54 +47,11 @@ if __package__ in (None, ""):
 # NOTE: only the standard library and the network module at import, so that the command line says why it
 # cannot make a box (not root) before anything heavier loads; the store and the keeper come in start().
 from tools import box_network as net
+from tools.box_node import REPO_ROOT, Node, boot_script, read_line, visible_paths
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TMPFS_BYTES = 1 << 30  # NOTE: a ceiling, not a reservation: tmpfs takes memory only for what is written
 BOOT_TIMEOUT_S = 20.0
 _DROPPED_ENV = ("TMPDIR", "ZEPHON_NODE_CACHE", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "RANK", "WORLD_SIZE")
-
-
-class Node:
-    """One node of a box: its hostname ``node<i>``, address, namespace, the host end of its link, and its
-    *holder* (the process whose namespaces every command on the node enters; the node is up while it runs)."""
-
-    def __init__(self, names: net.BoxNames, index: int) -> None:
-        self.index = index
-        self.hostname = f"node{index}"
-        self.address = names.address(index)
-        self.netns = names.netns(index)
-        self.veth = names.veth(index)
-        self.holder: sp.Popen[bytes] | None = None
-        self.processes: list[sp.Popen[Any]] = []
-
-    @property
-    def up(self) -> bool:
-        return self.holder is not None and self.holder.poll() is None
-
-    def __repr__(self) -> str:
-        return f"Node({self.hostname} {self.address} {'up' if self.up else 'down'})"
-
-
-def visible_paths(shared: Path) -> list[Path]:
-    """What every node must see at the same path under its own /tmp: the shared folder, the interpreter, the repository."""
-    paths = sorted({Path(os.path.realpath(p)) for p in (shared, sys.prefix, sys.base_prefix, REPO_ROOT)})
-    under_tmp = [p for p in paths if p.is_relative_to("/tmp") and p != Path("/tmp")]
-    return [p for p in under_tmp if not any(p != q and p.is_relative_to(q) for q in under_tmp)]
-
-
-def boot_script(node: Node, hosts: Path, stage: Path, keep: list[Path], tmpfs_bytes: int) -> str:
-    """The shell lines that make a node of a fresh mount, UTS and IPC namespace, then hold it (``sleep``)."""
-    q = shlex.quote
-    lines = ["set -e", f"mount --bind {q(str(hosts))} /etc/hosts",
-             f"mount -t tmpfs -o size={tmpfs_bytes},mode=1777 zbtmp {q(str(stage))}"]  # fmt: skip
-    for path in keep:
-        inside = stage / path.relative_to("/tmp")
-        lines += [f"mkdir -p {q(str(inside))}", f"mount --bind {q(str(path))} {q(str(inside))}"]
-    # NOTE: the tmpfs is filled first and then moved over /tmp, with what is bound into it: once it
-    # covers /tmp, the paths to bind would be hidden.
-    lines += [f"mount --move {q(str(stage))} /tmp", f"mount -t tmpfs -o size={tmpfs_bytes},mode=1777 zbshm /dev/shm",
-              f"hostname {node.hostname}", "echo ready", "exec sleep infinity"]  # fmt: skip
-    return "\n".join(lines)
 
 
 class Box:
@@ -220,7 +176,7 @@ class Box:
             node.holder = sp.Popen(["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--mount", "--uts",
                                     "--ipc", "--propagation", "private", "sh", "-c", script],
                                    stdin=sp.DEVNULL, stdout=sp.PIPE, stderr=log, start_new_session=True)  # fmt: skip
-        ready = _read_line(node.holder, BOOT_TIMEOUT_S)
+        ready = read_line(node.holder, BOOT_TIMEOUT_S)
         if ready != "ready":
             node.holder.kill()
             node.holder.wait()
@@ -343,15 +299,6 @@ class Box:
         (self._root() / "box.json").write_text(json.dumps(state, indent=1))
 
 
-def _read_line(proc: sp.Popen[bytes], timeout_s: float) -> str:
-    """The first line ``proc`` writes, or "" once it exits or ``timeout_s`` passes."""
-    out: list[bytes] = []
-    reader = threading.Thread(target=lambda: out.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(timeout_s)
-    return out[0].decode().strip() if out else ""
-
-
 # -- the command line ---------------------------------------------------------
 
 
@@ -381,7 +328,7 @@ def _up(args: argparse.Namespace) -> int:
         print(f"cut, heal, cut-store, heal-store, kill: {me} cut {box.name} NODE; Ctrl-C tears it down", flush=True)
         while not stop.wait(0.5):
             pass
-    print(f"box torn down", flush=True)
+    print("box torn down", flush=True)
     return 0
 
 
