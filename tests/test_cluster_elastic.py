@@ -124,6 +124,8 @@ def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_un
         killed = time.time()
         assert box.kill(2) >= 3  # NOTE: its agent, its two workers (and their helpers), the node's holder
         after_kill = job.wait_for(lambda ev: steps_after(ev, killed, 4), "a step at 4 ranks after the kill")
+        survivors_failed = [e["time"] for e in job.events() if e["event"] == "failed" and e["time"] > killed]
+        times["kill_detected_s"] = min(survivors_failed) - killed if survivors_failed else float("nan")
         times["kill_to_4_ranks_s"] = after_kill[0]["time"] - killed
         held = box.shared / "ckpt" / f"step-{hold:08d}"
         assert not (held / ".metadata").exists(), "the checkpoint being saved when node 2 died was committed"
@@ -149,7 +151,11 @@ def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_un
         addresses = {node.hostname: node.address for node in box.nodes}
         leftovers = {n: box.leftovers(n) for n in (1, 2)}
         reference = reference_rows("s3://data/ds", box.store.direct_options(), STEPS)
-    print(json.dumps({k: round(v, 1) for k, v in times.items()}))
+    rounds = _rounds(events)
+    gets = {host: sum(r.client == address and r.key == "data/ds/manifest" for r in requests)
+            for host, address in addresses.items()}  # fmt: skip
+    print(json.dumps({**{k: round(v, 1) for k, v in times.items()}, "manifest_gets": gets,
+                      "rounds": {host: len(r) for host, r in rounds.items()}}))
 
     # every step trained, each time with the uninterrupted run's rows
     assert {r["step"] for r in records} == set(range(STEPS))
@@ -158,16 +164,14 @@ def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_un
         assert len(record["rows"]) == GLOBAL_BATCH
     assert {r["world_size"] for r in records} == {4, 6}
     # the dataset's metadata: once a round on each node, counted at the store by the node's address
-    rounds = _rounds(events)
     for host, address in addresses.items():
         reads: dict[tuple, int] = {}
         for r in requests:
             if r.client == address and r.method == "GET" and r.status in (200, 206) and "/shards/" not in r.key:
                 reads[(r.key, r.byte_range)] = reads.get((r.key, r.byte_range), 0) + 1
-        manifest_gets = [round(r.when - started, 1) for r in requests if r.client == address and r.key == "data/ds/manifest"]
-        opened = [(round(e["time"] - started, 1), e["rank"], e["restart"]) for e in events
+        opened = [(round(e["time"] - started, 1), e["rank"], e["round"]) for e in events
                   if e["event"] == "opened" and e["host"] == host]  # fmt: skip
-        assert reads.get(("data/ds/manifest", "")) == len(rounds[host]), (host, manifest_gets, opened)
+        assert reads.get(("data/ds/manifest", "")) == len(rounds[host]), (host, reads, opened)
         assert max(reads.values()) == len(rounds[host]), (host, reads)
     # NOTE: torchrun leaves its torchelastic_* folder and torch its torchinductor_<user> cache in /tmp (the
     # suite's own torchrun tests meet them too); nothing else may stay, the node cache in /dev/shm least of all.

@@ -139,7 +139,7 @@ def test_a_conversion_on_three_nodes_loses_one_mid_run_and_writes_the_same_bytes
                       blocks_per_shard=RAY_BLOCKS_PER_SHARD, storage_options=options, progress=False)  # fmt: skip
         pool = dataset_contents("s3://data/pool", options)
         converted = dataset_contents("s3://data/out", options)
-    print(json.dumps({k: round(v, 1) for k, v in times.items()}))
+    print(json.dumps({**{k: round(v, 1) for k, v in times.items()}, "units": summary["num_units"]}))
 
     assert summary["num_units"] >= 6 and json.loads(out.strip().splitlines()[-1])["num_units"] == summary["num_units"]
     # node 2's unit ran again elsewhere: what it had read of the corpus was read again from another node
