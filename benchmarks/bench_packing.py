@@ -1,7 +1,7 @@
 """What rows of whole documents (``packing="best_fit"``) buy and what they cost, against windows.
 
 Part 1, the cuts, on the same blocks of 2**20 + 1 tokens for both packings
-(``plan/packing.py`` and ``plan/packing_report.py``), at seq_len 1024, 2048,
+(``plan/packing.py`` and ``plan/packing_cuts.py``), at seq_len 1024, 2048,
 4096 and 8192:
 
 - **real text**: this machine's Python standard library sources cut into
@@ -59,7 +59,7 @@ from zephon_stream import StreamingLoader, write_dataset
 from zephon_stream.format.block import decode_block, encode_block
 from zephon_stream.format.manifest import Manifest
 from zephon_stream.plan.packing import best_fit_rows, packed_rows, window_rows
-from zephon_stream.plan.packing_report import CutCounts, cut_counts
+from zephon_stream.plan.packing_cuts import CutCounts, cut_counts
 from zephon_stream.reader import DatasetReader
 
 BLOCK_TOKENS = 2**20 + 1

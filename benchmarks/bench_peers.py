@@ -43,13 +43,14 @@ library, 31.5 M tokens) and, for the CPU per step, from ``--no-s3
 
 The peers are optional and are not installed by this project (their
 dependencies pin other torch builds). To include them, use a separate
-virtualenv that sees this environment's packages::
+virtualenv that sees this environment's packages (from the repository root;
+``.venv-peers/`` is git-ignored)::
 
-    python -m venv --system-site-packages /tmp/peers-venv
-    /tmp/peers-venv/bin/pip install --no-deps mosaicml-streaming==0.13.0 litdata==0.2.76 \
+    python -m venv --system-site-packages .venv-peers
+    .venv-peers/bin/pip install --no-deps mosaicml-streaming==0.13.0 litdata==0.2.76 \
         xxhash zstd brotli cramjam python-snappy catalogue lightning-utilities \
         transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.2
-    /tmp/peers-venv/bin/python benchmarks/bench_peers.py --no-s3 --no-resume --max-bytes 8e6 --pass-trials 3
+    .venv-peers/bin/python benchmarks/bench_peers.py --no-s3 --no-resume --max-bytes 8e6 --pass-trials 3
 
 ``--convert-only`` stops after the conversions, ``--no-local``, ``--no-s3``
 and ``--no-resume`` skip those parts. A peer that cannot be imported is reported

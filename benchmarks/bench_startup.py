@@ -89,7 +89,7 @@ def phase_figures(url: str, args) -> dict[str, float]:
 
 
 def validator_rebuild(url: str, args) -> dict[str, float]:
-    from zephon_stream.integrations.torchtitan_eval import ZephonEvalDataLoader
+    from zephon_stream.integrations.torchtitan import ZephonEvalDataLoader
 
     config = ZephonEvalDataLoader.Config(dataset_path=url)
     times = []

@@ -210,7 +210,7 @@ class DatasetContents:
 def dataset_contents(url: str, storage_options: dict | None = None) -> DatasetContents:
     """Read back a committed dataset's token stream, documents, accounting and rejects, and verify it."""
     from zephon_stream.reader import DatasetReader
-    from zephon_stream.verify import verify_dataset
+    from zephon_stream.reader.verify import verify_dataset
 
     with DatasetReader.open(url, storage_options) as reader:
         manifest = reader.manifest

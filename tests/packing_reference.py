@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from zephon_stream.loader.ring.packing import IGNORE_INDEX
+from zephon_stream.loader.ring.row_documents import IGNORE_INDEX
 
 VOCAB = 6
 HEADS, HEAD_DIM = 2, 4

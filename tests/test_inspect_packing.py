@@ -13,10 +13,10 @@ import pytest
 
 from loader_reference import DirectReader
 from zephon_stream.cli import main
-from zephon_stream.packing_survey import figures, packing_report, spread_blocks
 from zephon_stream.plan.packing import PACKINGS, block_rows
-from zephon_stream.plan.packing_report import CutCounts, cut_counts
+from zephon_stream.plan.packing_cuts import CutCounts, cut_counts
 from zephon_stream.reader import DatasetReader
+from zephon_stream.reader.packing_report import figures, packing_report, spread_blocks
 
 
 def summed(url: str, blocks: list[int], seq_len: int) -> dict[str, CutCounts]:
@@ -106,11 +106,20 @@ def test_inspect_packing_report_json_adds_one_key(definitions_dataset, capsys):
     [
         (["--packing-report"], "--packing-report needs --seq-len L"),
         (["--seq-len", "256"], "--seq-len and --blocks belong to --packing-report"),
-        (["--packing-report", "--seq-len", "256", "--blocks", "0"], "--blocks must be >= 1, got 0"),
-        (["--packing-report", "--seq-len", "0"], "--seq-len must be >= 1, got 0"),
     ],
 )
 def test_inspect_packing_report_refuses_what_it_cannot_count(definitions_dataset, capsys, args, message):
     assert main(["inspect", definitions_dataset.url, *args]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and f"zephon-stream inspect: error: {message}" in captured.err
+
+
+@pytest.mark.parametrize(("args", "message"), [(["--blocks", "0"], "--blocks: must be >= 1 (got 0)"),
+                                               (["--seq-len", "0"], "--seq-len: must be >= 1 (got 0)")])  # fmt: skip
+def test_inspect_packing_report_at_no_row_length_or_no_block_is_a_usage_error(
+    definitions_dataset, capsys, args, message
+):
+    with pytest.raises(SystemExit, match="2"):
+        main(["inspect", definitions_dataset.url, "--packing-report", "--seq-len", "256", *args])
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"zephon-stream inspect: error: argument {message}" in captured.err

@@ -143,6 +143,68 @@ def test_two_weighted_streams_have_exact_proportions_and_progress(small_dataset,
     reader.close()
 
 
+def test_a_mixture_written_as_dicts_pairs_or_url_weight_strings_reads_as_its_streams(small_dataset, small_bpe_dataset):
+    web, code = small_bpe_dataset.url, small_dataset.url
+    forms = [
+        [Stream(web, weight=3), Stream(code, weight=1)],
+        [{"url": web, "weight": 3}, {"url": code}],
+        [(web, 3), (code, 1)],
+        [f"{web}:3", code],  # NOTE: the "url:weight" entries of the TorchTitan configs
+    ]
+    firsts = []
+    for streams in forms:
+        with StreamingLoader(streams, seq_len=128, local_batch_size=8, pipeline="threads") as loader:
+            state = loader.state_dict()
+            assert state["weights"] == ["3", "1"] and state["lane_counts"] == [6, 2], streams
+            firsts.append(next(loader)["input"])
+    assert all(torch.equal(first, firsts[0]) for first in firsts[1:])
+
+
+def test_one_stream_given_as_a_dict_a_pair_a_path_or_url_weight_reads_that_dataset(small_dataset, tmp_path):
+    url = small_dataset.url
+    with StreamingLoader(url, seq_len=128, local_batch_size=4, pipeline="threads") as loader:
+        want = next(loader)["input"]
+    # NOTE: a path with ':' whose suffix is no number is a path; one whose suffix is a
+    # number is named as a Stream or a path object, which are never split.
+    named = shutil.copytree(url, tmp_path / "run:v2")
+    numbered = shutil.copytree(url, tmp_path / "run:3")
+    for streams in ([{"url": url}], [(url, 2)], [f"{url}:2"], {"url": url, "weight": 1.5}, (url, 2), f"{url}:2",
+                    str(named), [named], Stream(str(numbered)), numbered):  # fmt: skip
+        with StreamingLoader(streams, seq_len=128, local_batch_size=4, pipeline="threads") as loader:
+            assert torch.equal(next(loader)["input"], want), streams
+
+
+def test_url_weight_strings_split_only_at_a_numeric_suffix_after_the_last_colon():
+    from zephon_stream.loader.blocks.streams import as_streams, parse_stream_spec
+
+    assert parse_stream_spec("s3://bucket/data/web:0.7") == ("s3://bucket/data/web", 0.7)
+    assert parse_stream_spec("s3://bucket/data/web") == ("s3://bucket/data/web", 1.0)
+    assert parse_stream_spec("az://container/ds:2") == ("az://container/ds", 2.0)
+    assert parse_stream_spec("file:///data/code") == ("file:///data/code", 1.0)
+    assert parse_stream_spec("/data/run:v2") == ("/data/run:v2", 1.0)
+    assert parse_stream_spec("/data/a:1/b") == ("/data/a:1/b", 1.0)
+    assert as_streams(["gs://b/web:3", "/data/run:v2"]) == [Stream("gs://b/web", 3.0), Stream("/data/run:v2")]
+
+
+@pytest.mark.parametrize("streams", [[object()], 42, None, [b"./out/ds"], [("./out/ds", "2")], [["./out/ds", 2, 3]],
+                                     {"./out/ds", "./out/web"}])  # fmt: skip
+def test_a_stream_in_no_accepted_form_is_a_type_error_naming_the_forms(streams):
+    forms = r"is no stream; give a dataset URL or path .*a Stream, a dict of a Stream's fields .*a \(url, weight\) pair"
+    with pytest.raises(TypeError, match=forms + ", or a list of these") as raised:
+        StreamingLoader(streams, seq_len=128, local_batch_size=4)
+    assert "no committed dataset" not in str(raised.value)
+
+
+def test_a_stream_dict_with_other_keys_or_a_bad_weight_is_refused_naming_it():
+    with pytest.raises(ConfigError, match=r"stream 0: a dict of a Stream's fields needs 'url' and may hold "
+                                          r"\['url', 'weight'\] \(got keys \['path', 'weight'\]\)"):  # fmt: skip
+        StreamingLoader([{"path": "./out/ds", "weight": 2}], seq_len=128, local_batch_size=4)
+    with pytest.raises(ConfigError, match=r"weight must be a finite number > 0 \(got inf\)"):
+        StreamingLoader([("./out/ds", float("inf"))], seq_len=128, local_batch_size=4)
+    with pytest.raises(ConfigError, match=r"stream entry './out/ds:0': weight must be a positive number"):
+        StreamingLoader(["./out/ds:0"], seq_len=128, local_batch_size=4)
+
+
 def test_max_steps_ends_the_run_and_counts_from_the_cursor(small_dataset):
     with loader_for(small_dataset.url, max_steps=5) as loader:
         assert len(list(loader)) == 5

@@ -23,7 +23,7 @@ from zephon_stream import Stream, StreamingLoader
 from zephon_stream.errors import ConfigError, StateMismatchError
 from zephon_stream.loader import EvalLoader, Phase
 from zephon_stream.loader.planning.memory import PACKING_WORK_BYTES_PER_TOKEN
-from zephon_stream.loader.ring.packing import IGNORE_INDEX
+from zephon_stream.loader.ring.row_documents import IGNORE_INDEX
 
 SEQ_LEN = 256  # NOTE: 4097-token blocks hold 16 rows
 GLOBAL_BATCH = 30  # NOTE: divided by world sizes 1, 2, 3 and 5
@@ -52,6 +52,29 @@ def reader(definitions_dataset, small_dataset):
     out = DirectReader([definitions_dataset.url, small_dataset.url])
     yield out
     out.close()
+
+
+def test_the_worked_case_of_the_packing_docs_reads_as_written(tmp_path):
+    """docs/PACKING.md: documents [E] [E] [a,E] [b,c,d,E], ``--tokenizer bytes --block-tokens 7``,
+    seq_len 2, 3 lanes: the last piece [b,c] is L long, so best fit places it (no edge piece)."""
+    from packing_reference import check_outputs
+    from zephon_stream.cli import main
+
+    e, a, b, c, d = 256, 97, 98, 99, 100
+    ids = tmp_path / "documents.jsonl"
+    ids.write_text("".join(f'{{"input_ids": {doc}}}\n' for doc in ([e], [e], [a, e], [b, c, d, e])))
+    url = str(tmp_path / "ds")
+    assert main(["write", str(ids), "--input-format", "tokens", "--tokenizer", "bytes", "--block-tokens", "7",
+                 "--output", url, "--no-progress"]) == 0  # fmt: skip
+    want = {"concat": ([[e, e], [a, e], [b, c]], [[e, a], [e, b], [c, d]]),
+            "best_fit": ([[a, e], [b, c], [e, e]], [[e, b], [c, d], [e, a]])}  # fmt: skip
+    for packing, (inputs, labels) in want.items():
+        options = {"seq_len": 2, "local_batch_size": 3, "lanes": 3, "packing": packing, "packing_outputs": True}
+        with StreamingLoader(url, **options) as loader:
+            batch = next(loader)
+        assert batch["input"].tolist() == inputs, packing
+        assert batch["labels"].tolist() == labels, packing
+        check_outputs(batch, np.array(inputs), np.array(labels), np.full(3, e), ignore=False)
 
 
 @pytest.mark.parametrize("pipeline", ["threads", "process"])

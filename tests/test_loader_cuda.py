@@ -75,6 +75,17 @@ def test_host_labels_stay_on_the_cpu_and_equal_the_device_rows(small_dataset):
             assert torch.equal(batch["labels"][:, :-1], batch["input"][:, 1:].cpu())
 
 
+def test_the_tokens_layout_on_cuda_equals_cpus_with_host_labels_kept_on_the_cpu(small_dataset):
+    settings = {"seq_len": 256, "local_batch_size": 8, "batch_layout": "tokens"}
+    with StreamingLoader(small_dataset.url, **settings) as cpu, \
+            StreamingLoader(small_dataset.url, device="cuda", host_labels=True, **settings) as gpu:
+        for _ in range(10):
+            want, got = next(cpu), next(gpu)
+            assert got["input"].is_cuda and got["labels"].device.type == "cpu" and got["labels"].is_pinned()
+            for key in want:
+                assert got[key].shape == want[key].shape and torch.equal(got[key].cpu(), want[key]), key
+
+
 def test_a_schedule_on_cuda_reads_what_cpu_reads_across_shape_changes(small_dataset, small_bpe_dataset):
     # NOTE: at each boundary the pinned ring is unregistered and a new one, laid
     # out for the next phase, registered; host labels (TorchTitan's) stay valid.

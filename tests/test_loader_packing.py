@@ -12,7 +12,7 @@ import torch
 from packing_reference import check_attention, check_outputs, reference_documents
 from zephon_stream import Stream, StreamingLoader
 from zephon_stream.loader.front.evaluation import EvalLoader
-from zephon_stream.loader.ring.packing import IGNORE_INDEX, PACKING_KEYS
+from zephon_stream.loader.ring.row_documents import IGNORE_INDEX, PACKING_KEYS
 
 SEQ_LEN = 256
 ROWS = 4

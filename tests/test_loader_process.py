@@ -98,11 +98,13 @@ def test_the_helper_process_reads_what_the_in_process_pipeline_reads(small_datas
     assert hashes["process"] == hashes["threads"]
 
 
+@pytest.mark.parametrize("batch_layout", ["rows", "tokens"])
 @pytest.mark.parametrize("unsigned_copy", [True, False])
 @pytest.mark.parametrize("token_dtype", ["<u2", "<u4"])
-def test_narrow_rows_widened_by_torch_equal_the_host_assembly(token_dtype, unsigned_copy, monkeypatch):
+def test_narrow_rows_widened_by_torch_equal_the_host_assembly(token_dtype, unsigned_copy, batch_layout, monkeypatch):
     # NOTE: False takes the signed-view-and-mask path, for a device (or a torch
-    # older than 2.3) without copy kernels for torch's unsigned dtypes.
+    # older than 2.3) without copy kernels for torch's unsigned dtypes. The
+    # "tokens" layout is what CUDA delivery hands over for it: the rows end to end.
     if not unsigned_copy:
         monkeypatch.setattr("zephon_stream.loader.delivery.widen._UNSIGNED_COPY_DEVICES", ())
     rows, seq_len = 5, 64
@@ -119,10 +121,12 @@ def test_narrow_rows_widened_by_torch_equal_the_host_assembly(token_dtype, unsig
     StepAssembler(seq_len=seq_len).assemble([block] * rows, np.array([0, 3, 7, 1, 0]), eos, slot)
     slot.sample_positions[:] = np.arange(100, 100 + rows)
     raw = torch.from_numpy(ring.slab(0)[: ring.layout.device_bytes])
-    got = widen(raw, ring.layout)
+    got = widen(raw, ring.layout, batch_layout)
     for key in WIDE_KEYS:
         assert got[key].dtype == torch.int64
-        np.testing.assert_array_equal(got[key].numpy(), slot.wide[key], err_msg=key)
+        want = slot.wide[key].reshape(-1) if batch_layout == "tokens" else slot.wide[key]
+        assert got[key].shape == want.shape, key
+        np.testing.assert_array_equal(got[key].numpy(), want, err_msg=key)
     np.testing.assert_array_equal(got["sample_positions"].numpy(), np.arange(100, 100 + rows))
     assert (got["positions"] == 0).sum() > rows, "the rows should hold document starts"
     del slot, raw, got

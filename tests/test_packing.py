@@ -21,7 +21,7 @@ from packing_reference import check_attention, check_outputs, make_stream
 from zephon_stream.errors import ConfigError
 from zephon_stream.loader.delivery.widen import widen
 from zephon_stream.loader.producer.assembler import StepAssembler
-from zephon_stream.loader.ring.packing import IGNORE_INDEX, PackingSpec
+from zephon_stream.loader.ring.row_documents import IGNORE_INDEX, PackingSpec
 from zephon_stream.loader.ring.shared_ring import WIDE_KEYS, SharedRing, SlotLayout
 
 EOS_IDS = (0, 1)  # NOTE: stream 1's EOS (1) is an ordinary token of stream 0, and 0 of stream 1

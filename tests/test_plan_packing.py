@@ -18,11 +18,12 @@ from zephon_stream.plan.packing import (
     BlockRows,
     best_fit_rows,
     block_rows,
+    gather_index,
     packed_rows,
     packed_tokens,
     window_rows,
 )
-from zephon_stream.plan.packing_report import CutCounts, cut_counts
+from zephon_stream.plan.packing_cuts import CutCounts, cut_counts
 
 VOCAB = 5
 
@@ -243,6 +244,31 @@ def test_small_block_packs_as_worked_out_by_hand():
     assert packed_rows(tokens, rows, out) is out and out[2].tolist() == [2, e, 3, 3, 3]
     assert block_rows("best_fit", tokens, 4, e).row_pieces(1) == [(0, 3), (3, 1)]
     assert PACKINGS == ("concat", "best_fit")
+
+
+def test_a_last_piece_of_exactly_seq_len_tokens_is_placed_by_best_fit_not_left_for_the_fill():
+    # docs/PACKING.md's worked case: documents [E] [E] [a,E] [b,c,d,E] in blocks of 7 tokens.
+    # At L = 2 the region E E a E b c ends inside [b,c,d,E], but its piece [b,c] is L long:
+    # no edge piece (rule 5), so best fit puts [a,E] in row 0, [b,c] in row 1, both [E] in row 2.
+    e, a, b, c, d = 256, 97, 98, 99, 100
+    tokens = np.array([e, e, a, e, b, c, d], np.uint16)
+    rows = best_fit_rows(tokens, 2, e)
+    assert [rows.row_pieces(r) for r in range(3)] == [[(2, 2)], [(4, 2)], [(0, 1), (1, 1)]]
+    assert reference_rows(tokens.tolist(), 2, e) == [[(2, 2)], [(4, 2)], [(0, 1), (1, 1)]]
+    np.testing.assert_array_equal(packed_rows(tokens, rows), [[a, e, b], [b, c, d], [e, e, a]])
+    check_best_fit(tokens, rows, e)
+    # NOTE: a last piece shorter than L is the edge piece: it waits for the fill, after row 2's [E].
+    shorter = np.array([e, e, a, e, e, b, c], np.uint16)
+    rows = best_fit_rows(shorter, 2, e)
+    assert [rows.row_pieces(r) for r in range(3)] == [[(2, 2)], [(0, 1), (1, 1)], [(4, 1), (5, 1)]]
+
+
+def test_the_gather_index_reads_as_its_worked_example():
+    # NOTE: the example of gather_index's docstring: L = 3, row 0 pieces (0, 2) and (5, 1), row 1 piece (2, 3).
+    rows = BlockRows(seq_len=3, num_rows=2, piece_starts=[0, 5, 2], piece_lengths=[2, 1, 3], row_bounds=[0, 2, 3])
+    assert gather_index(rows).tolist() == [0, 1, 5, 6, 2, 3, 4, 5]
+    tokens = np.arange(100, 110, dtype=np.uint16)
+    np.testing.assert_array_equal(packed_rows(tokens, rows), [[100, 101, 105, 106], [102, 103, 104, 105]])
 
 
 def test_pieces_left_over_are_cut_only_where_a_row_ends():

@@ -1,5 +1,7 @@
 """The README's TorchTitan job config runs as written: it returns TorchTitan's
-own ``Trainer.Config`` with the loader's ``ZephonDataLoader.Config`` in it.
+own ``Trainer.Config`` with the loader's ``ZephonDataLoader.Config`` in it;
+and its twin, ``examples/torchtitan/check_job.py``, runs the job's data side
+as written (on TorchTitan 0.3.0 and, in tests/test_torchtitan_main.py, main).
 
 NOTE: TorchTitan's model package imports triton (its GPU installs have it) in
 one module, ``minimal_async_ep.kernels``; where triton is missing that one
@@ -33,10 +35,13 @@ print(type(config).__qualname__, config.dataloader.dataset_path)
 """
 
 
-def readme_torchtitan_block() -> str:
+def readme_torchtitan_section() -> str:
     text = (ROOT / "README.md").read_text()
-    section = text.split("\n## TorchTitan\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return text.split("\n## TorchTitan\n", 1)[1].split("\n## ", 1)[0]
+
+
+def readme_torchtitan_block() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", readme_torchtitan_section(), flags=re.S)
     assert len(blocks) == 1, "the README's TorchTitan section holds one Python block"
     return blocks[0]
 
@@ -53,3 +58,36 @@ def test_the_readme_torchtitan_job_config_builds_trainer_config_with_the_zephon_
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "Trainer.Config ./out/ds"
+
+
+def test_the_readme_twin_checks_the_jobs_data_side_here(small_bpe_dataset, bpe_tokenizer_json, tmp_path):
+    pytest.importorskip("torchtitan", reason="needs the [torchtitan] extra")
+    import json
+    import shlex
+    import shutil
+
+    from fixtures_corpus import EOS_TOKEN
+    from zephon_stream.integrations.torchtitan import TITAN
+
+    (command,) = [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```$", readme_torchtitan_section(),
+                                                   flags=re.S | re.M) if not lang]  # fmt: skip
+    # The README's ./out/ds-bpe and ./out/tok: the fixtures' BPE dataset and tokenizer, in a folder of the test's.
+    (tmp_path / "out" / "tok").mkdir(parents=True)
+    shutil.copy(bpe_tokenizer_json, tmp_path / "out" / "tok" / "tokenizer.json")
+    (tmp_path / "out" / "tok" / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS_TOKEN}))
+    shutil.copytree(small_bpe_dataset.url, tmp_path / "out" / "ds-bpe")
+    argv = shlex.split(command.strip())
+    assert argv[:2] == ["python", "examples/torchtitan/check_job.py"]
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
+    (tmp_path / "tmp").mkdir()
+    done = subprocess.run([sys.executable, str(ROOT / argv[1]), *argv[2:]], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp_path / "tmp")})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith(f"TorchTitan {TITAN.name}: dataloader.build(")
+    shape = "(4096,)" if TITAN.flat_batches else "(8, 512)"
+    steps = [line for line in lines if line.startswith("step ")]
+    assert len(steps) == 3 and all(f"input {shape}" in line and f"labels {shape}" in line for line in steps)
+    assert "samples [0, 1, 2, 3, 4, 5, 6, 7]" in steps[0]
+    assert lines[-1].startswith("checkpoint entry: dataloader.zephon")

@@ -1,5 +1,5 @@
-"""The node's request-rate limiter (storage/limiter.py) on a clock of the test's own, and its record's file
-(storage/limiter_state.py) under real processes: one record for the node, nothing held or torn by a rank that
+"""The node's request-rate limiter (storage/request_rate.py) on a clock of the test's own, and its record's file
+(storage/limiter.py) under real processes: one record for the node, nothing held or torn by a rank that
 dies in the middle of an update."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import pytest
 
 from zephon_stream.storage import open_store
 from zephon_stream.storage.cloud_clients import client_options
-from zephon_stream.storage.limiter import BETA, CUBIC_C, INITIAL_RATE, MIN_RATE, QUIET_S, RateRecord
-from zephon_stream.storage.limiter_state import (
+from zephon_stream.storage.limiter import (
     FILE_BYTES,
     Limiter,
     LocalRecord,
@@ -25,6 +24,7 @@ from zephon_stream.storage.limiter_state import (
     unpack_record,
 )
 from zephon_stream.storage.node_cache import NodeCache
+from zephon_stream.storage.request_rate import BETA, CUBIC_C, INITIAL_RATE, MIN_RATE, QUIET_S, RateRecord
 
 CTX = mp.get_context("fork")
 BEFORE_ANY_TICKET = float("-inf")

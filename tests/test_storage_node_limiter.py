@@ -19,7 +19,7 @@ from tools.fault_proxy import FaultProxy
 from tools.reliability.common import step_hashes
 from zephon_stream import StreamingLoader
 from zephon_stream.storage import copy_dataset
-from zephon_stream.storage.limiter_state import SharedRecord
+from zephon_stream.storage.limiter import SharedRecord
 
 # NOTE: fork, not spawn: a spawned child spends ~0.5 s of CPU on imports (tests/test_node_cache.py).
 CTX = mp.get_context("fork")

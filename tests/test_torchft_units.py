@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("torchft")
 
@@ -228,3 +229,45 @@ def test_best_fit_rows_are_served_again_after_a_failed_commit_and_a_windows_stat
             loader.load_state_dict(state)
         older = {**state, "order": {k: v for k, v in state["order"].items() if k != "packing"}}
         loader.load_state_dict(older)  # NOTE: saved before the packing was recorded: windows
+
+
+def test_a_share_cut_from_a_whole_step_keeps_either_batch_layout():
+    # NOTE: a step read whole and cut into shares (the world does not divide
+    # it), the last share padded: the 1-D layout is cut at whole rows.
+    from zephon_stream.integrations.torchft_rows import cut_and_pad
+
+    rows, seq_len = 5, 4
+    ids = torch.arange(rows * seq_len).view(rows, seq_len)
+    step = {"input": ids, "labels": ids + 100, "positions": torch.arange(seq_len).repeat(rows, 1),
+            "sample_positions": torch.arange(rows) + 40}  # fmt: skip
+    flat = {key: tensor.reshape(-1) if key != "sample_positions" else tensor for key, tensor in step.items()}
+    for start, stop in ((0, 3), (3, 5)):
+        by_rows = cut_and_pad(step, start=start, stop=stop, rows=3)
+        by_tokens = cut_and_pad(flat, start=start, stop=stop, rows=3)
+        assert by_rows["input"].shape == (3, seq_len) and by_tokens["input"].shape == (3 * seq_len,)
+        for key, tensor in by_rows.items():
+            want = tensor if key == "sample_positions" else tensor.reshape(-1)
+            assert torch.equal(by_tokens[key], want), key
+    assert by_tokens["sample_positions"].tolist() == [43, 44, -1]
+    assert by_tokens["labels"][-seq_len:].tolist() == [-100] * seq_len
+    assert by_tokens["input"].untyped_storage().data_ptr() != flat["input"].untyped_storage().data_ptr()
+
+
+def test_the_tokens_layout_hands_each_microbatch_over_1d_with_the_rows_of_the_rows_layout(small_dataset,
+                                                                                          manager_factory):  # fmt: skip
+    served = {}
+    for layout in ("rows", "tokens"):
+        manager = manager_factory()
+        with TorchFTLoader(small_dataset.url, manager=manager,
+                           config=TorchFTConfig(seq_len=16, group_batch_size=4, lanes=8, microbatches=2),
+                           loader_options={"pipeline": "threads", "batch_layout": layout}) as loader:  # fmt: skip
+            served[layout] = []
+            for _ in range(3):
+                manager.start_quorum()
+                served[layout] += [next(loader), next(loader)]
+                manager.should_commit()
+    for tokens, rows in zip(served["tokens"], served["rows"]):
+        assert tokens["input"].shape == (2 * 16,) and rows["input"].shape == (2, 16)
+        assert torch.equal(tokens["sample_positions"], rows["sample_positions"])
+        for key in ("input", "labels", "positions"):
+            assert torch.equal(tokens[key], rows[key].reshape(-1)), key

@@ -3,6 +3,8 @@ by TorchTitan's own CheckpointManager, resumed at other dp degrees.
 
 The multi-rank tests run real ranks under ``torchrun`` (gloo, CPU) with the
 dataset on a moto S3 server on loopback; the workers live in tests/dist_titan.
+They run against the installed TorchTitan 0.3.0 and, in
+tests/test_torchtitan_main.py, against TorchTitan main.
 """
 
 from __future__ import annotations
@@ -26,11 +28,17 @@ import torch
 
 pytest.importorskip("torchtitan", reason="needs the [torchtitan] extra")
 
-from torchtitan.components.dataloader import DataloaderExhaustedError  # noqa: E402
 from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
 
+from titan_forms import TITAN_OWN_REFUSAL, as_rows, repeat, titan_own_entries, trainer_keywords  # noqa: E402
 from zephon_stream.errors import ConfigError, StateMismatchError, TokenizerError  # noqa: E402
-from zephon_stream.integrations.torchtitan import STATE_KEY, ZephonDataLoader, parse_stream_spec  # noqa: E402
+from zephon_stream.integrations.torchtitan import (  # noqa: E402
+    STATE_KEY,
+    TITAN,
+    DataloaderExhaustedError,
+    ZephonDataLoader,
+    parse_stream_spec,
+)
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,9 +72,14 @@ def titan_tokenizer(titan_tokenizer_dir: Path) -> HuggingFaceTokenizer:
 
 
 def build(config: ZephonDataLoader.Config, *, dp_world_size: int = 1, dp_rank: int = 0, **kwargs) -> ZephonDataLoader:
-    """``config.build`` with the keywords torchtitan 0.3.0's trainer passes."""
+    """``config.build`` with the keywords the installed TorchTitan's trainer
+    passes (``seq_len`` and ``local_batch_size`` given here become main's
+    ``max_context_length`` and ``num_tokens_per_batch`` there)."""
     kwargs.setdefault("tokenizer", None)
-    kwargs.setdefault("snapshot_every_n_steps", None)
+    if not TITAN.flat_batches:
+        kwargs.setdefault("snapshot_every_n_steps", None)
+    if "seq_len" in kwargs and "local_batch_size" in kwargs:
+        kwargs.update(trainer_keywords(kwargs.pop("seq_len"), kwargs.pop("local_batch_size")))
     return config.build(dp_world_size=dp_world_size, dp_rank=dp_rank, **kwargs)
 
 
@@ -84,12 +97,14 @@ def test_config_build_yields_titan_batches(small_bpe_dataset, titan_tokenizer):
         batches = take(loader, 10)
     (input_dict, labels), (second, _) = batches[:2]
     assert set(input_dict) == {"input", "positions"}
+    # 0.3.0 trains [B, L] batches; main 1-D ones of its token budget, the rows end to end.
+    shape = (4 * 256,) if TITAN.flat_batches else (4, 256)
     for tensor in (input_dict["input"], input_dict["positions"], labels):
-        assert tensor.shape == (4, 256) and tensor.dtype == torch.int64 and tensor.device.type == "cpu"
+        assert tensor.shape == shape and tensor.dtype == torch.int64 and tensor.device.type == "cpu"
     assert not torch.equal(input_dict["input"], second["input"])
-    tokens = torch.cat([d["input"] for d, _ in batches])
-    positions = torch.cat([d["positions"] for d, _ in batches])
-    labels = torch.cat([lab for _, lab in batches])
+    tokens = torch.cat([as_rows(d["input"], 256) for d, _ in batches])
+    positions = torch.cat([as_rows(d["positions"], 256) for d, _ in batches])
+    labels = torch.cat([as_rows(lab, 256) for _, lab in batches])
     is_eos = tokens == titan_tokenizer.eos_id
     # NOTE: the default: an input EOS's label is IGNORE_INDEX (its next token starts another document).
     assert (labels[is_eos] == -100).all()
@@ -101,6 +116,24 @@ def test_config_build_yields_titan_batches(small_bpe_dataset, titan_tokenizer):
     inside = ~after_eos
     inside[:, 0] = False
     assert (positions[inside] == torch.roll(positions, 1, dims=1)[inside] + 1).all()
+
+
+@pytest.mark.parametrize("local_batch_size", [4, 64])
+def test_the_streaming_loader_hands_over_the_installed_titans_form_itself(small_bpe_dataset, local_batch_size):
+    # NOTE: main's 1-D tensors are the delivery's own, made once per ring
+    # slot (batch_layout="tokens"), not views made again each step; 4 x 256
+    # tokens share a slot with other steps, 64 x 256 fill one.
+    config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=3, pipeline="threads")
+    with build(config, seq_len=256, local_batch_size=local_batch_size) as loader:
+        inner = loader.streaming_loader
+        assert inner.batch_layout == TITAN.batch_layout == ("tokens" if TITAN.flat_batches else "rows")
+        for _ in range(40):
+            input_dict, labels = next(loader)
+            cached = {id(tensor) for views in inner.delivery.views if views is not None
+                      for part in (views.whole, *views.steps) for tensor in part.values()}  # fmt: skip
+            assert {id(input_dict["input"]), id(input_dict["positions"]), id(labels)} <= cached
+            assert input_dict["input"].dim() == (1 if TITAN.flat_batches else 2)
+            del input_dict, labels
 
 
 def test_state_dict_is_one_key_equal_on_every_rank(small_bpe_dataset):
@@ -123,7 +156,7 @@ def _hash_rows(rows: list) -> str:
 
 def rows_of(loader: ZephonDataLoader, input_dict: dict[str, torch.Tensor], labels: torch.Tensor) -> list:
     """``[global sample position, row digest]`` for each row of the batch just taken."""
-    digests = titan_setup.row_digests(input_dict["input"], labels)
+    digests = titan_setup.row_digests(input_dict["input"], labels, loader.seq_len)
     return [list(row) for row in zip(loader.last_sample_positions.tolist(), digests)]
 
 
@@ -178,7 +211,7 @@ def test_best_fit_batches_resume_at_another_dp_degree_and_refuse_a_windows_check
         stream, block, sample = order.sample_at(loader.last_sample_positions.numpy())
         for row in range(2):
             tokens = reader.sample(int(stream[row]), int(block[row]), int(sample[row]), 128, "best_fit")
-            assert input_dict["input"][row].tolist() == tokens[:-1].tolist()
+            assert as_rows(input_dict["input"], 128)[row].tolist() == tokens[:-1].tolist()
     state = saving[0].state_dict()
     for loader in saving:
         loader.close()
@@ -242,18 +275,36 @@ def test_tokenizer_mismatch_names_both_values(small_dataset, titan_tokenizer):
     assert str(titan_tokenizer.get_vocab_size()) in message
 
 
-def test_newer_torchtitan_keywords_give_the_same_batches(small_bpe_dataset):
+def test_both_torchtitans_keywords_give_the_same_rows_and_a_token_budget_pads_on_main(small_bpe_dataset, caplog):
     config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=5)
-    with build(config, seq_len=32, local_batch_size=4) as old_style:
+    plain = {"dp_world_size": 1, "dp_rank": 0, "tokenizer": None}
+    with config.build(**plain, seq_len=32, local_batch_size=4) as old_style:
         expected = take(old_style, 2)
-    with build(config, max_context_length=32, num_tokens_per_batch=128) as new_style:
+    with config.build(**plain, max_context_length=32, num_tokens_per_batch=128) as new_style:
         got = take(new_style, 2)
     for (want_dict, want_labels), (got_dict, got_labels) in zip(expected, got):
-        assert torch.equal(want_dict["input"], got_dict["input"]) and torch.equal(want_labels, got_labels)
-    with pytest.raises(ConfigError, match="not a multiple of seq_len 32"):
-        build(config, max_context_length=32, num_tokens_per_batch=100)
+        assert torch.equal(as_rows(want_dict["input"], 32), as_rows(got_dict["input"], 32))
+        assert torch.equal(as_rows(want_labels, 32), as_rows(got_labels, 32))
+    if TITAN.flat_batches:
+        # Main: 100 tokens = 3 rows of 32 and 4 tokens of padding, as main's own collator pads.
+        with config.build(**plain, seq_len=32, local_batch_size=3) as three_rows:
+            want_dict, want_labels = take(three_rows, 1)[0]
+        with caplog.at_level("WARNING", logger="zephon_stream.integrations"):
+            with config.build(**plain, max_context_length=32, num_tokens_per_batch=100) as padded:
+                input_dict, labels = take(padded, 1)[0]
+        assert "3 rows and 4 padding tokens" in caplog.text
+        assert input_dict["input"].shape == labels.shape == input_dict["positions"].shape == (100,)
+        assert torch.equal(input_dict["input"][:96], want_dict["input"])
+        assert torch.equal(labels[:96], want_labels)
+        assert input_dict["input"][96:].tolist() == [0] * 4 and labels[96:].tolist() == [-100] * 4
+        assert input_dict["positions"][96:].tolist() == [0, 1, 2, 3]
+    else:
+        with pytest.raises(ConfigError, match="not a multiple of seq_len 32"):
+            config.build(**plain, max_context_length=32, num_tokens_per_batch=100)
+    with pytest.raises(ConfigError, match="less than one row"):
+        config.build(**plain, max_context_length=32, num_tokens_per_batch=31)
     with pytest.raises(ConfigError, match="disagree"):
-        build(config, seq_len=64, max_context_length=32, local_batch_size=2)
+        config.build(**plain, seq_len=64, max_context_length=32, local_batch_size=2)
 
 
 def test_stream_specs_parse_urls_with_and_without_weights():
@@ -307,10 +358,11 @@ def test_finite_run_ends_with_dataloader_exhausted(small_bpe_dataset):
 
 def test_one_pass_as_torchtitans_validator_asks_for_it(small_bpe_dataset):
     """TorchTitan's validator rebuilds its loader with ``replace(config,
-    infinite=...)`` and stops on ``StopIteration``; a plain loop must end too."""
+    infinite=...)`` (main: ``repeat=...``) and stops on ``StopIteration``; a
+    plain loop must end too."""
     seq_len, rows = 256, 4
     samples_per_pass = sum((int(n) - 1) // seq_len for n in small_bpe_dataset.manifest.block_token_counts())
-    config = dataclasses.replace(ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url), infinite=False)
+    config = dataclasses.replace(ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url), **repeat(False))
     with build(config, seq_len=seq_len, local_batch_size=rows) as loader:
         positions = []
         for _ in loader:
@@ -342,8 +394,7 @@ def job_config_parser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: s
     job = textwrap.dedent(
         """
         from dataclasses import dataclass, field
-        from torchtitan.components.dataloader import BaseDataLoader
-        from zephon_stream.integrations.torchtitan import ZephonDataLoader
+        from zephon_stream.integrations.torchtitan import BaseDataLoader, ZephonDataLoader
 
         @dataclass(kw_only=True, slots=True)
         class Job:
@@ -395,21 +446,41 @@ def test_missing_torchtitan_says_how_to_install(monkeypatch):
         importlib.import_module("zephon_stream.integrations.torchtitan")
 
 
-def test_only_the_integration_module_imports_torchtitan():
-    """One module imports TorchTitan (with the install hint); the others ask it (``titan_module``)."""
+def test_only_the_integration_seam_imports_torchtitan():
+    """One module imports TorchTitan (with the install hint) and tells its two
+    data APIs apart; the others ask it (``titan_module``, ``TITAN``)."""
     importers = [
         path.relative_to(REPO).as_posix()
         for path in sorted((REPO / "zephon_stream").rglob("*.py"))
         if re.search(r"^\s*(from|import)\s+torchtitan\b|import_module\(\s*[\"']torchtitan|\bimport_module\(name\)",
                      path.read_text(encoding="utf-8"), re.MULTILINE)  # fmt: skip
     ]
-    assert importers == ["zephon_stream/integrations/torchtitan_base.py"]
+    assert importers == ["zephon_stream/integrations/torchtitan/api.py"]
     askers = [
         path.name
-        for path in sorted((REPO / "zephon_stream" / "integrations").glob("torchtitan*.py"))
+        for path in sorted((REPO / "zephon_stream" / "integrations" / "torchtitan").glob("*.py"))
         if "titan_module(" in path.read_text(encoding="utf-8")
     ]
-    assert askers == ["torchtitan_base.py", "torchtitan_torchft.py", "torchtitan_torchft_trainer.py"]
+    assert askers == ["api.py", "torchft.py", "torchft_trainer.py"]
+    # Which API it is, and every name that differs, is said in api.py alone.
+    for path in sorted((REPO / "zephon_stream" / "integrations").rglob("*.py")):
+        if path.name != "api.py":
+            text = path.read_text(encoding="utf-8")
+            for name in ("components.dataloader", "components.data.loader", "num_pp_microbatches",
+                         "num_pipeline_parallel_microbatches", "config.infinite", "config.repeat",
+                         "self.infinite", "self.repeat"):
+                assert name not in text, f"{path.relative_to(REPO)} names {name}: ask api.TITAN instead"
+
+
+def test_the_api_found_is_the_installed_torchtitans():
+    """``TITAN`` says main exactly where TorchTitan has main's data package,
+    and a run against main (ZEPHON_EXPECT_TORCHTITAN=main) gets main."""
+    has_data_package = importlib.util.find_spec("torchtitan.components.data") is not None
+    assert TITAN.name == ("main" if has_data_package else "0.3.0")
+    assert TITAN.flat_batches == has_data_package
+    expected = os.environ.get("ZEPHON_EXPECT_TORCHTITAN")
+    if expected:
+        assert TITAN.name == expected
 
 
 # -- real ranks under torchrun -------------------------------------------------------
@@ -418,7 +489,9 @@ def test_only_the_integration_module_imports_torchtitan():
 def torchrun(script: str, nproc: int, *args: str, env: dict[str, str] | None = None) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(WORKERS / script), *args]
-    full_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    # The session's own path first: under tests/test_torchtitan_main.py it puts TorchTitan main there.
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)
+    full_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     # NOTE: torchrun leaves a torchelastic_* folder in its TMPDIR, and ranks
     # killed their node cache's files: both in a folder that is removed.
     with tempfile.TemporaryDirectory(prefix="zs-torchrun-") as tmp:
@@ -461,9 +534,12 @@ def test_titan_checkpoint_at_dp4_resumes_at_dp2_and_dp3_bit_identically(
     # steps cross the epoch boundary (and the save lands mid-block).
     save_step = samples_per_pass // global_batch - 3
     steps_after = 8
+    corpus = tmp_path / "corpus.jsonl"  # TorchTitan main's own loader reads JSONL
+    corpus.write_text("".join(json.dumps({"text": p.read_text()}) + "\n" for p in small_bpe_dataset.sources))
     common = ["--dataset", url, "--tokenizer-dir", str(titan_tokenizer_dir), "--seq-len", str(seq_len),
               "--global-batch", str(global_batch), "--seed", "4", "--save-step", str(save_step),
-              "--ckpt", str(tmp_path / "ckpt"), "--titan-ckpt", str(tmp_path / "titan_ckpt")]
+              "--ckpt", str(tmp_path / "ckpt"), "--titan-ckpt", str(tmp_path / "titan_ckpt"),
+              "--titan-corpus", str(corpus)]
     runs = {"dp4": (4, "save"), "dp2": (2, "resume"), "dp3": (3, "resume")}
     for name, (nproc, mode) in runs.items():
         out = tmp_path / name
@@ -487,15 +563,16 @@ def test_titan_checkpoint_at_dp4_resumes_at_dp2_and_dp3_bit_identically(
 
     # One dataloader entry for all ranks; TorchTitan's own loader writes one per rank.
     assert dataloader_entries(tmp_path / "ckpt", save_step) == ["dataloader.zephon"]
-    titan_entries = dataloader_entries(tmp_path / "titan_ckpt", save_step)
-    assert titan_entries == [f"dataloader.dp_rank_{r}" for r in range(4)] + ["dataloader.world_size"]
+    titan_entries = {".".join(key.split(".")[:2]) for key in dataloader_entries(tmp_path / "titan_ckpt", save_step)}
+    assert sorted(titan_entries) == titan_own_entries(4)
 
     # The same flow with TorchTitan's own loader stops at the load.
+    error_type, message = TITAN_OWN_REFUSAL
     for name in ("dp2", "dp3"):
         for path in sorted((tmp_path / name).glob("rank*.json")):
             error = json.loads(path.read_text())["titan_error"]
-            assert error is not None and error[0] == "AssertionError", (name, error)
-            assert "dataloader resharding is not supported yet" in error[1]
+            assert error is not None and error[0] == error_type, (name, error)
+            assert message in error[1]
 
 
 @pytest.mark.slow
@@ -518,17 +595,32 @@ def test_training_losses_after_dp2_to_dp1_resume_match_the_uninterrupted_run(sma
         assert loss == pytest.approx(uninterrupted[step], rel=1e-5), f"step {step}"
 
 
-def test_example_job_configs_select_the_zephon_loader(monkeypatch):
-    # NOTE: TorchTitan's model code imports triton, which CPU-only installs lack;
-    # tools/gpu_check.sh runs this on a GPU machine.
-    pytest.importorskip("triton", reason="torchtitan.models needs triton")
-    monkeypatch.setenv("ZEPHON_DATASET", "s3://bucket/zephon/web")
-    monkeypatch.syspath_prepend(str(REPO / "examples" / "torchtitan"))
-    monkeypatch.delitem(sys.modules, "zephon_titan", raising=False)
-    import zephon_titan
-
-    for make_config in (zephon_titan.llama3_debugmodel_zephon, zephon_titan.llama3_8b_zephon):
-        config = make_config()
-        assert isinstance(config.dataloader, ZephonDataLoader.Config)
-        assert config.dataloader.dataset_path == "s3://bucket/zephon/web"
-        assert config.validator.enable is False
+def test_example_job_configs_select_the_zephon_loader(tmp_path):
+    """The example's job configs build on the installed TorchTitan, in a process
+    of their own (TorchTitan's models need triton: check_job.py stands in for
+    its one triton module where it is missing)."""
+    check = textwrap.dedent(
+        """
+        import check_job
+        check_job.stand_in_for_triton_kernels()
+        import zephon_titan
+        from zephon_stream.integrations.torchtitan import TITAN, ZephonDataLoader
+        for make_config in (zephon_titan.llama3_debugmodel_zephon, zephon_titan.llama3_8b_zephon):
+            config = make_config()
+            assert isinstance(config.dataloader, ZephonDataLoader.Config), type(config.dataloader)
+            assert config.dataloader.dataset_path == "s3://bucket/zephon/web"
+            assert config.validator.enable is False
+        keywords = TITAN.loader_keywords(zephon_titan.llama3_debugmodel_zephon().training)
+        print(sorted(keywords.items()))
+        """
+    )
+    path = os.pathsep.join(p for p in (str(REPO / "examples" / "torchtitan"), os.environ.get("PYTHONPATH"), str(REPO))
+                           if p)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": path, "ZEPHON_DATASET": "s3://bucket/zephon/web",
+                               "TMPDIR": str(tmp_path)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    # 8 rows of 512 tokens a rank, in the installed TorchTitan's names.
+    want = ([("max_context_length", 512), ("num_tokens_per_batch", 4096)] if TITAN.flat_batches
+            else [("local_batch_size", 8), ("seq_len", 512)])  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1] == repr(want)

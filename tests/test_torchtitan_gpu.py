@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("torchtitan", reason="needs the [torchtitan] extra")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
+from titan_forms import trainer_keywords  # noqa: E402
 from zephon_stream.integrations.torchtitan import ZephonDataLoader  # noqa: E402
 from zephon_stream.loader.delivery.device import MAX_HELD_BATCHES, PENDING_RELEASE_SLOTS  # noqa: E402
 
@@ -23,7 +24,7 @@ _SLEEP_CYCLES = 5_000_000_000
 
 
 def build(config: ZephonDataLoader.Config) -> ZephonDataLoader:
-    return config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=256, local_batch_size=8)
+    return config.build(dp_world_size=1, dp_rank=0, tokenizer=None, **trainer_keywords(256, 8))
 
 
 def test_cuda_batches_come_from_pinned_buffers_over_a_side_stream(small_bpe_dataset):

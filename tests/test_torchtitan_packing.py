@@ -1,13 +1,15 @@
-"""Parity with TorchTitan 0.3.0 under ``cross_document_targets="ignore"`` (the
-TorchTitan config's default).
+"""Parity with TorchTitan (0.3.0 and main) under ``cross_document_targets="ignore"``
+(the TorchTitan config's default).
 
 - Our batches through TorchTitan's own mask helpers (``get_document_mask_mod``,
   ``create_varlen_metadata_for_document``, which read ``positions``) give the
   documents our ``segment_ids`` and ``cu_seqlens`` give, and the valid-token
-  count TorchTitan's trainer takes from our labels is ours.
-- TorchTitan's own text loader (``HuggingFaceTextDataset``) over the same
-  documents trains exactly the (input, target, position) triples we train, so
-  the same loss on the same tokens.
+  count TorchTitan's trainer takes from our labels is ours. On main the batch
+  is 1-D and the helpers read its positions whole.
+- TorchTitan's own text loader (0.3.0: ``HuggingFaceTextDataset``; main: its
+  Grain loader, concatenate then split) over the same documents trains
+  exactly the (input, target, position) triples we train, so the same loss on
+  the same tokens.
 
 NOTE: ``torchtitan.models.common`` imports its MoE code, which needs triton
 (absent from CPU-only installs); ``titan_attention`` then loads the installed
@@ -36,9 +38,11 @@ from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
 
 from fixtures_corpus import EOS_TOKEN  # noqa: E402
 from packing_reference import check_attention  # noqa: E402
+from titan_forms import titan_own_loader, trainer_keywords  # noqa: E402
 from zephon_stream import StreamingLoader, write_dataset  # noqa: E402
-from zephon_stream.integrations.torchtitan import ZephonDataLoader  # noqa: E402
-from zephon_stream.loader.ring.packing import IGNORE_INDEX as OUR_IGNORE_INDEX  # noqa: E402
+from zephon_stream.errors import ConfigError  # noqa: E402
+from zephon_stream.integrations.torchtitan import TITAN, ZephonDataLoader  # noqa: E402
+from zephon_stream.loader.ring.row_documents import IGNORE_INDEX as OUR_IGNORE_INDEX  # noqa: E402
 
 SEQ_LEN, ROWS = 128, 4
 
@@ -86,41 +90,64 @@ def test_our_ignore_index_is_torchtitans():
 def test_torchtitans_mask_helpers_see_our_documents_and_count_our_valid_tokens(
     small_dataset, small_bpe_dataset, attention, pipeline
 ):
-    # NOTE: a mixture of two tokenizers: each row's EOS id is its stream's.
+    # A mixture of two tokenizers: each row's EOS id is its stream's.
     eos_ids = np.array([small_dataset.manifest.tokenizer.eos_id, small_bpe_dataset.manifest.tokenizer.eos_id])
-    config = ZephonDataLoader.Config(streams=[small_dataset.url, small_bpe_dataset.url], seed=1, pipeline=pipeline,
-                                     packing_outputs=True)  # fmt: skip
+    streams = [small_dataset.url, small_bpe_dataset.url]
+    config = ZephonDataLoader.Config(streams=streams, seed=1, pipeline=pipeline)
     assert config.cross_document_targets == "ignore"
-    with config.build(dp_world_size=2, dp_rank=0, tokenizer=None, seq_len=SEQ_LEN, local_batch_size=ROWS) as loader:
+    # The documents as the loader's own packing outputs see them, rank 0 of 2.
+    reference = StreamingLoader(streams, seed=1, seq_len=SEQ_LEN, local_batch_size=ROWS, rank=0, world_size=2,
+                                pipeline="threads", packing_outputs=True)  # fmt: skip
+    with reference, config.build(dp_world_size=2, dp_rank=0, tokenizer=None, **trainer_keywords(SEQ_LEN, ROWS)) as loader:
         documents = 0
         for step in range(10):
             input_dict, labels = next(loader)
+            want = next(reference)
             positions = input_dict["positions"]
-            segment_ids = input_dict["segment_ids"]
-            count, max_seqlen = input_dict["num_cu_seqlens"], input_dict["max_seqlen"]
-            assert isinstance(count, int) and isinstance(max_seqlen, int), "ints: the trainer moves no tensor of them"
+            count = int(want["num_cu_seqlens"])
+            assert torch.equal(input_dict["input"].reshape(ROWS, SEQ_LEN), want["input"])
 
             mask_mod = attention.get_document_mask_mod(positions)
-            b = torch.arange(ROWS)[:, None, None]
-            q, kv = torch.arange(SEQ_LEN)[None, :, None], torch.arange(SEQ_LEN)[None, None, :]
-            titan_mask = mask_mod(b, torch.tensor(0), q, kv)
-            assert torch.equal(titan_mask, segment_ids[:, :, None] == segment_ids[:, None, :])
+            # A document is (row, segment): 0.3.0's batch holds rows, main's 1-D one its rows end to end.
+            if TITAN.flat_batches:
+                tokens = torch.arange(ROWS * SEQ_LEN)
+                document = tokens // SEQ_LEN * SEQ_LEN + want["segment_ids"].reshape(-1)
+                titan_mask = mask_mod(torch.tensor(0), torch.tensor(0), tokens[:, None], tokens[None, :])
+                assert torch.equal(titan_mask, document[:, None] == document[None, :])
+            else:
+                b = torch.arange(ROWS)[:, None, None]
+                q, kv = torch.arange(SEQ_LEN)[None, :, None], torch.arange(SEQ_LEN)[None, None, :]
+                titan_mask = mask_mod(b, torch.tensor(0), q, kv)
+                segment_ids = want["segment_ids"]
+                assert torch.equal(titan_mask, segment_ids[:, :, None] == segment_ids[:, None, :])
 
             metadata = attention.create_varlen_metadata_for_document(positions)
-            assert torch.equal(metadata.cu_seq_q, input_dict["cu_seqlens"][:count])
-            assert metadata.cu_seq_q.dtype == input_dict["cu_seqlens"].dtype == torch.int32
-            assert metadata.max_q == max_seqlen
+            assert torch.equal(metadata.cu_seq_q, want["cu_seqlens"][:count])
+            assert metadata.cu_seq_q.dtype == want["cu_seqlens"].dtype == torch.int32
+            assert metadata.max_q == int(want["max_seqlen"])
             documents += count - 1
 
-            # NOTE: TorchTitan's train_step: ``local_valid_tokens += (labels != IGNORE_INDEX).sum()``.
+            # TorchTitan's train_step: ``local_valid_tokens += (labels != IGNORE_INDEX).sum()``.
             titan_valid = int((labels != IGNORE_INDEX).sum())
             piece = loader.streaming_loader.order.rank_slice(step * 2 * ROWS, 2 * ROWS, 2, 0)
-            input_eos = int((input_dict["input"] == torch.as_tensor(eos_ids[piece.stream])[:, None]).sum())
+            input_eos = int((want["input"] == torch.as_tensor(eos_ids[piece.stream])[:, None]).sum())
             assert titan_valid == ROWS * SEQ_LEN - input_eos
             if step == 0:
-                batch = {**input_dict, "labels": labels}
-                check_attention(batch, input_dict["input"].numpy(), eos_ids[piece.stream], seed=step)
+                check_attention(want, want["input"].numpy(), eos_ids[piece.stream], seed=step)
         assert documents > 10 * ROWS, "the steps hold document boundaries"
+
+
+def test_packing_outputs_go_in_the_input_dict_on_0_3_0_and_are_refused_on_main(small_bpe_dataset):
+    if TITAN.flat_batches:
+        with pytest.raises(ConfigError, match="builds its document masks from positions"):
+            ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, packing_outputs=True)
+        return
+    config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, packing_outputs=True, pipeline="threads")
+    with config.build(dp_world_size=1, dp_rank=0, tokenizer=None, **trainer_keywords(SEQ_LEN, ROWS)) as loader:
+        input_dict, _ = next(loader)
+    assert {"segment_ids", "document_lengths", "cu_seqlens", "num_cu_seqlens", "max_seqlen"} <= set(input_dict)
+    count, max_seqlen = input_dict["num_cu_seqlens"], input_dict["max_seqlen"]
+    assert isinstance(count, int) and isinstance(max_seqlen, int), "ints: the trainer moves no tensor of them"
 
 
 def trained_triples(inputs: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor) -> collections.Counter:
@@ -132,20 +159,26 @@ def trained_triples(inputs: torch.Tensor, labels: torch.Tensor, positions: torch
 def test_torchtitans_own_text_loader_trains_what_we_train_under_ignore(
     stdlib_corpus, bpe_tokenizer_json, titan_tokenizer, tmp_path, first
 ):
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
-
     texts = [text[:1500] for text in stdlib_corpus.texts[first : first + 6]]
     documents = [titan_tokenizer.encode(text, add_bos=True, add_eos=True) for text in texts]
     assert all(doc[-1] == titan_tokenizer.eos_id for doc in documents)
     num_tokens = sum(len(doc) for doc in documents)
 
     # TorchTitan's own loader: each document's inputs and labels shifted within
-    # it; one row of every pair it trains.
+    # it; one row (main: one batch) of every pair it trains.
     folder = tmp_path / "c4_like"
     folder.mkdir()
     (folder / "data.json").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
-    titan = HuggingFaceTextDataset("c4_test", str(folder), titan_tokenizer, seq_len=num_tokens - len(documents))
-    ((titan_input, titan_positions), titan_labels), = [((d["input"], d["positions"]), labels) for d, labels in titan]
+    if TITAN.flat_batches:
+        titan = titan_own_loader(rank=0, world=1, seq_len=max(map(len, documents)), rows=1, tokenizer=titan_tokenizer,
+                                 corpus_jsonl=str(folder / "data.json"), num_tokens=num_tokens - len(documents))
+        (titan_dict, titan_labels), titan = next(iter(titan)), titan.close()
+        titan_input, titan_positions = titan_dict["input"], titan_dict["positions"]
+    else:
+        from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
+
+        titan = HuggingFaceTextDataset("c4_test", str(folder), titan_tokenizer, seq_len=num_tokens - len(documents))
+        ((titan_input, titan_positions), titan_labels), = [((d["input"], d["positions"]), labels) for d, labels in titan]
 
     # Ours: the same documents written as a dataset; one row of the whole stream.
     sources = []
@@ -176,8 +209,11 @@ def test_torchtitans_own_text_loader_trains_what_we_train_under_ignore(
 
 
 def test_a_trainer_builds_torchtitans_varlen_metadata_from_our_outputs(small_bpe_dataset, attention):
-    """The docs' recipe: VarlenMetadata straight from ``cu_seqlens`` and
-    ``max_seqlen``, without the per-row loop and device sync of deriving it."""
+    """The docs' recipe on 0.3.0: VarlenMetadata straight from ``cu_seqlens`` and
+    ``max_seqlen``, without the per-row loop and device sync of deriving it
+    (main derives it from positions itself and takes no packing outputs)."""
+    if TITAN.flat_batches:
+        pytest.skip("TorchTitan main takes no packing outputs (refused: see the test above)")
     config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, packing_outputs=True, pipeline="threads")
     with config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=SEQ_LEN, local_batch_size=ROWS) as loader:
         for _ in range(3):

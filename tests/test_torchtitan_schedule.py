@@ -12,9 +12,10 @@ import pytest
 pytest.importorskip("torchtitan", reason="needs the [torchtitan] extra")
 
 from loader_reference import run_step_hashes  # noqa: E402
+from titan_forms import as_rows, trainer_keywords  # noqa: E402
 from zephon_stream import Phase, StreamingLoader  # noqa: E402
 from zephon_stream.errors import ConfigError  # noqa: E402
-from zephon_stream.integrations.torchtitan import ZephonDataLoader  # noqa: E402
+from zephon_stream.integrations.torchtitan import TITAN, DataloaderExhaustedError, ZephonDataLoader  # noqa: E402
 from zephon_stream.loader.front.audit import union_sha256  # noqa: E402
 from test_torchtitan import job_config_parser  # noqa: E402
 
@@ -24,17 +25,26 @@ def streams(small_dataset, small_bpe_dataset):
     return [f"{small_dataset.url}:1", f"{small_bpe_dataset.url}:1"]
 
 
-def build(config, *, dp_world_size=1, dp_rank=0, **kwargs):
-    return config.build(dp_world_size=dp_world_size, dp_rank=dp_rank, tokenizer=None, snapshot_every_n_steps=None,
-                        **kwargs)  # fmt: skip
+def build(config, *, dp_world_size=1, dp_rank=0, seq_len, local_batch_size):
+    """``config.build`` as the installed TorchTitan's trainer calls it."""
+    return config.build(dp_world_size=dp_world_size, dp_rank=dp_rank, tokenizer=None,
+                        **trainer_keywords(seq_len, local_batch_size))  # fmt: skip
+
+
+def rows_of(loader, inputs, labels):
+    """``(sample positions, input rows, label rows)`` of the batch just taken, as arrays."""
+    seq_len = inputs["input"].numel() // len(loader.last_sample_positions)
+    return (loader.last_sample_positions.numpy(), as_rows(inputs["input"], seq_len).numpy(),
+            as_rows(labels, seq_len).numpy())  # fmt: skip
 
 
 def titan_hashes(loader, steps):
     out, shapes = [], []
     for _ in range(steps):
         inputs, labels = next(loader)
-        shapes.append(tuple(inputs["input"].shape))
-        out.append(union_sha256([(loader.last_sample_positions.numpy(), inputs["input"].numpy(), labels.numpy())]))
+        positions, rows, label_rows = rows_of(loader, inputs, labels)
+        shapes.append(rows.shape)
+        out.append(union_sha256([(positions, rows, label_rows)]))
     return out, shapes
 
 
@@ -65,7 +75,10 @@ def test_a_global_batch_change_asks_for_a_relaunch_and_continues_exactly_after_i
                                      phases=[{"step": 1, "global_batch": 4}, {"step": 4, "global_batch": 12}])  # fmt: skip
     with build(config, dp_world_size=2, dp_rank=0, seq_len=32, local_batch_size=2) as loader:
         titan_hashes(loader, 3)
-        with pytest.raises(ConfigError, match=r"phase 1 \(TorchTitan step 4\): global_batch 12.*--training.local_batch_size 6"):
+        # 0.3.0 counts rows a rank, main tokens: 6 rows of 32.
+        flag = ("--training.num_tokens_per_microbatch_per_dp_rank 192" if TITAN.flat_batches
+                else "--training.local_batch_size 6")  # fmt: skip
+        with pytest.raises(ConfigError, match=r"phase 1 \(TorchTitan step 4\): global_batch 12.*" + flag):
             next(loader)
         state = loader.state_dict()
     # NOTE: relaunched at dp 3 with the new phase's local batch (12 = 3 x 4).
@@ -77,8 +90,7 @@ def test_a_global_batch_change_asks_for_a_relaunch_and_continues_exactly_after_i
         for _ in range(3):
             rows = []
             for rank in ranks:
-                inputs, labels = next(rank)
-                rows.append((rank.last_sample_positions.numpy(), inputs["input"].numpy(), labels.numpy()))
+                rows.append(rows_of(rank, *next(rank)))
             got.append(union_sha256(rows))
     finally:
         for rank in ranks:
@@ -111,9 +123,27 @@ def test_torchtitan_config_manager_reads_phases_from_the_command_line(tmp_path, 
     assert override.dataloader.phases == '[{"step": 1, "seq_len": 512}]'
 
 
-def test_a_run_ends_at_a_phases_end_with_dataloader_exhausted(streams):
-    from torchtitan.components.dataloader import DataloaderExhaustedError
+def test_phases_in_torchtitan_mains_terms_are_the_same_schedule(streams):
+    """``max_context_length`` is ``seq_len``; ``num_tokens_per_train_step`` is
+    ``global_batch x gradient_accumulation_steps x seq_len`` (on either TorchTitan)."""
+    rows = [{"step": 1, "seq_len": 32, "global_batch": 4}, {"step": 3, "seq_len": 64, "global_batch": 4}]
+    tokens = [{"step": 1, "max_context_length": 32, "num_tokens_per_train_step": 256},
+              {"step": 3, "max_context_length": 64, "num_tokens_per_train_step": 512}]
+    got = {}
+    for name, phases in (("rows", rows), ("tokens", tokens)):
+        config = ZephonDataLoader.Config(streams=streams, phases=phases, gradient_accumulation_steps=2,
+                                         pipeline="threads")  # fmt: skip
+        with build(config, seq_len=32, local_batch_size=4) as loader:
+            got[name] = titan_hashes(loader, 5)[0]
+    assert got["rows"] == got["tokens"]
+    with pytest.raises(ConfigError, match=r"phases\[1\]: num_tokens_per_train_step 1000 is not a whole number"):
+        build(ZephonDataLoader.Config(streams=streams, phases=[tokens[0], {"step": 3, "num_tokens_per_train_step": 1000}]),
+              seq_len=32, local_batch_size=4)  # fmt: skip
+    with pytest.raises(ConfigError, match="disagree"):
+        ZephonDataLoader.Config(streams=streams, phases=[{"step": 1, "seq_len": 32, "max_context_length": 64}])
 
+
+def test_a_run_ends_at_a_phases_end_with_dataloader_exhausted(streams):
     config = ZephonDataLoader.Config(streams=streams, pipeline="threads", end_after_phase=0,
                                      phases=[{"step": 1}, {"step": 4, "weights": [0, 1]}])  # fmt: skip
     with build(config, seq_len=32, local_batch_size=4) as loader:

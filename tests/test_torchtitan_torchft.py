@@ -1,4 +1,4 @@
-"""ZephonFTDataLoader under TorchTitan 0.3.0's torchft trainer pieces: replica
+"""ZephonFTDataLoader under TorchTitan's torchft trainer pieces (0.3.0 and main): replica
 groups as real processes (real lighthouse, gloo on loopback) built as
 ``FaultTolerantTrainer`` builds them, stepping in its ``train_step`` order
 with gradient accumulation; a group SIGKILLed and restarted (it heals), one
@@ -14,6 +14,9 @@ installed source.
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,8 +34,10 @@ from zephon_stream.demo.torchft_run import (  # noqa: E402
     reference_digests,
     run_groups,
 )
+from titan_forms import repeat, trainer_keywords  # noqa: E402
 from zephon_stream.errors import ConfigError  # noqa: E402
-from zephon_stream.integrations.torchtitan_torchft import (  # noqa: E402
+from zephon_stream.integrations.torchtitan import TITAN  # noqa: E402
+from zephon_stream.integrations.torchtitan.torchft import (  # noqa: E402
     ZephonFTCheckpointManager,
     ZephonFTDataLoader,
     check_titan_ft_config,
@@ -42,8 +47,8 @@ WORKER = str(Path(__file__).parent / "dist_titan" / "ft_worker.py")
 SEQ_LEN, LANES, LOCAL_BATCH, MICROBATCHES = 16, 12, 2, 2
 GROUP_BATCH = LOCAL_BATCH * MICROBATCHES
 
-# NOTE: the lines of FaultTolerantTrainer (torchtitan 0.3.0) the worker
-# repeats, in the order they stand in experiments/torchft/trainer.py.
+# The lines of FaultTolerantTrainer the worker repeats, in the order they
+# stand in experiments/torchft/trainer.py (main renamed the pipeline count).
 TITAN_FT_LINES = (
     "batch_degree, batch_rank = self.ft_manager.get_dp_info(batch_degree, batch_rank)",
     "self.dataloader = config.dataloader.build(",
@@ -53,7 +58,7 @@ TITAN_FT_LINES = (
     "ft_manager=self.ft_manager,",
     "self.optimizers.zero_grad(set_to_none=self.config.training.disable_cuda_graphs)",
     "for _ in range(self.gradient_accumulation_steps):",
-    "for _ in range(self.num_pipeline_parallel_microbatches):",
+    f"for _ in range(self.{TITAN.pp_microbatches_attr}):",
     "input_dict, labels = next(data_iterator)",
     "self.optimizers.step()",
     "self.checkpointer.load(step=config.checkpoint.load_step)",
@@ -103,8 +108,9 @@ def test_titan_ft_groups_lose_and_repeat_no_sample_through_kill_heal_leave_and_a
                      restart={1: "g0r0.step"}, worker=[WORKER], extra=extra, timeout_s=120)  # fmt: skip
     assert run.exit_codes["g1r0"][0] == -9
     recs = run.records
-    # gradient accumulation: MICROBATCHES next() calls per step, each LOCAL_BATCH rows
-    assert all(r["shapes"] == [[LOCAL_BATCH, SEQ_LEN]] * MICROBATCHES for rs in recs.values() for r in rs)
+    # gradient accumulation: MICROBATCHES next() calls per step, each LOCAL_BATCH rows (main: end to end)
+    shape = [LOCAL_BATCH * SEQ_LEN] if TITAN.flat_batches else [LOCAL_BATCH, SEQ_LEN]
+    assert all(r["shapes"] == [shape] * MICROBATCHES for rs in recs.values() for r in rs)
     assert any(r["participants"] == 3 for r in recs["g1r0"] if r["step"] > 5), "the restarted group never rejoined"
     assert any(r["participants"] == 2 for r in recs["g0r0"] if r["step"] > 8), "group 2 never left"
     check_positions_once(run.counts("ours")[0])
@@ -131,15 +137,15 @@ def test_titan_ft_groups_lose_and_repeat_no_sample_through_kill_heal_leave_and_a
 
 
 def test_config_refuses_what_a_torchft_run_cannot_honour():
-    for bad in ({"max_steps": 3}, {"phases": '[{"step": 1}]'}, {"infinite": False}, {"packing_outputs": True},
-                {"gradient_accumulation_steps": 2}):
+    for bad in ({"max_steps": 3}, {"phases": '[{"step": 1}]'}, repeat(False), {"gradient_accumulation_steps": 2},
+                *([] if TITAN.flat_batches else [{"packing_outputs": True}])):
         with pytest.raises(ConfigError, match="not supported under torchft"):
             ZephonFTDataLoader.Config(dataset_path="/data/ds", **bad)
 
 
 def test_loader_refuses_iteration_before_the_manager_is_bound_and_a_disabled_manager():
-    loader = ZephonFTDataLoader.Config(dataset_path="/data/ds").build(dp_world_size=4, dp_rank=1, seq_len=8,
-                                                                      local_batch_size=2)  # fmt: skip
+    loader = ZephonFTDataLoader.Config(dataset_path="/data/ds").build(dp_world_size=4, dp_rank=1,
+                                                                      **trainer_keywords(8, 2))  # fmt: skip
     with pytest.raises(ConfigError, match="bind_torchft"):
         next(loader)
     with pytest.raises(ConfigError, match="fault_tolerance.enable"):
@@ -166,8 +172,23 @@ def test_checkpointer_keeps_per_replica_dataloader_checkpoints_off_and_the_job_c
         check_titan_ft_config(Job)
 
 
-def test_trainer_subclass_builds_itself_from_its_config():
-    pytest.importorskip("triton", reason="TorchTitan's trainer imports triton (CUDA builds of torch bring it)")
-    from zephon_stream.integrations.torchtitan_torchft_trainer import ZephonFTTrainer
-
-    assert ZephonFTTrainer.Config._owner is ZephonFTTrainer
+def test_trainer_subclass_builds_itself_from_its_config(tmp_path):
+    """``ZephonFTTrainer`` imports TorchTitan's trainer, whose models need triton:
+    in a process of its own, with check_job.py's stand-in for that one module."""
+    check = "\n".join((
+        "import check_job",
+        "check_job.stand_in_for_triton_kernels()",
+        "from zephon_stream.integrations.torchtitan.torchft_trainer import FaultTolerantTrainer, ZephonFTTrainer",
+        "assert ZephonFTTrainer.Config._owner is ZephonFTTrainer",
+        "print(ZephonFTTrainer.__mro__[1].__module__)",
+    ))  # fmt: skip
+    repo = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(p for p in (str(repo / "examples" / "torchtitan"), os.environ.get("PYTHONPATH"), str(repo))
+                           if p)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp_path)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "torchtitan.experiments.torchft.trainer"
+    # bind_torchft takes the trainer's pipeline microbatches by the name the installed TorchTitan gives them.
+    source = Path(importlib.util.find_spec("torchtitan.experiments.torchft.trainer").origin).read_text()
+    assert f"self.{TITAN.pp_microbatches_attr} =" in source

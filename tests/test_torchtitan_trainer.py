@@ -1,4 +1,5 @@
-"""ZephonDataLoader batches through TorchTitan 0.3.0's own train_step batch handling.
+"""ZephonDataLoader batches through TorchTitan's own train_step batch handling
+(0.3.0 and main handle a batch with the same lines).
 
 TorchTitan's ``Trainer`` cannot be imported on a machine without triton (its
 model package imports it), so ``titan_train_step_batches`` below repeats the
@@ -23,10 +24,11 @@ pytest.importorskip("torchtitan", reason="needs the [torchtitan] extra")
 
 from torchtitan.components.loss import IGNORE_INDEX  # noqa: E402
 
+from titan_forms import trainer_keywords  # noqa: E402
 from zephon_stream.integrations.torchtitan import ZephonDataLoader  # noqa: E402
 
-# NOTE: the lines of torchtitan 0.3.0's Trainer.train_step that touch the batch,
-# as they stand in its trainer.py (whitespace aside).
+# The lines of TorchTitan's Trainer.train_step that touch the batch, as they
+# stand in its trainer.py (whitespace aside), 0.3.0 and main alike.
 TITAN_BATCH_LINES = (
     "local_valid_tokens = torch.tensor(0, dtype=torch.int64)",
     "input_dict, labels = next(data_iterator)",
@@ -40,7 +42,7 @@ DEVICES = [None] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def titan_train_step_batches(data_iterator, *, device: torch.device, gradient_accumulation_steps: int):
-    """TorchTitan 0.3.0 ``Trainer.train_step`` up to the forward pass (no pipeline
+    """TorchTitan's ``Trainer.train_step`` up to the forward pass (no pipeline
     parallelism, no dp reduction): what it does with each batch."""
     microbatch_groups = []
     local_valid_tokens = torch.tensor(0, dtype=torch.int64)
@@ -72,7 +74,7 @@ def test_train_step_takes_the_batches_at_every_device_setting(small_bpe_dataset,
     trainer_device = torch.device("cuda" if device else "cpu")
     reference = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=5, pipeline="threads")
     config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=5, device=device, pipeline=pipeline)
-    build = dict(dp_world_size=2, dp_rank=1, tokenizer=None, seq_len=128, local_batch_size=4)
+    build = dict(dp_world_size=2, dp_rank=1, tokenizer=None, **trainer_keywords(128, 4))
     eos = small_bpe_dataset.manifest.tokenizer.eos_id
     with config.build(**build) as loader, reference.build(**build) as cpu_loader:
         batches, cpu_batches = iter(loader), iter(cpu_loader)

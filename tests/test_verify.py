@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from test_format_dataset import byte_docs, make_dataset
 from zephon_stream.cli import main
 from zephon_stream.reader import DatasetReader
+from zephon_stream.reader.verify import verify_dataset
 from zephon_stream.storage import open_store
-from zephon_stream.verify import verify_dataset
-from test_format_dataset import byte_docs, make_dataset
 
 
 @pytest.fixture

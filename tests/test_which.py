@@ -10,8 +10,8 @@ import pytest
 
 from zephon_stream.cli import main
 from zephon_stream.plan import OrderConfig
-from zephon_stream.provenance import order_for, provenance, step_range
 from zephon_stream.reader import DatasetReader
+from zephon_stream.reader.provenance import order_for, provenance, step_range
 
 SEQ_LEN = 64
 BATCH = 8
@@ -201,10 +201,13 @@ def test_which_takes_a_torchtitan_train_step_and_its_accumulation(small_dataset,
     printed = capsys.readouterr().out
     assert printed.startswith("TorchTitan train step 3 (accumulation 2) is steps 4 to 5 (counted from 0)\n")
     assert "step 5 (from 0; TorchTitan train step 3, batch 2 of 2): positions [40, 48)" in printed
-    assert main(text + ["--torchtitan-step", "0"]) == 1
-    assert "--torchtitan-step counts from 1" in capsys.readouterr().err
-    assert main(text + ["--step", "-1"]) == 1
-    assert "--step counts from 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(text + ["--torchtitan-step", "0"])
+    err = capsys.readouterr().err
+    assert "argument --torchtitan-step: must be >= 1 (got 0); TorchTitan counts its train steps from 1" in err
+    with pytest.raises(SystemExit, match="2"):
+        main(text + ["--step", "-1"])
+    assert "argument --step: must be >= 0 (got -1); steps count from 0" in capsys.readouterr().err
 
 
 def _help(command: str, capsys) -> str:

@@ -17,8 +17,8 @@ from loader_reference import DirectReader
 from zephon_stream.cli import PACKING_CHOICES, main
 from zephon_stream.plan import SchedulePhase
 from zephon_stream.plan.packing import PACKINGS
-from zephon_stream.provenance import range_provenance, schedule_for, step_provenance
 from zephon_stream.reader import DatasetReader
+from zephon_stream.reader.provenance import range_provenance, schedule_for, step_provenance
 
 SEQ_LEN = 256  # NOTE: 4097-token blocks hold 16 rows
 BATCH = 8

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from zephon_stream import Manifest
 from zephon_stream.cli import main
 
@@ -40,8 +42,9 @@ def test_write_command_errors_exit_1_with_a_message(tmp_path, capsys):
     assert "unknown tokenizer spec 'nope'" in capsys.readouterr().err
     assert main(["write", str(tmp_path / "missing*.txt"), "--output", str(tmp_path / "o"), "--tokenizer", "bytes"]) == 1
     assert "matches no file" in capsys.readouterr().err
-    assert main(["write", str(src), "--output", str(tmp_path / "o"), "--tokenizer", "bytes", "--workers", "0"]) == 1
-    assert "workers 0 must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):  # NOTE: a usage error (tests/test_cli_exit_status.py)
+        main(["write", str(src), "--output", str(tmp_path / "o"), "--tokenizer", "bytes", "--workers", "0"])
+    assert "argument --workers: must be >= 1 (got 0)" in capsys.readouterr().err
     rc = main(["write", str(src), "--output", str(tmp_path / "o"), "--tokenizer", "bytes",
                "--storage-option", "secret"])
     assert rc == 1 and "expected KEY=VALUE" in capsys.readouterr().err

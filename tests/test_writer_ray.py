@@ -186,7 +186,7 @@ def test_token_inputs_are_one_unit_each_and_written_as_one_process_writes_them(r
     assert_same_contents(dataset_contents(str(tmp_path / "ray")), dataset_contents(str(tmp_path / "reference")))
 
 
-def test_cli_without_an_address_starts_a_local_instance_and_leaves_nothing_behind(
+def test_cli_without_an_address_starts_a_local_instance_quietly_and_leaves_nothing_behind(
     ray_instance, ray_driver, ray_inputs, tmp_path
 ):
     import shutil
@@ -211,11 +211,18 @@ def _run_without_address(ray_instance, ray_driver, ray_inputs, tmp_path: Path, c
         "--engine", "ray", "--ray-workers", "1", "--unit-bytes", str(RAY_UNIT_BYTES),
         "--block-tokens", str(RAY_BLOCK_TOKENS), "--blocks-per-shard", str(RAY_BLOCKS_PER_SHARD), "--json",
     ]  # fmt: skip
-    env = {**ray_instance.child_env(), "TMPDIR": str(child_tmp)}
-    env.pop("RAY_TMPDIR", None)
+    # NOTE: a user's environment: no Ray settings of the session's head, a home of its own.
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**ray_instance.child_env(), "TMPDIR": str(child_tmp), "HOME": str(home)}
+    for name in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(name, None)
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Connecting to existing Ray cluster" not in done.stderr
+    # NOTE: the instance runs with a token of its own: no warning, and no token left in the home.
+    assert "Token authentication" not in done.stderr and "auth_token" not in done.stderr, done.stderr[-3000:]
+    assert os.listdir(home) == []
     assert os.listdir(child_tmp) == []  # NOTE: the instance's session folder is gone, and so are its processes
     assert not [p for p in os.listdir("/proc") if p.isdigit() and str(child_tmp).encode() in _cmdline(p)]
     in_session = ray_driver.call(

@@ -3,37 +3,23 @@
 The launchers start each server under a guard that leads a process group of
 its own (``zephon_stream/storage/lifetime.py``); tests and ``tools/ray_head.py``
 find what a server started, or check that nothing of it is left, by its group.
+``/proc`` is read by ``lifetime.py`` (``process_stat``, ``processes``), once
+for the package and its tools.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+from zephon_stream.storage.lifetime import ProcessStat, process_stat, processes
 
-
-def processes() -> Iterator[tuple[int, int, str, str]]:
-    """``(pid, process group, state, command name)`` of every process this user can read (``/proc``)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                head, tail = stat.read().rsplit(b")", 1)
-        except OSError:
-            continue
-        fields = tail.split()
-        yield int(entry), int(fields[2]), fields[0].decode(), head.split(b"(", 1)[1].decode(errors="replace")
+__all__ = ["ProcessStat", "alive", "process_group", "process_stat", "processes"]
 
 
 def process_group(leader: int) -> list[int]:
     """The processes, zombies left out, of the group ``leader`` leads (a guarded server's, ``lifetime.py``)."""
-    return sorted(pid for pid, group, state, _ in processes() if group == leader and state != "Z")
+    return sorted(stat.pid for stat in processes() if stat.group == leader and stat.state != "Z")
 
 
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
+    stat = process_stat(pid)
+    return stat is not None and stat.state != "Z"

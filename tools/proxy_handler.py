@@ -12,12 +12,9 @@ import socketserver
 import struct
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from tools.rate_limit import throttle_answer
-
-if TYPE_CHECKING:
-    from tools.fault_proxy import FaultProxy
+from tools.rate_limit import RateLimiter, throttle_answer
 
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"})
 _ERROR_BODY = (
@@ -28,6 +25,30 @@ _IDLE_TIMEOUT_S = 30.0
 _UPSTREAM_TIMEOUT_S = 60.0
 
 
+class Faults(Protocol):
+    """What the handler asks of its proxy (``FaultProxy``): where to forward, and which fault to answer with."""
+
+    upstream_host: str
+    upstream_port: int
+    latency_s: float
+    stall_s: float
+    slow_body_s: float
+    drip_pieces: int
+    limiter: RateLimiter
+
+    def _register(self, conn: socket.socket) -> None: ...
+
+    def _unregister(self, conn: socket.socket) -> None: ...
+
+    def _refuses_presigned(self, path: str) -> bool: ...
+
+    def _admit(self, path: str) -> bool: ...
+
+    def _draw(self, method: str, path: str, byte_range: str = "") -> str | None: ...
+
+    def _count(self, kind: str) -> None: ...
+
+
 class ProxyServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -36,7 +57,7 @@ class ProxyServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     # handshake's last ACK, the client sends its request into a connection the
     # proxy never accepts, and times out -- a retry the proxy never saw.
     request_queue_size = 1024
-    proxy: "FaultProxy"
+    proxy: Faults
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # NOTE: a client that closes a connection mid-answer (a loader closing,

@@ -142,8 +142,8 @@ class RayHead(LoopbackServer):
 
     def raylet_pid(self) -> int | None:
         """The raylet's process id (task workers are its children)."""
-        return next((pid for pid, group, state, comm in processes()
-                     if group == self.pid and state != "Z" and comm == "raylet"), None)  # fmt: skip
+        raylets = (p.pid for p in processes() if p.group == self.pid and p.state != "Z" and p.command == "raylet")
+        return next(raylets, None)
 
     def worker_pids(self, title: str) -> list[int]:
         """The raylet's children whose title starts with ``title`` (``ray::convert_unit_task``)."""

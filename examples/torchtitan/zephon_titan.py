@@ -1,12 +1,15 @@
 """TorchTitan job configs that train on zephon_stream datasets.
 
-TorchTitan 0.3.0 reads a job from a Python function returning a
-``Trainer.Config``; select one with ``--module zephon_titan --config NAME``
-(this folder on ``PYTHONPATH``) and override any field on the command line,
-e.g. ``--dataloader.dataset_path s3://bucket/other``.
+TorchTitan (0.3.0, or main from its source tree) reads a job from a Python
+function returning a ``Trainer.Config``; select one with ``--module
+zephon_titan --config NAME`` (this folder on ``PYTHONPATH``) and override any
+field on the command line, e.g. ``--dataloader.dataset_path s3://bucket/other``.
 
 The only zephon_stream-specific line of each config is the ``dataloader=``
-assignment; the rest is TorchTitan's own llama3 config.
+assignment; the rest is TorchTitan's own llama3 config. The batch size is
+TorchTitan's to set, in its own names: 0.3.0 counts rows (``seq_len``,
+``local_batch_size``), main tokens (``max_context_length``,
+``num_tokens_per_microbatch_per_dp_rank``).
 
 Environment (defaults in brackets):
     ZEPHON_DATASET   dataset URL [s3://my-bucket/zephon/stdlib-bpe2k]
@@ -28,7 +31,7 @@ from torchtitan.components.validate import Validator
 from torchtitan.models.llama3.config_registry import llama3_8b, llama3_debugmodel
 from torchtitan.trainer import Trainer
 
-from zephon_stream.integrations.torchtitan import ZephonDataLoader
+from zephon_stream.integrations.torchtitan import TITAN, ZephonDataLoader
 
 DATASET = os.environ.get("ZEPHON_DATASET", "s3://my-bucket/zephon/stdlib-bpe2k")
 ASSETS = os.environ.get("ZEPHON_ASSETS", "./assets/tokenizer-bpe2k")
@@ -46,8 +49,13 @@ def llama3_debugmodel_zephon() -> Trainer.Config:
     # NOTE: the one zephon_stream line. The batches are CPU tensors that the
     # trainer copies to the GPU unless ZEPHON_DEVICE=cuda.
     config.dataloader = ZephonDataLoader.Config(dataset_path=DATASET, seed=0, device=DEVICE)
-    config.training.seq_len = 512
-    config.training.local_batch_size = 8
+    # 8 rows of 512 tokens per rank: in rows on TorchTitan 0.3.0, in tokens on main.
+    if TITAN.flat_batches:
+        config.training.max_context_length = 512
+        config.training.num_tokens_per_microbatch_per_dp_rank = 8 * 512
+    else:
+        config.training.seq_len = 512
+        config.training.local_batch_size = 8
     config.training.steps = 20
     config.checkpoint.enable = True
     config.checkpoint.interval = 10

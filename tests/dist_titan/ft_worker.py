@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from titan_setup import TrainState  # NOTE: this folder is sys.path[0]
+from titan_setup import TrainState, as_rows, trainer_keywords  # this folder is sys.path[0]
 from torch.distributed import ReduceOp, TCPStore
 from torch.distributed.checkpoint.stateful import Stateful
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
@@ -43,7 +43,7 @@ from torchtitan.experiments.torchft.manager import TorchFTManager
 from torchtitan.experiments.torchft.optimizer import TorchFTOptimizersContainer
 
 from zephon_stream.demo.torchft_group import row_digest, wait_for
-from zephon_stream.integrations.torchtitan_torchft import (
+from zephon_stream.integrations.torchtitan.torchft import (
     ZephonFTCheckpointManager,
     ZephonFTDataLoader,
 )
@@ -92,8 +92,8 @@ def main() -> None:
                                            pipeline="threads", prefetch_steps=2, device=spec.get("device"),
                                            # NOTE: the reference rows are read with the plain loader's default.
                                            cross_document_targets="predict").build(
-        dp_world_size=batch_degree, dp_rank=batch_rank, tokenizer=None, seq_len=spec["seq_len"],
-        local_batch_size=spec["local_batch"],
+        dp_world_size=batch_degree, dp_rank=batch_rank, tokenizer=None,
+        **trainer_keywords(spec["seq_len"], spec["local_batch"]),
     )  # fmt: skip
     model = torch.nn.Linear(spec["seq_len"], 1, bias=False)
     optimizers = TorchFTOptimizersContainer.Config(
@@ -136,14 +136,16 @@ def main() -> None:
             input_dict, labels = next(data_iterator)
             # NOTE: with device="cuda" the inputs arrive on the GPU; the counting model is on the host.
             input_dict = {key: value.cpu() for key, value in input_dict.items()}
-            batches.append((input_dict, labels, dataloader.last_sample_positions.cpu()))
+            shape = list(input_dict["input"].shape)
+            inputs, labels = as_rows(input_dict["input"], spec["seq_len"]), as_rows(labels, spec["seq_len"])
+            batches.append((inputs, labels, dataloader.last_sample_positions.cpu(), shape))
         step = manager.current_step()
         if events.get("kill_at") is not None and life == 1 and step >= events["kill_at"]:
             records.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         grad = torch.zeros_like(counts.counts)
-        for input_dict, labels, positions in batches:
-            loss = model(input_dict["input"].float()).mean()
+        for inputs, labels, positions, _ in batches:
+            loss = model(inputs.float()).mean()
             loss.backward()
             for p in positions.tolist():
                 if p >= 0:
@@ -164,8 +166,8 @@ def main() -> None:
             "time": time.time(), "step": step, "train_step": train_state.step, "participants": record.participants,
             "rank": record.participating_rank, "counted": record.counted, "committed": committed, "saved": saved,
             "positions": [[p for b in batches for p in b[2].tolist()]],
-            "shapes": [list(b[0]["input"].shape) for b in batches],
-            "digests": [[row_digest(b[0]["input"][i], b[1][i]) for b in batches for i in range(len(b[1]))]],
+            "shapes": [b[3] for b in batches],
+            "digests": [[row_digest(b[0][i], b[1][i]) for b in batches for i in range(len(b[1]))]],
         }) + "\n")  # fmt: skip
         records.flush()
         (out / f"{name}.step").write_text(str(manager.current_step()))

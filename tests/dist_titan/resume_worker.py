@@ -3,7 +3,8 @@
 ``--mode save``: build ``ZephonDataLoader`` through its Config as TorchTitan's
 trainer does, run ``--save-step`` steps, save through TorchTitan's
 ``CheckpointManager``. With ``--titan-ckpt``, do the same with TorchTitan's
-own ``ParallelAwareDataloader``.
+own loader (0.3.0: ``ParallelAwareDataloader``; main: ``GrainDataLoader``
+over ``--titan-corpus``).
 
 ``--mode resume``: build the loaders at this world size, load the checkpoint
 through the manager, run ``--steps`` more steps; for TorchTitan's own loader,
@@ -19,38 +20,18 @@ import argparse
 import os
 
 import torch
-from torch.distributed.checkpoint.stateful import Stateful
-from torch.utils.data import IterableDataset
-from titan_setup import build_checkpointer, init_gloo, row_digests, token_rows, write_json
-from torchtitan.components.dataloader import ParallelAwareDataloader
+from titan_setup import (
+    TITAN,
+    build_checkpointer,
+    init_gloo,
+    row_digests,
+    titan_own_loader,
+    trainer_keywords,
+    write_json,
+)
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from zephon_stream.integrations.torchtitan import ZephonDataLoader
-
-
-class PackedTokens(IterableDataset, Stateful):
-    """A per-rank packed-token dataset in the style of TorchTitan's text datasets."""
-
-    def __init__(self, *, seq_len: int, dp_rank: int, dp_world_size: int) -> None:
-        self._tokens = token_rows(1 << 16, seed=0)
-        self._seq_len = seq_len
-        self._rank = dp_rank
-        self._world = dp_world_size
-        self._sample_idx = 0
-
-    def __iter__(self):
-        while True:
-            row = self._sample_idx * self._world + self._rank
-            start = (row * self._seq_len) % (len(self._tokens) - self._seq_len - 1)
-            window = torch.from_numpy(self._tokens[start : start + self._seq_len + 1])
-            self._sample_idx += 1
-            yield {"input": window[:-1]}, window[1:]
-
-    def state_dict(self):
-        return {"sample_idx": self._sample_idx}
-
-    def load_state_dict(self, state_dict):
-        self._sample_idx = state_dict["sample_idx"]
 
 
 def main() -> None:
@@ -63,6 +44,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ckpt", required=True)
     parser.add_argument("--titan-ckpt")
+    parser.add_argument("--titan-corpus", help="a JSONL corpus for TorchTitan main's own loader")
     parser.add_argument("--save-step", type=int, required=True)
     parser.add_argument("--steps", type=int, default=0)
     parser.add_argument("--out", required=True)
@@ -73,15 +55,10 @@ def main() -> None:
     local_batch = args.global_batch // world
     tokenizer = HuggingFaceTokenizer.Config().build(tokenizer_path=args.tokenizer_dir)
     config = ZephonDataLoader.Config(dataset_path=args.dataset, seed=args.seed, prefetch_steps=2)
-    # NOTE: the same keywords torchtitan.trainer.Trainer passes in 0.3.0.
-    loader = config.build(
-        dp_world_size=world,
-        dp_rank=rank,
-        tokenizer=tokenizer,
-        seq_len=args.seq_len,
-        local_batch_size=local_batch,
-        snapshot_every_n_steps=args.save_step,
-    )
+    # The keywords the installed TorchTitan's trainer passes (0.3.0 adds snapshot_every_n_steps).
+    extra = {} if TITAN.flat_batches else {"snapshot_every_n_steps": args.save_step}
+    loader = config.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer,
+                          **trainer_keywords(args.seq_len, local_batch), **extra)  # fmt: skip
     checkpointer, _, _, train_state = build_checkpointer(
         folder=args.ckpt, interval=args.save_step, dataloader=loader, model=torch.nn.Linear(4, 4)
     )
@@ -98,9 +75,10 @@ def main() -> None:
     for step in range(first_step, first_step + num_steps):
         input_dict, labels = next(batches)
         assert set(input_dict) == {"input", "positions"}, sorted(input_dict)
-        assert input_dict["input"].shape == (local_batch, args.seq_len) == labels.shape
+        shape = (local_batch * args.seq_len,) if TITAN.flat_batches else (local_batch, args.seq_len)
+        assert input_dict["input"].shape == shape == labels.shape
         assert input_dict["input"].dtype == torch.int64 == labels.dtype
-        rows = zip(loader.last_sample_positions.tolist(), row_digests(input_dict["input"], labels))
+        rows = zip(loader.last_sample_positions.tolist(), row_digests(input_dict["input"], labels, args.seq_len))
         report["steps"][str(step)] = [list(row) for row in rows]
     if args.mode == "save":
         train_state.step = args.save_step
@@ -109,12 +87,8 @@ def main() -> None:
     loader.close()
 
     if args.titan_ckpt:
-        titan_loader = ParallelAwareDataloader(
-            PackedTokens(seq_len=args.seq_len, dp_rank=rank, dp_world_size=world),
-            dp_rank=rank,
-            dp_world_size=world,
-            batch_size=local_batch,
-        )
+        titan_loader = titan_own_loader(rank=rank, world=world, seq_len=args.seq_len, rows=local_batch,
+                                        tokenizer=tokenizer, corpus_jsonl=args.titan_corpus)  # fmt: skip
         titan_checkpointer, _, _, titan_state = build_checkpointer(
             folder=args.titan_ckpt, interval=args.save_step, dataloader=titan_loader, model=torch.nn.Linear(4, 4)
         )

@@ -1,23 +1,34 @@
-"""Pieces shared by the torchrun workers of the TorchTitan tests.
+"""Pieces shared by the TorchTitan tests and their torchrun workers.
 
 The workers build their loaders through TorchTitan's ``Config.build`` and
 checkpoint through TorchTitan's own ``CheckpointManager`` (DCP underneath),
 exactly as ``torchtitan.trainer.Trainer`` wires them, minus the GPU-only parts.
+
+Every TorchTitan test runs against the installed TorchTitan, 0.3.0 or main
+(tests/titan_forms.py: what differs for the tests).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
-from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
+
+from zephon_stream.integrations.torchtitan import TITAN
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the workers' folder is sys.path[0]; tests/ holds:
+from titan_forms import as_rows, repeat, titan_own_loader, trainer_keywords  # noqa: E402, F401 (for the workers)
+
+CheckpointManager = importlib.import_module(TITAN.checkpoint_module).CheckpointManager
 
 
 class TrainState(Stateful):
@@ -60,10 +71,10 @@ def build_checkpointer(
     return checkpointer, optimizers, lr_schedulers, train_state
 
 
-def row_digests(inputs: torch.Tensor, labels: torch.Tensor) -> list[str]:
-    """One sha256 per row over its input and label tokens."""
-    inputs_np = inputs.cpu().numpy().astype("<i8")
-    labels_np = labels.cpu().numpy().astype("<i8")
+def row_digests(inputs: torch.Tensor, labels: torch.Tensor, seq_len: int) -> list[str]:
+    """One sha256 per row over its input and label tokens (a batch of either form)."""
+    inputs_np = as_rows(inputs, seq_len).cpu().numpy().astype("<i8")
+    labels_np = as_rows(labels, seq_len).cpu().numpy().astype("<i8")
     return [hashlib.sha256(i.tobytes() + l.tobytes()).hexdigest() for i, l in zip(inputs_np, labels_np)]
 
 
@@ -73,8 +84,3 @@ def write_json(path: str, payload: Any) -> None:
     with open(tmp, "w", encoding="utf-8") as out:
         json.dump(payload, out)
     os.replace(tmp, path)
-
-
-def token_rows(num_tokens: int, seed: int) -> np.ndarray:
-    """Deterministic token ids for the stand-in dataset of TorchTitan's own loader."""
-    return np.random.default_rng(seed).integers(0, 2000, size=num_tokens, dtype=np.int64)

@@ -15,7 +15,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from titan_setup import build_checkpointer, init_gloo, write_json
+from titan_setup import as_rows, build_checkpointer, init_gloo, trainer_keywords, write_json
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -62,11 +62,7 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     model = TinyCausalLM(vocab_size=args.vocab_size, seq_len=args.seq_len)
     loader = ZephonDataLoader.Config(dataset_path=args.dataset, seed=7, prefetch_steps=2).build(
-        dp_world_size=world,
-        dp_rank=rank,
-        tokenizer=None,
-        seq_len=args.seq_len,
-        local_batch_size=args.global_batch // world,
+        dp_world_size=world, dp_rank=rank, tokenizer=None, **trainer_keywords(args.seq_len, args.global_batch // world)
     )
     checkpointer, optimizers, lr_schedulers, train_state = build_checkpointer(
         folder=args.ckpt, interval=args.save_step, dataloader=loader, model=model
@@ -81,7 +77,9 @@ def main() -> None:
     while train_state.step < args.total_steps:
         train_state.step += 1
         input_dict, labels = next(batches)
-        logits = ddp_model(input_dict["input"], input_dict["positions"])
+        # TorchTitan main's batches are 1-D; this model takes rows.
+        labels = as_rows(labels, args.seq_len)
+        logits = ddp_model(as_rows(input_dict["input"], args.seq_len), as_rows(input_dict["positions"], args.seq_len))
         # NOTE: as TorchTitan does: the summed loss over the global count of
         # valid labels (input EOS labels are ignored, so ranks count
         # differently); DDP averages gradients over the ranks, hence x world.

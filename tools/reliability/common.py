@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from zephon_stream.loader import union_sha256
+from zephon_stream.storage.lifetime import processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BLOCK_TOKENS = 4097
@@ -30,17 +31,7 @@ class ScenarioFailure(AssertionError):
 
 def process_table() -> dict[int, tuple[str, int]]:
     """Every process of the machine: pid -> (state letter, parent pid), from /proc."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        table[int(entry)] = (fields[0], int(fields[1]))
-    return table
+    return {stat.pid: (stat.state, stat.parent) for stat in processes()}
 
 
 def check(condition: bool, message: str) -> None:

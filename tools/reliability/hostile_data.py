@@ -24,7 +24,7 @@ def case_bit_flips(dataset: Path, work: Path, tries: int, rng: random.Random) ->
     wrong step, and verify must list the shard."""
     from zephon_stream.format.manifest import Manifest
     from zephon_stream.reader import DatasetReader
-    from zephon_stream.verify import verify_dataset
+    from zephon_stream.reader.verify import verify_dataset
 
     outcome = Outcome()
     manifest = Manifest.load(str(dataset))
@@ -77,7 +77,7 @@ def case_frame_header_flips(dataset: Path, work: Path, tries: int, rng: random.R
     from zephon_stream import read_block, write_dataset
     from zephon_stream.format.manifest import Manifest
     from zephon_stream.reader import DatasetReader
-    from zephon_stream.verify import verify_dataset
+    from zephon_stream.reader.verify import verify_dataset
 
     outcome = Outcome()
     files = stdlib_corpus(work / "corpus", num_files=400, stride=2)
@@ -119,7 +119,7 @@ def case_frame_past_declared_size(dataset: Path, work: Path, tries: int, rng: ra
     from zephon_stream.errors import CorruptBlockError
     from zephon_stream.format.manifest import Manifest
     from zephon_stream.reader import DatasetReader
-    from zephon_stream.verify import verify_dataset
+    from zephon_stream.reader.verify import verify_dataset
 
     outcome = Outcome()
     manifest = Manifest.load(str(dataset))
@@ -164,7 +164,7 @@ def case_truncated_objects(dataset: Path, work: Path, tries: int, rng: random.Ra
     from zephon_stream.errors import ObjectMissingError, TruncatedObjectError
     from zephon_stream.format.manifest import Manifest
     from zephon_stream.reader import DatasetReader
-    from zephon_stream.verify import verify_dataset
+    from zephon_stream.reader.verify import verify_dataset
 
     outcome = Outcome()
     manifest = Manifest.load(str(dataset))

@@ -52,7 +52,7 @@ def secrets_run(*, endpoint_url: str, bucket: str, inputs: list[Path], work: Pat
     from zephon_stream import StreamingLoader, write_dataset
     from zephon_stream.errors import ZephonError
     from zephon_stream.reader import DatasetReader
-    from zephon_stream.verify import verify_dataset
+    from zephon_stream.reader.verify import verify_dataset
 
     log = io.StringIO()
     handler = logging.StreamHandler(log)

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
 
 from zephon_stream.errors import ZephonError
 
@@ -41,6 +42,25 @@ EXIT_STATUS_EPILOG = (
     "exit status: 0 done; 1 an error the command reports on stderr, or a check that failed (verify, diff-log, "
     "demo); 2 a usage error; 130 interrupted; 141 stdout's reader went away (| head)"
 )
+
+
+def bounded_int(minimum: int, maximum: int | None = None, why: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``[minimum, maximum]``.
+
+    A value outside is a usage error (exit 2) that says so, as argparse
+    reports an unknown option: ``argument --world-size: must be >= 1 (got 0)``;
+    text that is no integer keeps argparse's ``invalid int value``.
+    """
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum or (maximum is not None and value > maximum):
+            bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+            raise argparse.ArgumentTypeError(f"must be {bounds} (got {value}){'; ' + why if why else ''}")
+        return value
+
+    parse.__name__ = "int"  # NOTE: argparse names the type after it: "invalid int value: 'x'"
+    return parse
 
 
 def package_version() -> str:

@@ -13,14 +13,18 @@ def _world_sizes(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected two integers like 2,1, got {text!r}") from None
     if len(sizes) != 2:
         raise argparse.ArgumentTypeError(f"expected two world sizes (before,after the kill), got {text!r}")
+    if min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"world sizes must be >= 1 (got {text!r})")
     return sizes  # type: ignore[return-value]
 
 
 def register(subparsers: Any) -> None:
-    from zephon_stream.cli import PACKING_CHOICES
+    from zephon_stream.cli import PACKING_CHOICES, bounded_int
     from zephon_stream.demo.orchestrate import DemoConfig
+    from zephon_stream.format.spec import MAX_BLOCK_TOKENS, MIN_BLOCK_TOKENS
 
     defaults = DemoConfig()
+    positive = bounded_int(1)
     parser = subparsers.add_parser(
         "demo",
         help="convert a real corpus, train as torchrun ranks streaming from S3, kill, resume at another world size",
@@ -34,30 +38,35 @@ def register(subparsers: Any) -> None:
             "demo's settings (--seq-len, --global-batch, --seed)."
         ),
     )
-    parser.add_argument("--steps", type=int, metavar="N", default=defaults.steps, help="training steps per run, steps 0 to N-1 (default %(default)s)")
-    parser.add_argument(
-        "--world-sizes",
-        type=_world_sizes,
-        default=defaults.world_sizes,
-        metavar="W1,W2",
-        help="ranks before the kill, ranks after the resume (default %s)" % ",".join(map(str, defaults.world_sizes)),
-    )
-    parser.add_argument("--reference-world-size", type=int, default=defaults.reference_world_size, help="ranks of the reference run (default %(default)s)")
-    parser.add_argument("--kill-after", type=int, metavar="N", help="steps checkpointed before the kill: the job is killed after the checkpoint of steps 0 to N-1 "
-                        "and resumes at step N (default: mid-run)")
-    parser.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every, help="steps between checkpoints (default %(default)s)")
-    parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per sample (default %(default)s)")
-    parser.add_argument("--global-batch", type=int, default=defaults.global_batch, help="samples per step over all ranks (default %(default)s)")
-    parser.add_argument("--block-tokens", type=int, default=defaults.block_tokens, help="tokens per block (default %(default)s)")
-    parser.add_argument("--blocks-per-shard", type=int, default=defaults.blocks_per_shard, help="blocks per shard (default %(default)s)")
-    parser.add_argument("--input", action="append", default=[], metavar="PATH", help="file or glob to convert (repeatable; default: the stdlib's top-level .py files)")
-    parser.add_argument("--store", help="local folder or store prefix (s3://, gs://, az://) for the dataset, kept; the demo ends with the `which` "
-                        "line for it (default: an embedded S3 server)")
-    parser.add_argument("--s3-port", type=int, default=defaults.s3_port, help="port tried first for the embedded S3 server (default %(default)s)")
-    parser.add_argument("--workdir", help="folder for checkpoints and logs (default: a temporary folder)")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary workdir")
-    parser.add_argument("--plot", metavar="PATH", help="write a PNG of loss and tokens/s per step, the resize marked")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="data order and model init seed")
+    add = parser.add_argument
+    add("--steps", type=positive, metavar="N", default=defaults.steps,
+        help="training steps per run, steps 0 to N-1 (default %(default)s)")
+    add("--world-sizes", type=_world_sizes, default=defaults.world_sizes, metavar="W1,W2",
+        help=f"ranks before the kill, ranks after the resume (default {','.join(map(str, defaults.world_sizes))})")
+    add("--reference-world-size", type=positive, default=defaults.reference_world_size,
+        help="ranks of the reference run (default %(default)s)")
+    add("--kill-after", type=positive, metavar="N",
+        help="steps checkpointed before the kill: the job is killed after the checkpoint of steps 0 to N-1 "
+        "and resumes at step N (default: mid-run)")
+    add("--ckpt-every", type=positive, default=defaults.ckpt_every,
+        help="steps between checkpoints (default %(default)s)")
+    add("--seq-len", type=positive, default=defaults.seq_len, help="tokens per sample (default %(default)s)")
+    add("--global-batch", type=positive, default=defaults.global_batch,
+        help="samples per step over all ranks (default %(default)s)")
+    add("--block-tokens", type=bounded_int(MIN_BLOCK_TOKENS, MAX_BLOCK_TOKENS), default=defaults.block_tokens,
+        help="tokens per block (default %(default)s)")
+    add("--blocks-per-shard", type=positive, default=defaults.blocks_per_shard,
+        help="blocks per shard (default %(default)s)")
+    add("--input", action="append", default=[], metavar="PATH",
+        help="file or glob to convert (repeatable; default: the stdlib's top-level .py files)")
+    add("--store", help="local folder or store prefix (s3://, gs://, az://) for the dataset, kept; the demo ends with "
+        "the `which` line for it (default: an embedded S3 server)")
+    add("--s3-port", type=bounded_int(0, 65535), default=defaults.s3_port,
+        help="port tried first for the embedded S3 server (default %(default)s)")
+    add("--workdir", help="folder for checkpoints and logs (default: a temporary folder)")
+    add("--keep", action="store_true", help="keep the temporary workdir")
+    add("--plot", metavar="PATH", help="write a PNG of loss and tokens/s per step, the resize marked")
+    add("--seed", type=bounded_int(0, 2**64 - 1), default=defaults.seed, help="data order and model init seed")
     parser.add_argument(
         "--schedule",
         action="store_true",

@@ -9,6 +9,8 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
+    from zephon_stream.cli import bounded_int
+
     parser = subparsers.add_parser(
         "inspect",
         help="show a dataset's shards, blocks, tokens, documents, bytes and tokenizer",
@@ -26,9 +28,9 @@ def register(subparsers: Any) -> None:
         help="also read blocks and compare concat and best_fit: documents cut, tokens read without their "
         "document's beginning, and the floor (documents longer than a row); needs --seq-len",
     )  # fmt: skip
-    parser.add_argument("--seq-len", type=int, action="append", metavar="L",
+    parser.add_argument("--seq-len", type=bounded_int(1), action="append", metavar="L",
                         help="row length of the packing report (repeatable: each block is read once)")
-    parser.add_argument("--blocks", type=int, metavar="N",
+    parser.add_argument("--blocks", type=bounded_int(1), metavar="N",
                         help="blocks the packing report reads, spread evenly over the dataset (default: all)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar for the packing report")
     parser.add_argument(
@@ -80,10 +82,6 @@ def _check_report_args(args: argparse.Namespace) -> None:
         raise ConfigError("--packing-report needs --seq-len L (repeatable), the row length to compare the packings at")
     if not args.packing_report and (args.seq_len or args.blocks is not None):
         raise ConfigError("--seq-len and --blocks belong to --packing-report")
-    if args.blocks is not None and args.blocks < 1:
-        raise ConfigError(f"--blocks must be >= 1, got {args.blocks}")
-    if args.seq_len and min(args.seq_len) < 1:
-        raise ConfigError(f"--seq-len must be >= 1, got {min(args.seq_len)}")
 
 
 def _packing_report(manifest: Any, store: Any, args: argparse.Namespace) -> Any:
@@ -91,8 +89,8 @@ def _packing_report(manifest: Any, store: Any, args: argparse.Namespace) -> Any:
 
     from tqdm import tqdm
 
-    from zephon_stream.packing_survey import packing_report, spread_blocks
     from zephon_stream.reader import DatasetReader
+    from zephon_stream.reader.packing_report import packing_report, spread_blocks
 
     total = len(spread_blocks(manifest.num_blocks, args.blocks))
     with tqdm(total=total, unit="block", desc="packing report", file=sys.stderr,

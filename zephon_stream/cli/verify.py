@@ -8,6 +8,8 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
+    from zephon_stream.cli import bounded_int
+
     parser = subparsers.add_parser(
         "verify",
         help="re-hash every shard, decode every block, check sidecars; exit 1 on any problem",
@@ -18,7 +20,7 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("url", metavar="URL", help="dataset root: local folder or store prefix (s3://, gs://, az://)")
-    parser.add_argument("--workers", type=int, default=4, help="shards checked concurrently (default 4)")
+    parser.add_argument("--workers", type=bounded_int(1), default=4, help="shards checked concurrently (default 4)")
     parser.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",
         help="fsspec option (s3fs, gcsfs, adlfs; repeatable)",
@@ -30,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from zephon_stream.reader import DatasetReader
+    from zephon_stream.reader.verify import verify_dataset
     from zephon_stream.storage import parse_storage_options
-    from zephon_stream.verify import verify_dataset
 
     with DatasetReader.open(args.url, parse_storage_options(args.storage_option)) as reader:
         m = reader.manifest

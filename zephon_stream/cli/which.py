@@ -15,7 +15,10 @@ STEP_NUMBERING = (
 
 
 def register(subparsers: Any) -> None:
-    from zephon_stream.cli import PACKING_CHOICES
+    from zephon_stream.cli import PACKING_CHOICES, bounded_int
+
+    seed = bounded_int(0, 2**64 - 1)
+    positive = bounded_int(1)
 
     parser = subparsers.add_parser(
         "which",
@@ -30,9 +33,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("datasets", nargs="+", metavar="DATASET", help="dataset roots, in mixture order")
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--step", type=int, help="global step N, counted from 0 (the first batch is step 0)")
     where.add_argument(
-        "--torchtitan-step", type=int, metavar="S",
+        "--step", type=bounded_int(0, why="steps count from 0 (the first batch is step 0)"),
+        help="global step N, counted from 0 (the first batch is step 0)",
+    )  # fmt: skip
+    where.add_argument(
+        "--torchtitan-step", type=bounded_int(1, why="TorchTitan counts its train steps from 1"), metavar="S",
         help="TorchTitan train step S, counted from 1: shows its --accumulation steps",
     )  # fmt: skip
     where.add_argument(
@@ -44,14 +50,14 @@ def register(subparsers: Any) -> None:
         '"seq_len": L, "lanes": C, "window": 0, "weights": [...]}, ...]} (or the phases list alone), '
         "in a file or inline",
     )  # fmt: skip
-    parser.add_argument("--seq-len", type=int, help="tokens per sample input (without --schedule)")
-    parser.add_argument("--global-batch", type=int, help="samples per global step B (without --schedule)")
-    parser.add_argument("--seed", type=int, default=0, help="order seed (default 0)")
-    parser.add_argument("--lanes", type=int, help="lanes C (default: the global batch)")
-    parser.add_argument("--window", type=int, default=0, help="window-shuffle samples (0: one block)")
+    parser.add_argument("--seq-len", type=positive, help="tokens per sample input (without --schedule)")
+    parser.add_argument("--global-batch", type=positive, help="samples per global step B (without --schedule)")
+    parser.add_argument("--seed", type=seed, default=0, help="order seed (default 0)")
+    parser.add_argument("--lanes", type=positive, help="lanes C (default: the global batch)")
+    parser.add_argument("--window", type=bounded_int(0), default=0, help="window-shuffle samples (0: one block)")
     parser.add_argument("--weights", nargs="+", metavar="W", help="stream weights (default: equal)")
     parser.add_argument(
-        "--accumulation", type=int, default=1, metavar="A",
+        "--accumulation", type=positive, default=1, metavar="A",
         help="batches per TorchTitan train step (its gradient_accumulation_steps; default 1)",
     )  # fmt: skip
     parser.add_argument(
@@ -67,7 +73,7 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     parser.add_argument("--state-key", metavar="KEY", help="with --state: the key of the loader state, where a "
                         "checkpoint holds several (dotted, e.g. dataloader)")  # fmt: skip
-    parser.add_argument("--world-size", type=int, help="also show the rank that reads each sample")
+    parser.add_argument("--world-size", type=positive, help="also show the rank that reads each sample")
     parser.add_argument("--text", action="store_true", help="decode each sample's text (best_fit: the packed row)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
@@ -110,20 +116,10 @@ def _phases(args: argparse.Namespace) -> tuple[int, list[Any]]:
 
 def _steps(args: argparse.Namespace) -> list[int] | None:
     """The global steps (from 0) asked for, or None for --positions."""
-    from zephon_stream.errors import ConfigError
-
-    if args.accumulation < 1:
-        raise ConfigError(f"--accumulation must be >= 1, got {args.accumulation}")
     if args.torchtitan_step is not None:
-        if args.torchtitan_step < 1:
-            raise ConfigError(
-                f"--torchtitan-step counts from 1 (TorchTitan's first train step), got {args.torchtitan_step}"
-            )
         first = (args.torchtitan_step - 1) * args.accumulation
         return list(range(first, first + args.accumulation))
     if args.step is not None:
-        if args.step < 0:
-            raise ConfigError(f"--step counts from 0 (the first batch is step 0), got {args.step}")
         return [args.step]
     return None
 
@@ -147,8 +143,8 @@ def _torchtitan(step: int, accumulation: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zephon_stream.provenance import range_provenance, schedule_for, step_provenance
     from zephon_stream.reader import DatasetReader
+    from zephon_stream.reader.provenance import range_provenance, schedule_for, step_provenance
     from zephon_stream.storage import parse_storage_options
 
     options = parse_storage_options(args.storage_option)
@@ -219,17 +215,17 @@ def _state_settings(args: argparse.Namespace) -> Any:
 
 def _run_state(args: argparse.Namespace, readers: list[Any], order: Any, settings: Any, steps: list[int]) -> int:
     """Each step as the run of ``--state`` read it, or why it did not."""
-    from zephon_stream.cli.which_state import step_ranges
-    from zephon_stream.provenance import range_provenance
+    from zephon_stream.cli.which_state import step_reads
+    from zephon_stream.reader.provenance import range_provenance
 
     found = []
-    for step, start, end, reason in step_ranges(order, settings, steps):
-        if start is None:
-            found.append(({"step": step, "read": False, "reason": reason}, []))
+    for read in step_reads(order, settings, steps):
+        if read.position is None:
+            found.append(({"step": read.step, "read": False, "reason": read.reason}, []))
             continue
-        samples = range_provenance(readers, order, start, end, text=args.text, packing=args.packing)
-        found.append((_described(order, settings.seed, args.packing, None, start, end, samples) | {"step": step, "read": True},
-                      samples))  # fmt: skip
+        samples = range_provenance(readers, order, read.position, read.end, text=args.text, packing=args.packing)
+        out = _described(order, settings.seed, args.packing, None, read.position, read.end, samples)
+        found.append((out | {"step": read.step, "read": True}, samples))
     if args.json:
         described = [out for out, _ in found]
         print(json.dumps(described[0] if len(described) == 1 else {"steps": described}, sort_keys=True))

@@ -13,15 +13,18 @@ entries; ``--state-key`` picks one when there are several).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zephon_stream.errors import ConfigError
 
+if TYPE_CHECKING:
+    from zephon_stream.plan.run_history import StepRead
 
-@dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True)
 class RunSettings:
     """What a saved state says of its run.
 
@@ -65,6 +68,12 @@ def load_state(path: str, key: str | None = None) -> dict[str, Any]:
 
 def _from_checkpoint(path: str, key: str | None) -> dict[str, Any]:
     from torch.distributed.checkpoint import FileSystemReader
+
+    # NOTE: torch's private loader of chosen keys, into one process without a
+    # process group: checked with torch 2.13.0, where its signature is
+    # ``(keys, *, checkpoint_id, storage_reader, process_group)``; the other
+    # versions the package allows are not checked (tests/test_which_state.py
+    # reads a checkpoint through it).
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     names = FileSystemReader(path).read_metadata().state_dict_metadata
@@ -120,25 +129,32 @@ def run_settings(state: dict[str, Any]) -> RunSettings:
         old = LoaderState.from_dict(dict(state))
         entries = decode(old.history)
         batch = next((e.global_batch for e in entries if hasattr(e, "global_batch")), old.lanes)
-        phase = SchedulePhase(start_step=0, global_batch=batch, seq_len=old.seq_len, lanes=old.lanes, window=old.window,
-                              weights=tuple(old.weights))  # fmt: skip
-        return RunSettings(old.seed, [phase], old.packing, entries, False, old.position)
+        phase = SchedulePhase.from_order_config(old.order_config(), batch)
+        return RunSettings(
+            seed=old.seed, phases=[phase], packing=old.packing, history=entries, scheduled=False, position=old.position
+        )
     saved = ScheduleState.from_dict(dict(state))
-    phases = [SchedulePhase(start_step=p["start_step"], global_batch=p["global_batch"], seq_len=p["seq_len"],
-                            lanes=p["lanes"], window=p["window"], weights=tuple(p["weights"])) for p in saved.phases]  # fmt: skip
-    return RunSettings(saved.seed, phases, saved.packing, decode(saved.history), True, saved.position)
+    # NOTE: a begun phase records more than the phase (its lane counts, a fingerprint): only the phase's own fields.
+    names = [field.name for field in dataclasses.fields(SchedulePhase)]
+    phases = [
+        SchedulePhase.from_dict({name: record[name] for name in names}, where=f"--state phase {k}")
+        for k, record in enumerate(saved.phases)
+    ]
+    history = decode(saved.history)
+    return RunSettings(
+        seed=saved.seed, phases=phases, packing=saved.packing, history=history, scheduled=True, position=saved.position
+    )
 
 
-def step_ranges(order: Any, settings: RunSettings, steps: list[int]) -> list[tuple[int, int | None, int | None, str]]:
-    """``(step, start, end, reason)`` of each step as the run read it (start None: not read, and why)."""
-    from zephon_stream.plan.run_history import history_distance, step_read
+def step_reads(order: Any, settings: RunSettings, steps: list[int]) -> list[StepRead]:
+    """Each step as the run read it: where it started and ended, or (position None) why it was not read."""
+    from zephon_stream.plan.run_history import StepRead, history_distance, step_read
 
     distance = history_distance(order if settings.scheduled else None)
     out = []
     for step in steps:
         read = step_read(settings.history, step, distance)
         if read.position is not None and read.position >= settings.position:
-            out.append((step, None, None, f"not read yet: the state's cursor is {settings.position}"))
-            continue
-        out.append((step, read.position, read.end, read.reason))
+            read = StepRead(step, None, reason=f"not read yet: the state's cursor is {settings.position}")
+        out.append(read)
     return out

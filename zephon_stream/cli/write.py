@@ -6,11 +6,14 @@ import argparse
 import json
 import sys
 
-from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL
+from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL, MAX_BLOCK_TOKENS, MIN_BLOCK_TOKENS
 from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES, DEFAULT_UNIT_BYTES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from zephon_stream.cli import bounded_int
+
+    positive = bounded_int(1)
     parser = subparsers.add_parser(
         "write",
         help="tokenize raw text (txt, jsonl, .gz/.zst, parquet), or take token ids, into zstd token shards",
@@ -49,26 +52,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=positive,
         default=1,
         metavar="N",
         help="tokenizer processes (default: 1, in this process); with token inputs, compression threads",
     )
     parser.add_argument(
         "--pool-min-input-bytes",
-        type=int,
+        type=bounded_int(0),
         default=DEFAULT_POOL_MIN_INPUT_BYTES,
         metavar="N",
         help="uncompressed local text inputs under N bytes in all (and the bytes tokenizer) tokenize in "
         "this process whatever --workers says (default: 4 MiB; 0: always start the workers)",
     )
     parser.add_argument(
-        "--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, metavar="N", help="tokens per block (default: 2**20+1)"
+        "--block-tokens",
+        type=bounded_int(MIN_BLOCK_TOKENS, MAX_BLOCK_TOKENS),
+        default=DEFAULT_BLOCK_TOKENS,
+        metavar="N",
+        help="tokens per block (default: 2**20+1)",
     )
     parser.add_argument(
-        "--blocks-per-shard", type=int, default=None, metavar="N", help="blocks per shard (default: ~64 Mi tokens a shard)"
+        "--blocks-per-shard", type=positive, metavar="N", help="blocks per shard (default: ~64 Mi tokens a shard)"
     )
-    parser.add_argument("--zstd-level", type=int, default=DEFAULT_ZSTD_LEVEL, metavar="L", help="zstd level (default: 3)")
+    parser.add_argument(
+        "--zstd-level", type=bounded_int(1, 22), default=DEFAULT_ZSTD_LEVEL, metavar="L", help="zstd level (default: 3)"
+    )
     parser.add_argument("--eos-token", metavar="TOK", help="end-of-document token (default: found by name)")
     parser.add_argument("--bos-token", metavar="TOK", help="start-of-document token (default: none)")
     parser.add_argument(
@@ -90,11 +99,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="--engine ray: the cluster to join (HOST:PORT, ray://HOST:PORT or auto; default: a local instance)",
     )
     parser.add_argument(
-        "--ray-workers", type=int, metavar="N", help="--engine ray: units converted at once (default: the cluster's CPUs)"
+        "--ray-workers",
+        type=positive,
+        metavar="N",
+        help="--engine ray: units converted at once (default: the cluster's CPUs)",
     )
     parser.add_argument(
         "--unit-bytes",
-        type=int,
+        type=positive,
         default=DEFAULT_UNIT_BYTES,
         metavar="N",
         help="--engine ray: stored input bytes a work unit aims at (default: 64 MiB)",

@@ -109,8 +109,10 @@ class TorchFTLoader:
         group_world_size: ranks per replica group (the Manager's ``world_size``).
         loader_options: other ``StreamingLoader`` keywords (``storage_options``,
             ``device``, ``pipeline``, ``prefetch_steps``, ``cross_document_targets``,
-            ``packing``, ...); the order config, the packing included, travels
-            in the data state and is checked on load.
+            ``packing``, ``batch_layout``, ...); the order config, the packing
+            included, travels in the data state and is checked on load. Under
+            ``batch_layout="tokens"`` each batch (and each micro-batch) is 1-D,
+            its rows end to end.
 
     Raises:
         ConfigError: a bad config, a schedule, or ``fixed_global`` with the

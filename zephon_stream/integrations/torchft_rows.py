@@ -140,17 +140,23 @@ def cut_and_pad(batch: dict[str, torch.Tensor], *, start: int, stop: int, rows: 
     NOTE: padding keeps a share's shape fixed for a given number of
     participants (CUDA graphs); a loss normalized by the global count of valid
     tokens (as TorchTitan's) is unchanged by rows without valid labels.
+
+    Either batch layout: a 1-D per-token tensor (``batch_layout="tokens"``)
+    is cut at whole rows and stays 1-D.
     """
+    num_rows = batch["sample_positions"].shape[0]
     out = {}
     for name, tensor in batch.items():
-        piece = tensor[start:stop]
+        # NOTE: a row's entries, whatever the layout ([rows, L], [rows], or 1-D with the rows end to end).
+        by_row = tensor.view(num_rows, -1)
+        piece = by_row[start:stop]
         missing = rows - piece.shape[0]
         if missing:
-            filler = tensor[:1].expand(missing, *tensor.shape[1:]).clone()
+            filler = by_row[:1].expand(missing, -1).clone()
             if name == "labels":
                 filler.fill_(IGNORE_INDEX)
             elif name == "sample_positions":
                 filler.fill_(-1)
             piece = torch.cat([piece, filler])
-        out[name] = piece.clone()
+        out[name] = (piece.reshape(-1) if tensor.dim() == 1 else piece.reshape(rows, *tensor.shape[1:])).clone()
     return out

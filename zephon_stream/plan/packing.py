@@ -130,24 +130,25 @@ def best_fit_rows(tokens: np.ndarray, seq_len: int, eos_id: int) -> BlockRows:
     """
     tokens = check_tokens(tokens, eos_id)
     _check_seq_len(seq_len)
-    length, rows = seq_len, max(0, (tokens.size - 1) // seq_len)
-    region = rows * length
+    rows = max(0, (tokens.size - 1) // seq_len)
+    region = rows * seq_len
     if rows == 0:
-        return window_rows(tokens.size, length)
-    starts, lengths = _block_pieces(tokens, region, length, eos_id)
+        return window_rows(tokens.size, seq_len)
+    starts, lengths = _block_pieces(tokens, region, seq_len, eos_id)
     # NOTE: the edge piece runs on past T; filled last, it is cut only where
     # its row ends, never in front of a whole document.
-    rest = starts.size - int(int(lengths[-1]) < length and tokens[region - 1] != eos_id)
+    has_edge_piece = bool(int(lengths[-1]) < seq_len and tokens[region - 1] != eos_id)
+    rest = starts.size - 1 if has_edge_piece else starts.size
     edge_start, edge_length = starts[rest:], lengths[rest:]
     starts, lengths = starts[:rest], lengths[:rest]
     # NOTE: the pieces are in start order, so a stable sort on length alone
     # breaks ties by start ascending.
-    order = stable_order(length - lengths, length)
+    order = stable_order(seq_len - lengths, seq_len)
     sorted_starts, sorted_lengths = starts[order], lengths[order]
-    placed_rows, room = _place_best_fit(sorted_lengths, rows, length)
+    placed_rows, room = _place_best_fit(sorted_lengths, rows, seq_len)
 
     gap_rows = np.flatnonzero(room > 0)
-    gap_rows = gap_rows[stable_order((length - room[gap_rows]) * rows + gap_rows, length * rows)]
+    gap_rows = gap_rows[stable_order((seq_len - room[gap_rows]) * rows + gap_rows, seq_len * rows)]
     left = placed_rows < 0
     fill_starts = np.concatenate([sorted_starts[left], edge_start])
     fill_lengths = np.concatenate([sorted_lengths[left], edge_length])
@@ -161,7 +162,7 @@ def best_fit_rows(tokens: np.ndarray, seq_len: int, eos_id: int) -> BlockRows:
     bounds = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(all_rows, minlength=rows), out=bounds[1:])
     return BlockRows(
-        seq_len=length,
+        seq_len=seq_len,
         num_rows=rows,
         piece_starts=np.concatenate([sorted_starts[placed], fill_starts])[by_row],
         piece_lengths=np.concatenate([sorted_lengths[placed], fill_lengths])[by_row],
@@ -279,8 +280,8 @@ def packed_rows(tokens: np.ndarray, rows: BlockRows, out: np.ndarray | None = No
         ValueError: a wrong ``out``, or rows that read past the end of ``tokens``.
     """
     tokens = np.ascontiguousarray(tokens)
-    num_rows, length = rows.num_rows, rows.seq_len
-    shape = (num_rows, length + 1)
+    num_rows, seq_len = rows.num_rows, rows.seq_len
+    shape = (num_rows, seq_len + 1)
     if out is None:
         out = np.empty(shape, dtype=tokens.dtype)
     elif out.shape != shape or out.dtype != tokens.dtype or not (out.flags.c_contiguous and out.flags.writeable):
@@ -294,20 +295,11 @@ def packed_rows(tokens: np.ndarray, rows: BlockRows, out: np.ndarray | None = No
     if int(labels.max()) >= tokens.size:
         raise ValueError(f"rows read token {int(labels.max())} of a block of {tokens.size} tokens")
     starts, lengths = rows.piece_starts, rows.piece_lengths
-    piece_rows = np.repeat(np.arange(num_rows, dtype=np.int64), np.diff(rows.row_bounds))
-    # NOTE: a piece lands at its row's first slot plus the pieces before it in the row.
-    dest = piece_rows + np.cumsum(lengths) - lengths
-    if starts.size * GATHER_PIECE_TOKENS > num_rows * length:
-        # NOTE: the token index of every output slot as a running sum of +1
-        # steps and one jump at each piece; the label slot just steps on from
-        # its row's last piece.
-        steps = np.ones(out.size, dtype=np.int64)
-        jumps = np.concatenate([starts[:1], starts[1:] - (starts + lengths)[:-1] + 1])
-        jumps[rows.row_bounds[1:-1]] -= 1
-        steps[dest] = jumps
-        np.take(tokens, np.cumsum(steps, out=steps), out=out.reshape(-1))
+    if starts.size * GATHER_PIECE_TOKENS > num_rows * seq_len:
+        np.take(tokens, gather_index(rows), out=out.reshape(-1))
         return out
-    out[:, length] = tokens[labels]
+    out[:, seq_len] = tokens[labels]
+    dest = _piece_slots(rows)
     # NOTE: memoryview slice copies of bytes measured faster than numpy slice copies.
     item = tokens.dtype.itemsize
     target, source = memoryview(out.reshape(-1)).cast("B"), memoryview(tokens).cast("B")
@@ -316,12 +308,55 @@ def packed_rows(tokens: np.ndarray, rows: BlockRows, out: np.ndarray | None = No
     return out
 
 
+def gather_index(rows: BlockRows) -> np.ndarray:
+    """Which block token each slot of the rows' output reads: ``packed_rows`` is ``tokens[gather_index(rows)]``.
+
+    The output is ``[R, L + 1]``, flattened: each row's pieces, then its
+    label. The index is a running sum of steps: ``+1`` from one slot to the
+    next, except at a piece's first slot, which jumps to the piece's start. A
+    row's label slot steps on from its last piece (the token right after it),
+    so the next row's first jump is one shorter.
+
+    Example, ``L = 3``: row 0 holds the pieces ``(start 0, length 2)`` and
+    ``(start 5, length 1)``, row 1 the piece ``(start 2, length 3)``. The
+    pieces' first slots are ``0, 2, 4``; their jumps ``0`` (to token 0),
+    ``5 - (0 + 2) + 1 = 4`` and ``2 - (5 + 1) + 1 - 1 = -4`` (after a label).
+    The steps ``[0, 1, 4, 1, -4, 1, 1, 1]`` sum to ``[0, 1, 5, 6, 2, 3, 4, 5]``:
+    row 0 reads tokens 0, 1, 5 and the label 6; row 1 tokens 2, 3, 4 and the
+    label 5.
+    """
+    starts, lengths = rows.piece_starts, rows.piece_lengths
+    steps = np.ones(rows.num_rows * (rows.seq_len + 1), dtype=np.int64)
+    jumps = np.concatenate([starts[:1], starts[1:] - (starts + lengths)[:-1] + 1])
+    jumps[rows.row_bounds[1:-1]] -= 1
+    steps[_piece_slots(rows)] = jumps
+    return np.cumsum(steps, out=steps)
+
+
+def _piece_slots(rows: BlockRows) -> np.ndarray:
+    """Each piece's first slot in the flattened ``[R, L + 1]`` output."""
+    piece_rows = np.repeat(np.arange(rows.num_rows, dtype=np.int64), np.diff(rows.row_bounds))
+    # NOTE: the pieces before it fill ``r * L`` slots of the rows before and its
+    # offset in its row; each row before it adds one label slot, ``r`` in all.
+    return piece_rows + np.cumsum(rows.piece_lengths) - rows.piece_lengths
+
+
 def _check_seq_len(seq_len: int) -> None:
     if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
         raise ConfigError(f"seq_len must be an integer >= 1 (got {seq_len!r})")
 
 
 def check_tokens(tokens: np.ndarray, eos_id: int) -> np.ndarray:
+    """``tokens`` as a numpy array, checked: a block's tokens with the EOS id that splits them into documents.
+
+    Args:
+        tokens: a block's tokens, a 1-D integer array (or what ``np.asarray`` makes one of).
+        eos_id: the end-of-document token; it must be a value of ``tokens``' dtype.
+
+    Raises:
+        ValueError: ``tokens`` is not a 1-D integer array.
+        ConfigError: ``eos_id`` is not an integer of the tokens' dtype (a bool is not one).
+    """
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
         raise ValueError(f"tokens must be a 1-D integer array (got shape {tokens.shape} of {tokens.dtype})")

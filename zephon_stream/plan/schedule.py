@@ -67,6 +67,18 @@ class SchedulePhase:
             raise ConfigError(f"{where}: weights must be a list, got {weights!r}")
         return cls(**(data | {"weights": tuple(weights)}))
 
+    @classmethod
+    def from_order_config(cls, config: OrderConfig, global_batch: int) -> SchedulePhase:
+        """The one phase from step 0 that reads what ``GlobalOrder(shapes, config)`` reads, at ``global_batch``."""
+        return cls(
+            start_step=0,
+            global_batch=global_batch,
+            seq_len=config.seq_len,
+            lanes=config.lanes,
+            window=config.window,
+            weights=tuple(config.weights),
+        )
+
     def order_config(self, seed: int) -> OrderConfig:
         """The ``OrderConfig`` of this phase's ``GlobalOrder``."""
         return OrderConfig(

@@ -77,15 +77,7 @@ class ScheduleOrder:
     @classmethod
     def single(cls, shapes: list[StreamShape], config: OrderConfig, global_batch: int) -> ScheduleOrder:
         """The one-phase schedule that reads exactly what ``GlobalOrder(shapes, config)`` reads."""
-        phase = SchedulePhase(
-            start_step=0,
-            global_batch=global_batch,
-            seq_len=config.seq_len,
-            lanes=config.lanes,
-            window=config.window,
-            weights=tuple(config.weights),
-        )
-        return cls(shapes, [phase], seed=config.seed)
+        return cls(shapes, [SchedulePhase.from_order_config(config, global_batch)], seed=config.seed)
 
     # -- where a step or cursor falls --
 

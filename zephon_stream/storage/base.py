@@ -19,10 +19,16 @@ from typing import Any, TypeVar
 from zephon_stream.errors import TruncatedObjectError
 from zephon_stream.storage.classify import http_status
 from zephon_stream.storage.hints import error_chain, is_unreachable
-from zephon_stream.storage.limiter_state import Limiter, LocalRecord, SharedRecord, limiter_file_name
+from zephon_stream.storage.limiter import Limiter, LocalRecord, SharedRecord, limiter_file_name
 from zephon_stream.storage.paths import check_relative_path
 from zephon_stream.storage.redact import redact_text
-from zephon_stream.storage.retry import RetryPolicy, ShortReadError, call_with_retry, call_with_retry_async
+from zephon_stream.storage.retry import (
+    RetryOptions,
+    RetryPolicy,
+    ShortReadError,
+    call_with_retry,
+    call_with_retry_async,
+)
 from zephon_stream.storage.throttle import StoreThrottle
 
 __all__ = ["STAT_KEYS", "Store", "StoreStats", "check_relative_path"]
@@ -191,18 +197,8 @@ class Store(abc.ABC):
             raise self._short_read_error(rel, start, end, len(data), await self._size_async(rel))
 
         try:
-            data = await call_with_retry_async(
-                attempt,
-                policy=self._retry,
-                what=f"read_range {self._name(rel)} bytes [{start}, {end})",
-                scrub=self.scrub,
-                on_retry=self._retrying,
-                on_throttled=self._throttled,
-                on_waited=self._waited,
-                throttle=self._throttle,
-                limiter=self._limiter,
-                stop=self._closing,
-            )
+            options = self._retry_options("read_range", rel, f" bytes [{start}, {end})")
+            data = await call_with_retry_async(attempt, **options)
         except Exception:
             self._stats.add(errors=1)
             raise
@@ -314,23 +310,26 @@ class Store(abc.ABC):
 
     def _run(self, op: str, rel: str, detail: str, attempt: Callable[[], T]) -> T:
         try:
-            result = call_with_retry(
-                attempt,
-                policy=self._retry,
-                what=f"{op} {self._name(rel)}{detail}",
-                scrub=self.scrub,
-                on_retry=self._retrying,
-                on_throttled=self._throttled,
-                on_waited=self._waited,
-                throttle=self._throttle,
-                limiter=self._limiter,
-                stop=self._closing,
-            )
+            result = call_with_retry(attempt, **self._retry_options(op, rel, detail))
             self._unreachable_said = False
             return result
         except Exception:
             self._stats.add(errors=1)
             raise
+
+    def _retry_options(self, op: str, rel: str, detail: str) -> RetryOptions:
+        """What an operation of this store hands the retry layer: its counters, shared throttling, ``close()``."""
+        return RetryOptions(
+            policy=self._retry,
+            what=f"{op} {self._name(rel)}{detail}",
+            scrub=self.scrub,
+            on_retry=self._retrying,
+            on_throttled=self._throttled,
+            on_waited=self._waited,
+            throttle=self._throttle,
+            limiter=self._limiter,
+            stop=self._closing,
+        )
 
     def _retrying(self, exc: Exception) -> None:
         """Count one retry; say once per outage, at its first retry, that the endpoint cannot be reached."""

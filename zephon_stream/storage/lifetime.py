@@ -28,6 +28,10 @@ For a guard that was itself SIGKILLed (an operator's ``kill -9`` of the whole
 group, a machine that lost power), ``mark_owner(folder)`` records who made a
 folder, and ``sweep_orphaned(root, prefixes)`` removes the folders whose
 maker no longer lives: the next run's start calls it.
+
+The processes of the machine as ``/proc`` shows them (``process_stat``,
+``processes``) are read here, once for the package and its tools: a pid's
+start time, a guarded server's process group, whether a pid still runs.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 POLL_S = 0.5
 ORPHAN_GRACE_S = 3.0
@@ -69,18 +73,58 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22); None if it is gone.
+class ProcessStat(NamedTuple):
+    """One process as ``/proc/PID/stat`` shows it.
 
-    A pid and its start time name one process: a pid alone may be reused.
+    Attributes:
+        pid: the process id.
+        command: its command name (field 2, at most 15 bytes of it).
+        state: its state letter (field 3: ``R``, ``S``, ``Z`` for a zombie, ...).
+        parent: its parent's pid (field 4).
+        group: its process group (field 5).
+        start_ticks: when it started, in clock ticks since boot (field 22): a
+            pid and its start time name one process, a pid alone may be reused.
     """
+
+    pid: int
+    command: str
+    state: str
+    parent: int
+    group: int
+    start_ticks: int
+
+
+def process_stat(pid: int) -> ProcessStat | None:
+    """What ``/proc/PID/stat`` says of ``pid``; None if it is gone (or cannot be read)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+            head, tail = stat.read().rsplit(b")", 1)
+        # NOTE: the command name, in parentheses, may hold spaces and ")": the
+        # fields after the last ")" start at field 3 (state).
+        fields = tail.split()
+        return ProcessStat(
+            pid=pid,
+            command=head.split(b"(", 1)[1].decode(errors="replace"),
+            state=fields[0].decode(),
+            parent=int(fields[1]),
+            group=int(fields[2]),
+            start_ticks=int(fields[19]),
+        )
+    except (OSError, ValueError, IndexError):
         return None
-    # NOTE: fields after the ")" start at field 3 (state); field 22 is starttime.
-    return int(fields[19])
+
+
+def processes() -> Iterator[ProcessStat]:
+    """Every process this user can read in ``/proc``."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := process_stat(int(entry))) is not None:
+            yield stat
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot; None if it is gone (``ProcessStat.start_ticks``)."""
+    stat = process_stat(pid)
+    return None if stat is None else stat.start_ticks
 
 
 def mark_owner(folder: str | os.PathLike[str], pid: int | None = None) -> None:

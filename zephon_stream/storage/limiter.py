@@ -1,182 +1,240 @@
-"""The request rate a node keeps to one store once the store throttles: the algorithm, on a small record.
+"""A store's request-rate limiter (the rate it keeps: ``request_rate.py``) and where it keeps its record.
 
-A store answers past its request-rate limit by throttling (S3 503 ``SlowDown``,
-GCS 429, Azure 503 ``ServerBusy``). Left to each operation's own backoff, a
-job's ranks keep the store saturated with retries while the requests still owed
-sleep in grown windows (docs/BENCHMARKS.md, the start-up storm). Here the ranks
-of a node share one rate per store instead (``limiter_state.py`` says where the
-record lives), and a request waits for its turn rather than being sent to fail.
+``Limiter`` is what the retry layer calls: ``ticket()`` before each attempt,
+``wait_s()`` until the ticket's turn, ``throttled()`` at a throttling answer.
+Its record lives in one of two places:
 
-The record is a queue of tickets served at ``rate`` a second: ticket ``n`` may go
-once ``credit``, the tokens the rate has granted so far, reaches ``n + 1``.
-Tickets keep their order whatever the rate does, so a change of rate moves every
-waiter at once, and a waiter that dies leaves one slot unused, nothing held.
+- ``SharedRecord``: a small file in the node cache's folder
+  (``node-cache-limits/<digest of the store's key>``, ``storage/node_cache.py``),
+  mapped into every process of the node that reads the store. Updates hold an
+  ``fcntl.flock`` on the file, which the kernel releases when its holder dies,
+  so a rank SIGKILLed in the middle of an update never leaves the others
+  waiting. An update writes a full copy of the record into the slot not in use,
+  with its CRC, then flips one byte to name it: a holder killed before the flip
+  leaves the record as it was, one killed after leaves the new one; a copy whose
+  CRC does not match is never read. The file goes with the node cache's other
+  files, removed by its last user.
+- ``LocalRecord``: the same record in this process's memory, for a store that
+  has no node cache to share it through.
 
-The rate, in the manner of the AWS SDKs' adaptive retry mode (botocore
-``retries/adaptive.py``, CUBIC as in RFC 9438), with what a shared, short storm
-needs changed:
-
-- **Off** until the first throttling answer any process of the node gets: until
-  then the request path reads one byte, no record (``limiter_state.py``). It
-  switches on as if cut from ``INITIAL_RATE``: at ``BETA * INITIAL_RATE``. From
-  above, because a rate too high is found out in one round trip, while a rate
-  too low grows back only in seconds (docs/BENCHMARKS.md, the node's
-  request-rate limiter); the requests already sent when it switched on (a
-  node's first burst) cut nothing.
-- **Cut** to ``BETA`` times the rate at a throttling answer, once per congestion
-  event: an answer to a request sent before the last cut says nothing about the
-  rate since, so it cuts nothing (TCP's one reduction per window; the SDK cuts
-  on every such answer, and a burst of them collapses its rate).
-- **Grow** by CUBIC's curve while requests wait (never when the node asks for
-  less than its rate, so an idle node does not bank a rate it never tried):
-  ``W(t) = C (t - K)**3 + W_max``, ``K = cbrt(W_max (1 - BETA) / C)``, with ``t``
-  the seconds spent waiting since the cut. The constants are the SDK's
-  (``C = 0.4``, ``BETA = 0.7``): the rate returns to ``W_max``, where it met the
-  limit, in ``K`` seconds and stays near it, and nodes that cut by the same
-  factor and grow by the same absolute curve converge to equal shares.
-- **Probe** once ``PROBE_AFTER_S`` (or ``PROBE_AFTER_REQUESTS`` at ``W_max``,
-  whichever is longer) have passed without a cut: the rate is at least ``BETA *
-  W_max`` doubled every ``PROBE_DOUBLING_S`` (or ``PROBE_DOUBLING_REQUESTS`` at
-  ``W_max``, whichever is longer: at a small share, what a probe costs is
-  counted in requests, one throttling answer per overshoot). CUBIC alone, at
-  a node's share of a large job (2-22 requests/s), takes 1.3-2.5 s to get
-  back to ``W_max`` and seconds more past it: a node left alone when the
-  others finish would use a fraction of the store for the rest of the storm.
-  This is TCP CUBIC's "friendly region" turned to the same end: never slower
-  than a plain exponential probe. Cuts land on a node in proportion to its
-  rate, so a node above its share is cut more often and probes less.
-- **Off again** after ``QUIET_S`` without a throttling answer and with no request
-  waiting: the steady state of a job that met throttling once at its start costs
-  what it cost before.
-
-Rates are per node and store; ``MIN_RATE`` keeps a node that met throttling many
-times asking at least that often. Times are ``time.monotonic()`` seconds, one
-clock for every process of a machine (Linux ``CLOCK_MONOTONIC``).
+NOTE: before any throttling answer the request path reads one byte: byte 0 of
+the mapped file (or an attribute), written only once the record says ``on``.
+No lock, no system call. A lock is taken per attempt only while the limiter is
+on, that is while the store throttles and for ``request_rate.QUIET_S`` after.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import hashlib
+import mmap
+import os
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from typing import TypeVar
 
-INITIAL_RATE = 100.0
-BETA = 0.7
-CUBIC_C = 0.4
-MIN_RATE = 0.5
-PROBE_AFTER_S = 0.5
-PROBE_AFTER_REQUESTS = 4.0
-PROBE_DOUBLING_S = 0.25
-PROBE_DOUBLING_REQUESTS = 2.0
-QUIET_S = 30.0
-# NOTE: a waiting request looks again at least this often, so that a rate that
-# grew meanwhile (another process's cut or probe) serves it at its new turn.
-POLL_S = 0.05
-# NOTE: far above any store's limit; keeps a probe that runs for minutes finite.
-MAX_RATE = 1e6
-_EPSILON = 1e-9
+from zephon_stream.storage import request_rate
+from zephon_stream.storage.request_rate import RateRecord, Throttled, Ticket
+
+T = TypeVar("T")
+
+# NOTE: the record's fields in the dataclass's order, each as its type packs;
+# the bool is padded to 8 bytes so that the floats after it stay aligned.
+_FIELD_CODES = {"bool": "B7x", "float": "d", "int": "Q"}
+_FIELD_TYPES = {"bool": bool, "float": float, "int": int}
+_RECORD_FIELDS = dataclasses.fields(RateRecord)
+# NOTE: a type's name, whether the dataclass's annotations are strings or not.
+_TYPE_NAMES = tuple(getattr(field.type, "__name__", field.type) for field in _RECORD_FIELDS)
+_FIELDS = struct.Struct("<" + "".join(_FIELD_CODES[name] for name in _TYPE_NAMES))
+_CRC = struct.Struct("<I")
+_SLOT_BYTES = 128
+_SLOTS = (128, 256)  # NOTE: byte 0 says on, byte 1 which slot holds the record
+FILE_BYTES = 384
+O_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW
+
+# NOTE: checked once, here: a field added to the record must still fit its
+# slot, or every process of a node would read a torn one.
+if _FIELDS.size + _CRC.size > _SLOT_BYTES or _SLOTS[-1] + _SLOT_BYTES > FILE_BYTES:
+    raise RuntimeError(f"the request-rate record packs to {_FIELDS.size} bytes and its CRC to {_CRC.size}: more than "
+                      f"a slot of {_SLOT_BYTES} bytes, or slots {_SLOTS} past a file of {FILE_BYTES}")  # fmt: skip
 
 
-@dataclasses.dataclass(slots=True)
-class RateRecord:
-    """What the processes of a node share about one store.
+def pack_record(record: RateRecord) -> bytes:
+    """The record's fields, then their CRC: one slot's bytes."""
+    fields = _FIELDS.pack(*(getattr(record, field.name) for field in _RECORD_FIELDS))
+    return fields + _CRC.pack(zlib.crc32(fields))
 
-    Attributes:
-        on: whether requests wait for tickets.
-        rate: tickets a second now.
-        credit: tickets granted so far (the queue's head, fractional).
-        issued: tickets handed out so far.
-        stamp: when ``credit`` and ``rate`` were last brought up to date.
-        grown_s: seconds with requests waiting since the last cut.
-        w_max: the rate at the last cut.
-        cut_at: when the rate was last cut (or switched on).
-        throttled_at: when the last throttling answer came.
-        epoch: bumped at each switch-on: a ticket of an earlier epoch is void.
+
+def unpack_record(blob: bytes) -> RateRecord | None:
+    """The record in one slot's bytes, or None when its CRC does not match (never written, or torn)."""
+    fields = blob[: _FIELDS.size]
+    (crc,) = _CRC.unpack_from(blob, _FIELDS.size)
+    if zlib.crc32(fields) != crc:
+        return None
+    values = zip(_RECORD_FIELDS, _TYPE_NAMES, _FIELDS.unpack(fields))
+    return RateRecord(**{field.name: _FIELD_TYPES[name](value) for field, name, value in values})
+
+
+def limiter_file_name(key: str) -> str:
+    """The file name of the record of the store ``key`` names (a digest: no endpoint or bucket in a file name)."""
+    return "limit-" + hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+
+
+class LocalRecord:
+    """The record in this process's memory."""
+
+    def __init__(self) -> None:
+        self._record = RateRecord()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def is_on(self) -> bool:
+        return self._record.on
+
+    def update(self, change: Callable[[RateRecord], T]) -> T:
+        if self._pid != os.getpid():
+            # NOTE: a lock held by another thread at a fork stays held in the child.
+            self._lock, self._pid = threading.Lock(), os.getpid()
+        with self._lock:
+            return change(self._record)
+
+    def close(self) -> None:
+        pass
+
+
+class SharedRecord:
+    """The record in a file every process of the node maps (see the module docstring).
+
+    Args:
+        path: the file, in a folder of this user that outlives none of its users
+            (the node cache's ``node-cache-limits``).
     """
 
-    on: bool = False
-    rate: float = 0.0
-    credit: float = 0.0
-    issued: float = 0.0
-    stamp: float = 0.0
-    grown_s: float = 0.0
-    w_max: float = 0.0
-    cut_at: float = 0.0
-    throttled_at: float = 0.0
-    epoch: int = 0
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._pid = -1
+        self._fd = -1
+        self._map: mmap.mmap | None = None
+        self._lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | O_FLAGS, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                # NOTE: zeros fail the CRC, so a new file reads as a fresh record (off).
+                if os.fstat(fd).st_size < FILE_BYTES:
+                    os.ftruncate(fd, FILE_BYTES)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            self._map = mmap.mmap(fd, FILE_BYTES)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._pid = fd, os.getpid()
+
+    def is_on(self) -> bool:
+        view = self._map
+        try:
+            return view is not None and view[0] == 1
+        except ValueError:  # NOTE: closed by another thread meanwhile
+            return False
+
+    def update(self, change: Callable[[RateRecord], T]) -> T:
+        """Run ``change`` on the record under the node's lock and store what it leaves."""
+        if self._pid != os.getpid() and self._map is not None:
+            # NOTE: a forked child shares its parent's open file, and with it
+            # the parent's flock: it opens the file again to lock on its own
+            # (and a lock held by another thread at the fork stays held).
+            inherited, self._lock = self._map, threading.Lock()
+            os.close(self._fd)
+            self._open()
+            inherited.close()
+        with self._lock:
+            view = self._map
+            if view is None:
+                # NOTE: closed (its store closed) under an operation still in
+                # flight: that operation goes on as if the limiter were off.
+                return change(RateRecord())
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                current = view[1] & 1
+                record = unpack_record(view[_SLOTS[current] : _SLOTS[current] + _SLOT_BYTES])
+                if record is None:
+                    record = unpack_record(view[_SLOTS[1 - current] : _SLOTS[1 - current] + _SLOT_BYTES])
+                record = record or RateRecord()
+                result = change(record)
+                self._write(view, 1 - current, record)
+                return result
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    @staticmethod
+    def _write(view: mmap.mmap, slot: int, record: RateRecord) -> None:
+        blob = pack_record(record)
+        view[_SLOTS[slot] : _SLOTS[slot] + len(blob)] = blob
+        view[1] = slot  # NOTE: the flip: the new copy is whole before anyone is told to read it
+        view[0] = 1 if record.on else 0
+
+    def close(self) -> None:
+        with self._lock:
+            view, self._map = self._map, None
+            if view is not None:
+                view.close()
+            if self._fd >= 0 and self._pid == os.getpid():
+                os.close(self._fd)
+            self._fd = -1
 
 
-def curve(record: RateRecord) -> float:
-    """The rate after ``record.grown_s`` seconds of waiting requests since the cut from ``record.w_max``."""
-    w_max, grown_s = record.w_max, record.grown_s
-    k = (w_max * (1.0 - BETA) / CUBIC_C) ** (1.0 / 3.0)
-    rate = CUBIC_C * (grown_s - k) ** 3 + w_max
-    share = max(w_max, MIN_RATE)
-    probe_after_s = max(PROBE_AFTER_S, PROBE_AFTER_REQUESTS / share)
-    if grown_s > probe_after_s:
-        doublings = min(60.0, (grown_s - probe_after_s) / max(PROBE_DOUBLING_S, PROBE_DOUBLING_REQUESTS / share))
-        rate = max(rate, BETA * w_max * 2.0**doublings)
-    return min(MAX_RATE, max(MIN_RATE, rate))
+class Limiter:
+    """A store's request-rate limiter (``request_rate.py``) over its record (shared by the node, or this process's).
+
+    Args:
+        record: ``SharedRecord`` or ``LocalRecord``.
+        clock: monotonic seconds, one clock for every process of the node.
+    """
+
+    def __init__(self, record: SharedRecord | LocalRecord, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.record = record
+        self._clock = clock
+
+    @property
+    def shared(self) -> bool:
+        """Whether the record is the node's (a file) rather than this process's."""
+        return isinstance(self.record, SharedRecord)
+
+    def ticket(self) -> Ticket | None:
+        """A ticket for one request, or None when the limiter is off (one byte read, nothing else)."""
+        if not self.record.is_on():
+            return None
+        now = self._clock()
+        return self.record.update(lambda record: request_rate.take(record, now))
+
+    def wait_s(self, ticket: Ticket) -> float:
+        """Seconds until ``ticket`` may go at the rate now; 0: go."""
+        now = self._clock()
+        return self.record.update(lambda record: request_rate.wait_s(record, ticket, now))
+
+    def throttled(self, sent_at: float) -> Throttled:
+        """A throttling answer to a request sent at ``sent_at`` (``-inf``: before it had a ticket)."""
+        now = self._clock()
+        return self.record.update(lambda record: request_rate.throttled(record, now, sent_at))
+
+    def now(self) -> float:
+        return self._clock()
+
+    def snapshot(self) -> RateRecord:
+        """A copy of the record (tests, diagnostics)."""
+        return self.record.update(dataclasses.replace)
+
+    def close(self) -> None:
+        self.record.close()
 
 
-def advance(record: RateRecord, now: float) -> None:
-    """Bring ``credit`` and ``rate`` up to ``now``."""
-    elapsed = now - record.stamp
-    if elapsed <= 0.0:
-        return
-    record.stamp = now
-    if not record.on:
-        return
-    if record.issued > record.credit + _EPSILON:
-        record.grown_s += elapsed
-    # NOTE: at most one ticket banked: after a pause the next request goes at
-    # once, the one after it a tick later, never a burst.
-    record.credit = min(record.credit + elapsed * record.rate, record.issued + 1.0)
-    record.rate = curve(record)
-
-
-def take(record: RateRecord, now: float) -> tuple[int, float] | None:
-    """A ticket ``(epoch, number)`` for one request, or None when the limiter is off (it may switch off here)."""
-    if not record.on:
-        return None
-    advance(record, now)
-    if now - record.throttled_at > QUIET_S and record.issued <= record.credit + _EPSILON:
-        record.on = False
-        return None
-    number = record.issued
-    record.issued += 1.0
-    return record.epoch, number
-
-
-def wait_s(record: RateRecord, ticket: tuple[int, float], now: float) -> float:
-    """Seconds until ``ticket`` may go at today's rate; 0 when it may go now."""
-    epoch, number = ticket
-    if not record.on or epoch != record.epoch:
-        return 0.0
-    advance(record, now)
-    missing = number + 1.0 - record.credit
-    return missing / record.rate if missing > _EPSILON else 0.0
-
-
-def throttled(record: RateRecord, now: float, sent_at: float) -> str:
-    """Record a throttling answer to a request sent at ``sent_at``: ``"on"``, ``"cut"`` or ``"seen"``."""
-    advance(record, now)
-    record.stamp = max(record.stamp, now)
-    record.throttled_at = now
-    if not record.on:
-        record.on = True
-        record.epoch += 1
-        record.w_max = INITIAL_RATE
-        record.rate = BETA * INITIAL_RATE
-        record.cut_at, record.grown_s = now, 0.0
-        record.issued = record.credit = 0.0
-        return "on"
-    if sent_at < record.cut_at:
-        return "seen"
-    record.w_max = record.rate
-    record.rate = max(MIN_RATE, BETA * record.rate)
-    record.cut_at, record.grown_s = now, 0.0
-    record.credit = min(record.credit, record.issued)
-    return "cut"
-
-
-__all__ = ["BETA", "CUBIC_C", "INITIAL_RATE", "MIN_RATE", "POLL_S", "QUIET_S", "RateRecord", "advance", "curve", "take",
-           "throttled", "wait_s"]
+__all__ = ["FILE_BYTES", "Limiter", "LocalRecord", "SharedRecord", "limiter_file_name", "pack_record",
+           "unpack_record"]

@@ -13,7 +13,7 @@ when the cache has left it empty)::
     node-cache-locks/<name>   one lock per key, held while that key is fetched
     node-cache-objects/<name> header (magic, length, blake2b) + the bytes
     node-cache-tmp/<name>@<id> objects being written, renamed into place
-    node-cache-limits/<name>  a store's request-rate limiter (storage/limiter_state.py)
+    node-cache-limits/<name>  a store's request-rate limiter (storage/limiter.py)
 
 ``storage`` never imports torch.
 """
@@ -345,7 +345,7 @@ class NodeCache:
         return total
 
     def limiter_path(self, name: str) -> str:
-        """The file of the node's request-rate limiter ``name`` (``limiter_state.py``); removed with the cache.
+        """The file of the node's request-rate limiter ``name`` (``limiter.py``); removed with the cache.
 
         Raises:
             ValueError: the cache is closed, or ``name`` is not a plain file name.

@@ -12,8 +12,8 @@ and every retry is counted here.
 Throttling (the store asking for fewer requests) is retried apart, without a
 bound on attempts, until a deadline of its own that is long enough for a large
 job's start. By default a throttled operation waits for its turn from the
-store's request-rate limiter (``limiter.py``; shared by the ranks of a node
-through the node cache, ``limiter_state.py``), which every attempt of the
+store's request-rate limiter (``limiter.py``, its rate ``request_rate.py``;
+shared by the ranks of a node through the node cache), which every attempt of the
 store's operations waits on while it is on; with
 ``RetryPolicy(throttle_limiter=False)`` it sleeps a full-jitter exponential
 backoff whose window also grows with the store's operations throttled at once
@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from zephon_stream.errors import ObjectMissingError, StorageError, ZephonError
 from zephon_stream.storage.classify import (
@@ -40,13 +40,17 @@ from zephon_stream.storage.classify import (
     is_transient,
 )
 from zephon_stream.storage.hints import credentials_hint
-from zephon_stream.storage.limiter import POLL_S
-from zephon_stream.storage.limiter_state import Limiter
+from zephon_stream.storage.limiter import Limiter
+from zephon_stream.storage.request_rate import Ticket
 from zephon_stream.storage.retry_policy import RetryPolicy
 from zephon_stream.storage.throttle import StoreThrottle
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = [
     "HttpStatusError",
+    "RetryOptions",
     "RetryPolicy",
     "ShortReadError",
     "call_with_retry",
@@ -62,8 +66,10 @@ logger = logging.getLogger("zephon_stream.storage")
 
 T = TypeVar("T")
 
-# NOTE: how often an async backoff sleep looks whether its store was closed.
-_STOP_POLL_S = 0.05
+# NOTE: a waiting operation looks again at least this often: whether a rate
+# that grew meanwhile (another process's cut or probe) serves it at its new
+# turn, and (on the event loop) whether its store was closed.
+POLL_S = 0.05
 
 
 _ADVICE = (
@@ -73,8 +79,36 @@ _ADVICE = (
 )
 
 
+class _Needed(TypedDict):
+    policy: RetryPolicy
+    what: str
+    scrub: Callable[[str], str]
+
+
+class RetryOptions(_Needed, total=False):
+    """What an operation hands the retry layer besides its attempt (:func:`call_with_retry` says what each is)."""
+
+    on_retry: Callable[[Exception], None]
+    on_throttled: Callable[[Exception, bool], None]
+    on_waited: Callable[[float], None]
+    throttle: StoreThrottle | None
+    limiter: Limiter | None
+    stop: threading.Event | None
+
+
 class _Attempts:
-    """One operation's attempts: decides, after each failure, to raise or how long to wait."""
+    """One operation's attempts: decides every step of the loop that the two drivers run.
+
+    A driver asks :meth:`wait_s` how long to sleep before its next attempt (0:
+    make it now), sleeps that long or until ``stop`` is set, and asks again;
+    it hands each failure to :meth:`failed`, which raises when the failure
+    ends the operation. A ``with`` block holds the loop.
+
+    Every time reading comes from one clock: the limiter's
+    (``Limiter(clock=...)``), or ``time.monotonic`` where the operation waits
+    on none. ``stop`` is looked at after every sleep and before every attempt
+    that follows a sleep or a failure: an attempt that needs no wait goes.
+    """
 
     def __init__(
         self,
@@ -82,67 +116,122 @@ class _Attempts:
         policy: RetryPolicy,
         what: str,
         scrub: Callable[[str], str],
-        throttle: StoreThrottle | None,
-        limiter: Limiter | None,
-        on_retry: Callable[[Exception], None],
-        on_throttled: Callable[[Exception, bool], None],
-        on_waited: Callable[[float], None],
+        on_retry: Callable[[Exception], None] = lambda exc: None,
+        on_throttled: Callable[[Exception, bool], None] = lambda exc, starts: None,
+        on_waited: Callable[[float], None] = lambda seconds: None,
+        throttle: StoreThrottle | None = None,
+        limiter: Limiter | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self._policy = policy
+        self._what = what
+        self._scrub = scrub
+        self._on_retry = on_retry
+        self._on_throttled = on_throttled
+        self._on_waited = on_waited
+        # NOTE: without a store's, an operation is the only one it counts.
+        self._throttle = throttle if throttle is not None else StoreThrottle()
         self._limiter = limiter if policy.throttle_limiter else None
+        self._stop = stop
+        self._clock = self._limiter.now if self._limiter is not None else time.monotonic
+        self._started = self._clock()
+        self._count = 0
+        self._failures = 0
+        self._throttled_count = 0
+        self._detail = ""
+        self._throttled_since: float | None = None
+        # NOTE: the backoff in progress ends at this time (None: none).
+        self._retry_at: float | None = None
+        self._waiting_out = False
+        # NOTE: the next attempt's ticket is taken once the backoff is over.
+        self._needs_ticket = True
+        self._ticket: Ticket | None = None
+        self._wait_started: float | None = None
         # NOTE: when the attempt in flight got its turn; -inf: it went without
         # a ticket (the limiter was off), so its throttling answer cuts nothing.
         self._sent_at = float("-inf")
-        self._wait_started: float | None = None
-        self._on_waited = on_waited
-        self._what = what
-        self._scrub = scrub
-        # NOTE: without a store's, an operation is the only one it counts.
-        self.throttle = throttle if throttle is not None else StoreThrottle()
-        self._waiting_out = False
-        self._on_retry = on_retry
-        self._on_throttled = on_throttled
-        self._started = time.monotonic()
-        self._throttled_since: float | None = None
-        self.count = 0
-        self.failures = 0
-        self.throttled = 0
-        self.detail = ""
+        self._looks_at_stop = False
 
-    def failed(self, exc: Exception) -> float:
-        """The sleep before the next attempt; raises when ``exc`` ends the operation."""
+    def wait_s(self) -> float:
+        """Seconds to sleep before asking again; 0: make the next attempt now (it is counted here).
+
+        Raises:
+            StorageError: ``stop`` is set after a sleep or a failure (the store
+                was closed), or a wait for a turn would end past the throttle
+                deadline.
+        """
+        self._look_at_stop()
+        if self._retry_at is not None:
+            left_s = self._retry_at - self._clock()
+            if left_s > 0.0:
+                self._looks_at_stop = True
+                return left_s
+            self._retry_at = None
+            self._woke()
+        if self._needs_ticket:
+            self._needs_ticket = False
+            self._ticket = self._limiter.ticket() if self._limiter is not None else None
+            self._sent_at = float("-inf")
+        if self._ticket is not None:
+            sleep_s = self._turn_wait_s(self._ticket)
+            if sleep_s > 0.0:
+                self._looks_at_stop = True
+                return sleep_s
+        self._look_at_stop()
+        self._looks_at_stop, self._needs_ticket, self._ticket = False, True, None
+        self._count += 1
+        return 0.0
+
+    def failed(self, exc: Exception) -> None:
+        """Take the failure of the attempt just made: a backoff before the next, or raise when it ends the operation.
+
+        A ``ZephonError`` is the attempt's own verdict (a truncated object, say): it passes through unchanged.
+        """
+        if isinstance(exc, ZephonError):
+            raise exc
         what = self._what
-        detail = self.detail = self._scrub(describe_error(exc))
+        detail = self._detail = self._scrub(describe_error(exc))
         if is_missing(exc):
             raise ObjectMissingError(f"{what}: object not found ({detail})") from None
         if not is_transient(exc):
             raise StorageError(f"{what}: failed, not retryable ({detail}){credentials_hint(exc)}") from None
-        now = time.monotonic()
+        now = self._clock()
         elapsed = now - self._started
-        if is_throttled(exc):
-            return self._throttled(exc, now, elapsed)
-        self.failures += 1
-        sleep_s = self._policy.backoff_s(self.failures - 1)
+        sleep_s = self._throttled(exc, now, elapsed) if is_throttled(exc) else self._retried(exc, elapsed)
+        self._retry_at = now + sleep_s
+        self._looks_at_stop = True
+
+    def __enter__(self) -> _Attempts:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        # NOTE: however the loop ends (an answer, an error, a cancelled task),
+        # a backoff still counted among the store's throttled operations is let go.
+        self._woke()
+
+    def _retried(self, exc: Exception, elapsed: float) -> float:
+        self._failures += 1
+        sleep_s = self._policy.backoff_s(self._failures - 1)
         limit_s = self._policy.timeout_s
-        if self.throttled:
+        if self._throttled_count:
             limit_s = max(limit_s, self._policy.throttle_timeout_s)
-        if self.failures >= self._policy.max_attempts or elapsed + sleep_s > limit_s:
+        if self._failures >= self._policy.max_attempts or elapsed + sleep_s > limit_s:
             # NOTE: no log line here: the error says the same, and a caller
             # that prints it would show the failure twice.
             raise StorageError(
-                f"{what}: failed after {self.count} attempts in {elapsed:.1f}s (last error: {detail})"
+                f"{self._what}: failed after {self._count} attempts in {elapsed:.1f}s (last error: {self._detail})"
             ) from None
-        logger.info("%s: attempt %d failed (%s); retrying in %.2fs", what, self.count, detail, sleep_s)
+        logger.info("%s: attempt %d failed (%s); retrying in %.2fs", self._what, self._count, self._detail, sleep_s)
         # NOTE: after the attempt's own line, so that a warning it leads to
         # (the endpoint cannot be reached) reads as its consequence.
         self._on_retry(exc)
         return sleep_s
 
     def _throttled(self, exc: Exception, now: float, elapsed: float) -> float:
-        self.throttled += 1
+        self._throttled_count += 1
         if self._throttled_since is None:
             self._throttled_since = now
-        waiting, starts = self.throttle.throttled()
+        waiting, starts = self._throttle.throttled()
         self._waiting_out = True
         # NOTE: counted before the deadline is looked at: every throttling
         # answer is one, the last one before giving up included.
@@ -153,37 +242,18 @@ class _Attempts:
             self._limiter.throttled(self._sent_at)
             sleep_s = 0.0
         else:
-            sleep_s = self._policy.throttle_backoff_s(self.throttled - 1, waiting)
+            sleep_s = self._policy.throttle_backoff_s(self._throttled_count - 1, waiting)
         if elapsed + sleep_s > self._policy.throttle_timeout_s:
-            self.woke()
             raise self._gave_up(now, elapsed)
-        logger.debug("%s: throttled (%s); retrying in %.2fs", self._what, self.detail, sleep_s)
+        logger.debug("%s: throttled (%s); retrying in %.2fs", self._what, self._detail, sleep_s)
         return sleep_s
 
-    def _gave_up(self, now: float, elapsed: float) -> StorageError:
-        since = now - (self._throttled_since if self._throttled_since is not None else self._started)
-        return StorageError(
-            f"{self._what}: throttled by the store for {since:.1f}s "
-            f"({self.throttled} answers asking for fewer requests, {self.count} attempts in {elapsed:.1f}s; "
-            f"last: {self.detail or 'none yet: waiting for a turn'}); gave up at RetryPolicy.throttle_timeout_s = "
-            f"{self._policy.throttle_timeout_s:g}s. {_ADVICE}"
-        )
-
-    def ticket(self) -> tuple[int, float] | None:
-        """The next attempt's ticket from the store's limiter, or None: it goes at once (the limiter is off)."""
-        limiter = self._limiter
-        if limiter is None:
-            return None
-        ticket = limiter.ticket()
-        self._sent_at = float("-inf")
-        return ticket
-
-    def turn_wait_s(self, ticket: tuple[int, float]) -> float:
+    def _turn_wait_s(self, ticket: Ticket) -> float:
         """How long to sleep before looking again (at most ``POLL_S``); 0: the attempt goes now."""
         limiter = self._limiter
         assert limiter is not None
         wait_s = limiter.wait_s(ticket)
-        now = limiter.now()
+        now = self._clock()
         if wait_s <= 0.0:
             self._sent_at = now
             if self._wait_started is not None:
@@ -198,31 +268,30 @@ class _Attempts:
             raise self._gave_up(now, elapsed)
         return sleep_s
 
-    def woke(self) -> None:
-        """The sleep after a failure is over (or cut short)."""
+    def _look_at_stop(self) -> None:
+        if self._looks_at_stop and self._stop is not None and self._stop.is_set():
+            raise StorageError(
+                f"{self._what}: abandoned after {self._count} attempts, the store was closed "
+                f"(last error: {self._detail})"
+            )
+
+    def _woke(self) -> None:
+        """The backoff after a throttling answer is over (slept, cut short, or given up)."""
         if self._waiting_out:
             self._waiting_out = False
-            self.throttle.woke()
+            self._throttle.woke()
 
-    def abandoned(self) -> StorageError:
+    def _gave_up(self, now: float, elapsed: float) -> StorageError:
+        since = now - (self._throttled_since if self._throttled_since is not None else self._started)
         return StorageError(
-            f"{self._what}: abandoned after {self.count} attempts, the store was closed (last error: {self.detail})"
+            f"{self._what}: throttled by the store for {since:.1f}s "
+            f"({self._throttled_count} answers asking for fewer requests, {self._count} attempts in {elapsed:.1f}s; "
+            f"last: {self._detail or 'none yet: waiting for a turn'}); gave up at RetryPolicy.throttle_timeout_s = "
+            f"{self._policy.throttle_timeout_s:g}s. {_ADVICE}"
         )
 
 
-def call_with_retry(
-    attempt: Callable[[], T],
-    *,
-    policy: RetryPolicy,
-    what: str,
-    scrub: Callable[[str], str],
-    on_retry: Callable[[Exception], None] = lambda exc: None,
-    on_throttled: Callable[[Exception, bool], None] = lambda exc, starts: None,
-    on_waited: Callable[[float], None] = lambda seconds: None,
-    throttle: StoreThrottle | None = None,
-    limiter: Limiter | None = None,
-    stop: threading.Event | None = None,
-) -> T:
+def call_with_retry(attempt: Callable[[], T], **options: Unpack[RetryOptions]) -> T:
     """Run ``attempt`` until it succeeds, retrying transient failures.
 
     Args:
@@ -240,89 +309,43 @@ def call_with_retry(
         throttle: what the store's operations share while throttled (None:
             this operation counts only itself).
         limiter: the store's request-rate limiter (None, or a policy with
-            ``throttle_limiter=False``: each operation backs off on its own).
+            ``throttle_limiter=False``: each operation backs off on its own);
+            its clock is the operation's.
         stop: when set, a backoff sleep or a wait for a turn ends at once and
-            the operation fails (the store was closed while retrying).
+            the operation fails (the store was closed while retrying); an
+            attempt that needs no wait goes.
 
     Raises:
         ObjectMissingError: the object does not exist (never retried).
         StorageError: a non-transient failure, or transient ones past the bounds.
         ZephonError: raised by ``attempt`` itself, passed through unchanged.
     """
-    attempts = _Attempts(policy=policy, what=what, scrub=scrub, throttle=throttle, limiter=limiter,
-                         on_retry=on_retry, on_throttled=on_throttled, on_waited=on_waited)  # fmt: skip
-    while True:
-        ticket = attempts.ticket()
-        if ticket is not None:
-            while (wait_s := attempts.turn_wait_s(ticket)) > 0.0:
+    stop = options.get("stop")
+    with _Attempts(**options) as attempts:
+        while True:
+            while (wait_s := attempts.wait_s()) > 0.0:
                 if stop is None:
                     time.sleep(wait_s)
-                elif stop.wait(wait_s):
-                    raise attempts.abandoned() from None
-        attempts.count += 1
-        try:
-            result = attempt()
-        except ZephonError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - classified by attempts.failed
-            sleep_s = attempts.failed(exc)
+                else:
+                    stop.wait(wait_s)
             try:
-                if stop is None:
-                    time.sleep(sleep_s)
-                elif stop.wait(sleep_s):
-                    raise attempts.abandoned() from None
-            finally:
-                attempts.woke()
-            continue
-        return result
+                return attempt()
+            except Exception as exc:  # noqa: BLE001 - classified by attempts.failed
+                attempts.failed(exc)
 
 
-async def call_with_retry_async(
-    attempt: Callable[[], Awaitable[T]],
-    *,
-    policy: RetryPolicy,
-    what: str,
-    scrub: Callable[[str], str],
-    on_retry: Callable[[Exception], None] = lambda exc: None,
-    on_throttled: Callable[[Exception, bool], None] = lambda exc, starts: None,
-    on_waited: Callable[[float], None] = lambda seconds: None,
-    throttle: StoreThrottle | None = None,
-    limiter: Limiter | None = None,
-    stop: threading.Event | None = None,
-) -> T:
-    """:func:`call_with_retry` for a coroutine: the same bounds, errors and counting.
+async def call_with_retry_async(attempt: Callable[[], Awaitable[T]], **options: Unpack[RetryOptions]) -> T:
+    """:func:`call_with_retry` for a coroutine: the same steps, bounds, errors and counting.
 
     Backoff sleeps and waits for a turn are on the event loop, so other
-    requests on it go on meanwhile; ``stop`` is looked at every
-    ``_STOP_POLL_S`` of a sleep (every ``POLL_S`` of a wait).
+    requests on it go on meanwhile; ``stop`` is looked at every ``POLL_S`` of
+    a sleep.
     """
-    attempts = _Attempts(policy=policy, what=what, scrub=scrub, throttle=throttle, limiter=limiter,
-                         on_retry=on_retry, on_throttled=on_throttled, on_waited=on_waited)  # fmt: skip
-    while True:
-        ticket = attempts.ticket()
-        if ticket is not None:
-            while (wait_s := attempts.turn_wait_s(ticket)) > 0.0:
-                if stop is not None and stop.is_set():
-                    raise attempts.abandoned()
-                await asyncio.sleep(wait_s)
-            if stop is not None and stop.is_set():
-                raise attempts.abandoned()
-        attempts.count += 1
-        try:
-            result = await attempt()
-        except ZephonError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - classified by attempts.failed
-            sleep_s = attempts.failed(exc)
+    with _Attempts(**options) as attempts:
+        while True:
+            while (wait_s := attempts.wait_s()) > 0.0:
+                await asyncio.sleep(min(wait_s, POLL_S))
             try:
-                deadline = time.monotonic() + sleep_s
-                while (left_s := deadline - time.monotonic()) > 0:
-                    if stop is not None and stop.is_set():
-                        raise attempts.abandoned() from None
-                    await asyncio.sleep(min(left_s, _STOP_POLL_S))
-                if stop is not None and stop.is_set():
-                    raise attempts.abandoned() from None
-            finally:
-                attempts.woke()
-            continue
-        return result
+                return await attempt()
+            except Exception as exc:  # noqa: BLE001 - classified by attempts.failed
+                attempts.failed(exc)

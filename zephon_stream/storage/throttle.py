@@ -20,9 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-# NOTE: throttling that comes back after this long without a throttling answer
-# is a new episode, warned about again.
-THROTTLE_QUIET_S = 30.0
+from zephon_stream.storage.request_rate import QUIET_S
 
 
 class StoreThrottle:
@@ -34,7 +32,7 @@ class StoreThrottle:
         clock: monotonic seconds (a test may pass its own).
     """
 
-    def __init__(self, *, quiet_s: float = THROTTLE_QUIET_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, quiet_s: float = QUIET_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
         self._quiet_s = quiet_s
         self._clock = clock

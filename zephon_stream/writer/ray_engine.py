@@ -18,6 +18,7 @@ Ray's usage reporting is off.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -46,6 +47,10 @@ TASK_MAX_RETRIES = 3
 LINE_COUNT_BATCH = 64
 MAX_TEMP_ROOT_CHARS = 24
 SESSION_DIR_PREFIX = "zs-ray-"
+AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+# NOTE: the warning Ray 2.60 logs when it turns token authentication on for a new local instance.
+AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+AUTH_ON_WARNING = "Token authentication is enabled for this Ray cluster"
 
 
 def _import_ray() -> Any:
@@ -92,11 +97,13 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
         sweep_orphaned(root, (SESSION_DIR_PREFIX,))
         session_dir = tempfile.mkdtemp(prefix=SESSION_DIR_PREFIX, dir=root)
         mark_owner(session_dir)
+    auth = _OwnToken(session_dir)
     try:
-        ray.init(
-            num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False, _temp_dir=session_dir
-        )
+        with _dropped(logging.getLogger(AUTH_LOGGER), AUTH_ON_WARNING):
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+                     _temp_dir=session_dir)  # fmt: skip
     except BaseException:
+        auth.close()
         if session_dir is not None:
             shutil.rmtree(session_dir, ignore_errors=True)
         raise
@@ -106,12 +113,79 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
         succeeded = True
     finally:
         ray.shutdown()
+        auth.close()
         if session_dir is not None:
             if succeeded:
                 shutil.rmtree(session_dir, ignore_errors=True)
             else:
                 # NOTE: kept on purpose, for its logs: no longer the sweep's to take.
                 Path(session_dir, OWNER_FILE).unlink(missing_ok=True)
+
+
+class _OwnToken:
+    """A local instance's own authentication token, in force while it runs.
+
+    NOTE: Ray 2.60 turns token authentication on for every new local
+    instance, says so in a warning, and, with no token given, writes one to
+    ``~/.ray/auth_token``, which from then on turns authentication on for
+    every Ray process of the user (a ``ray start`` of theirs included). A
+    token of the instance's own (``RAY_AUTH_TOKEN_PATH``, mode 0600) keeps the
+    authentication and leaves the user's home as it was. A user who set any
+    of ``AUTH_ENV`` keeps their choice.
+    """
+
+    def __init__(self, folder: str | None) -> None:
+        self._saved: dict[str, str | None] | None = None
+        self._folder: str | None = None
+        self._path: str | None = None
+        if any(name in os.environ for name in AUTH_ENV):
+            return
+        self._folder = None if folder is not None else tempfile.mkdtemp(prefix=SESSION_DIR_PREFIX)
+        self._path = os.path.join(folder or self._folder, "auth_token")
+        fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as token:
+            # NOTE: os.urandom, not the secrets module, which a script's own secrets.py may shadow.
+            token.write(os.urandom(32).hex())
+        self._saved = {name: os.environ.get(name) for name in AUTH_ENV}
+        os.environ["RAY_AUTH_TOKEN_PATH"] = self._path
+
+    def close(self) -> None:
+        """Put the environment back (Ray sets ``RAY_AUTH_MODE`` itself) and remove the token."""
+        if self._saved is not None:
+            for name, value in self._saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            self._saved = None
+        if self._path is not None:
+            Path(self._path).unlink(missing_ok=True)
+            self._path = None
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+
+class _DropMessage(logging.Filter):
+    """Drops the records whose message starts with ``prefix``; every other record passes."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+@contextmanager
+def _dropped(logger: logging.Logger, prefix: str) -> Iterator[None]:
+    """While the block runs, ``logger`` drops the one message that starts with ``prefix``."""
+    quiet = _DropMessage(prefix)
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _short_temp_root() -> str:

@@ -1,6 +1,7 @@
 """Streams: what the user names (a URL and a weight) and what the loader reads.
 
-A ``Stream`` is a dataset URL with a mixture weight. A ``StreamSource`` is the
+A ``Stream`` is a dataset URL with a mixture weight; ``as_streams`` reads the
+other forms a user writes one in (``STREAM_FORMS``). A ``StreamSource`` is the
 open dataset behind it: its store (one per loader, closed with it), metadata
 (``metadata.py``), token dtype, EOS id and block byte ranges.
 """
@@ -10,8 +11,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import math
+import numbers
+import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zephon_stream.errors import ConfigError, ObjectMissingError
@@ -40,18 +44,101 @@ class Stream:
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url:
             raise ConfigError(f"Stream url must be a non-empty string (got {self.url!r})")
-        if not self.weight > 0:
-            raise ConfigError(f"Stream {self.url}: weight must be > 0 (got {self.weight})")
+        if not _is_number(self.weight) or not (math.isfinite(self.weight) and self.weight > 0):
+            raise ConfigError(f"Stream {self.url}: weight must be a finite number > 0 (got {self.weight!r})")
 
 
-def as_streams(streams: str | Stream | Sequence[str | Stream]) -> list[Stream]:
-    """Normalise a URL, a Stream, or a list of either into Streams."""
-    if isinstance(streams, (str, Stream)):
+# NOTE: what one stream may be given as (STREAM_FORMS); a list of them is a mixture.
+StreamLike = str | os.PathLike | Stream | Mapping[str, Any] | tuple
+
+STREAM_FORMS = (
+    "a dataset URL or path ('./out/ds', 's3://bucket/ds'), one with its weight after the last ':' "
+    "('./out/ds:2'), a Stream, a dict of a Stream's fields ({'url': './out/ds', 'weight': 2}), "
+    "a (url, weight) pair, or a list of these"
+)
+
+
+def parse_stream_spec(spec: str) -> tuple[str, float]:
+    """Split a ``"url"`` or ``"url:weight"`` stream entry.
+
+    The text after the last ``:`` is a weight when it parses as a number (and
+    must then be positive and finite); otherwise the whole entry is the URL,
+    so ``s3://b/ds``, ``/data/ds`` and ``/data/run:v2`` need no weight. A
+    dataset whose own path ends in ``:`` and a number is named by
+    ``Stream(url)`` or a path object, which are never split.
+
+    Returns:
+        ``(url, weight)``; the weight defaults to 1.
+
+    Raises:
+        ConfigError: an empty URL, or a weight that is zero, negative or not finite.
+    """
+    text = spec.strip()
+    url, sep, suffix = text.rpartition(":")
+    weight = _float(suffix) if sep and not suffix.startswith("/") else None
+    if weight is None:
+        url, weight = text, 1.0
+    elif not math.isfinite(weight) or weight <= 0:
+        raise ConfigError(f"stream entry {spec!r}: weight must be a positive number (got {suffix!r})")
+    if not url:
+        raise ConfigError(f"stream entry {spec!r}: empty dataset URL")
+    return url, weight
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_pair(value: Any) -> bool:
+    return (isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], (str, os.PathLike))
+            and _is_number(value[1]))  # fmt: skip
+
+
+def as_streams(streams: StreamLike | Sequence[StreamLike]) -> list[Stream]:
+    """The Streams a user names: one stream or a list of them, each in any of ``STREAM_FORMS``.
+
+    Raises:
+        TypeError: something that is none of ``STREAM_FORMS`` (never read as a path).
+        ConfigError: no stream, a dict with other keys than a Stream's fields,
+            an empty URL or a weight that is not a finite number > 0.
+    """
+    if isinstance(streams, (str, os.PathLike, Stream, Mapping)) or _is_pair(streams):
         streams = [streams]
-    out = [s if isinstance(s, Stream) else Stream(str(s)) for s in streams]
+    elif not isinstance(streams, (list, tuple)):
+        raise TypeError(f"streams: a {type(streams).__name__} is no stream; give {STREAM_FORMS}")
+    out = [_as_stream(index, entry) for index, entry in enumerate(streams)]
     if not out:
         raise ConfigError("StreamingLoader needs at least one stream")
     return out
+
+
+def _as_stream(index: int, entry: Any) -> Stream:
+    if isinstance(entry, Stream):
+        return entry
+    if isinstance(entry, str):
+        return Stream(*parse_stream_spec(entry))
+    if isinstance(entry, os.PathLike):
+        return Stream(os.fspath(entry))
+    if isinstance(entry, Mapping):
+        fields = [f.name for f in dataclasses.fields(Stream)]
+        unknown = sorted(map(str, set(entry) - set(fields)))
+        if unknown or "url" not in entry:
+            raise ConfigError(f"stream {index}: a dict of a Stream's fields needs 'url' and may hold {fields} "
+                              f"(got keys {sorted(map(str, entry))})")  # fmt: skip
+        url = entry["url"]
+        return Stream(os.fspath(url) if isinstance(url, os.PathLike) else url,
+                      **{name: entry[name] for name in fields if name != "url" and name in entry})  # fmt: skip
+    if _is_pair(entry):
+        url, weight = entry
+        return Stream(os.fspath(url), weight=weight)
+    raise TypeError(f"stream {index}: a {type(entry).__name__} is no stream; give {STREAM_FORMS}")
 
 
 # NOTE: metadata this process parsed, by store URL and manifest bytes. A

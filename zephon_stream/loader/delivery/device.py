@@ -4,10 +4,13 @@ What the trainer does per step is kept to: take a slot, start its copy (CUDA)
 or wrap it (CPU), hand the tensors over.
 
 On CPU the consumer gets ``int64`` tensors that are views of the slot, without
-a copy. A slot goes back to the producer once nothing refers to it any more,
-that is once the consumer has dropped every tensor (or view) of that batch. A
-consumer that keeps more than ``max_held`` batches gets copies of the further
-ones, so it can keep batches as long as it likes without stalling the ring.
+a copy, in the batch layout the loader was built with (``"rows"`` or
+``"tokens"``, loader/delivery/widen.py); the 1-D views of ``"tokens"`` are
+made with the slot's other tensors, once. A slot goes back to the producer
+once nothing refers to it any more, that is once the consumer has dropped
+every tensor (or view) of that batch. A consumer that keeps more than
+``max_held`` batches gets copies of the further ones (in the same layout), so
+it can keep batches as long as it likes without stalling the ring.
 
 With CUDA the ring is registered as pinned memory. Per step one transfer moves
 the slot's narrow part (token windows at the stored width, EOS ids, sample
@@ -31,8 +34,8 @@ import torch
 
 from zephon_stream.loader.delivery.handback import SlotReturns
 from zephon_stream.loader.delivery.slot_views import SlotViews, cached_views_available, slot_tensors
-from zephon_stream.loader.delivery.widen import widen
-from zephon_stream.loader.ring.packing import host_scalars
+from zephon_stream.loader.delivery.widen import laid_out, widen
+from zephon_stream.loader.ring.row_documents import host_scalars
 from zephon_stream.loader.ring.shared_ring import WIDE_KEYS, SharedRing
 
 BATCH_KEYS = ("input", "labels", "positions", "sample_positions")
@@ -106,6 +109,7 @@ class CpuDelivery:
     Args:
         ring: the batch ring (its layout holds all three wide arrays).
         max_held: batches the consumer may keep before it gets copies.
+        batch_layout: ``"rows"`` or ``"tokens"`` (the per-token arrays as 1-D views).
 
     Attributes:
         held: slots handed over as views, in order, not handed back yet.
@@ -115,7 +119,7 @@ class CpuDelivery:
         cached: whether slots' tensors are made once and kept (``views``).
     """
 
-    def __init__(self, *, ring: SharedRing, max_held: int = MAX_HELD_BATCHES) -> None:
+    def __init__(self, *, ring: SharedRing, max_held: int = MAX_HELD_BATCHES, batch_layout: str = "rows") -> None:
         assert ring.layout.wide_keys == WIDE_KEYS
         self._ring = ring
         self.max_held = max_held
@@ -123,11 +127,14 @@ class CpuDelivery:
         self.done: list[int] = []
         # NOTE: the arrays each slot hands over, made once. A tensor the
         # consumer holds (or any view of it) keeps one reference to its array,
-        # so the arrays' reference counts say when a slot is free again.
+        # so the arrays' reference counts say when a slot is free again. Under
+        # "tokens" the per-token arrays are 1-D views, so the tensors made
+        # from them (and a slot's steps' views) are 1-D from the start.
         self._arrays: list[dict[str, np.ndarray]] = []
         for index in range(ring.num_slots):
             slot = ring.slot(index)
-            self._arrays.append({**slot.wide, "sample_positions": slot.sample_positions, **slot.packing})
+            arrays = {**slot.wide, "sample_positions": slot.sample_positions, **slot.packing}
+            self._arrays.append(laid_out(arrays, batch_layout))
         # NOTE: each slot's tensors, made at its first delivery (loader/delivery/slot_views.py).
         self.views: list[SlotViews | None] = [None] * ring.num_slots
         self.cached = cached_views_available()
@@ -204,14 +211,17 @@ class CudaDelivery:
         device: the target CUDA device.
         host_keys: keys delivered as CPU tensors instead (TorchTitan's trainer
             counts valid ``labels`` on the CPU); the ring's layout holds them wide.
+        batch_layout: ``"rows"`` or ``"tokens"`` (views of the widened rows, and of the host keys).
     """
 
-    def __init__(self, *, ring: SharedRing, device: torch.device, host_keys: tuple[str, ...] = ()) -> None:
+    def __init__(self, *, ring: SharedRing, device: torch.device, host_keys: tuple[str, ...] = (),
+                 batch_layout: str = "rows") -> None:  # fmt: skip
         assert device.type == "cuda" and device.index is not None
         assert set(host_keys) <= set(ring.layout.wide_keys)
         self.device = device
         self._ring = ring
         self._host_keys = host_keys
+        self._batch_layout = batch_layout
         self._registered = False
         with torch.cuda.device(device):
             self.copy_stream = torch.cuda.Stream(device=device)
@@ -240,7 +250,7 @@ class CudaDelivery:
             raw = host.to(self.device, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record(self.copy_stream)
-            batch = widen(raw, self._ring.layout)
+            batch = widen(raw, self._ring.layout, self._batch_layout)
             ready = torch.cuda.Event()
             ready.record(self.copy_stream)
         consumer = torch.cuda.current_stream(self.device)
@@ -256,9 +266,9 @@ class CudaDelivery:
         if self._ring.layout.packing.outputs:
             batch.update(host_scalars(self._ring.slot(index).packing))
         if self._host_keys:
-            slot = self._ring.slot(index)
+            host = laid_out(self._ring.slot(index).wide, self._batch_layout)
             for key in self._host_keys:
-                host_tensor = torch.from_numpy(slot.wide[key])
+                host_tensor = torch.from_numpy(host[key])
                 batch[key] = host_tensor if viewed else host_tensor.clone()
         return batch
 
@@ -296,12 +306,12 @@ class CudaDelivery:
 
 
 def make_delivery(
-    device: torch.device, *, ring: SharedRing, host_keys: tuple[str, ...] = ()
+    device: torch.device, *, ring: SharedRing, host_keys: tuple[str, ...] = (), batch_layout: str = "rows"
 ) -> CpuDelivery | CudaDelivery:
-    """The delivery for ``device`` (from :func:`resolve_device`)."""
+    """The delivery for ``device`` (from :func:`resolve_device`), in ``batch_layout``."""
     if device.type == "cuda":
-        return CudaDelivery(ring=ring, device=device, host_keys=host_keys)
-    return CpuDelivery(ring=ring)
+        return CudaDelivery(ring=ring, device=device, host_keys=host_keys, batch_layout=batch_layout)
+    return CpuDelivery(ring=ring, batch_layout=batch_layout)
 
 
 def ring_wide_keys(device: torch.device, host_keys: tuple[str, ...]) -> tuple[str, ...]:

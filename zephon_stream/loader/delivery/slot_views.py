@@ -51,7 +51,9 @@ def slot_tensors(
     if steps_per_slot == 1:
         return whole, []
     keys = list(whole)
-    # NOTE: one unbind per key (a torch slice per step and key cost ~2.5 us,
+    # NOTE: a slot's steps are its rows in step order, so in either batch
+    # layout ([rows, L], or 1-D with the rows end to end) a step is an equal,
+    # contiguous stretch of dim 0. One unbind per key (a torch slice per step and key cost ~2.5 us,
     # split ~15% more than unbind).
     parts = [whole[key].unflatten(0, (steps_per_slot, -1)).unbind(0) for key in keys]
     return whole, [dict(zip(keys, views)) for views in zip(*parts)]

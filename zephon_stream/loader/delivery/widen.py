@@ -7,6 +7,13 @@ global position. From it: ``input`` = the first ``L`` tokens, ``labels`` = the
 last ``L``, ``positions`` = each input token's position in its document
 (0 on a row's first token and on every token after an EOS), the same values
 the host assembler computes (loader/producer/assembler.py).
+
+A batch comes in one of two layouts (``BATCH_LAYOUTS``), chosen when the
+loader is built: ``"rows"``, ``[rows, L]`` tensors, or ``"tokens"``, the
+same rows laid end to end as 1-D ``[rows * L]`` tensors (what TorchTitan
+main trains). Only the per-token keys change shape (:func:`laid_out`):
+``sample_positions`` stays one per row, and the document outputs keep their
+rows (``cu_seqlens`` is already 1-D).
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ import re
 
 import torch
 
-from zephon_stream.loader.ring.packing import ignore_eos_targets, packing_tensors
-from zephon_stream.loader.ring.shared_ring import SlotLayout
+from zephon_stream.loader.ring.row_documents import ignore_eos_targets, packing_tensors
+from zephon_stream.loader.ring.shared_ring import WIDE_KEYS, SlotLayout
+
+BATCH_LAYOUTS = ("rows", "tokens")
 
 _TORCH_DTYPES = {"<u2": torch.uint16, "<u4": torch.uint32}
 _SIGNED = {torch.uint16: (torch.int16, 0xFFFF), torch.uint32: (torch.int32, 0xFFFFFFFF)}
@@ -67,6 +76,16 @@ def copy_ids_masked(out: torch.Tensor, ids: torch.Tensor) -> None:
     out.bitwise_and_(mask)
 
 
+def laid_out(arrays: dict, batch_layout: str) -> dict:
+    """``arrays`` (numpy arrays or tensors by key) in ``batch_layout``: under
+    ``"tokens"`` the per-token keys (``input``, ``labels``, ``positions``)
+    become 1-D views, the rows end to end; every other key, and every key
+    under ``"rows"``, is left as it is."""
+    if batch_layout == "rows":
+        return arrays
+    return {key: value.reshape(-1) if key in WIDE_KEYS else value for key, value in arrays.items()}
+
+
 def slot_parts(raw: torch.Tensor, layout: SlotLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Views of a slot's first part: ``(tokens [rows, L+1], eos [rows], sample_positions [rows])``.
 
@@ -104,15 +123,16 @@ def document_positions(inputs: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def widen(raw: torch.Tensor, layout: SlotLayout) -> dict[str, torch.Tensor]:
+def widen(raw: torch.Tensor, layout: SlotLayout, batch_layout: str = "rows") -> dict[str, torch.Tensor]:
     """``input``, ``labels``, ``positions`` and ``sample_positions`` (int64)
     from a slot's first part, on ``raw``'s device; labels of input EOS tokens
     -100 under ``cross_document_targets="ignore"``, and the document outputs
-    when the layout holds them (loader/ring/packing.py).
+    when the layout holds them (loader/ring/row_documents.py).
 
     Args:
         raw: ``uint8`` tensor of ``layout.device_bytes`` bytes.
         layout: the ring's slot layout.
+        batch_layout: ``"rows"`` or ``"tokens"`` (:func:`laid_out`: views of the widened rows).
     """
     tokens, eos, sample_positions = slot_parts(raw, layout)
     shape = (layout.rows, layout.seq_len)
@@ -132,4 +152,4 @@ def widen(raw: torch.Tensor, layout: SlotLayout) -> dict[str, torch.Tensor]:
         # NOTE: the producer wrote them on the host from its EOS scan; they
         # crossed in the same transfer as the tokens.
         batch.update(packing_tensors(raw, layout.offsets()["packing"], layout.rows, layout.seq_len))
-    return batch
+    return laid_out(batch, batch_layout)

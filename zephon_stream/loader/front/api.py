@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from zephon_stream.loader.blocks.streams import Stream, StreamSource, as_streams, open_node_cache, open_sources
+from zephon_stream.loader.blocks.streams import (
+    Stream,
+    StreamLike,
+    StreamSource,
+    as_streams,
+    open_node_cache,
+    open_sources,
+)
 from zephon_stream.loader.delivery.device import resolve_device
 from zephon_stream.loader.front.args import PIPELINE_MODES, check_loader_args, resolve_rank_world
 from zephon_stream.loader.front.audit import AuditLog, addresses_sha256
@@ -34,9 +41,9 @@ from zephon_stream.loader.planning.memory import MIB
 from zephon_stream.loader.planning.rank_layout import RankLayout
 from zephon_stream.loader.planning.schedule import Phase, build_schedule
 from zephon_stream.loader.producer.stats import LoaderStats
-from zephon_stream.loader.ring.packing import PackingSpec
+from zephon_stream.loader.ring.row_documents import PackingSpec
 from zephon_stream.loader.runs.feed import BatchFeed
-from zephon_stream.loader.runs.phase_layouts import LayoutBook, run_end_position
+from zephon_stream.loader.runs.phase_layouts import LayoutBook, run_end_position, stop_position
 from zephon_stream.plan import ScheduleOrder
 
 __all__ = ["PIPELINE_MODES", "Phase", "Stream", "StreamingLoader"]
@@ -52,9 +59,9 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
     """Streams one rank's share of every global batch from local or S3 datasets.
 
     Iterating yields dicts of ``int64`` tensors: ``input``, ``labels`` and
-    ``positions`` of shape ``[local_batch_size, seq_len]`` and
-    ``sample_positions`` (the global position of each row) of shape
-    ``[local_batch_size]``. With ``packing_outputs`` also ``segment_ids``,
+    ``positions`` of shape ``[local_batch_size, seq_len]`` (``batch_layout="tokens"``:
+    1-D, the rows end to end) and ``sample_positions`` (the global position of
+    each row) of shape ``[local_batch_size]``. With ``packing_outputs`` also ``segment_ids``,
     ``document_lengths`` (``int32 [local_batch_size, seq_len]``),
     ``cu_seqlens`` (``int32 [local_batch_size * seq_len + 1]``) and the
     CPU scalars ``num_cu_seqlens`` and ``max_seqlen`` (docs/PACKING.md).
@@ -67,7 +74,8 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
     its arguments, exactly as it always has.
 
     Args:
-        streams: a dataset URL, a list of URLs, or ``Stream(url, weight=...)``s.
+        streams: one stream or a list (a mixture), each a URL or path, ``"url:weight"``, a
+            ``Stream``, its fields as a dict or a ``(url, weight)`` pair; else a ``TypeError``.
         seq_len: tokens per sample input ``L`` (without a schedule).
         local_batch_size: rows per step on this rank (without a schedule).
         schedule: phases (``Phase`` or dicts of its fields), the first at step
@@ -90,6 +98,9 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
             them itself); the other tensors go to the device. They view pinned
             memory, and ``labels.to(device, non_blocking=True)`` is safe: the
             memory is refilled only after the current stream has run past it.
+        batch_layout: ``"rows"`` (default) or ``"tokens"``: ``input``, ``labels`` and
+            ``positions`` 1-D ``[local_batch_size * seq_len]`` (TorchTitan main's
+            form), views made once per ring slot; other keys keep their shapes.
         pipeline: ``"process"`` (default): fetch, decode and assembly run in
             a helper process writing into a shared-memory ring, outside this
             interpreter; ``"threads"``: on threads of this process (debugging).
@@ -138,7 +149,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
 
     def __init__(
         self,
-        streams: str | Stream | Sequence[str | Stream],
+        streams: StreamLike | Sequence[StreamLike],
         *,
         seq_len: int | None = None,
         local_batch_size: int | None = None,
@@ -151,6 +162,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         storage_options: dict[str, Any] | None = None,
         device: str | torch.device | None = None,
         host_labels: bool = False,
+        batch_layout: str = "rows",
         pipeline: str = "process",
         helper_nice: int = 10,
         prefetch_steps: int = 4,
@@ -170,12 +182,13 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         check_loader_args(
             rank=self.rank, world_size=self.world_size, scheduled=schedule is not None, pipeline=pipeline,
-            seq_len=seq_len, local_batch_size=local_batch_size, lanes=lanes, window=window,
+            batch_layout=batch_layout, seq_len=seq_len, local_batch_size=local_batch_size, lanes=lanes, window=window,
             prefetch_steps=prefetch_steps, num_fetch_threads=num_fetch_threads,
             num_decode_threads=num_decode_threads, max_steps=max_steps, max_epochs=max_epochs,
             epochs_stream=epochs_stream, end_after_phase=end_after_phase, helper_nice=helper_nice,
         )  # fmt: skip
         self.pipeline_mode = pipeline
+        self.batch_layout = batch_layout
         self.helper_nice = helper_nice
         self.seq_len = seq_len
         self.local_batch_size = local_batch_size
@@ -229,6 +242,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
                 helper_bytes=HELPER_PROCESS_BYTES if pipeline == "process" else 0,
                 handover=pipeline == "process" or self._schedule is not None,
                 share_slots=audit_log is None or self.rank != 0,
+                batch_layout=batch_layout,
                 schedule=self._schedule,
                 packing=self.packing,
             )
@@ -311,13 +325,13 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         if self._audit is not None:
             self._audit.append(self._audit_record(ready.cursor, ready.data_sha256))
         if feed.steady is not None:
-            stop = _stop_position(self._layout, end)
+            stop = stop_position(self._layout, end)
             self._steady_until = math.inf if stop is None else stop
         return batch
 
     def _run_args(self, layout: RankLayout, start: int, end: int | None) -> dict[str, Any]:
         """The keywords of a producer run of ``layout`` from cursor ``start`` to its end or ``end``."""
-        stop = _stop_position(layout, end)
+        stop = stop_position(layout, end)
         num_steps = None if stop is None else max(0, -(-(stop - start) // layout.global_batch))
         more_runs = layout.end_position is not None and (end is None or layout.end_position < end)
         return {"start": start, "start_step": self._book.step_of(start, layout), "num_steps": num_steps,
@@ -385,9 +399,3 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
-
-
-def _stop_position(layout: RankLayout, end: int | None) -> int | None:
-    """Where reading ``layout`` stops: its own end (a phase's) or the run's ``end``, whichever comes first."""
-    stops = [p for p in (end, layout.end_position) if p is not None]
-    return min(stops) if stops else None

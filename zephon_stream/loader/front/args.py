@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from zephon_stream.errors import ConfigError
+from zephon_stream.loader.delivery.widen import BATCH_LAYOUTS
 
 PIPELINE_MODES = ("process", "threads")
 
@@ -22,7 +23,8 @@ def resolve_rank_world(rank: int | None, world_size: int | None) -> tuple[int, i
     return 0, 1
 
 
-def check_loader_args(*, rank: int, world_size: int, scheduled: bool, pipeline: str, **args: Any) -> None:
+def check_loader_args(*, rank: int, world_size: int, scheduled: bool, pipeline: str, batch_layout: str = "rows",
+                      **args: Any) -> None:  # fmt: skip
     """Raise ``ConfigError`` naming the first bad argument and its value.
 
     ``args`` are the loader's keyword arguments of the same names. With a
@@ -47,6 +49,8 @@ def check_loader_args(*, rank: int, world_size: int, scheduled: bool, pipeline: 
             raise ConfigError(f"{name} must be an int >= {low} (got {args[name]!r})")
     if pipeline not in PIPELINE_MODES:
         raise ConfigError(f"pipeline must be one of {PIPELINE_MODES} (got {pipeline!r})")
+    if batch_layout not in BATCH_LAYOUTS:
+        raise ConfigError(f"batch_layout must be one of {BATCH_LAYOUTS} (got {batch_layout!r})")
     nice = args["helper_nice"]
     if not isinstance(nice, int) or not 0 <= nice <= 19:
         raise ConfigError(f"helper_nice must be an int in [0, 19] (got {nice!r})")

@@ -23,13 +23,13 @@ import torch
 
 from zephon_stream.errors import ConfigError
 from zephon_stream.loader.blocks.cache import BlockCache
-from zephon_stream.loader.blocks.streams import Stream, StreamSource, as_streams, stream_shapes
+from zephon_stream.loader.blocks.streams import StreamLike, StreamSource, as_streams, stream_shapes
 from zephon_stream.loader.front.args import resolve_rank_world
 from zephon_stream.loader.planning.planner import Planner
 from zephon_stream.loader.producer.pipeline import EndOfData, Pipeline
 from zephon_stream.loader.producer.stats import LoaderStats
 from zephon_stream.loader.ring.free_slots import hand_back, reset_returned
-from zephon_stream.loader.ring.packing import IGNORE_INDEX, PackingSpec, PackingWriter
+from zephon_stream.loader.ring.row_documents import IGNORE_INDEX, PackingSpec, PackingWriter
 from zephon_stream.loader.ring.shared_ring import WIDE_KEYS, SharedRing, SlotLayout
 from zephon_stream.plan import EvalOrder
 
@@ -67,7 +67,7 @@ class EvalLoader:
 
     def __init__(
         self,
-        streams: str | Stream | Sequence[str | Stream],
+        streams: StreamLike | Sequence[StreamLike],
         *,
         seq_len: int,
         local_batch_size: int,

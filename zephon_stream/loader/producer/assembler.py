@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zephon_stream.loader.ring.packing import PackingSpec, PackingWriter
+from zephon_stream.loader.ring.row_documents import PackingSpec, PackingWriter
 from zephon_stream.loader.ring.shared_ring import Slot
 
 # NOTE: below this many EOS tokens per row on average, writing each document
@@ -125,7 +125,7 @@ class StepAssembler:
     are then written once over the whole step, and the EOS search reads the
     narrow tokens rather than ``int64`` inputs.
 
-    The same EOS search feeds the ``packing`` spec (loader/ring/packing.py):
+    The same EOS search feeds the ``packing`` spec (loader/ring/row_documents.py):
     labels of input EOS tokens under ``"ignore"`` and the document outputs.
 
     Args:

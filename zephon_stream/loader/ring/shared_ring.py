@@ -36,7 +36,7 @@ import threading
 import numpy as np
 
 from zephon_stream.loader.ring.liveness import LOCK_BYTES
-from zephon_stream.loader.ring.packing import PackingSpec, packing_offsets, packing_views
+from zephon_stream.loader.ring.row_documents import PackingSpec, packing_offsets, packing_views
 from zephon_stream.loader.ring.step_board import StepBoard, board_bytes
 
 WIDE_KEYS = ("input", "labels", "positions")
@@ -73,7 +73,7 @@ class SlotLayout:
         wide_keys: the ``int64 [rows, L]`` arrays the producer writes too,
             a subset of ``("input", "labels", "positions")`` in that order.
         packing: cross-document targets and whether the slot holds the
-            document outputs (loader/ring/packing.py), in the part device delivery copies.
+            document outputs (loader/ring/row_documents.py), in the part device delivery copies.
     """
 
     rows: int
@@ -132,7 +132,7 @@ class Slot:
         eos: ``int64 [rows]`` EOS id of each row's stream.
         sample_positions: ``int64 [rows]`` global position of each row.
         wide: ``int64 [rows, L]`` arrays by key (the layout's ``wide_keys``).
-        packing: the document outputs by key (loader/ring/packing.py), empty when off.
+        packing: the document outputs by key (loader/ring/row_documents.py), empty when off.
     """
 
     index: int

@@ -53,7 +53,7 @@ class BatchFeed:
     """The producer runs of one rank.
 
     Args:
-        book: the loader's layouts (device, host keys, ring slots, pipeline sizes).
+        book: the loader's layouts (device, host keys, batch layout, ring slots, pipeline sizes).
         streams: the user's streams.
         storage_options: fsspec options (to the helper over its socket).
         pipeline_mode: ``"process"`` or ``"threads"``.
@@ -161,7 +161,8 @@ class BatchFeed:
             self._release_prepared()
         ring = SharedRing.create(num_slots=self._book.num_slots, layout=slot_layout)
         try:
-            self._prepared = ring, make_delivery(self._book.device, ring=ring, host_keys=self._book.host_keys)
+            self._prepared = ring, make_delivery(self._book.device, ring=ring, host_keys=self._book.host_keys,
+                                                 batch_layout=self._book.batch_layout)  # fmt: skip
         except BaseException:
             ring.close()
             raise

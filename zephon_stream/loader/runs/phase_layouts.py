@@ -18,7 +18,7 @@ from zephon_stream.loader.delivery.device import ring_slots, ring_wide_keys
 from zephon_stream.loader.planning.memory import MemoryBound
 from zephon_stream.loader.planning.rank_layout import RankLayout, build_order
 from zephon_stream.loader.planning.schedule import local_batch_of, run_end_step
-from zephon_stream.loader.ring.packing import PackingSpec
+from zephon_stream.loader.ring.row_documents import PackingSpec
 from zephon_stream.loader.ring.shared_ring import SharedRing, SlotLayout
 from zephon_stream.plan import GlobalOrder, ScheduleOrder
 from zephon_stream.plan.run_history import Skip, Stretch, continues, decode, encode, history_distance, last_stretch
@@ -41,6 +41,8 @@ class LayoutBook:
         world_size, rank: this rank's place.
         device: where batches go (fixes the ring's wide arrays and slots).
         host_keys: keys delivered on the host with CUDA.
+        batch_layout: ``"rows"`` or ``"tokens"``, the shape of every delivery's
+            per-token tensors (loader/delivery/widen.py).
         token_dtype: the ring's token dtype (``<u2`` or ``<u4``).
         prefetch_steps, num_fetch_threads, num_decode_threads: the pipeline's sizes.
         helper_bytes: the helper process's own footprint (0 without one).
@@ -70,6 +72,7 @@ class LayoutBook:
     helper_bytes: int
     handover: bool = False
     share_slots: bool = True
+    batch_layout: str = "rows"
     schedule: ScheduleOrder | None = None
     packing: PackingSpec = PackingSpec()
     phases: dict[int, RankLayout] = dataclasses.field(default_factory=dict)
@@ -269,3 +272,9 @@ def run_end_position(book: LayoutBook, current: RankLayout, ends: dict) -> int |
         # NOTE: a loader without a schedule reads the one-phase schedule of its order.
         order = ScheduleOrder.single(list(current.order.shapes), current.order.config, current.global_batch)
     return order.position_of_step(run_end_step(order, **ends))
+
+
+def stop_position(layout: RankLayout, end: int | None) -> int | None:
+    """Where reading ``layout`` stops: its own end (a phase's) or the run's ``end``, whichever comes first."""
+    stops = [p for p in (end, layout.end_position) if p is not None]
+    return min(stops) if stops else None

@@ -1,25 +1,13 @@
-"""TorchTitan integration: a ``BaseDataLoader`` that resumes at any dp degree.
+"""``ZephonDataLoader``: a TorchTitan ``BaseDataLoader`` that resumes at any dp degree.
 
 TorchTitan's own loaders store one state per data-parallel rank
 (``dp_rank_3``) and refuse a checkpoint saved at another dp degree. This
 loader's state is the global cursor of :class:`zephon_stream.StreamingLoader`,
 the same on every rank, stored under one rank-independent key, so
 ``torch.distributed.checkpoint`` writes it once and every rank of any dp
-degree reads it back.
-
-Select it in a TorchTitan config::
-
-    dataloader=ZephonDataLoader.Config(dataset_path="s3://bucket/dataset")
-
-This module needs TorchTitan (``pip install 'zephon-stream[torchtitan]'``);
-nothing else in zephon_stream imports it. Its parts: ``torchtitan_base.py``
-(the import of TorchTitan, the trainer's keywords, the tokenizer check),
-``torchtitan_config.py`` (``ZephonDataLoader.Config``, mixture entries and
-phases), ``torchtitan_state.py`` (the checkpoint entry) and
-``torchtitan_batches.py`` (the ``input_dict`` a step hands the trainer); each
-public name is importable from here. Under TorchTitan's torchft trainer,
-``torchtitan_torchft.py`` (``ZephonFTDataLoader``, ``ZephonFTCheckpointManager``)
-and ``torchtitan_torchft_trainer.py`` (``ZephonFTTrainer``) serve replica groups.
+degree reads it back. A row is ``seq_len`` (main: ``max_context_length``)
+tokens of the one global order on either TorchTitan; main's 1-D batch is
+its rows laid end to end.
 """
 
 from __future__ import annotations
@@ -30,41 +18,40 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zephon_stream.errors import ConfigError
-from zephon_stream.integrations.torchtitan_base import (  # noqa: F401 (INSTALL_HINT ... re-exported)
-    INSTALL_HINT,
+from zephon_stream.integrations.torchtitan.api import TITAN
+from zephon_stream.integrations.torchtitan.base import (
     BaseDataLoader,
     DataloaderExhausted,
-    DataloaderExhaustedError,
     check_tokenizer,
-    local_shape,
-    redacted_config_dict,
-    redacted_config_repr,
+    titan_shape,
 )
-from zephon_stream.integrations.torchtitan_batches import titan_input_dict
-from zephon_stream.integrations.torchtitan_config import (  # noqa: F401 (phase_dicts re-exported)
+from zephon_stream.integrations.torchtitan.batches import titan_batch
+from zephon_stream.integrations.torchtitan.config import (
     ZephonDataLoaderConfig,
     parse_stream_spec,
     phase_dicts,
     skip_plan,
     titan_schedule,
 )
-from zephon_stream.integrations.torchtitan_state import STATE_KEY, loader_state_from_titan, titan_state
+from zephon_stream.integrations.torchtitan.state import loader_state_from_titan, titan_state
 
 if TYPE_CHECKING:
     from zephon_stream.loader import StreamingLoader
 
-__all__ = ["STATE_KEY", "DataloaderExhausted", "ZephonDataLoader", "check_tokenizer", "parse_stream_spec",
-           "titan_input_dict"]
+__all__ = ["ZephonDataLoader"]
 
 
 class ZephonDataLoader(BaseDataLoader):
     """Streams a zephon_stream dataset (or a weighted mixture) into one dp rank.
 
     Built by TorchTitan's trainer as ``config.dataloader.build(dp_world_size=...,
-    dp_rank=..., tokenizer=..., seq_len=..., local_batch_size=...)``. Iterating
-    yields ``({"input": ..., "positions": ...}, labels)`` with int64 tensors of
-    shape ``[local_batch_size, seq_len]``; ``positions`` restart after each EOS,
-    and by default the label of each input EOS is -100 (``cross_document_targets``).
+    dp_rank=..., tokenizer=..., seq_len=..., local_batch_size=...)`` (0.3.0) or
+    ``build(..., max_context_length=..., num_tokens_per_batch=...)`` (main).
+    Iterating yields ``({"input": ..., "positions": ...}, labels)`` with int64
+    tensors of shape ``[local_batch_size, seq_len]`` (0.3.0) or 1-D
+    ``[num_tokens_per_batch]`` (main: the rows end to end, then any padding);
+    ``positions`` restart after each EOS and at each row, and by default the
+    label of each input EOS is -100 (``cross_document_targets``).
 
     Args:
         config: the loader's :class:`ZephonDataLoader.Config`.
@@ -72,9 +59,9 @@ class ZephonDataLoader(BaseDataLoader):
         dp_rank: this process's data-parallel rank.
         tokenizer: optional TorchTitan tokenizer; when given, its vocabulary
             size and EOS id must match every dataset's manifest.
-        seq_len: tokens per row (newer TorchTitan: ``max_context_length``).
-        local_batch_size: rows per batch on this rank (newer TorchTitan:
-            ``num_tokens_per_batch`` = rows x seq_len).
+        seq_len: tokens per row (TorchTitan main: ``max_context_length``).
+        local_batch_size: rows per batch on this rank (TorchTitan main:
+            ``num_tokens_per_batch`` = rows x seq_len, plus any padding).
         **kwargs: other trainer keywords (``snapshot_every_n_steps``, ...),
             accepted and ignored: the state is a cursor, so every step is a
             snapshot.
@@ -97,7 +84,8 @@ class ZephonDataLoader(BaseDataLoader):
 
         if not 0 <= dp_rank < dp_world_size:
             raise ConfigError(f"dp_rank {dp_rank} is outside dp_world_size {dp_world_size}")
-        seq_len, local_batch_size = local_shape(seq_len, local_batch_size, dict(kwargs))
+        self.shape = titan_shape(seq_len, local_batch_size, dict(kwargs))
+        seq_len, local_batch_size = self.shape.seq_len, self.shape.rows
         self.config = config
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
@@ -123,9 +111,11 @@ class ZephonDataLoader(BaseDataLoader):
             seed=config.seed,
             storage_options=dict(config.storage_options) or None,
             device=config.device,
-            # NOTE: TorchTitan 0.3.0's train_step does ``cpu_count +=
+            # TorchTitan's train_step (0.3.0 and main) does ``cpu_count +=
             # (labels != IGNORE_INDEX).sum()``: CUDA labels would fail there.
             host_labels=True,
+            # NOTE: main's 1-D batches come from the delivery, made once per ring slot.
+            batch_layout=TITAN.batch_layout,
             pipeline=config.pipeline,
             helper_nice=config.helper_nice,
             prefetch_steps=config.prefetch_steps,
@@ -190,11 +180,11 @@ class ZephonDataLoader(BaseDataLoader):
                     f"{phase.start_step // self.config.gradient_accumulation_steps + 1}): global_batch "
                     f"{phase.global_batch}, but the trainer gives local batch {self.local_batch_size} x dp "
                     f"{self.dp_world_size} = {self.global_batch_size}; relaunch from this step with "
-                    f"--training.local_batch_size {phase.global_batch // self.dp_world_size}"
+                    f"{TITAN.batch_flag_value(rows=phase.global_batch // self.dp_world_size, seq_len=phase.spec.seq_len)}"
                 )
-        if not self.config.infinite and position + self.global_batch_size > self._end_of_first_pass():
+        if not TITAN.repeats(self.config) and position + self.global_batch_size > self._end_of_first_pass():
             raise DataloaderExhausted(
-                f"dataloader: one pass over the data (infinite=False) ended at global sample {position}"
+                f"dataloader: one pass over the data ({TITAN.repeat_field}=False) ended at global sample {position}"
             )
         try:
             batch = next(self._loader)
@@ -213,7 +203,7 @@ class ZephonDataLoader(BaseDataLoader):
                 f"dataloader: the finite run ({asked}) ended at global sample {position}"
             ) from None
         self._last_sample_positions = batch["sample_positions"]
-        return titan_input_dict(batch, packing_outputs=self.config.packing_outputs), batch["labels"]
+        return titan_batch(batch, shape=self.shape, packing_outputs=self.config.packing_outputs)
 
     def _end_of_first_pass(self) -> int:
         """The cursor where the first stream to finish its first epoch does."""

@@ -17,7 +17,8 @@ import numpy as np
 
 from zephon_stream.format.docindex import DocumentSpan
 from zephon_stream.plan.packing import BlockRows, block_rows, packed_rows
-from zephon_stream.reader import DatasetReader
+from zephon_stream.reader.dataset import DatasetReader
+
 
 def plain_fields(entry: object) -> dict:
     """A provenance entry's fields, its bases' included, as a dict (for JSON)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from zephon_stream.errors import FormatError, ObjectMissingError, StorageError, TruncatedObjectError
 from zephon_stream.format.block import decode_block
-from zephon_stream.reader import DatasetReader
+from zephon_stream.reader.dataset import DatasetReader
 
 PROBLEM_KINDS = ("missing", "truncated", "corrupt", "unreadable")
 
@@ -86,7 +86,8 @@ def _check_shard(
     elif size > shard.num_bytes:
         problems.append(Problem(
             shard.path, "corrupt",
-            f"shard {shard.path}: {size} bytes, manifest says {shard.num_bytes} ({size - shard.num_bytes} extra bytes)",
+            f"shard {shard.path}: {size} bytes, manifest says {shard.num_bytes} "
+            f"({size - shard.num_bytes} extra bytes)",
         ))
     digest = hashlib.sha256()
     all_read = True
@@ -97,7 +98,8 @@ def _check_shard(
             lost = shard.num_blocks - local
             problems.append(Problem(
                 shard.path, "truncated",
-                f"{where}: past the end of the object at byte {size}; {lost} block(s) {local}..{shard.num_blocks - 1} lost",
+                f"{where}: past the end of the object at byte {size}; "
+                f"{lost} block(s) {local}..{shard.num_blocks - 1} lost",
             ))
             progress(shard.num_bytes - start)
             break
@@ -155,7 +157,8 @@ def _check_rejects(reader: DatasetReader) -> list[Problem]:
             if not isinstance(json.loads(line), dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:
-            problems.append(Problem(path, "corrupt", f"rejects list {path}: line {number + 1} is not a JSON object ({exc})"))
+            message = f"rejects list {path}: line {number + 1} is not a JSON object ({exc})"
+            problems.append(Problem(path, "corrupt", message))
             break
     return problems
 

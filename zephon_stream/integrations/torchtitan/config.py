@@ -1,18 +1,23 @@
 """``ZephonDataLoader.Config`` and how its entries read: the mixture's
 ``"url:weight"`` entries and a schedule's phases, counted in TorchTitan train
 steps, as the loader's phases.
+
+The config's base is the installed TorchTitan's ``BaseDataLoader.Config``
+with ``dataset_path`` and the repeat flag under that TorchTitan's name
+(``infinite`` on 0.3.0, ``repeat`` on main: ``api.py``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from zephon_stream.errors import ConfigError
-from zephon_stream.integrations.torchtitan_base import BaseDataLoader, redacted_config_dict, redacted_config_repr
+from zephon_stream.integrations.torchtitan.api import TITAN
+from zephon_stream.integrations.torchtitan.base import redacted_config_dict, redacted_config_repr
 from zephon_stream.loader import PackingSpec
+from zephon_stream.loader.blocks.streams import parse_stream_spec
 
 __all__ = ["ZephonDataLoaderConfig", "parse_stream_spec", "phase_dicts", "titan_schedule"]
 
@@ -36,8 +41,15 @@ def skip_plan(entries: list[str], accumulation: int) -> dict[int, int]:
 
 
 @dataclass(kw_only=True, slots=True)
-class ZephonDataLoaderConfig(BaseDataLoader.Config):
-    """The configuration of :class:`ZephonDataLoader` (``ZephonDataLoader.Config``)."""
+class ZephonDataLoaderConfig(TITAN.loader_config_base(repeat=True)):
+    """The configuration of :class:`ZephonDataLoader` (``ZephonDataLoader.Config``).
+
+    ``dataset_path`` names one dataset (or use ``streams``). The repeat flag
+    (``infinite`` on TorchTitan 0.3.0, ``repeat`` on main; default True):
+    False reads one pass, ending where the first stream's first epoch ends
+    (TorchTitan's validator asks for it with ``validator.steps = -1``); True
+    repeats epochs.
+    """
 
     streams: list[str] = field(default_factory=list)
     """Weighted datasets for a mixture: ``"url"`` or ``"url:weight"`` entries
@@ -93,24 +105,22 @@ class ZephonDataLoaderConfig(BaseDataLoader.Config):
     end_after_phase: int | None = None
     """Finite run: end at the end of this phase (index) of ``phases``."""
 
-    infinite: bool = True
-    """False: one pass over the data, ending where the first stream's
-    first epoch ends (TorchTitan's validator asks for this when
-    ``validator.steps = -1``). True: epochs repeat."""
-
     phases: str = ""
     """A data schedule: the JSON list of its phases (CLI:
     ``--dataloader.phases '[{"step": 1, ...}, ...]'``; a job function may
     also pass the list itself). Each phase has ``step``, the TorchTitan
     train step it starts at (the first train step is 1, so the first
-    phase has ``step: 1``), and optionally ``seq_len``, ``global_batch``
-    (default: the previous phase's; the first phase's: the trainer's
-    seq_len and local batch x dp), ``lanes``, ``window`` (default:
-    ``lanes``/``window`` above) and ``weights`` (one per stream, 0 = not
-    read; default: the streams' weights). A phase's ``global_batch`` must
-    be the trainer's local batch x dp while it is read: change the batch
-    by relaunching at the phase's step with ``--training.local_batch_size``
-    = global_batch / dp."""
+    phase has ``step: 1``), and optionally ``seq_len`` (TorchTitan main's
+    name: ``max_context_length``), ``global_batch`` in rows per microbatch
+    over all dp ranks (or, in main's terms, ``num_tokens_per_train_step``
+    = global_batch x gradient_accumulation_steps x seq_len) (default: the
+    previous phase's; the first phase's: the trainer's), ``lanes``,
+    ``window`` (default: ``lanes``/``window`` above) and ``weights`` (one
+    per stream, 0 = not read; default: the streams' weights). A phase's
+    batch must be the trainer's while it is read: change it by relaunching
+    at the phase's step with the batch flag the loader's error names
+    (0.3.0: ``--training.local_batch_size``; main:
+    ``--training.num_tokens_per_microbatch_per_dp_rank``)."""
 
     gradient_accumulation_steps: int = 1
     """Batches the trainer takes per train step (TorchTitan's
@@ -128,8 +138,10 @@ class ZephonDataLoaderConfig(BaseDataLoader.Config):
     """Also put ``segment_ids``, ``document_lengths``, ``cu_seqlens``
     (tensors) and ``num_cu_seqlens``, ``max_seqlen`` (ints, so the trainer
     leaves them on the host) in ``input_dict`` (docs/PACKING.md). TorchTitan
-    passes every ``input_dict`` entry but ``input`` to the model, so this
-    needs a model or ``post_dataloading_process`` that takes them."""
+    0.3.0 passes every ``input_dict`` entry but ``input`` to the model, so
+    this needs a model or ``post_dataloading_process`` that takes them.
+    TorchTitan main only: refused, since main's attention builds its
+    document masks from ``positions`` itself."""
 
     skip_steps: list[str] = field(default_factory=list)
     """Train steps whose data to skip after a loss spike (PaLM's recipe), as
@@ -163,6 +175,7 @@ class ZephonDataLoaderConfig(BaseDataLoader.Config):
             )
         phase_dicts(self.phases)
         skip_plan(self.skip_steps, 1)
+        refuse_packing_outputs_on_flat_batches(self.packing_outputs)
         PackingSpec(cross_document_targets=self.cross_document_targets, outputs=self.packing_outputs, rows=self.packing)
 
     def to_dict(self) -> dict:
@@ -173,39 +186,19 @@ class ZephonDataLoaderConfig(BaseDataLoader.Config):
         return redacted_config_repr(self, "ZephonDataLoader.Config")
 
 
-def parse_stream_spec(spec: str) -> tuple[str, float]:
-    """Split a ``"url"`` or ``"url:weight"`` mixture entry.
-
-    The text after the last ``:`` is a weight when it parses as a positive
-    finite number; otherwise the whole entry is the URL (so ``s3://b/ds`` and
-    ``/data/ds`` need no weight).
-
-    Args:
-        spec: one entry of ``Config.streams``.
-
-    Returns:
-        ``(url, weight)``; the weight defaults to 1.
+def refuse_packing_outputs_on_flat_batches(packing_outputs: bool) -> None:
+    """Refuse ``packing_outputs`` where TorchTitan trains 1-D batches (main).
 
     Raises:
-        ConfigError: an empty URL, or a weight that is zero, negative or not finite.
+        ConfigError: on TorchTitan main, which finds documents from
+            ``positions`` alone and whose validator moves every ``input_dict``
+            entry to the device.
     """
-    text = spec.strip()
-    url, sep, suffix = text.rpartition(":")
-    weight = _number(suffix) if sep and not suffix.startswith("/") else None
-    if weight is None:
-        url, weight = text, 1.0
-    elif not math.isfinite(weight) or weight <= 0:
-        raise ConfigError(f"dataloader.streams entry {spec!r}: weight must be a positive number (got {suffix!r})")
-    if not url:
-        raise ConfigError(f"dataloader.streams entry {spec!r}: empty dataset URL")
-    return url, weight
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
+    if packing_outputs and TITAN.flat_batches:
+        raise ConfigError(
+            "dataloader.packing_outputs: TorchTitan main builds its document masks from positions (which restart "
+            "at every document here) and takes no other document outputs; leave packing_outputs off"
+        )
 
 
 def phase_dicts(phases: list[dict[str, Any]] | str) -> list[dict[str, Any]]:
@@ -221,13 +214,24 @@ def phase_dicts(phases: list[dict[str, Any]] | str) -> list[dict[str, Any]]:
             raise ConfigError(f"dataloader.phases: not a JSON list of phases ({exc})") from exc
     if not isinstance(phases, (list, tuple)) or not all(isinstance(p, dict) for p in phases):
         raise ConfigError(f"dataloader.phases: expected a list of phase tables, got {phases!r}")
+    out = []
     for k, phase in enumerate(phases):
         if "start_step" in phase or not isinstance(phase.get("step"), int) or phase["step"] < 1:
             raise ConfigError(
                 f"dataloader.phases[{k}]: give 'step', the TorchTitan train step the phase starts at "
                 f"(the first train step is 1), not 'start_step' (got {phase!r})"
             )
-    return [dict(p) for p in phases]
+        phase = dict(phase)
+        if "max_context_length" in phase:
+            # TorchTitan main's name for the row length.
+            length = phase.pop("max_context_length")
+            if phase.setdefault("seq_len", length) != length:
+                raise ConfigError(f"dataloader.phases[{k}]: seq_len {phase['seq_len']} and max_context_length "
+                                  f"{length} disagree")  # fmt: skip
+        if "num_tokens_per_train_step" in phase and "global_batch" in phase:
+            raise ConfigError(f"dataloader.phases[{k}]: give global_batch or num_tokens_per_train_step, not both")
+        out.append(phase)
+    return out
 
 
 def titan_schedule(
@@ -242,28 +246,41 @@ def titan_schedule(
     """Phases counted in TorchTitan train steps as the loader's phases.
 
     Train step ``s`` (from 1) takes loader steps ``[(s - 1) a, s a)`` with
-    ``a = accumulation``. A phase without ``seq_len`` or ``global_batch``
+    ``a = accumulation``. A phase's ``num_tokens_per_train_step`` is
+    ``global_batch x a x seq_len``. A phase without ``seq_len`` or a batch
     keeps the previous phase's; the first phase takes the trainer's, unless
     a later phase changes it: then the first phase must give it, because the
     trainer's value changes at the relaunch and the first phase has begun.
 
     Raises:
-        ConfigError: the first phase leaves out a size a later phase changes.
+        ConfigError: the first phase leaves out a size a later phase changes,
+            or a token budget that is not a whole number of rows.
     """
-    for name in ("seq_len", "global_batch"):
-        if name not in phases[0] and any(name in p for p in phases[1:]):
+    givers = {"seq_len": ("seq_len",), "global_batch": ("global_batch", "num_tokens_per_train_step")}
+    for name, keys in givers.items():
+        if not any(key in phases[0] for key in keys) and any(key in p for p in phases[1:] for key in keys):
             raise ConfigError(
                 f"dataloader.phases[0]: give {name} when a later phase changes it (the trainer's value "
                 "changes when the job is relaunched for that phase, and the first phase must not)"
             )
     out = []
     sizes = {"seq_len": seq_len, "global_batch": global_batch}
-    for phase in phases:
+    for k, phase in enumerate(phases):
         sizes = {name: phase.get(name, value) for name, value in sizes.items()}
+        if "num_tokens_per_train_step" in phase:
+            phase = dict(phase)
+            tokens = phase.pop("num_tokens_per_train_step")
+            rows, rest = divmod(tokens, accumulation * sizes["seq_len"])
+            if rest or rows < 1:
+                raise ConfigError(
+                    f"dataloader.phases[{k}]: num_tokens_per_train_step {tokens} is not a whole number of rows of "
+                    f"{sizes['seq_len']} tokens x {accumulation} gradient accumulation steps"
+                )
+            sizes["global_batch"] = rows
         entry: dict[str, Any] = {"start_step": (phase["step"] - 1) * accumulation, **sizes}
         if lanes is not None:
             entry["lanes"] = lanes
         if window is not None:
             entry["window"] = window
-        out.append(entry | {k: v for k, v in phase.items() if k != "step"})
+        out.append(entry | {key: value for key, value in phase.items() if key != "step"})
     return out

@@ -1,7 +1,7 @@
-"""Packed rows as attention kernels see them: cross-document targets and document boundaries.
+"""The documents of packed rows as attention kernels see them: cross-document targets and document boundaries.
 
 A row packs several documents (a window of the token stream, or under
-``rows="best_fit"`` whole documents and pieces of cut ones, plan/packing.py);
+``packing="best_fit"`` whole documents and pieces of cut ones, plan/packing.py);
 a document ends with (owns) its EOS and the next one starts on the token
 after it, or at the row's first token. From the same EOS scan that makes
 ``positions`` (loader/producer/assembler.py) this module writes, per step:

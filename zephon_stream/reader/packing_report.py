@@ -2,7 +2,7 @@
 
 Reads blocks of a dataset (all, or a number spread evenly over it), lays out
 each block's rows at each seq_len under both packings (``plan/packing.py``)
-and sums ``plan/packing_report.cut_counts`` over the blocks. Documents are
+and sums ``plan/packing_cuts.cut_counts`` over the blocks. Documents are
 those of each block (split after every EOS): a document that crosses a block
 edge is cut there whatever the packing, so the shares of documents cut are
 given for the documents inside a block, and those at a block edge are
@@ -20,12 +20,12 @@ import numpy as np
 
 from zephon_stream.errors import ConfigError
 from zephon_stream.plan.packing import PACKINGS, block_rows
-from zephon_stream.plan.packing_report import CutCounts, cut_counts
-from zephon_stream.reader import DatasetReader
+from zephon_stream.plan.packing_cuts import CutCounts, cut_counts
+from zephon_stream.reader.dataset import DatasetReader
 
 
 def spread_blocks(num_blocks: int, count: int | None) -> list[int]:
-    """``count`` block ids spread evenly over ``num_blocks`` (the first included); all when ``count`` is None or more."""
+    """``count`` block ids spread evenly over ``num_blocks``, the first included; all when ``count`` is None or more."""
     if count is None or count >= num_blocks:
         return list(range(num_blocks))
     if count < 1:
@@ -86,16 +86,23 @@ class PackingReport:
         shown = ", ".join(map(str, self.blocks[:12])) + (", ..." if len(self.blocks) > 12 else "")
         return f"{len(self.blocks):,} of {self.num_blocks:,} blocks, spread evenly (ids {shown})"
 
+    def figures(self, seq_len: int) -> dict[str, dict[str, int | float | None]]:
+        """The figures of each packing at ``seq_len`` (:func:`figures`), by packing name."""
+        return {packing: figures(counts) for packing, counts in self.counts[seq_len].items()}
+
     def conclusion(self, seq_len: int) -> str:
         """One line: what the figures at ``seq_len`` say."""
-        c, b = (figures(self.counts[seq_len][p]) for p in PACKINGS)
-        if not c["documents"]:
+        by_packing = self.figures(seq_len)
+        concat, best_fit = by_packing["concat"], by_packing["best_fit"]
+        if not concat["documents"]:
             return f"seq_len {seq_len}: no document lies inside a block's rows; nothing to compare"
         pct = "{:.1%}".format
-        return (f"seq_len {seq_len}: best_fit cuts {pct(b['documents_cut_share'])} of the documents inside a block, "
-                f"concat {pct(c['documents_cut_share'])} (the floor, those longer than a row, is "
-                f"{pct(c['floor_share'])}); {pct(b['tokens_without_beginning_share'])} of tokens are read without "
-                f"their document's beginning, against {pct(c['tokens_without_beginning_share'])}")  # fmt: skip
+        return (
+            f"seq_len {seq_len}: best_fit cuts {pct(best_fit['documents_cut_share'])} of the documents inside a "
+            f"block, concat {pct(concat['documents_cut_share'])} (the floor, those longer than a row, is "
+            f"{pct(concat['floor_share'])}); {pct(best_fit['tokens_without_beginning_share'])} of tokens are read "
+            f"without their document's beginning, against {pct(concat['tokens_without_beginning_share'])}"
+        )
 
     def to_dict(self) -> dict:
         """Plain values, for JSON."""
@@ -103,41 +110,50 @@ class PackingReport:
             "blocks": list(self.blocks),
             "num_blocks": self.num_blocks,
             "counting": "documents, documents_cut and floor count the documents inside a block; edge_documents "
-                        "those crossing a block edge, once per block they reach",
+            "those crossing a block edge, once per block they reach",
             "seq_lens": [
-                {"seq_len": seq_len, **{p: figures(by_packing[p]) for p in PACKINGS},
-                 "conclusion": self.conclusion(seq_len)}
-                for seq_len, by_packing in self.counts.items()
-            ],  # fmt: skip
+                {"seq_len": seq_len, **self.figures(seq_len), "conclusion": self.conclusion(seq_len)}
+                for seq_len in self.counts
+            ],
         }
 
     def text(self) -> str:
         """The report as a table per seq_len, both packings side by side."""
-        lines = [f"packing report of {self.url}: {self.blocks_read()}",
-                 "  a document crossing a block edge is cut there by any packing: such documents are counted apart,",
-                 "  once per block they reach; a block's first document is counted from the block's start"]  # fmt: skip
-
-        def share(value: float | None) -> str:
-            return "-" if value is None else f"{value:.1%}"
-
-        for seq_len, by_packing in self.counts.items():
-            c, b = (figures(by_packing[p]) for p in PACKINGS)
-            rows = [
-                (f"seq_len {seq_len}", *PACKINGS),
-                ("documents inside a block", f"{c['documents']:,}", f"{b['documents']:,}"),
-                ("  cut", share(c["documents_cut_share"]), share(b["documents_cut_share"])),
-                ("  longer than a row (the floor)", share(c["floor_share"]), share(b["floor_share"])),
-                ("documents at a block edge", f"{c['edge_documents']:,}", f"{b['edge_documents']:,}"),
-                ("  also cut inside the block", share(c["edge_documents_cut_share"]),
-                 share(b["edge_documents_cut_share"])),
-                ("tokens read without their document's beginning", share(c["tokens_without_beginning_share"]),
-                 share(b["tokens_without_beginning_share"])),
-            ]  # fmt: skip
-            width = max(len(r[0]) for r in rows)
+        lines = [
+            f"packing report of {self.url}: {self.blocks_read()}",
+            "  a document crossing a block edge is cut there by any packing: such documents are counted apart,",
+            "  once per block they reach; a block's first document is counted from the block's start",
+        ]
+        for seq_len in self.counts:
+            by_packing = self.figures(seq_len)
+            rows = [(f"seq_len {seq_len}", *_COLUMNS)]
+            rows += [(label, *(shown(by_packing[p][key]) for p in _COLUMNS)) for label, key, shown in _TABLE]
+            width = max(len(row[0]) for row in rows)
             lines.append("")
             lines.extend(f"{name:<{width}}  {left:>10}  {right:>10}" for name, left, right in rows)
             lines.append(self.conclusion(seq_len))
         return "\n".join(lines)
+
+
+def _count(value: int | float | None) -> str:
+    return f"{value:,}"
+
+
+def _share_of(value: int | float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+# NOTE: the table's columns, by packing name, and its rows: a label, the
+# figure it shows and how.
+_COLUMNS = ("concat", "best_fit")
+_TABLE = (
+    ("documents inside a block", "documents", _count),
+    ("  cut", "documents_cut_share", _share_of),
+    ("  longer than a row (the floor)", "floor_share", _share_of),
+    ("documents at a block edge", "edge_documents", _count),
+    ("  also cut inside the block", "edge_documents_cut_share", _share_of),
+    ("tokens read without their document's beginning", "tokens_without_beginning_share", _share_of),
+)
 
 
 def _blocks_ahead(reader: DatasetReader, blocks: Sequence[int], workers: int) -> Iterator[np.ndarray]:

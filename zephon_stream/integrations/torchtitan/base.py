@@ -1,53 +1,27 @@
-"""What TorchTitan's loaders here build on: the one import of TorchTitan,
-the end of a finite run, the trainer's shape keywords, configs printed without
-secrets and the trainer's tokenizer checked against the datasets.
-
-NOTE: this is the one module of zephon_stream that imports TorchTitan
-(``titan_module``, which torchtitan_torchft*.py use for its torchft
-experiment too); a missing TorchTitan (or torchdata) raises here with the
-install hint.
+"""What TorchTitan's loaders here build on: the end of a finite run, the
+trainer's shape keywords, configs printed without secrets and the trainer's
+tokenizer checked against the datasets.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import types
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from zephon_stream.errors import ConfigError, TokenizerError
+from zephon_stream.integrations.torchtitan.api import TITAN
 from zephon_stream.storage.redact import redact_options
 
-INSTALL_HINT = "pip install 'zephon-stream[torchtitan]'"
+__all__ = ["BaseDataLoader", "DataloaderExhausted", "DataloaderExhaustedError", "TitanShape", "check_tokenizer",
+           "redacted_config_dict", "redacted_config_repr", "titan_shape"]
 
+logger = logging.getLogger("zephon_stream.integrations")
 
-
-def titan_module(name: str, *, needed_by: str) -> types.ModuleType:
-    """TorchTitan's module ``name`` (``"torchtitan.components.dataloader"``).
-
-    Raises:
-        ModuleNotFoundError: TorchTitan (or torchdata) is missing, naming
-            ``needed_by`` and the install hint.
-    """
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        # NOTE: only a missing TorchTitan (or torchdata, which it needs) gets the
-        # install hint; any other import failure is a real bug and surfaces as is.
-        if (exc.name or "").split(".")[0] not in ("torchtitan", "torchdata"):
-            raise
-        raise ModuleNotFoundError(
-            f"{needed_by} needs TorchTitan ({exc.name} is not installed): {INSTALL_HINT}", name=exc.name
-        ) from exc
-
-
-_dataloader = titan_module("torchtitan.components.dataloader", needed_by="zephon_stream.integrations.torchtitan")
-BaseDataLoader = _dataloader.BaseDataLoader
-DataloaderExhaustedError = _dataloader.DataloaderExhaustedError
-
-__all__ = ["INSTALL_HINT", "BaseDataLoader", "DataloaderExhausted", "DataloaderExhaustedError", "check_tokenizer",
-           "local_shape", "redacted_config_dict", "redacted_config_repr", "titan_module"]
+BaseDataLoader = TITAN.base_loader
+DataloaderExhaustedError = TITAN.exhausted_error
 
 
 class DataloaderExhausted(DataloaderExhaustedError, StopIteration):
@@ -79,10 +53,38 @@ def redacted_config_repr(config: Any, name: str) -> str:
     return f"{name}(" + ", ".join(f"{key}={value!r}" for key, value in values.items()) + ")"
 
 
-def local_shape(
-    seq_len: int | None, local_batch_size: int | None, extra: dict[str, Any]
-) -> tuple[int, int]:
-    """``(seq_len, local_batch_size)`` from 0.3.0 or newer TorchTitan keywords."""
+@dataclass(frozen=True)
+class TitanShape:
+    """What one ``next()`` of a loader holds on one dp rank.
+
+    Attributes:
+        seq_len: tokens per row (TorchTitan main: ``max_context_length``).
+        rows: rows per batch (0.3.0: ``local_batch_size``; main:
+            ``num_tokens_per_batch // max_context_length``).
+        pad_tokens: padding after the rows of a 1-D batch, when main's
+            ``num_tokens_per_batch`` is not a multiple of ``max_context_length``.
+    """
+
+    seq_len: int
+    rows: int
+    pad_tokens: int = 0
+
+
+def titan_shape(seq_len: int | None, local_batch_size: int | None, extra: dict[str, Any]) -> TitanShape:
+    """The batch shape from the keywords TorchTitan's trainer passes.
+
+    0.3.0 passes ``seq_len`` and ``local_batch_size``; main passes
+    ``max_context_length`` and ``num_tokens_per_batch``. A row keeps its
+    identity either way (``seq_len`` tokens of the global order), so a
+    batch of main's token budget is ``num_tokens_per_batch // seq_len`` rows;
+    what is left over is padding (input 0, labels -100, positions from 0, as
+    main's own collator pads), logged once, since those tokens train nothing.
+    0.3.0's ``[B, L]`` batches have no room for padding: there it is an error.
+
+    Raises:
+        ConfigError: a missing or non-positive size, sizes that disagree, a
+            token budget below one row, or padding a ``[B, L]`` batch would need.
+    """
     max_context_length = extra.pop("max_context_length", None)
     num_tokens_per_batch = extra.pop("num_tokens_per_batch", None)
     if max_context_length is not None:
@@ -91,24 +93,35 @@ def local_shape(
         seq_len = max_context_length
     if seq_len is None or seq_len < 1:
         raise ConfigError(f"ZephonDataLoader needs seq_len (or max_context_length) >= 1 (got {seq_len})")
+    pad_tokens = 0
     if num_tokens_per_batch is not None:
-        if num_tokens_per_batch % seq_len:
+        rows, pad_tokens = divmod(num_tokens_per_batch, seq_len)
+        if rows < 1:
+            raise ConfigError(
+                f"num_tokens_per_batch {num_tokens_per_batch} is less than one row of max_context_length {seq_len}"
+            )
+        if pad_tokens and not TITAN.flat_batches:
             raise ConfigError(
                 f"num_tokens_per_batch {num_tokens_per_batch} is not a multiple of seq_len {seq_len}: "
-                "every row of a batch holds exactly seq_len tokens"
+                "every row of a [B, L] batch holds exactly seq_len tokens"
             )
-        rows = num_tokens_per_batch // seq_len
         if local_batch_size is not None and local_batch_size != rows:
             raise ConfigError(
                 f"local_batch_size {local_batch_size} and num_tokens_per_batch {num_tokens_per_batch} "
                 f"(= {rows} rows of {seq_len}) disagree"
             )
         local_batch_size = rows
+        if pad_tokens:
+            logger.warning(
+                "num_tokens_per_batch %d is not a multiple of max_context_length %d: each batch holds %d rows and "
+                "%d padding tokens (labels -100, %.1f%% of the batch trains nothing); a multiple wastes none",
+                num_tokens_per_batch, seq_len, rows, pad_tokens, 100 * pad_tokens / num_tokens_per_batch,
+            )  # fmt: skip
     if local_batch_size is None or local_batch_size < 1:
         raise ConfigError(
             f"ZephonDataLoader needs local_batch_size (or num_tokens_per_batch) >= 1 (got {local_batch_size})"
         )
-    return seq_len, local_batch_size
+    return TitanShape(seq_len=seq_len, rows=local_batch_size, pad_tokens=pad_tokens)
 
 
 def check_tokenizer(tokenizer: Any, manifests: Sequence[tuple[str, Any]]) -> None:

@@ -25,8 +25,8 @@ from zephon_stream.plan import (
     step_positions,
 )
 from zephon_stream.plan.packing import PACKINGS
-from zephon_stream.provenance_rows import DocumentPart, LabelToken, PackedBlock, RowPiece, plain_fields
-from zephon_stream.reader import DatasetReader
+from zephon_stream.reader.dataset import DatasetReader
+from zephon_stream.reader.provenance_rows import DocumentPart, LabelToken, PackedBlock, RowPiece, plain_fields
 
 
 @dataclass(frozen=True, slots=True)

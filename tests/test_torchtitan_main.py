@@ -1,0 +1,93 @@
+"""The TorchTitan tests again, against TorchTitan main.
+
+TorchTitan's users run it from its source tree, whose data API differs from
+0.3.0's (the ``torchtitan`` extra installs 0.3.0). Each TorchTitan test module
+runs here in a pytest session of its own with main's source first on
+``PYTHONPATH`` (its processes, torchrun ranks included, inherit it) and
+``ZEPHON_EXPECT_TORCHTITAN=main``, which every one of them checks
+(tests/titan_forms.py). Main's source is the archive named by
+``ZEPHON_TORCHTITAN_MAIN`` (a ``torchtitan-main-*.tar.gz`` or an unpacked
+source folder), or else the one in ``shared/vendor/`` beside this repository;
+where there is none, these tests skip, naming where they looked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+ARCHIVE_ENV = "ZEPHON_TORCHTITAN_MAIN"
+VENDOR = REPO.parent / "shared" / "vendor"
+
+# Every module of TorchTitan tests; each runs against main in a session of its own.
+TITAN_TEST_MODULES = (
+    "test_torchtitan.py",
+    "test_torchtitan_eval.py",
+    "test_torchtitan_gpu.py",
+    "test_torchtitan_packing.py",
+    "test_torchtitan_run.py",
+    "test_torchtitan_schedule.py",
+    "test_torchtitan_torchft.py",
+    "test_torchtitan_trainer.py",
+    "test_readme_torchtitan.py",
+)
+
+
+def main_source() -> Path | None:
+    """The archive or folder of TorchTitan main's source, or None."""
+    named = os.environ.get(ARCHIVE_ENV)
+    if named:
+        return Path(named)
+    found = sorted(VENDOR.glob("torchtitan-main-*.tar.gz"))
+    return found[-1] if found else None
+
+
+@pytest.fixture(scope="session")
+def titan_main(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder whose ``torchtitan/`` is TorchTitan main's package."""
+    source = main_source()
+    if source is None:
+        pytest.skip(f"TorchTitan main's source is absent: no {ARCHIVE_ENV} and no torchtitan-main-*.tar.gz in {VENDOR}")
+    if importlib.util.find_spec("grain") is None:
+        pytest.skip("TorchTitan main's data pipeline needs grain: pip install -e '.[dev]' installs it")
+    if source.is_dir():
+        folder = source
+    else:
+        unpacked = tmp_path_factory.mktemp("torchtitan-main")
+        with tarfile.open(source) as archive:
+            archive.extractall(unpacked, filter="data")
+        folder = next(unpacked.iterdir())
+    assert (folder / "torchtitan" / "components" / "data" / "loader.py").is_file(), f"{source}: not TorchTitan main"
+    return folder
+
+
+def test_the_torchtitan_modules_are_all_listed():
+    found = sorted(p.name for p in (REPO / "tests").glob("test_*torchtitan*.py") if p.name != Path(__file__).name)
+    assert found == sorted(TITAN_TEST_MODULES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", TITAN_TEST_MODULES)
+def test_passes_against_torchtitan_main(module: str, titan_main: Path, tmp_path: Path):
+    if module == "test_torchtitan_gpu.py" and not torch.cuda.is_available():
+        pytest.skip("test_torchtitan_gpu.py needs CUDA (every test of it would skip)")
+    path = os.pathsep.join(p for p in (str(titan_main), os.environ.get("PYTHONPATH"), str(REPO)) if p)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": path, "ZEPHON_EXPECT_TORCHTITAN": "main", "TMPDIR": str(tmp_path / "tmp")}
+    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
+               f"--basetemp={tmp_path / 'base'}", f"tests/{module}"]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    output = done.stdout + done.stderr
+    summary = output.strip().splitlines()[-1] if output.strip() else ""
+    assert done.returncode == 0, f"{module} against TorchTitan main: exit {done.returncode}\n{output[-8000:]}"
+    assert re.search(r"\d+ passed", summary) or "skipped" in summary, summary
+    print(f"{module} against TorchTitan main: {summary}")
