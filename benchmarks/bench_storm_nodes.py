@@ -65,7 +65,8 @@ def storms_on(num_nodes: int, args: argparse.Namespace, tmp: Path) -> dict[str, 
         url, options = "s3://storm/ds", box.store.direct_options()
         started = time.perf_counter()
         dataset = write_corpus(url, options, run_args, tmp)
-        print(f"\n{num_nodes} nodes of {run_args.ranks_per_node} ranks; dataset {dataset['tokens'] / 1e6:.1f} M tokens, "
+        print(f"\n{num_nodes} nodes of {run_args.ranks_per_node} ranks; dataset {dataset['tokens'] / 1e6:.1f} M "
+              f"tokens, "
               f"{dataset['blocks']} blocks, {dataset['shards']} shards, metadata {dataset['metadata_objects']} "
               f"(written in {time.perf_counter() - started:.1f} s)", flush=True)
 
@@ -143,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     args.kinds = [k.strip() for k in args.kinds.split(",")]
     bad = [n for n in args.nodes if n < 1 or args.ranks % n]
     if bad or args.trials < 1 or args.rate <= 0:
-        parser.error(f"--ranks {args.ranks} must split evenly over every --nodes (not {bad}); --trials >= 1, --rate > 0")
+        parser.error(f"--ranks {args.ranks} must split evenly over every --nodes (not {bad}); "
+                     "--trials >= 1, --rate > 0")
     if not set(args.kinds) <= set(KINDS) or "no limit" not in args.kinds:
         parser.error(f"--kinds {','.join(args.kinds)}: of {', '.join(KINDS)}, 'no limit' among them")
     from tools.box_network import unavailable

@@ -46,8 +46,8 @@ class ElasticBoxJob:
         self.record = self.shared / "record.jsonl"
         self.steps = steps
         self.agents: dict[str, subprocess.Popen] = {}
-        self.env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1", "ZS_EVENTS": str(self.events_dir),
-                    "GLOO_SOCKET_IFNAME": "eth0", **env}  # fmt: skip
+        self.env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
+                    "ZS_EVENTS": str(self.events_dir), **env}  # fmt: skip
         self.torchrun = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
                          "--rdzv-id=box-job", "--max-restarts=5", "--monitor-interval=0.5"]  # fmt: skip
         self.worker = [str(WORKER), "--data", data, "--ckpt-dir", str(self.shared / "ckpt"), "--steps", str(steps),

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_helpers import BOX_UNAVAILABLE, box_traces, connect, needs_box
 
+from cluster_helpers import BOX_UNAVAILABLE, box_traces, connect, needs_box
 from tools.cluster_box import Box
 from tools.processes import alive
 
@@ -39,8 +39,9 @@ with open_store("s3://data/box-check") as store:
 def test_nodes_have_their_own_hostname_tmp_and_shm_and_share_one_folder_and_the_store() -> None:
     with Box(2) as box:
         for node in box.nodes:
-            out = box.check_output(node.index, ["sh", "-c", "hostname; echo $TMPDIR; touch /tmp/mine /dev/shm/mine; "
-                                                             "ls /tmp/mine; ls /dev/shm/mine; cat /etc/hosts"])  # fmt: skip
+            script = "hostname; echo $TMPDIR; touch /tmp/mine /dev/shm/mine; ls /tmp/mine; ls /dev/shm/mine; "
+            script += "cat /etc/hosts"
+            out = box.check_output(node.index, ["sh", "-c", script])
             assert out.splitlines()[:4] == [node.hostname, "/tmp", "/tmp/mine", "/dev/shm/mine"]
             assert f"{box.nodes[1 - node.index].address} node{1 - node.index}" in out
         # NOTE: both wrote /tmp/mine; each sees its own only, and the host sees neither.
@@ -77,8 +78,9 @@ def test_a_cut_link_loses_packets_both_ways_and_a_lost_store_route_loses_the_sto
 @needs_box
 def test_a_node_killed_whole_loses_every_process_and_boots_again_empty() -> None:
     with Box(2, store=False) as box:
-        stubborn = box.run(1, [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
-                                                     "signal.SIG_IGN); open('/tmp/was-here', 'w'); time.sleep(600)"])  # fmt: skip
+        ignores_sigterm = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                           "open('/tmp/was-here', 'w'); time.sleep(600)")
+        stubborn = box.run(1, [sys.executable, "-c", ignores_sigterm])
         child = box.run(1, ["sh", "-c", "sleep 600 & wait"])
         deadline = time.monotonic() + 20
         while "/tmp/was-here" not in box.leftovers(1):

@@ -28,9 +28,9 @@ import json
 import time
 
 import pytest
+
 from cluster_elastic import GLOBAL_BATCH, ElasticBoxJob, reference_rows, steps_after
 from cluster_helpers import needs_box
-
 from tools.cluster_box import Box
 from zephon_stream import write_dataset
 
@@ -90,8 +90,9 @@ def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_un
         times["store_lost_s"], times["store_unanswered_s"] = back - lost, back - asked
         # NOTE: what node 1 asked for while lost reaches the store once the route is back, when TCP sends it
         # again (its backoff doubles: 12.6 s after the first try for a 10 s loss), unless a timeout ended it.
-        answered = job.wait_for(lambda ev: [r for r in box.store.requests() if r.client == box.nodes[1].address
-                                            and r.when > back], "node 1's requests after the route is back")  # fmt: skip
+        node1 = box.nodes[1].address
+        answered = job.wait_for(lambda ev: [r for r in box.store.requests() if r.client == node1 and r.when > back],
+                                "node 1's requests after the route is back")  # fmt: skip
         times["route_back_to_answered_s"] = answered[0].when - back
         job.wait_for(lambda ev: [e for e in steps_after(ev, back, 6) if e["step"] >= 4], "steps after the store")
         events = job.events()

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 from cluster_helpers import needs_box
-
 from tools.cluster_box import Box
 from zephon_stream import StreamingLoader
 from zephon_stream.storage.copy import copy_dataset
@@ -46,8 +45,8 @@ def test_ranks_started_by_srun_or_mpirun_read_the_metadata_once_a_node(small_dat
         for node, launcher in enumerate(LAUNCHERS):
             for local in range(RANKS_PER_NODE):
                 rank = node * RANKS_PER_NODE + local
-                procs.append(box.run(node, [sys.executable, str(READER), "s3://data/ds", str(rank), str(world), str(out)],
-                                     env=launcher(local, rank, world), stdout=subprocess.PIPE,
+                argv = [sys.executable, str(READER), "s3://data/ds", str(rank), str(world), str(out)]
+                procs.append(box.run(node, argv, env=launcher(local, rank, world), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
         outputs = [proc.communicate(timeout=180)[0] for proc in procs]
         assert [proc.returncode for proc in procs] == [0] * world, outputs

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
+
 from cluster_helpers import needs_box
 from fixtures_ray import RAY_BLOCK_TOKENS, RAY_BLOCKS_PER_SHARD, RAY_UNIT_BYTES, assert_same_contents, dataset_contents
-
 from tools.cluster_box import Box
 from zephon_stream import write_dataset
 from zephon_stream.storage import open_store
@@ -57,7 +57,9 @@ def _start_cluster(box: Box) -> str:
     head = f"{box.nodes[0].address}:{RAY_PORT}"
     common = ["--block", "--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
     for node in box.nodes:
-        role = ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"] if node.index == 0 else [f"--address={head}"]
+        role = [f"--address={head}"]
+        if node.index == 0:
+            role = ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
         with open(box.shared / f"ray-{node.hostname}.log", "wb") as log:
             box.run(node.index, ["ray", "start", *role, f"--node-ip-address={node.address}", *common],
                     env=_ray_env(box), stdout=log, stderr=subprocess.STDOUT)  # fmt: skip

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from cluster_helpers import needs_box
 
 from benchmarks.bench_storm_nodes import main
+from cluster_helpers import needs_box
 
 
 @pytest.mark.slow

@@ -1,7 +1,6 @@
 """The network of a cluster in a box (tools/cluster_box.py): a bridge, a namespace per node, and their teardown.
 
-Standard library only: run by path in an isolated interpreter, this file is
-also the box's *keeper*, a process that waits under the servers' guard
+Run by path, this file is also the box's *keeper*, a process that waits under the servers' guard
 (``zephon_stream/storage/lifetime.py``) and tears the box's network down when
 told to stop, or when the guard finds the process that made the box gone
 (SIGKILL included)::
@@ -34,6 +33,29 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+
+def process_stat(pid: int) -> Any:
+    """``lifetime.process_stat``, imported when first needed.
+
+    NOTE: the command line says why it cannot make a box (not root) before the package (and numpy) load.
+    """
+    from zephon_stream.storage.lifetime import process_stat as stat
+
+    return stat(pid)
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """``lifetime.process_start_ticks``, imported when first needed (as ``process_stat``)."""
+    from zephon_stream.storage.lifetime import process_start_ticks as ticks
+
+    return ticks(pid)
 
 REGISTRY = "/run/zephon-box"
 NAME_PREFIX = "zb"
@@ -97,14 +119,6 @@ class BoxNames:
         return str(self.network[FIRST_NODE_HOST + node])
 
 
-def _owner_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(stat.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def registered() -> dict[str, dict]:
     entries = {}
     for file in sorted(os.listdir(REGISTRY)) if os.path.isdir(REGISTRY) else []:
@@ -151,7 +165,7 @@ def allocate(folder: str) -> BoxNames:
         if subnet is None:
             raise RuntimeError("every /24 of 198.18.0.0/15 is in use by a box or an interface")
         box = BoxNames(name, subnet)
-        record = {"subnet": subnet, "folder": folder, "pid": os.getpid(), "ticks": _owner_ticks(os.getpid())}
+        record = {"subnet": subnet, "folder": folder, "pid": os.getpid(), "ticks": process_start_ticks(os.getpid())}
         with open(os.path.join(REGISTRY, f"{name}.json"), "w") as out:
             json.dump(record, out)
         try:
@@ -194,7 +208,8 @@ def set_link(box: BoxNames, node: int, up: bool) -> None:
 def cut_store(box: BoxNames, node: int) -> None:
     """Route node ``node``'s packets to the bridge's address through the neighbour that does not exist."""
     netns = box.netns(node)
-    ip("-n", netns, "neigh", "replace", box.dead_neighbour, "lladdr", DEAD_NEIGHBOUR_MAC, "dev", "eth0", "nud", "permanent")
+    ip("-n", netns, "neigh", "replace", box.dead_neighbour, "lladdr", DEAD_NEIGHBOUR_MAC, "dev", "eth0",
+       "nud", "permanent")  # fmt: skip
     ip("-n", netns, "route", "add", f"{box.bridge_address}/32", "via", box.dead_neighbour, "dev", "eth0")
 
 
@@ -208,11 +223,8 @@ def netns_pids(netns: str) -> list[int]:
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except OSError:
-        return True
+    stat = process_stat(pid)
+    return stat is None or stat.state == "Z"
 
 
 def kill_netns(netns: str) -> int:
@@ -266,7 +278,7 @@ def sweep() -> list[str]:
     swept = []
     for name, entry in registered().items():
         pid, ticks = entry.get("pid"), entry.get("ticks")
-        if isinstance(pid, int) and _owner_ticks(pid) == ticks:
+        if isinstance(pid, int) and process_start_ticks(pid) == ticks:
             continue
         teardown(name)
         if entry.get("folder"):
@@ -280,6 +292,8 @@ def keep(name: str) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
+    # NOTE: the teardown must fit in the guard's grace after SIGTERM: what it imports is loaded now.
+    process_stat(os.getpid())
     print(f"keeping box {name}", flush=True)
     while not stop.wait(1.0):
         pass

@@ -43,7 +43,8 @@ class Node:
 
 
 def visible_paths(shared: Path) -> list[Path]:
-    """What every node must see at the same path under its own /tmp: the shared folder, the interpreter, the repository."""
+    """What every node must see at the same path under its own /tmp: the shared folder, the interpreter,
+    the repository."""
     paths = sorted({Path(os.path.realpath(p)) for p in (shared, sys.prefix, sys.base_prefix, REPO_ROOT)})
     under_tmp = [p for p in paths if p.is_relative_to("/tmp") and p != Path("/tmp")]
     return [p for p in under_tmp if not any(p != q and p.is_relative_to(q) for q in under_tmp)]

@@ -118,7 +118,7 @@ class Box:
             self.shared.mkdir(exist_ok=True)
             self.names = net.allocate(str(self.root))
             self._keeper = ServerProcess(
-                name=f"box {self.name} keeper", argv=[sys.executable, "-I", "-S", net.__file__, "keep", self.name],
+                name=f"box {self.name} keeper", argv=[sys.executable, "-I", net.__file__, "keep", self.name],
                 ready=lambda: True, log_path=self.root / "keeper.log", remove_on_orphan=self.root,
             ).start()  # fmt: skip
             hosts = [f"{n.address} {n.hostname}" for n in (Node(self.names, i) for i in range(self.num_nodes))]
@@ -218,8 +218,8 @@ class Box:
         env.update(extra or {})
         return env
 
-    def run(self, index: int, argv: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike[str] = REPO_ROOT,
-            **popen: Any) -> sp.Popen[Any]:  # fmt: skip
+    def run(self, index: int, argv: list[str], *, env: dict[str, str] | None = None,
+            cwd: str | os.PathLike[str] = REPO_ROOT, **popen: Any) -> sp.Popen[Any]:  # fmt: skip
         """Start ``argv`` on node ``index`` (in a session of its own) with ``env()`` and ``env``; its Popen.
 
         Raises:
@@ -262,7 +262,9 @@ class Box:
         """What is in node ``index``'s /tmp and /dev/shm, apart from the paths bound into it."""
         keep = visible_paths(self.shared)
         listed = self.check_output(index, ["find", "/tmp", "/dev/shm", "-mindepth", "1"]).splitlines()
-        return sorted(p for p in listed if not any(Path(p) == k or Path(p).is_relative_to(k) or k.is_relative_to(p) for k in keep))
+        # NOTE: a bound path and the folders above it are the node's view of the host, not its own files.
+        bound = {p for p in listed if any(Path(p).is_relative_to(k) or k.is_relative_to(p) for k in keep)}
+        return sorted(set(listed) - bound)
 
     # -- internals ----------------------------------------------------------
 
