@@ -73,6 +73,12 @@ def test_a_cut_link_loses_packets_both_ways_and_a_lost_store_route_loses_the_sto
         assert connect(box, 2, box.bridge_address)[0] == "refused"
         box.heal_store(1)
         assert connect(box, 1, box.bridge_address)[0] == "refused"
+        name = box.name
+        box.cut(2)
+        box.cut_store(1)
+    # NOTE: gone as the box stops, cut or not (a namespace's veth would otherwise linger until the kernel
+    # has destroyed the namespace).
+    assert box_traces(name) == []
 
 
 @needs_box

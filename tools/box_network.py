@@ -256,14 +256,24 @@ def box_netns(name: str) -> list[str]:
     return [ns for ns in listed if ns.startswith(f"{name}n") and ns[len(name) + 1 :].isdigit()]
 
 
+def box_links(name: str) -> list[str]:
+    """The host's links of box ``name`` that exist: the host ends of its veths, then its bridge."""
+    names = [line.split()[0].split("@")[0] for line in ip("-br", "link", check=False).splitlines() if line.strip()]
+    veths = [n for n in names if n.startswith(f"{name}v") and n[len(name) + 1 :].isdigit()]
+    return veths + [n for n in names if n == f"{name}br"]
+
+
 def teardown(name: str) -> None:
-    """Kill every process of box ``name``'s nodes, delete its namespaces (their veths go with them), its
-    bridge, the files it recorded (``add_leftovers``) and its registry entry. Safe to repeat; what is
-    already gone is skipped."""
+    """Kill every process of box ``name``'s nodes, delete its veths, bridge and namespaces, the files it
+    recorded (``add_leftovers``) and its registry entry. Safe to repeat; what is already gone is skipped."""
     for netns in box_netns(name):
         kill_netns(netns)
+    # NOTE: a veth goes with its namespace only once the kernel has destroyed it, later and on its own time;
+    # deleting the host end removes the pair at once.
+    for link in box_links(name):
+        ip("link", "del", link, check=False)
+    for netns in box_netns(name):
         ip("netns", "del", netns, check=False)
-    ip("link", "del", f"{name}br", check=False)
     for pattern in registered().get(name, {}).get("leftovers", []):
         for path in glob.glob(pattern):
             os.unlink(path)
