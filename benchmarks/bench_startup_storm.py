@@ -164,35 +164,46 @@ def node_main(job: dict) -> None:
 # -- one storm: every node started together -----------------------------------
 
 
-def start_nodes(url: str, opts: dict, args: argparse.Namespace, policy: dict, nodes_dir: Path, nodes: list) -> None:
-    """Start every node process, appending it and its log file to ``nodes`` as it starts; wait until all are ready."""
+def start_nodes(url: str, opts: dict, args: argparse.Namespace, policy: dict, nodes_dir: Path, nodes: list,
+                spawn: Any = None, node_cache: str = "folder") -> None:
+    """Start every node process, appending it and its log file to ``nodes`` as it starts; wait until all are ready.
+
+    ``spawn(node, argv, **popen)`` starts node ``node``'s process (default: here, ``subprocess.Popen``);
+    ``node_cache``: ``"folder"`` (one under ``nodes_dir`` a node), ``"default"`` (the loader's own choice from
+    the node's launcher variables) or ``"none"`` (no node cache: a limiter for every rank).
+    """
     for node in range(-(-args.ranks // args.ranks_per_node)):
         ranks = list(range(node * args.ranks_per_node, min(args.ranks, (node + 1) * args.ranks_per_node)))
+        cache = {"folder": str(nodes_dir / f"node{node}"), "default": None, "none": False}[node_cache]
         job = {"url": url, "options": opts, "seq_len": args.seq_len, "local_batch": args.local_batch,
-               "world_size": args.ranks, "ranks": ranks, "node_cache": str(nodes_dir / f"node{node}"),
-               "policy": policy}  # fmt: skip
+               "world_size": args.ranks, "ranks": ranks, "node_cache": cache, "policy": policy}  # fmt: skip
         log = open(nodes_dir / f"node{node}.log", "w+")
-        nodes.append((subprocess.Popen([sys.executable, __file__, "--node", json.dumps(job)], text=True,
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log), log))
+        argv = [sys.executable, __file__, "--node", json.dumps(job)]
+        popen = {"text": True, "stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": log}
+        nodes.append((subprocess.Popen(argv, **popen) if spawn is None else spawn(node, argv, **popen), log))
     for proc, _ in nodes:
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"node process {proc.pid} did not start (exit {proc.wait()})")
 
 
 def storm(url: str, options: dict, args: argparse.Namespace, *, rate: float | None, policy: dict, upstream: str,
-          tmp: Path) -> dict:
-    """One storm: every rank of every node started at once through a fresh proxy (``rate`` None: no limit),
-    each rank's store with the RetryPolicy defaults ``policy``."""
+          tmp: Path, spawn: Any = None, host: str = "127.0.0.1", node_cache: str = "folder",
+          leftovers: Any = None) -> dict:
+    """One storm: every rank of every node started at once through a fresh proxy on ``host`` (``rate`` None: no
+    limit), each rank's store with the RetryPolicy defaults ``policy``; ``spawn`` and ``node_cache`` as
+    ``start_nodes`` takes them, ``leftovers()`` what the node caches left (default: what is in their folders)."""
     from tools.fault_proxy import FaultProxy
 
     burst = args.burst if rate else None
-    proxy = FaultProxy(upstream=upstream, rate_limit=rate, burst=burst, throttle_style="s3", prefix_depth=1)
+    proxy = FaultProxy(upstream=upstream, rate_limit=rate, burst=burst, throttle_style="s3", prefix_depth=1,
+                       host=host)  # fmt: skip
     made = time.time()
     nodes: list[tuple[Any, Any]] = []
     with proxy, tempfile.TemporaryDirectory(dir=tmp, prefix="nodes-") as nodes_dir:
         try:
             # NOTE: each node is in ``nodes`` as soon as it starts, so that an interrupt kills it below.
-            start_nodes(url, {**options, "endpoint_url": proxy.endpoint_url}, args, policy, Path(nodes_dir), nodes)
+            start_nodes(url, {**options, "endpoint_url": proxy.endpoint_url}, args, policy, Path(nodes_dir), nodes,
+                        spawn=spawn, node_cache=node_cache)  # fmt: skip
             time.sleep(0.2)  # NOTE: let the node processes reach their stdin read before the clock starts
             before = proxy.counts()
             started = time.time()
@@ -217,7 +228,7 @@ def storm(url: str, options: dict, args: argparse.Namespace, *, rate: float | No
                     proc.kill()
                     proc.wait()
                 log.close()
-        leftover = [p for p in Path(nodes_dir).iterdir() if p.suffix != ".log"]
+        leftover = leftovers() if leftovers is not None else [p for p in Path(nodes_dir).iterdir() if p.suffix != ".log"]
     ok = [v for v in ranks.values() if v["ok"]]
     throttled = counts["throttled"] - before["throttled"]
     served = counts["requests"] - before["requests"] - throttled

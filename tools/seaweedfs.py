@@ -18,6 +18,7 @@ From Python (tests, benchmarks)::
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import shlex
 import sys
@@ -166,14 +167,20 @@ class SeaweedFS(LoopbackServer):
                 self._client.close()
                 self._client = None
         super().stop()
-        # NOTE: weed puts a gRPC unix socket per port in /tmp whatever TMPDIR
-        # says (no flag moves them); it removes them when stopped, but a
-        # SIGKILLed server leaves them behind, and the ports are ours alone.
-        for folder in {Path("/tmp"), Path(tempfile.gettempdir())}:
-            for port in self._ports.values():
-                for leftover in folder.glob(f"seaweedfs-*-{port}.sock"):
-                    leftover.unlink(missing_ok=True)
+        for pattern in self.socket_patterns():
+            for leftover in glob.glob(pattern):
+                Path(leftover).unlink(missing_ok=True)
         self._ports = {}
+
+    def socket_patterns(self) -> list[str]:
+        """Where this server's gRPC unix sockets are, as glob patterns.
+
+        NOTE: weed puts a socket per port in /tmp whatever TMPDIR says (no
+        flag moves them); it removes them when stopped, but a SIGKILLed
+        server leaves them behind, and the ports are ours alone.
+        """
+        folders = sorted({"/tmp", tempfile.gettempdir()})
+        return [os.path.join(folder, f"seaweedfs-*-{port}.sock") for folder in folders for port in self._ports.values()]
 
     def client(self) -> Any:
         """A botocore S3 client for this server (bucket admin)."""

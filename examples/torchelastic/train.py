@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import pathlib
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -63,9 +64,12 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--global-batch", type=int, default=4, help="fixed; every world size must divide it")
     parser.add_argument("--record", type=pathlib.Path, help="rank 0 appends each step's losses and rows as JSON here")
+    parser.add_argument("--timeout-s", type=float, default=600.0,
+                        help="how long a collective waits for a peer: a node cut off is noticed after this")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")  # "nccl" on GPUs
+    # NOTE: gloo's default is 30 minutes: the survivors of a node whose link was cut would wait that long.
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))  # "nccl" on GPUs
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     loader = StreamingLoader(args.data, seq_len=args.seq_len, local_batch_size=args.global_batch // world, seed=0)

@@ -52,6 +52,7 @@ from zephon_stream.storage.node_cache_files import (
     unlink,
     wipe,
 )
+from zephon_stream.storage.node_ranks import node_ranks
 
 ENV_VAR = "ZEPHON_NODE_CACHE"
 _SAFE_KEY = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*(/[A-Za-z0-9_-][A-Za-z0-9_.-]*)*")
@@ -69,24 +70,21 @@ def node_cache_root(env: Mapping[str, str] | None = None, explicit: str | None =
 
     Returns:
         ``explicit``; else ``$ZEPHON_NODE_CACHE`` if set and not empty; else, when
-        torchrun's ``LOCAL_WORLD_SIZE`` is above 1, a folder under ``/dev/shm`` (the
-        temp folder where that is missing) whose name holds this user's uid;
-        else None (one rank per node).
+        the launcher that started this process says its node runs more than one
+        rank (torchrun, Slurm's ``srun``, ``mpirun``: ``node_ranks.py``), a folder
+        under ``/dev/shm`` (the temp folder where that is missing) whose name
+        holds this user's uid; else None (one rank per node, or no launcher).
 
     Raises:
-        ConfigError: ``LOCAL_WORLD_SIZE`` is not an integer.
+        ConfigError: the launcher's variable is not a positive integer.
     """
     env = os.environ if env is None else env
     if explicit:
         return os.fspath(explicit)
     if env.get(ENV_VAR):
         return env[ENV_VAR]
-    raw = env.get("LOCAL_WORLD_SIZE", "")
-    try:
-        local_world_size = int(raw) if raw.strip() else 1
-    except ValueError:
-        raise ConfigError(f"LOCAL_WORLD_SIZE={raw!r}: not an integer") from None
-    if local_world_size <= 1:
+    ranks = node_ranks(env)
+    if ranks is None or ranks.count <= 1:
         return None
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK) else tempfile.gettempdir()
     # NOTE: one folder per user, not per job: a job whose ranks were all killed

@@ -135,8 +135,8 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         node_cache: where the ranks of one node share the datasets'
             metadata (the manifest, index pages) so that one of them reads
             it from the store: a folder, False for none, or None for the
-            default ($ZEPHON_NODE_CACHE, else a private folder under
-            /dev/shm when torchrun's LOCAL_WORLD_SIZE > 1, else none).
+            default ($ZEPHON_NODE_CACHE, else a private folder under /dev/shm
+            when its launcher runs several ranks a node: storage/node_ranks.py).
             Removed by the node's last loader to close.
 
     Raises:
