@@ -123,7 +123,7 @@ def main() -> None:
 
             figures = {"seq_len": seq_len, "local_batch": rows, "steps": args.steps,
                        "numpy_us_per_step": best_us_per_step(numpy_steps, args.steps, args.repeats)}
-            # NOTE: what numpy wrote for the last step, to check the C loop against.
+            # What numpy wrote for the last step, to check the C loop against.
             expected = {key: slots[(args.steps - 1) % len(slots)].wide[key].copy() for key in WIDE_KEYS}
             figures["write_floor_us_per_step"] = best_us_per_step(write_floor, args.steps, args.repeats)
             lib = compile_fused(Path(tmp))

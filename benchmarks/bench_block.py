@@ -64,7 +64,7 @@ def main() -> None:
     compressed = sum(len(f) for f in frames)
 
     dctx = zstandard.ZstdDecompressor()
-    # NOTE: baseline and ours alternate so that load from other processes hits both alike.
+    # Baseline and ours alternate so that load from other processes hits both alike.
     baseline_s = ours_s = float("inf")
     for _ in range(args.repeats):
         baseline_s = min(baseline_s, best_of(1, lambda: [dctx.decompress(f) for f in frames]))

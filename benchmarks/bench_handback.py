@@ -101,7 +101,7 @@ def steps_us(ring: SharedRing, returns, *, steps: int, clone: bool) -> tuple[flo
     for _ in range(steps):
         viewed = returns.add(index, copied=done, host_keys=not clone)
         views += viewed
-        # NOTE: fresh views each step, as CUDA delivery makes them; views kept
+        # Fresh views each step, as CUDA delivery makes them; views kept
         # across steps would hold every slot.
         labels = torch.from_numpy(ring.slot(index).wide["labels"])
         if not viewed:
@@ -123,7 +123,7 @@ def main() -> None:
     layout = SlotLayout(rows=args.rows, seq_len=args.seq_len, token_dtype="<u4", wide_keys=("labels",))
     ring = SharedRing.create(num_slots=ring_slots(4, host_views=True), layout=layout)
     referenced = ring.slot_in_use
-    # NOTE: the hand-back this replaces allowed MAX_HELD_BATCHES views; CUDA
+    # The hand-back this replaces allowed MAX_HELD_BATCHES views; CUDA
     # delivery now allows the pending releases too. Both never run dry here.
     max_viewed = MAX_HELD_BATCHES + PENDING_RELEASE_SLOTS
     configs = {

@@ -46,7 +46,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 if "--child" not in sys.argv:
-    # NOTE: a child's path is its parent's choice (a package tree from before the layout may come first).
+    # A child's path is its parent's choice (a package tree from before the layout may come first).
     sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_read import build_dataset, dataset_parser  # noqa: E402
@@ -90,7 +90,7 @@ def paired_forms(url: str, *, seq_len: int, local_batch: int, steps: int, warm_s
             name = FORMS[step % len(FORMS)]
             python_work(iterations)
             started = time.thread_time_ns()
-            kept[name] = takes[name]()  # NOTE: kept until its next step, as a training loop keeps its batch
+            kept[name] = takes[name]()  # Kept until its next step, as a training loop keeps its batch
             cpu_ns[name].append(time.thread_time_ns() - started)
         assert kept["tokens"]["input"].shape == (local_batch * seq_len,)
         assert kept["rows"]["input"].shape == (local_batch, seq_len)

@@ -86,7 +86,7 @@ def measure(url: str, *, seq_len: int, local_batch: int, pipeline: str, warm_ste
         for _ in range(warm_steps):
             batch = next(loader)
             python_work(iterations)
-        # NOTE: a run's first steps come from threads while the helper starts;
+        # A run's first steps come from threads while the helper starts;
         # the figure is the steady state, from the helper.
         deadline = time.monotonic() + 120
         while pipeline == "process" and loader.helper_pid is None and time.monotonic() < deadline:
@@ -106,11 +106,11 @@ def measure(url: str, *, seq_len: int, local_batch: int, pipeline: str, warm_ste
             cpu_ns.append(cpu)
             waited += wall > 1_000_000
             if wall - cpu < 50_000:
-                ready_ns.append(cpu)  # NOTE: off its core under 50 us: the batch was ready, no wait
+                ready_ns.append(cpu)  # Off its core under 50 us: the batch was ready, no wait
         helper_us = (process_cpu_s(pid) - helper_start) / steps * 1e6 if pid else 0.0
         assert batch["input"].shape == (local_batch, seq_len)
         stall_ms = loader.stats()["stall_s"] * 1e3
-        del batch  # NOTE: a batch kept on would be a third held: every step a copy
+        del batch  # A batch kept on would be a third held: every step a copy
         paired = paired_ways(loader, steps, iterations) if pipeline == "process" else {}
     ready = summary(ready_ns) if ready_ns else {"median_us": float("nan")}
     return {**summary(cpu_ns), "steps_waited": waited, "stall_ms_total": stall_ms, "ready_steps": len(ready_ns),
@@ -121,14 +121,14 @@ def paired_ways(loader: StreamingLoader, steps: int, iterations: int) -> dict[st
     """The short way to a step (``SteadySteps``, loader/runs/producer_run.py) against the full way, one
     step each in turn on the same loader: a paired figure that the machine's
     changes of pace from run to run leave alone."""
-    # NOTE: the full way is the loader's own, private: what next() took before the short way.
+    # The full way is the loader's own, private: what next() took before the short way.
     ways = {"short": loader.__next__, "full": loader._next_the_full_way}
     cpu_ns: dict[str, list[int]] = {name: [] for name in ways}
     for step in range(2 * steps):
         name = "short" if step % 2 else "full"
         python_work(iterations)
         started = time.thread_time_ns()
-        batch = ways[name]()  # NOTE: kept until the next step, as a training loop keeps it
+        batch = ways[name]()  # Kept until the next step, as a training loop keeps it
         cpu_ns[name].append(time.thread_time_ns() - started)
     del batch
     short, full = (statistics.median(cpu_ns[name]) / 1000 for name in ("short", "full"))

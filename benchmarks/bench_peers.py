@@ -76,7 +76,7 @@ from typing import Any
 
 import numpy as np
 
-# NOTE: run as a script (benchmarks/ first on sys.path), the repository root makes
+# Run as a script (benchmarks/ first on sys.path), the repository root makes
 # ``benchmarks`` and ``tools`` importable, as ``python -m benchmarks.bench_peers`` does.
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:
@@ -250,7 +250,7 @@ def report_ratio(results: dict[str, Any], mine: str, theirs: str, label: str, ta
     verdict = "" if target is None else f" (target >= {target})"
     print(f"ratio zephon/{label} conversion tokens/s, same token rows: median {results[key]:.2f}, "
           f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} paired trials{verdict}")
-    # NOTE: on a shared machine wall time swings with others' load; CPU seconds per run much less.
+    # On a shared machine wall time swings with others' load; CPU seconds per run much less.
     cpu = [t / m for m, t in zip(results[f"{mine}_cpu_trials"], results[f"{theirs}_cpu_trials"])]
     results[f"{key}_cpu"] = statistics.median(cpu)
     print(f"  CPU seconds, {label} over zephon: median {statistics.median(cpu):.2f}, range {min(cpu):.2f}-{max(cpu):.2f}; "
@@ -265,7 +265,7 @@ def _litdata_rows(bounds: tuple[int, int]) -> Any:
 
     start, end = bounds
     rows = np.load(os.environ["BENCH_PEERS_SAMPLES"], mmap_mode="r")
-    # NOTE: int16 holds byte-tokenizer ids and stores 2 bytes a token, as the others do.
+    # int16 holds byte-tokenizer ids and stores 2 bytes a token, as the others do.
     yield torch.from_numpy(np.ascontiguousarray(rows[start:end]).reshape(-1).astype(np.int16))
 
 
@@ -399,7 +399,7 @@ def main() -> int:
             print(json.dumps(results, default=str))
             return 0
 
-        # NOTE: MosaicML reads its fixed-shape MDS, the faster of its two columns.
+        # MosaicML reads its fixed-shape MDS, the faster of its two columns.
         local = {"zephon": zephon_local, "litdata": lit_local, "litdata_iter": lit_local, "mosaic": mosaic_fixed}
         local = {lib: url for lib, url in local.items() if os.path.isdir(url)}
         if not args.no_local:
@@ -418,7 +418,7 @@ def main() -> int:
                         copy_dataset(url, remote[lib], dst_options=server.storage_options())
                     elif lib != "litdata_iter":
                         fs.put(url, remote[lib].removeprefix("s3://"), recursive=True)
-                # NOTE: MosaicML Streaming reads the endpoint from S3_ENDPOINT_URL, the others take it as an option.
+                # MosaicML Streaming reads the endpoint from S3_ENDPOINT_URL, the others take it as an option.
                 env = {**server.env(), "S3_ENDPOINT_URL": server.endpoint_url}
                 passes(args, remote, results, "s3", endpoint_url=server.endpoint_url, env=env)
         if not args.no_resume:

@@ -81,7 +81,7 @@ def time_world(world: int, num_blocks: int, steps: int, repeats: int) -> dict:
         steps,
         repeats,
     )
-    # NOTE: 7919 steps apart (more than a block's 512 samples per lane): new
+    # 7919 steps apart (more than a block's 512 samples per lane): new
     # windows and blocks every call, so every cache misses.
     cold = per_call_us(
         lambda i: order.rank_slice(base + (i + 1) * 7919 * global_batch, global_batch, world, rank),
@@ -129,7 +129,7 @@ def synthetic_shape(name: str, num_blocks: int) -> StreamShape:
     )
 
 
-# NOTE: (start step, local batch, seq_len, weights) of the six phases: warm-up on
+# (start step, local batch, seq_len, weights) of the six phases: warm-up on
 # one stream, a second stream added, seq_len doubled, a third stream and a
 # smaller batch, seq_len doubled again, an annealing mixture.
 SIX_PHASES = (

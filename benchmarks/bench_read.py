@@ -19,7 +19,7 @@ Figures, each with its baseline measured in the same run:
    0.3 x (a); S3 >= 0.8 x min(a, b). The local figure is given for the
    helper process (the default) and the in-process threads. Printed beside them, not a
    baseline: one thread that decodes and writes the 24 bytes per token of
-   int64 output, the least work behind any batch. NOTE: one epoch of steps
+   int64 output, the least work behind any batch. One epoch of steps
    also decodes the next epoch's first blocks ahead (``blocks_fetched`` vs
    ``blocks``), work the decode-only loop does not do.
 2. Time to the first batch: a cold start against a start after
@@ -43,7 +43,7 @@ Figures, each with its baseline measured in the same run:
    median of the paired ratios to the baseline. On a shared machine (b)'s
    ratios carry the other load's noise; (a) is the figure to judge.
 
-NOTE: moto reads the whole object for every ranged GET, so the dataset is
+moto reads the whole object for every ranged GET, so the dataset is
 written with small shards (``--blocks-per-shard``) to measure the loader and
 not moto's copying.
 
@@ -351,7 +351,7 @@ def process_cpu_ns(pid: int) -> int:
             with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
                 total += int(stat.read().split()[0])
         except FileNotFoundError:
-            continue  # NOTE: a thread that ended meanwhile
+            continue  # A thread that ended meanwhile
     return total
 
 
@@ -360,12 +360,12 @@ def helper_step_costs(url: str, args: argparse.Namespace, settings: dict) -> dic
     steps after the first, the consumer taking batches as fast as they come."""
     with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, prefetch_steps=4,
                          **settings) as loader:
-        for _ in range(8):  # NOTE: past start-up: the pipeline's threads all running
+        for _ in range(8):  # Past start-up: the pipeline's threads all running
             next(loader)
         cpu, assemble = process_cpu_ns(loader.helper_pid), loader.stats()["assemble_s"]
         for _ in range(args.packing_steps):
             next(loader)
-        # NOTE: the producer runs a full ring ahead at both readings, so the
+        # The producer runs a full ring ahead at both readings, so the
         # steps it did in between are the steps taken.
         stats = loader.stats()
         cpu = (process_cpu_ns(loader.helper_pid) - cpu) / 1e9

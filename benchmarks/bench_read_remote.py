@@ -23,7 +23,7 @@ figure has its baseline measured in the same run:
 5. The loader through the fault proxy adding ``--latency-ms`` to every
    request: its tokens/s and ratio to local disk.
 
-NOTE: moto answers every ranged GET by reading the whole object (and serves
+moto answers every ranged GET by reading the whole object (and serves
 requests from one Python process), so its figure measures moto's copying
 more than the loader: a block costs a read of its whole shard.
 """
@@ -89,7 +89,7 @@ def raw_range_reads(url: str, options: dict[str, Any], manifest: Manifest, concu
     """Every block's bytes read ``passes`` times, ``concurrency`` at a time, as the loader's fetches do."""
     ranges = [manifest.block_byte_range(b) for b in range(manifest.num_blocks)] * passes
     with open_store(url, options) as store:
-        store.read_range(*ranges[0])  # NOTE: connect before timing
+        store.read_range(*ranges[0])  # Connect before timing
         loop = store.event_loop()
         started, cpu = time.perf_counter(), time.process_time()
         if loop is None:
@@ -118,7 +118,7 @@ def raw_range_reads(url: str, options: dict[str, Any], manifest: Manifest, concu
 
 
 def _own_cpu_s() -> float:
-    # NOTE: reaped children count: the loader's helper is reaped when it closes.
+    # Reaped children count: the loader's helper is reaped when it closes.
     times = os.times()
     return times.user + times.system + times.children_user + times.children_system
 

@@ -55,7 +55,7 @@ def first_batch(url: str, options: dict | None, pipeline: str, seq_len: int, bat
 def first_batch_figures(url: str, options: dict | None, args) -> dict[str, float]:
     times: dict[str, list[tuple[float, float]]] = {p: [] for p in PIPELINES}
     for trial in range(args.trials):
-        # NOTE: paired trials, the order alternating, so drift on a shared machine hits both alike.
+        # Paired trials, the order alternating, so drift on a shared machine hits both alike.
         for pipeline in PIPELINES if trial % 2 == 0 else PIPELINES[::-1]:
             times[pipeline].append(first_batch(url, options, pipeline, args.seq_len, args.local_batch))
     out = {}

@@ -74,14 +74,14 @@ def probe(url: str, options: dict | None) -> dict:
     import fsspec
     import torch  # noqa: F401 - imported before the clock starts, as a trainer has
 
-    # NOTE: the store's client library (s3fs, aiobotocore, aiohttp: 0.8 s
+    # The store's client library (s3fs, aiobotocore, aiohttp: 0.8 s
     # here) is imported once per process by whatever reads from that store
     # first; timed apart, so that the figure is the rank's own start.
     import_started = time.perf_counter()
     if "://" in url:
         fsspec.get_filesystem_class(url.split("://", 1)[0])
     client_import_s = time.perf_counter() - import_started
-    # NOTE: the imports' own peak is forgotten (Linux: 5 to clear_refs resets VmHWM).
+    # The imports' own peak is forgotten (Linux: 5 to clear_refs resets VmHWM).
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     rss_before = _status_kb("VmRSS")

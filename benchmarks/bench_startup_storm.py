@@ -68,7 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.storm_figures import S3_GET_PER_S, report  # noqa: E402
 
-EOS_ID = 256  # NOTE: the bytes tokenizer: ids 0-255 are bytes, 256 ends a document
+EOS_ID = 256  # The bytes tokenizer: ids 0-255 are bytes, 256 ends a document
 
 
 def corpus_tokens(num_tokens: int) -> np.ndarray:
@@ -113,7 +113,7 @@ def run_rank(rank: int, job: dict, go: threading.Event, out: dict) -> None:
 
     go.wait()
     started = time.time()
-    # NOTE: max_steps=1: the loader plans and fetches its first step alone, so
+    # max_steps=1: the loader plans and fetches its first step alone, so
     # every request a rank makes is one its first batch needs, and none is cut
     # off in flight when it closes (a 503 the proxy sent that no rank received
     # would look like a throttle the stats missed).
@@ -125,7 +125,7 @@ def run_rank(rank: int, job: dict, go: threading.Event, out: dict) -> None:
             batch = next(loader)
             first = time.time()
             stats = loader.stats()
-            # NOTE: the store's own counters: GETs completed and bytes, which loader.stats() does not break out.
+            # The store's own counters: GETs completed and bytes, which loader.stats() does not break out.
             store = loader._sources[0].store.stats()
             shared = loader._sources[0].store.limiter is not None and loader._sources[0].store.limiter.shared
         digest = hashlib.sha256(batch["input"].numpy().tobytes()).hexdigest()
@@ -147,7 +147,7 @@ def node_main(job: dict) -> None:
 
     from zephon_stream.storage.retry import RetryPolicy
 
-    # NOTE: --policy: the defaults every store of this node builds its RetryPolicy from (an experiment's knob).
+    # --policy: the defaults every store of this node builds its RetryPolicy from (an experiment's knob).
     RetryPolicy.__init__.__kwdefaults__.update(job["policy"])
     go, out = threading.Event(), {}
     threads = [threading.Thread(target=run_rank, args=(r, job, go, out)) for r in job["ranks"]]
@@ -201,10 +201,10 @@ def storm(url: str, options: dict, args: argparse.Namespace, *, rate: float | No
     nodes: list[tuple[Any, Any]] = []
     with proxy, tempfile.TemporaryDirectory(dir=tmp, prefix="nodes-") as nodes_dir:
         try:
-            # NOTE: each node is in ``nodes`` as soon as it starts, so that an interrupt kills it below.
+            # Each node is in ``nodes`` as soon as it starts, so that an interrupt kills it below.
             start_nodes(url, {**options, "endpoint_url": proxy.endpoint_url}, args, policy, Path(nodes_dir), nodes,
                         spawn=spawn, node_cache=node_cache)  # fmt: skip
-            time.sleep(0.2)  # NOTE: let the node processes reach their stdin read before the clock starts
+            time.sleep(0.2)  # Let the node processes reach their stdin read before the clock starts
             before = proxy.counts()
             started = time.time()
             for proc, _ in nodes:
@@ -268,9 +268,9 @@ def parse_policy(items: list[str]) -> dict[str, float]:
         name, _, value = item.partition("=")
         if name not in fields or not value:
             raise ValueError(f"--policy {item!r}: expected FIELD=VALUE, FIELD one of {sorted(fields)}")
-        # NOTE: bool(float("0")) is False: throttle_limiter=0 turns the limiter off.
+        # bool(float("0")) is False: throttle_limiter=0 turns the limiter off.
         policy[name] = type(fields[name])(float(value))
-    RetryPolicy(**policy)  # NOTE: refused here, with its own message, rather than in every node
+    RetryPolicy(**policy)  # Refused here, with its own message, rather than in every node
     return policy
 
 
@@ -312,7 +312,7 @@ def main() -> None:
         args.rate = S3_GET_PER_S * args.ranks / args.job_ranks
     else:
         args.job_ranks = None
-    # NOTE: a bucket of one token wastes every token that comes while it is full: at 5 GET/s, a quarter of
+    # A bucket of one token wastes every token that comes while it is full: at 5 GET/s, a quarter of
     # them with 503s coming at 14/s. At 5,500 GET/s a tenth of a second is 550 tokens; 8 waste almost none.
     args.burst = args.burst if args.burst is not None else max(8.0, args.rate / 10)
     from tools.seaweedfs import SeaweedFS
@@ -326,7 +326,7 @@ def main() -> None:
               f"({dataset['shard_bytes'] / 1e6:.1f} MB), metadata {dataset['metadata_objects']} "
               f"(written in {time.perf_counter() - started:.1f} s)")
         for _ in range(args.warmup):
-            # NOTE: the first storm after the dataset's writing pays the server's and the page cache's warm-up
+            # The first storm after the dataset's writing pays the server's and the page cache's warm-up
             # (its ranks built their loaders in 1.5 s, the later storms' in 0.5 s); with the order rotating it
             # always fell on the policy under test.
             run = storm(url, options, args, rate=None, policy=args.policy, upstream=server.endpoint_url,
@@ -337,7 +337,7 @@ def main() -> None:
         if args.baseline is not None:
             kinds.insert(1, ("baseline", args.rate, args.baseline))
         for trial in range(args.trials):
-            # NOTE: paired, the order rotating, so drift on a shared machine hits every kind alike.
+            # Paired, the order rotating, so drift on a shared machine hits every kind alike.
             for kind, rate, policy in kinds[trial % len(kinds) :] + kinds[: trial % len(kinds)]:
                 run = storm(url, options, args, rate=rate, policy=policy, upstream=server.endpoint_url,
                             tmp=Path(tmp))  # fmt: skip

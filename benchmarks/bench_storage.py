@@ -6,7 +6,7 @@
    latency injected per request by the fault proxy (a remote object store's
    round trip). Target speedup >= 4.
 
-NOTE: moto reads the whole object for every ranged GET (about 3 ms per MiB
+moto reads the whole object for every ranged GET (about 3 ms per MiB
 of object here), so the objects are kept small to measure this layer and not
 moto's copy; a real object store serves a range in time independent of the
 object's size.
@@ -75,7 +75,7 @@ def main() -> None:
         import fsspec
 
         fs, _ = fsspec.core.url_to_fs("s3://bench", **s3_filesystem_options(options, RetryPolicy()))
-        # NOTE: the two readers alternate range by range so that drift in the
+        # The two readers alternate range by range so that drift in the
         # server's speed (a busy machine) hits both alike.
         raw_s = store_s = 0.0
         for _ in range(args.repeats):

@@ -86,7 +86,7 @@ def storms_on(num_nodes: int, args: argparse.Namespace, tmp: Path) -> dict[str, 
                  if k[0] in args.kinds]  # fmt: skip
         runs = []
         for trial in range(args.trials):
-            # NOTE: paired, the order rotating, so drift on a shared machine hits every kind alike.
+            # Paired, the order rotating, so drift on a shared machine hits every kind alike.
             for kind, rate, cache in kinds[trial % len(kinds) :] + kinds[: trial % len(kinds)]:
                 run = storm(url, options, run_args, rate=rate, node_cache=cache, **common)
                 run.update(kind=kind, trial=trial, load_1min=os.getloadavg()[0])

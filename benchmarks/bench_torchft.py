@@ -98,7 +98,7 @@ def stable_cpu(url: str, *, rows: int, seq_len: int, steps: int, compute_s: floa
     finally:
         manager.shutdown(wait=False)
         lighthouse.shutdown()
-    # NOTE: the first steps start the helper and the first quorum; the steady state is what a run pays.
+    # The first steps start the helper and the first quorum; the steady state is what a run pays.
     skip = min(10, steps // 4)
     ours_us, plain_us = 1e6 * statistics.median(ours[skip:]), 1e6 * statistics.median(plain[skip:])
     return {"next_cpu_us_torchft": ours_us, "next_cpu_us_plain": plain_us, "next_cpu_ratio": ours_us / plain_us}

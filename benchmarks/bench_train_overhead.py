@@ -14,7 +14,7 @@ and the in-process threads). Figures, each over the trials:
 - wall ratio, baseline time / time with the loader: the median of the
   paired trials, their quartiles, and the best of each side (the figure this
   benchmark printed before). Target on a 2-core machine: >= 0.98 at 5 ms per
-  step with the helper process. NOTE: on shared virtual machines this ratio
+  step with the helper process. On shared virtual machines this ratio
   moves by several percent between identical trials, both ways.
 - the trainer thread's CPU ratio (its CPU time alone / with the loader,
   ``next()`` included): what the loader costs the trainer's interpreter,
@@ -124,7 +124,7 @@ def python_consumer(url: str, args: argparse.Namespace) -> dict:
         trials: dict[str, list[dict]] = {name: [] for name in ("alone", *PIPELINES)}
         for _ in range(args.repeats):
             for pipeline in PIPELINES:
-                # NOTE: each loader run right after a run alone, so a pair
+                # Each loader run right after a run alone, so a pair
                 # shares the machine's state of the moment.
                 trials["alone"].append(python_loop(None, args, iterations, None))
                 trials[pipeline].append(python_loop(url, args, iterations, pipeline))

@@ -199,12 +199,12 @@ def main() -> None:
                   f"{summary.num_tokens / seconds:,.0f} tokens/s (CPU {write_cpu[-1]:.2f} s)")
         assert summary is not None
         manifest = Manifest.load(str(work / "out"))
-        # NOTE: the writer's stream holds one EOS per document on top of the ids.
+        # The writer's stream holds one EOS per document on top of the ids.
         assert manifest.num_tokens == base_runs[0][0] + len(texts), (manifest.num_tokens, base_runs[0][0])
         base_tps = max(t / s for t, s in base_runs)
         write_tps = max(t / s for t, s in write_runs)
         ratio = write_tps / base_tps
-        # NOTE: on a shared machine wall time swings with other load; CPU time
+        # On a shared machine wall time swings with other load; CPU time
         # per token shows the writer's own overhead regardless.
         cpu_ratio = min(base_cpu) / min(write_cpu)
         pair_ratios = [(wt / ws) / (bt / bs) for (bt, bs), (wt, ws) in zip(base_runs, write_runs)]

@@ -76,7 +76,7 @@ def synthesize_parts(root: Path, num_parts: int) -> None:
             rejected=rejected, num_tokens=shard.num_tokens, input_bytes=9_000_000,
         )  # fmt: skip
         (root / name).mkdir()
-        # NOTE: plain writes, no fsync: building the fixture is not what is measured.
+        # Plain writes, no fsync: building the fixture is not what is measured.
         (root / name / UNIT_RECORD_NAME).write_bytes(record.to_bytes())
         if rejected:
             line = json.dumps({"source": f"s3://corpus/train/file-{index:07d}.jsonl", "record": 500, "reason": "empty", "detail": "empty text"})
@@ -107,7 +107,7 @@ def commit_child(root: str, num_parts: int, mode: str) -> None:
 def peak_rss_bytes() -> int:
     """This process's peak RSS since its exec.
 
-    NOTE: not ``getrusage``: Linux carries a parent's high-water mark across
+    Not ``getrusage``: Linux carries a parent's high-water mark across
     fork and exec into ``ru_maxrss``, so a child of a large benchmark would
     report its parent's size.
     """
@@ -161,7 +161,7 @@ def main() -> None:
     if args.commit_child:
         commit_child(args.commit_child[0], int(args.commit_child[1]), args.commit_child[2])
         return
-    # NOTE: a short folder: Ray's session lives in it, and its socket paths may not exceed 107 bytes.
+    # A short folder: Ray's session lives in it, and its socket paths may not exceed 107 bytes.
     work = Path(tempfile.mkdtemp(prefix="zs-bwr-", dir="/tmp" if os.path.isdir("/tmp") else None))
     result: dict = {"benchmark": "bench_write_ray", "load_average": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
     try:
@@ -191,7 +191,7 @@ def throughput(args: argparse.Namespace, work: Path) -> dict:
     corpus_bytes = sum(len(t.encode("utf-8")) for t in texts)
     print(f"corpus: {len(files)} files, {corpus_bytes / 1e6:.1f} MB; BPE vocab {tokenizer.vocab_size}")
     start = time.perf_counter()
-    # NOTE: the engine's own local instance, started once and shared by every Ray run below.
+    # The engine's own local instance, started once and shared by every Ray run below.
     session = ray_session(None, num_cpus=RAY_CPUS)
     session.__enter__()
     ray_start_s = time.perf_counter() - start
@@ -200,7 +200,7 @@ def throughput(args: argparse.Namespace, work: Path) -> dict:
     rounds: list[dict] = []
     try:
         workers_code = ray_cpu.check_workers_code()
-        # NOTE: a Ray worker's first unit imports the writer and fetches the tokenizer: paid once, reported apart.
+        # A Ray worker's first unit imports the writer and fetches the tokenizer: paid once, reported apart.
         first = {label: runner.run(label) for label in ("ray2", "pool2")}
         print(f"first runs (not counted): ray2 {first['ray2']['tokens_per_s']:,.0f} tokens/s, task CPU "
               f"{first['ray2']['task_cpu_s_per_mtok']:.2f} s/M tokens; pool2 {first['pool2']['tokens_per_s']:,.0f}")  # fmt: skip
@@ -215,7 +215,7 @@ def throughput(args: argparse.Namespace, work: Path) -> dict:
             if not args.pairs_only:
                 for label, workers in (("base1", 1), ("base2", 2)):
                     row[label] = tokenizer_alone(tokenizer, texts, workers)
-            # NOTE: the pair's order alternates, so a load that rises or falls through a round favours neither.
+            # The pair's order alternates, so a load that rises or falls through a round favours neither.
             labels = ("pool2", "ray2") if rep % 2 == 0 else ("ray2", "pool2")
             for label in labels + (() if args.pairs_only else ("ray1",)):
                 row[label] = runner.run(label)
@@ -255,7 +255,7 @@ class WriteRuns:
         result = {"tokens_per_s": summary.num_tokens / seconds, "seconds": seconds, "num_tokens": summary.num_tokens,
                   "cpu_s": {k: round(v, 3) for k, v in spent.items()}}  # fmt: skip
         if label.startswith("ray"):
-            # NOTE: the tasks' CPU is their worker processes' whole (Ray's own threads there included).
+            # The tasks' CPU is their worker processes' whole (Ray's own threads there included).
             task_s = spent["task"] + spent["worker_ray"]
             ray_total_s = task_s + spent["daemon"] + spent["driver"]
             result.update(
@@ -264,7 +264,7 @@ class WriteRuns:
                 daemon_cpu_s_by_name={k: round(v, 3) for k, v in daemons.items()},
             )  # fmt: skip
         else:
-            # NOTE: Ray's processes idle beside the pool; their CPU is not the pool's.
+            # Ray's processes idle beside the pool; their CPU is not the pool's.
             result["cpu_s"] = spent["driver"] + spent["reaped"] + spent["other"]
             result["cpu_s_per_mtok"] = result["cpu_s"] / mtok
         return result
@@ -279,7 +279,7 @@ def tokenizer_alone(tokenizer, texts: list[str], workers: int) -> dict:
     before = ray_cpu.snapshot()
     tokens, seconds = baseline(tokenizer, texts, workers)
     spent = ray_cpu.cpu_by_role(before, ray_cpu.snapshot())
-    tokens += len(texts)  # NOTE: the writer adds one EOS a document
+    tokens += len(texts)  # The writer adds one EOS a document
     return {"tokens_per_s": tokens / seconds, "cpu_s_per_mtok": (spent["driver"] + spent["reaped"] + spent["other"]) / tokens * 1e6}
 
 
@@ -297,7 +297,7 @@ def summarize(
     pool_start_s: float, workers_code: str,
 ) -> dict:
     throughput_pairs = [r["ray2"]["tokens_per_s"] / r["pool2"]["tokens_per_s"] for r in rounds]
-    # NOTE: against the pool's CPU less its workers' start, as Ray's is measured after its workers' first unit.
+    # Against the pool's CPU less its workers' start, as Ray's is measured after its workers' first unit.
     cpu_pairs = [r["ray2"]["task_cpu_s_per_mtok"] / r["pool2"]["net_cpu_s_per_mtok"] for r in rounds]
     whole_pairs = [r["ray2"]["task_cpu_s_per_mtok"] / r["pool2"]["cpu_s_per_mtok"] for r in rounds]
     shares = [r["ray2"]["daemons_share"] for r in rounds]

@@ -10,7 +10,7 @@ number of threads, from memory, keeping the same number of blocks in flight;
 nothing else. The writer reads the file, checks every id, frames documents,
 compresses, hashes and writes shards, document indexes and the manifest.
 
-NOTE: ``--blocks-per-shard`` (default 16, shards of 16 Mi tokens) keeps
+``--blocks-per-shard`` (default 16, shards of 16 Mi tokens) keeps
 several shards in a 100 M-token run: the last shard's write and fsync cannot
 overlap any compression, and with the default 64-block shards a benchmark of
 this size would be mostly that tail, which a real corpus amortises.
@@ -135,7 +135,7 @@ def run_tokens(args, tokenizer, spec: str, texts: list[str], work: Path) -> dict
     print(f"bare zstd (best): {base_tps:,.0f} tokens/s; writer .npy (best): {write_tps:,.0f} tokens/s")
     print(f"ratio: {ratio:.3f} (target >= {TARGET_TOKENS_RATIO})  {'OK' if ratio >= TARGET_TOKENS_RATIO else 'BELOW TARGET'}")
     pair = [b / w for b, w in zip(base_runs, write_runs)]
-    # NOTE: wall time swings with other load on a shared machine; CPU time per run does not.
+    # Wall time swings with other load on a shared machine; CPU time per run does not.
     cpu_ratio = min(base_cpu) / min(write_cpu)
     print(f"CPU seconds: bare zstd {min(base_cpu):.2f}, writer {min(write_cpu):.2f} (CPU-time ratio {cpu_ratio:.3f}); "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
@@ -213,7 +213,7 @@ def child_main(argv: list[str]) -> None:
 
 
 def peak_rss_mib() -> float:
-    """This process's peak RSS. NOTE: VmHWM, not ru_maxrss: on Linux exec folds the
+    """This process's peak RSS. VmHWM, not ru_maxrss: on Linux exec folds the
     parent's high-water mark into ru_maxrss (a child started by a big parent
     reports the parent's peak); VmHWM belongs to this process's own memory map."""
     try:

@@ -182,7 +182,7 @@ def measure(args: argparse.Namespace, options: dict[str, Any] | None) -> dict[st
     over at least ``min_seconds``, and peak memory."""
     tokens_per_batch = args.batch * args.seq_len
     load_average = os.getloadavg()[0]
-    # NOTE: imported before the clock starts: the first batch times the reader, not the imports.
+    # Imported before the clock starts: the first batch times the reader, not the imports.
     import_reader(args.lib)
     step_cpu_s = []
     with PeakMemory() as memory:
@@ -319,7 +319,7 @@ def main() -> None:
                            client_kwargs={"region_name": os.environ.get("AWS_DEFAULT_REGION", "us-east-1")})  # fmt: skip
     figures = measure(args, options)
     print(json.dumps(figures), flush=True)
-    # NOTE: the peers' loaders hold worker processes and download threads that
+    # The peers' loaders hold worker processes and download threads that
     # an abandoned generator does not stop; the figures are out, so leave now.
     os._exit(0)
 

@@ -65,7 +65,7 @@ def _cmdline(pid: int) -> str:
 def _kind(pid: int, cmd: str) -> str:
     if pid == os.getpid():
         return "driver"
-    command = cmd.split(" --", 1)[0]  # NOTE: the raylet's flags name the worker's script
+    command = cmd.split(" --", 1)[0]  # The raylet's flags name the worker's script
     if cmd.startswith(RAY_AGENT_TITLES) or any(marker in command for marker in RAY_DAEMON_MARKERS):
         return "daemon"
     if cmd.startswith("ray::") or "workers/default_worker.py" in command:
@@ -99,7 +99,7 @@ def snapshot() -> Snapshot:
         roles: dict[str, float] = {}
         try:
             if kind == "ray_worker":
-                # NOTE: threads that have exited (a unit's tokenizer thread) leave their CPU in the process's total only.
+                # Threads that have exited (a unit's tokenizer thread) leave their CPU in the process's total only.
                 total_s = _stat(f"/proc/{pid}/stat")[2]
                 roles["worker_ray"] = 0.0
                 for tid in os.listdir(f"/proc/{pid}/task"):
@@ -191,7 +191,7 @@ def _package_file() -> str:
 def check_workers_code() -> str:
     """The zephon_stream Ray's workers import, refused unless it is this process's.
 
-    NOTE: a Ray worker puts its driver's working directory first on its
+    A Ray worker puts its driver's working directory first on its
     sys.path, ahead of PYTHONPATH: run from inside another checkout, the
     workers would convert with that checkout's code.
     """

@@ -103,7 +103,7 @@ def run(scale: dict[str, Any], work: Path, seed: int) -> dict[str, Any]:
         "bit_flips": scale["bit_flips"], "frame_header_flips": 1, "frame_past_declared_size": scale["frames_past"],
         "truncated_objects": scale["truncations"], "tiny_datasets": 1, "writer_text": 1, "hostile_state": 1,
     }
-    # NOTE: hostile cases read a whole epoch per try; a smaller dataset keeps
+    # Hostile cases read a whole epoch per try; a smaller dataset keeps
     # hundreds of tries inside the time budget.
     small = work / "small_dataset"
     write_local_dataset(files[:60], small)

@@ -6,7 +6,7 @@ import argparse
 import os
 import statistics
 
-S3_GET_PER_S = 5500.0  # NOTE: S3's documented GET/HEAD rate per partitioned prefix
+S3_GET_PER_S = 5500.0  # S3's documented GET/HEAD rate per partitioned prefix
 SCALES = (2048, 16384)
 TARGET_RATIO = 1.5
 
@@ -95,7 +95,7 @@ def report(runs: list[dict], args: argparse.Namespace, dataset: dict) -> dict:
     unlimited = {r["trial"]: r for r in runs if r["kind"] == "no limit"}
     figures = throttled_figures(throttled, args)
     ratios = figures["time_over_floor"]
-    # NOTE: paired: a trial's throttled storm against its own storm without a limit, and against its baseline storm.
+    # paired: a trial's throttled storm against its own storm without a limit, and against its baseline storm.
     over_bound = [t["last_first_batch_s"] / max(t["floor_s"], unlimited[t["trial"]]["last_first_batch_s"])
                   for t in throttled]
     base = throttled_figures(baseline, args) if baseline else None

@@ -19,7 +19,7 @@ from zephon_stream import StreamingLoader
 WORKER = Path(__file__).parent / "dist_cluster" / "elastic_node.py"
 RDZV_PORT = 29400
 SEQ_LEN, GLOBAL_BATCH, CKPT_EVERY = 32, 12, 4
-# NOTE: docs/ELASTIC.md's recipe: a dead agent is counted for keep_alive_interval x keep_alive_max_attempt
+# docs/ELASTIC.md's recipe: a dead agent is counted for keep_alive_interval x keep_alive_max_attempt
 # (5 s), a round with MIN nodes waits last_call_timeout (3 s) for more.
 RDZV_CONF = "keep_alive_interval=1,keep_alive_max_attempt=5,join_timeout=90,last_call_timeout=3"
 WAIT_S = 150.0
@@ -58,7 +58,7 @@ class ElasticBoxJob:
         """Make every worker wait ``seconds`` before each step from now on (the file its steps read)."""
         pace = self.events_dir / "pace"
         pace.with_suffix(".new").write_text(str(seconds))
-        pace.with_suffix(".new").replace(pace)  # NOTE: a reader never sees it empty
+        pace.with_suffix(".new").replace(pace)  # A reader never sees it empty
 
     def command(self, host_node: int, is_host: bool) -> list[str]:
         """The torchrun line of an agent whose rendezvous store is on node ``host_node``."""
@@ -80,7 +80,7 @@ class ElasticBoxJob:
         for line in path.read_text().splitlines():
             try:
                 out.append(json.loads(line))
-            except json.JSONDecodeError:  # NOTE: a node killed mid-write
+            except json.JSONDecodeError:  # A node killed mid-write
                 pass
         return out
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-# NOTE: tools/ is not installed; the repository root on sys.path makes it importable.
+# tools/ is not installed; the repository root on sys.path makes it importable.
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
@@ -80,7 +80,7 @@ class RayInstance:
             lines = (self.head.data_dir / "ray-start.log").read_text(errors="replace").splitlines()
         except (OSError, RuntimeError):
             return "(no log)"
-        # NOTE: the raylet's periodic dumps of its counters tell nothing about an exit.
+        # The raylet's periodic dumps of its counters tell nothing about an exit.
         lines = [line for line in lines if line.strip() and not line.startswith("[state-dump]")]
         return "\n".join(lines[-num_lines:])
 

@@ -20,7 +20,7 @@ import pytest
 
 from zephon_stream.storage.embedded_s3 import EmbeddedS3
 
-# NOTE: tools/ is not installed; the repository root on sys.path lets tests
+# tools/ is not installed; the repository root on sys.path lets tests
 # and fixtures `import tools.fault_proxy` however pytest was started.
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:

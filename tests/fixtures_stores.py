@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-# NOTE: tools/ is not installed; the repository root on sys.path makes it importable.
+# tools/ is not installed; the repository root on sys.path makes it importable.
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)

@@ -53,7 +53,7 @@ from zephon_stream.storage.node_cache import ENV_VAR as NODE_CACHE_ENV
 from zephon_stream.storage.node_cache import node_cache_root
 from zephon_stream.storage.node_cache_files import USERS
 
-# NOTE: tools/ is not installed; the repository root on sys.path makes it importable.
+# tools/ is not installed; the repository root on sys.path makes it importable.
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
@@ -96,21 +96,21 @@ def _node_cache_holders(exclude: set[int]) -> list[int]:
 def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
-        # NOTE: a pytest-xdist worker inherits the controller's TMPDIR (the
+        # A pytest-xdist worker inherits the controller's TMPDIR (the
         # children's folder, which the controller checks once every worker has
         # finished); the worker's own process keeps the machine's until its
         # first test (own_temp_folder), as a process running the tests does
         # without xdist.
         tempfile.tempdir = workerinput["zs_machine_tmpdir"]
         return
-    # NOTE: resolved (and cached by tempfile) before TMPDIR changes, so this
+    # Resolved (and cached by tempfile) before TMPDIR changes, so this
     # process and pytest's tmp_path keep the machine's temp folder.
     machine = Path(tempfile.gettempdir())
     prefixes = SERVER_DIR_PREFIXES + SESSION_DIR_PREFIXES
     swept = [path for root in sorted({str(machine), "/tmp"}) for path in sweep_orphaned(root, prefixes)]
     if swept:
         print(f"note: removed {len(swept)} server and session folders of killed sessions: {', '.join(swept[:10])}")
-    # NOTE: each marked with this process as its owner, so a killed session's are swept as above.
+    # Each marked with this process as its owner, so a killed session's are swept as above.
     children, own = (Path(tempfile.mkdtemp(prefix=prefix)) for prefix in SESSION_DIR_PREFIXES)
     for folder in (children, own):
         mark_owner(folder)
@@ -137,7 +137,7 @@ def own_temp_folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
     """From the first test on, this process's temporary files go to the session's own folder."""
     workerinput = getattr(request.config, "workerinput", None)
     own = workerinput["zs_own_tmpdir"] if workerinput is not None else str(request.config.stash[_state]["own"])
-    tmp_path_factory.getbasetemp()  # NOTE: first, so that pytest's tmp_path stays where pytest keeps it
+    tmp_path_factory.getbasetemp()  # First, so that pytest's tmp_path stays where pytest keeps it
     previous, tempfile.tempdir = tempfile.tempdir, own
     try:
         yield Path(own)
@@ -181,7 +181,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if lines and (reporter is None or reporter.no_summary):
         print("", *(line for line, _ in lines), sep="\n")
     elif lines:
-        # NOTE: written in the summary (pytest_terminal_summary), after the
+        # Written in the summary (pytest_terminal_summary), after the
         # line pytest ends its progress with, so none is glued to "[100%]".
         session.config.stash[_said] = lines
 

@@ -22,7 +22,7 @@ def make_stream(doc_lengths: list[int], eos: int, rng: np.random.Generator) -> n
     parts = []
     for length in doc_lengths:
         body = rng.integers(0, VOCAB, length - 1)
-        body[body == eos] = (eos + 2) % VOCAB  # NOTE: no EOS inside a document
+        body[body == eos] = (eos + 2) % VOCAB  # No EOS inside a document
         parts.append(np.append(body, eos))
     return np.concatenate(parts).astype(np.uint16)
 
@@ -106,7 +106,7 @@ def mask_from_document_lengths(lengths: torch.Tensor) -> torch.Tensor:
 
 
 def mask_from_positions(positions: torch.Tensor) -> torch.Tensor:
-    # NOTE: the convention of TorchTitan's document masks: a document starts where positions are 0.
+    # The convention of TorchTitan's document masks: a document starts where positions are 0.
     return mask_from_segment_ids(torch.cumsum((positions == 0).int(), dim=1))
 
 

@@ -36,10 +36,10 @@ def test_ranks_of_a_node_read_its_metadata_once_and_get_the_batches_of_ranks_alo
     assert together[0]["sha256"] == alone[0]["sha256"] != together[1]["sha256"] == alone[1]["sha256"]
     metadata_alone = sum(v["gets"] - v["blocks"] for v in alone.values())
     metadata_together = sum(v["gets"] - v["blocks"] for v in together.values())
-    # NOTE: the manifest at least is read once for the node, not once a rank.
+    # The manifest at least is read once for the node, not once a rank.
     assert 0 < metadata_together < metadata_alone
     assert all(v["throttled"] == v["retries"] == 0 for v in together.values())
-    assert not (tmp_path / "node").exists()  # NOTE: the node's last loader removed its cache
+    assert not (tmp_path / "node").exists()  # The node's last loader removed its cache
 
 
 def test_storm_model_scales_the_measured_requests_per_rank_and_node():
@@ -56,7 +56,7 @@ def test_storm_model_scales_the_measured_requests_per_rank_and_node():
 def test_storm_policy_takes_retry_policy_fields():
     assert parse_policy(["throttle_max_backoff_s=5", "max_attempts=3"]) == {"throttle_max_backoff_s": 5.0,
                                                                            "max_attempts": 3}
-    # NOTE: the baseline storm's default: today's backoff, before the node's limiter.
+    # The baseline storm's default: today's backoff, before the node's limiter.
     assert parse_policy(["throttle_limiter=0"]) == {"throttle_limiter": False}
 
 

@@ -37,7 +37,7 @@ def _into_closed_pipe(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def _which_args(url: str) -> list[str]:
-    # NOTE: 256 samples of 513 bytes of text: far more than a pipe's 64 KiB
+    # 256 samples of 513 bytes of text: far more than a pipe's 64 KiB
     # buffer, so the command is still writing when `head` has gone.
     return ["which", url, "--step", "0", "--seq-len", "512", "--global-batch", "256", "--text"]
 
@@ -85,7 +85,7 @@ def test_every_subcommand_output_into_a_closed_pipe_ends_quietly(small_dataset, 
 
 @pytest.mark.parametrize("args", [["--help"], ["which", "--help"]], ids=["help", "which-help"])
 def test_help_into_a_closed_pipe_ends_quietly(args: list[str]) -> None:
-    # NOTE: argparse drops an OSError from its own write of a long text, and
+    # argparse drops an OSError from its own write of a long text, and
     # exits with its own status (0 after help); a short text is
     # flushed by main() and meets the closed pipe there.
     done = _into_closed_pipe(args)

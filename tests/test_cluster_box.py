@@ -44,12 +44,12 @@ def test_nodes_have_their_own_hostname_tmp_and_shm_and_share_one_folder_and_the_
             out = box.check_output(node.index, ["sh", "-c", script])
             assert out.splitlines()[:4] == [node.hostname, "/tmp", "/tmp/mine", "/dev/shm/mine"]
             assert f"{box.nodes[1 - node.index].address} node{1 - node.index}" in out
-        # NOTE: both wrote /tmp/mine; each sees its own only, and the host sees neither.
+        # Both wrote /tmp/mine; each sees its own only, and the host sees neither.
         assert box.leftovers(0) == box.leftovers(1) == ["/dev/shm/mine", "/tmp/mine"]
         assert not Path("/dev/shm/mine").exists()
         box.check_output(0, ["sh", "-c", f"echo from-node0 > {box.shared}/note"])
         assert box.check_output(1, ["cat", str(box.shared / "note")]) == "from-node0\n"
-        assert connect(box, 0, box.nodes[1].address)[0] == "refused"  # NOTE: reached; no one listens on port 9
+        assert connect(box, 0, box.nodes[1].address)[0] == "refused"  # Reached; no one listens on port 9
         assert box.check_output(1, [sys.executable, "-c", PUT_AND_GET]) == "node1\n"
         clients = {(r.client, r.method) for r in box.store.requests() if r.key == "data/box-check/node1"}
         assert ("198.18." in box.nodes[1].address) and clients >= {(box.nodes[1].address, "PUT"),
@@ -66,7 +66,7 @@ def test_a_cut_link_loses_packets_both_ways_and_a_lost_store_route_loses_the_sto
         box.heal(2)
         assert connect(box, 0, box.nodes[2].address)[0] == "refused"
         box.cut_store(1)
-        # NOTE: silently lost, as in a partition: the connect waits out its timeout (no refusal, no EINVAL).
+        # Silently lost, as in a partition: the connect waits out its timeout (no refusal, no EINVAL).
         outcome, took_s = connect(box, 1, box.bridge_address, timeout_s=1.0)
         assert outcome == "timeout" and took_s >= 1.0
         assert connect(box, 1, box.nodes[2].address)[0] == "refused"
@@ -76,7 +76,7 @@ def test_a_cut_link_loses_packets_both_ways_and_a_lost_store_route_loses_the_sto
         name = box.name
         box.cut(2)
         box.cut_store(1)
-    # NOTE: gone as the box stops, cut or not (a namespace's veth would otherwise linger until the kernel
+    # Gone as the box stops, cut or not (a namespace's veth would otherwise linger until the kernel
     # has destroyed the namespace).
     assert box_traces(name) == []
 
@@ -92,7 +92,7 @@ def test_a_node_killed_whole_loses_every_process_and_boots_again_empty() -> None
         while "/tmp/was-here" not in box.leftovers(1):
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert len(box.pids(1)) >= 4  # NOTE: the holder, the python, the shell and its sleep
+        assert len(box.pids(1)) >= 4  # The holder, the python, the shell and its sleep
         assert box.kill(1) >= 4
         assert box.pids(1) == [] and stubborn.poll() == -signal.SIGKILL and child.poll() is not None
         with pytest.raises(RuntimeError, match="node1 is down"):

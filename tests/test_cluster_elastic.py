@@ -36,7 +36,7 @@ from zephon_stream import write_dataset
 
 STEPS = 300
 PACE_S = 0.4
-TIMEOUT_S = 20.0  # NOTE: above the stall of a node that lost its store for 10 s (phase 1), the cut's detection
+TIMEOUT_S = 20.0  # Above the stall of a node that lost its store for 10 s (phase 1), the cut's detection
 STORE_LOSS_S = 10.0
 HOLD_SAVE_S = 3.0
 ENV = {"ZS_HOLD_SAVE_S": str(HOLD_SAVE_S)}
@@ -88,7 +88,7 @@ def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_un
         back = time.time()
         job.set_pace(PACE_S)
         times["store_lost_s"], times["store_unanswered_s"] = back - lost, back - asked
-        # NOTE: what node 1 asked for while lost reaches the store once the route is back, when TCP sends it
+        # What node 1 asked for while lost reaches the store once the route is back, when TCP sends it
         # again (its backoff doubles: 12.6 s after the first try for a 10 s loss), unless a timeout ended it.
         node1 = box.nodes[1].address
         answered = job.wait_for(lambda ev: [r for r in box.store.requests() if r.client == node1 and r.when > back],
@@ -123,14 +123,14 @@ def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_un
         (job.events_dir / "hold").write_text(str(hold))
         job.wait_for(lambda ev: len(list(job.events_dir.glob(f"saving-{hold}-node2-*"))) == 2, "node 2 saving")
         killed = time.time()
-        assert box.kill(2) >= 3  # NOTE: its agent, its two workers (and their helpers), the node's holder
+        assert box.kill(2) >= 3  # Its agent, its two workers (and their helpers), the node's holder
         after_kill = job.wait_for(lambda ev: steps_after(ev, killed, 4), "a step at 4 ranks after the kill")
         survivors_failed = [e["time"] for e in job.events() if e["event"] == "failed" and e["time"] > killed]
         times["kill_detected_s"] = min(survivors_failed) - killed if survivors_failed else float("nan")
         times["kill_to_4_ranks_s"] = after_kill[0]["time"] - killed
         held = box.shared / "ckpt" / f"step-{hold:08d}"
         assert not (held / ".metadata").exists(), "the checkpoint being saved when node 2 died was committed"
-        assert after_kill[0]["step"] == hold - 4  # NOTE: from the newest complete checkpoint, the one before
+        assert after_kill[0]["step"] == hold - 4  # From the newest complete checkpoint, the one before
 
         # 5. the rendezvous host lost: the job stops; the same command with the rendezvous on node 1 goes on
         job.wait_for(lambda ev: [e for e in steps_after(ev, killed, 4) if e["step"] >= hold + 2], "steps")
@@ -140,7 +140,7 @@ def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_un
         times["host_lost_to_stop_s"] = time.time() - host_lost
         assert "RendezvousConnectionError" in (box.shared / "agent1.out").read_text()
         box.boot(2)
-        # NOTE: the rest of the steps as fast as they go: what is checked of them is their data.
+        # The rest of the steps as fast as they go: what is checked of them is their data.
         job.set_pace(0)
         relaunched = time.time()
         job.launch("agent1-again", 1, host_node=1)
@@ -174,7 +174,7 @@ def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_un
                   if e["event"] == "opened" and e["host"] == host]  # fmt: skip
         assert reads.get(("data/ds/manifest", "")) == len(rounds[host]), (host, reads, opened)
         assert max(reads.values()) == len(rounds[host]), (host, reads)
-    # NOTE: torchrun leaves its torchelastic_* folder and torch its torchinductor_<user> cache in /tmp (the
+    # torchrun leaves its torchelastic_* folder and torch its torchinductor_<user> cache in /tmp (the
     # suite's own torchrun tests meet them too); nothing else may stay, the node cache in /dev/shm least of all.
     torch_own = ("/tmp/torchelastic_", "/tmp/torchinductor_")
     assert {n: [p for p in paths if not p.startswith(torch_own)] for n, paths in leftovers.items()} == {1: [], 2: []}

@@ -63,7 +63,7 @@ def test_ranks_started_by_srun_or_mpirun_read_the_metadata_once_a_node(small_dat
             read = (request.key, request.byte_range)
             per_node[read] = per_node.get(read, 0) + 1
     assert set(metadata) == set(nodes) and metadata[nodes[0]], metadata
-    # NOTE: the same objects and ranges on every node: once on the recognised nodes, once a rank on the other.
+    # The same objects and ranges on every node: once on the recognised nodes, once a rank on the other.
     assert metadata[nodes[0]] == metadata[nodes[1]] == dict.fromkeys(metadata[nodes[0]], 1)
     assert metadata[nodes[2]] == dict.fromkeys(metadata[nodes[0]], RANKS_PER_NODE)
     assert leftovers == [[], [], []]

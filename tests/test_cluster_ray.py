@@ -28,7 +28,7 @@ from zephon_stream import write_dataset
 from zephon_stream.storage import open_store
 
 RAY_PORT = 6379
-# NOTE: a node that answers no health check for period x threshold is dead (Ray's defaults: 3 s x 5).
+# A node that answers no health check for period x threshold is dead (Ray's defaults: 3 s x 5).
 HEALTH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
           "RAY_health_check_failure_threshold": "3",
           "RAY_grpc_client_keepalive_time_ms": "1000", "RAY_grpc_client_keepalive_timeout_ms": "2000",
@@ -48,7 +48,7 @@ def _ray_env(box: Box) -> dict[str, str]:
     if not token.exists():
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
-    # NOTE: a cluster across addresses: the loopback-only switch the session's own head sets must not be off here.
+    # A cluster across addresses: the loopback-only switch the session's own head sets must not be off here.
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_worker_niceness": "0", **HEALTH}  # fmt: skip
 
@@ -64,7 +64,7 @@ def _start_cluster(box: Box) -> str:
             box.run(node.index, ["ray", "start", *role, f"--node-ip-address={node.address}", *common],
                     env=_ray_env(box), stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
         if node.index == 0:
-            time.sleep(2)  # NOTE: the workers retry their connection to the head, but more slowly than it starts
+            time.sleep(2)  # The workers retry their connection to the head, but more slowly than it starts
     box.check_output(0, [sys.executable, "-c", READY, head, str(len(box.nodes))], env=_ray_env(box), timeout_s=180)
     return head
 
@@ -124,7 +124,7 @@ def test_a_conversion_on_three_nodes_loses_one_mid_run_and_writes_the_same_bytes
             return {r.key for r in box.store.requests() if r.client == node2 and r.method == "GET"
                     and "/corpus/" in r.key and r.when > began}  # fmt: skip
 
-        # NOTE: mid-unit: node 2 runs a conversion task and has read its inputs
+        # mid-unit: node 2 runs a conversion task and has read its inputs
         while not (_converting(box, 2) and node2_reads()):
             assert cut_run.poll() is None and time.time() - began < 120, "node 2 converted nothing"
             time.sleep(0.02)

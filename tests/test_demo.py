@@ -63,7 +63,7 @@ def test_report_flags_a_step_whose_data_differ_and_a_step_never_run():
     )
     assert ok.all_match and "OK: all 8 steps" in ok.text()
     assert "after the checkpoint of steps 0 to 3 (1 later steps lost with the kill), resumed at W=3 at step 4" in ok.text()
-    # NOTE: step 4 of the interrupted run was lost with the kill; only the resumed run's step 4 counts.
+    # Step 4 of the interrupted run was lost with the kill; only the resumed run's step 4 counts.
     lost_differs = report.build(
         reference=_events(1, range(8), good),
         interrupted=_events(2, range(5), {**good, 4: "other"}),
@@ -80,7 +80,7 @@ def test_report_flags_a_step_whose_data_differ_and_a_step_never_run():
     assert bad.mismatches == [5, 7]
     assert not bad.all_match
     assert "MISMATCH: 2 of 8 steps differ from the reference, first at step 5" in bad.text()
-    # NOTE: a counter the loader did not report is shown as n/a, not as zero.
+    # A counter the loader did not report is shown as n/a, not as zero.
     assert "n/a" in bad.text()
     # The hash table shows the first step, both sides of the resize and the last step, by their numbers.
     shown = [line.split()[0] for line in bad.text().split("selected steps:\n")[1].splitlines()[2:] if line.strip()]
@@ -113,7 +113,7 @@ def run_demo(stdlib_corpus, tmp_path, *args: str) -> tuple[subprocess.CompletedP
     for path in stdlib_corpus.files[:20]:
         command += ["--input", str(path)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    # NOTE: the machine's temp folder, as the demo sees it: it must be empty
+    # The machine's temp folder, as the demo sees it: it must be empty
     # afterwards (torchrun's torchelastic_* folders go to the workdir).
     machine_tmp = tmp_path / "machine-tmp"
     machine_tmp.mkdir()
@@ -150,7 +150,7 @@ def test_demo_with_best_fit_rows_resumes_at_another_world_size_with_the_same_dat
         assert records[0]["event"] == "start" and records[0]["packing"] == "best_fit", run
         steps = [r for r in records if r["event"] == "step"]
         assert {r["state"]["packing"] for r in steps} == {"best_fit"}, run
-        # NOTE: the workers' loaders packed blocks (their summed counters time it).
+        # The workers' loaders packed blocks (their summed counters time it).
         assert sum(r["loader"]["pack_s"] for r in steps) > 0, run
 
 
@@ -171,7 +171,7 @@ def test_the_demo_packing_reaches_every_workers_loader(small_dataset, tmp_path, 
     assert DemoConfig().packing == "concat" and "--packing concat" in " ".join(worker_args(DemoConfig(), "u", vocab_size=1))
     with pytest.raises(ConfigError, match="--packing must be one of concat, best_fit, got 'first_fit'"):
         DemoConfig(packing="first_fit").checked()
-    # NOTE: the demo's printed `which` line carries the packing, and `which` takes it as printed.
+    # The demo's printed `which` line carries the packing, and `which` takes it as printed.
     command = report.which_command([small_dataset.url], step=3, world_size=1, seed=0, seq_len=64, global_batch=4,
                                    packing="best_fit")  # fmt: skip
     assert command.endswith("--seed 0 --packing best_fit --world-size 1 --text")
@@ -219,7 +219,7 @@ def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(st
     assert "OK: all 10 steps read exactly the reference's data" in done.stdout, output
     assert "match  phase" in done.stdout, output
     steps = [json.loads(line) for line in (tmp_path / "work" / "reference.jsonl").read_text().splitlines()]
-    # NOTE: phases start at steps 0 (pretrain), 4 (anneal) and 7 (long context).
+    # Phases start at steps 0 (pretrain), 4 (anneal) and 7 (long context).
     assert [r["phase"] for r in steps if r["event"] == "step"] == [0] * 4 + [1] * 3 + [2] * 3
     resumed = [json.loads(line) for line in (tmp_path / "work" / "resumed.jsonl").read_text().splitlines()]
     assert resumed[0]["start_step"] == 6 and resumed[0]["world_size"] == 1

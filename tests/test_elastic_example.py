@@ -43,7 +43,7 @@ def _torchrun(tmp_path: Path, data: str, nproc: int, steps: int, record: Path) -
         "--max-restarts=1", str(SCRIPT), "--data", data, "--ckpt-dir", str(tmp_path / "ckpt"),
         "--steps", str(steps), "--seq-len", str(SEQ_LEN), "--global-batch", str(GLOBAL_BATCH), "--record", str(record),
     ]  # fmt: skip
-    # NOTE: the recipe's variable (docs/ELASTIC.md); TMPDIR and the node cache
+    # The recipe's variable (docs/ELASTIC.md); TMPDIR and the node cache
     # in the test's folder, so nothing is left elsewhere.
     env = child_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "TMPDIR": str(tmp_path),
                      "ZEPHON_NODE_CACHE": str(tmp_path / "node-cache")})  # fmt: skip
@@ -72,7 +72,7 @@ def test_the_example_goes_on_from_the_newest_complete_checkpoint_at_any_world_si
     first, again, smaller = tmp_path / "first.jsonl", tmp_path / "again.jsonl", tmp_path / "smaller.jsonl"
     out = _torchrun(tmp_path, data, 2, 12, first)
     assert "world size 2: step 0 from scratch" in out
-    # NOTE: a save killed before its .metadata: the newest complete checkpoint is step 8.
+    # A save killed before its .metadata: the newest complete checkpoint is step 8.
     (tmp_path / "ckpt" / "step-00000012" / ".metadata").unlink()
     out = _torchrun(tmp_path, data, 2, 12, again)
     assert f"world size 2: step 8 from {tmp_path / 'ckpt' / 'step-00000008'}" in out
@@ -82,7 +82,7 @@ def test_the_example_goes_on_from_the_newest_complete_checkpoint_at_any_world_si
     runs = [_records(first), _records(again), _records(smaller)]
     assert [sorted(r) for r in runs] == [list(range(12)), list(range(8, 12)), list(range(12, 16))]
     for step in range(8, 12):
-        # NOTE: equal losses after the restart mean the optimizer's moments came back too.
+        # Equal losses after the restart mean the optimizer's moments came back too.
         assert runs[1][step]["losses"] == runs[0][step]["losses"], step
         assert runs[1][step]["rows"] == runs[0][step]["rows"], step
     assert {r["world_size"] for r in runs[2].values()} == {1}

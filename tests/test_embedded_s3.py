@@ -38,7 +38,7 @@ def port_left_in_time_wait(connections: int = 20) -> int:
         assert client.recv(1) == b""
         client.close()
     server.close()
-    # NOTE: the state this test is about: a bind without SO_REUSEADDR (the
+    # The state this test is about: a bind without SO_REUSEADDR (the
     # old probe's) is refused, though nothing listens.
     with socket.socket() as plain, pytest.raises(OSError):
         plain.bind((HOST, port))

@@ -23,7 +23,7 @@ from zephon_stream.storage import open_store
 from zephon_stream.storage.embedded_s3 import EmbeddedS3
 
 REPO = Path(__file__).resolve().parent.parent
-# NOTE: moto refuses anonymous reads of a private bucket but does not verify
+# moto refuses anonymous reads of a private bucket but does not verify
 # signatures, so a well-formed (unverified) Authorization header suffices.
 AUTH = "AWS4-HMAC-SHA256 Credential=testing-key-id/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00"
 
@@ -111,7 +111,7 @@ def test_fail_every_answers_every_nth_eligible_request_and_lists_each(fault_prox
     head = _get(proxy.endpoint_url, path, method="HEAD")[0]
     assert statuses == [206, 206, 503, 206, 206, 503, 206] and head == 200
     assert proxy.counts()["error_503"] == proxy.failed() == 2
-    # NOTE: the path without its query string, so a presigned URL's signature is never kept.
+    # The path without its query string, so a presigned URL's signature is never kept.
     assert proxy.injected() == [("error_503", "GET", path, "bytes=2-11"), ("error_503", "GET", path, "bytes=5-14")]
     proxy.set_fail_every(None)
     assert {_get(proxy.endpoint_url, path)[0] for _ in range(4)} == {200}

@@ -109,7 +109,7 @@ def make_dataset(
         **({} if version is None else {"version": version}),
     )
     (root / REJECTS_NAME).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects))
-    for path, data in manifest.objects().items():  # NOTE: format 1.1's index objects, the manifest last
+    for path, data in manifest.objects().items():  # Format 1.1's index objects, the manifest last
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_bytes(data)
     return manifest

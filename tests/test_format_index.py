@@ -67,7 +67,7 @@ def test_the_format_1_0_fixture_streams_the_batches_it_always_did() -> None:
     for world in (1, 2, 3):
         for rank in range(world):
             assert batch_digests(str(FIXTURE), world=world, rank=rank)[0] == EXPECTED["sha256"][str(world)][str(rank)]
-    # NOTE: the helper process gets a 1.0 manifest as before.
+    # The helper process gets a 1.0 manifest as before.
     assert batch_digests(str(FIXTURE), world=2, rank=1, pipeline="process")[0] == EXPECTED["sha256"]["2"]["1"]
 
 
@@ -93,7 +93,7 @@ def test_reindex_keeps_shards_and_fingerprint_and_a_1_0_checkpoint_resumes_at_an
     assert manifest.version == (1, 1) and manifest.fingerprint == EXPECTED["fingerprint"]
     assert manifest.shards == Manifest.load(str(FIXTURE)).shards
     assert batch_digests(str(reindexed), world=2, rank=0)[0] == EXPECTED["sha256"]["2"]["0"]
-    # NOTE: 5 steps at W = 2 on the 1.0 dataset, then W = 1 on its 1.1 form: the
+    # 5 steps at W = 2 on the 1.0 dataset, then W = 1 on its 1.1 form: the
     # global order goes on (W = 1's batch of 4 is W = 2's two batches of 2).
     _, state = batch_digests(str(FIXTURE), world=2, rank=0, steps=5)
     resumed, _ = batch_digests(str(reindexed), world=1, rank=0, steps=2, state=state, local_batch_size=4)
@@ -141,14 +141,14 @@ def test_a_corrupt_index_page_is_refused_naming_object_and_bytes_only_where_read
     monkeypatch.chdir(DATA.parent.parent)
     root = tmp_path / "ds"
     files = sorted(str(p.relative_to(DATA.parent.parent)) for p in (DATA / "format-1.0-inputs").iterdir())
-    # NOTE: 17-token blocks: 883 blocks, seven pages of frame records (146 a page).
+    # 17-token blocks: 883 blocks, seven pages of frame records (146 a page).
     manifest = zephon_stream.write_dataset(files, str(root), tokenizer="bytes", block_tokens=17,
                                            blocks_per_shard=64, progress=False)
     assert manifest.num_blocks > 5 * 146
     header = msgpack.unpackb((root / "manifest").read_bytes())
     blocks = header["index"]["blocks"]
     pages = blocks["page_bytes"]
-    # NOTE: one step: what it touches is what is fetched (no read-ahead past the end).
+    # One step: what it touches is what is fetched (no read-ahead past the end).
     loader_kwargs = dict(seq_len=16, local_batch_size=2, rank=0, world_size=1, seed=3, max_steps=1, pipeline="threads",
                          node_cache=False)
     with StreamingLoader(str(root), **loader_kwargs) as loader:
@@ -157,9 +157,9 @@ def test_a_corrupt_index_page_is_refused_naming_object_and_bytes_only_where_read
     untouched = (set(range(6)) - touched).pop()
     _flip(root / blocks["path"], untouched * pages + 5)
     with StreamingLoader(str(root), **loader_kwargs) as loader:
-        assert (next(iter(loader))["input"] == reference).all()  # NOTE: a page no step read yet
+        assert (next(iter(loader))["input"] == reference).all()  # A page no step read yet
     with pytest.raises(IndexObjectError, match=rf"index object .*{blocks['path']}.*digest mismatch"):
-        Manifest.load(str(root))  # NOTE: verify's way reads every page
+        Manifest.load(str(root))  # Verify's way reads every page
     _flip(root / blocks["path"], untouched * pages + 5)
     page = touched.pop()
     _flip(root / blocks["path"], page * pages + 3)

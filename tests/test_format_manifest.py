@@ -37,7 +37,7 @@ def merged_manifest() -> Manifest:
     shards = [shard(0, 30, bt), shard(1, 25, bt), shard(2, 30, bt), shard(3, 7, bt)]
     sources = [SourceInfo(path="part0.jsonl", num_records=5, num_documents=4, num_rejected=1),
                SourceInfo(path="s3://in/part1.jsonl", num_records=4, num_documents=4, num_rejected=0)]
-    # NOTE: the codec of format 1.0, every entry inline (1.1's is in test_format_index.py).
+    # The codec of format 1.0, every entry inline (1.1's is in test_format_index.py).
     return Manifest.create(tokenizer=BYTES_TOKENIZER, block_tokens=bt, blocks_per_shard=3, shards=shards, sources=sources,
                            version=(1, 0))
 

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("zephon_stream", "benchmarks")
 MAX_MODULE_LINES = 400
 LOADER = "zephon_stream.loader"
-# NOTE: the order a batch passes through the loader's sub-packages (docs/ARCHITECTURE.md, "loader/").
+# The order a batch passes through the loader's sub-packages (docs/ARCHITECTURE.md, "loader/").
 LOADER_STAGES = ("blocks", "planning", "ring", "producer", "delivery", "runs", "front")
 
 
@@ -263,7 +263,7 @@ def test_every_loader_module_lives_in_a_stage_with_a_docstring():
         assert init.is_file(), f"stage {stage!r} has no package {init.relative_to(REPO)}"
         tree = ast.parse(init.read_text(encoding="utf-8"))
         assert ast.get_docstring(tree), f"{init.relative_to(REPO)}: say the stage's job and where a batch goes next"
-        # NOTE: a stage's __init__ runs whenever any of its modules is imported
+        # A stage's __init__ runs whenever any of its modules is imported
         # (the helper process's too), so it imports nothing.
         assert all(isinstance(node, ast.Expr) for node in tree.body), f"{init.relative_to(REPO)} imports or defines something"
 

@@ -44,7 +44,7 @@ def test_the_report_is_cut_counts_summed_over_the_blocks_it_read(definitions_dat
     assert some.blocks == (0, 3, 7, 11, 14, 18, 22) == tuple(spread_blocks(26, 7))
     assert some.blocks_read() == "7 of 26 blocks, spread evenly (ids 0, 3, 7, 11, 14, 18, 22)"
     assert some.counts[256] == summed(url, list(some.blocks), 256)
-    # NOTE: the shares are of the documents inside a block; edge documents are counted apart.
+    # The shares are of the documents inside a block; edge documents are counted apart.
     counts = every.counts[256]["concat"]
     shown = figures(counts)
     assert shown["documents"] == counts.documents - counts.edge_documents > 100
@@ -68,7 +68,7 @@ def test_inspect_packing_report_prints_both_packings_side_by_side(definitions_da
     url = definitions_dataset.url
     assert main(["inspect", url, "--packing-report", "--seq-len", "256", "--seq-len", "1024", "--blocks", "7"]) == 0
     captured = capsys.readouterr()
-    assert captured.err == ""  # NOTE: no progress bar when stderr is not a terminal
+    assert captured.err == ""  # No progress bar when stderr is not a terminal
     out = captured.out
     assert f"packing report of {url}: 7 of 26 blocks, spread evenly (ids 0, 3, 7, 11, 14, 18, 22)\n" in out
     assert "such documents are counted apart" in out

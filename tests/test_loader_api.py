@@ -149,7 +149,7 @@ def test_a_mixture_written_as_dicts_pairs_or_url_weight_strings_reads_as_its_str
         [Stream(web, weight=3), Stream(code, weight=1)],
         [{"url": web, "weight": 3}, {"url": code}],
         [(web, 3), (code, 1)],
-        [f"{web}:3", code],  # NOTE: the "url:weight" entries of the TorchTitan configs
+        [f"{web}:3", code],  # The "url:weight" entries of the TorchTitan configs
     ]
     firsts = []
     for streams in forms:
@@ -164,7 +164,7 @@ def test_one_stream_given_as_a_dict_a_pair_a_path_or_url_weight_reads_that_datas
     url = small_dataset.url
     with StreamingLoader(url, seq_len=128, local_batch_size=4, pipeline="threads") as loader:
         want = next(loader)["input"]
-    # NOTE: a path with ':' whose suffix is no number is a path; one whose suffix is a
+    # A path with ':' whose suffix is no number is a path; one whose suffix is a
     # number is named as a Stream or a path object, which are never split.
     named = shutil.copytree(url, tmp_path / "run:v2")
     numbered = shutil.copytree(url, tmp_path / "run:3")
@@ -227,7 +227,7 @@ def test_memory_bound_is_computed_and_a_config_over_the_cap_is_refused(small_dat
 
 
 def test_a_global_batch_over_an_epoch_names_local_batch_size_and_world_size_or_the_lanes_set(small_dataset):
-    # NOTE: about 600 samples of seq_len 512 an epoch, and no lanes given: they are the global batch, 1024.
+    # About 600 samples of seq_len 512 an epoch, and no lanes given: they are the global batch, 1024.
     with pytest.raises(ConfigError) as info:
         StreamingLoader(small_dataset.url, seq_len=512, local_batch_size=128, rank=0, world_size=8, pipeline="threads")
     said = re.fullmatch(
@@ -259,7 +259,7 @@ def test_close_stops_every_thread_and_releases_file_handles(small_dataset):
     loader.close()
     loader.close()
     assert set(threading.enumerate()) - threads == set()
-    # NOTE: a batch still held keeps the ring's mapping (and its descriptor)
+    # A batch still held keeps the ring's mapping (and its descriptor)
     # alive, as it must: its tensors are views of the ring.
     del _
     assert open_fds() == fds
@@ -270,19 +270,19 @@ def test_close_stops_every_thread_and_releases_file_handles(small_dataset):
 def test_the_helper_process_runs_the_pipeline_and_close_ends_it(small_dataset):
     threads, fds = set(threading.enumerate()), open_fds()
     loader = loader_for(small_dataset.url, num_fetch_threads=3, num_decode_threads=2)
-    assert loader.pipeline_mode == "process" and loader.helper_pid is None  # NOTE: nothing runs before the first step
+    assert loader.pipeline_mode == "process" and loader.helper_pid is None  # Nothing runs before the first step
     steps_until_the_helper_serves(loader)
     for _ in zip(range(10), loader):
         pass
     pid = loader.helper_pid
     assert process_alive(pid)
-    # NOTE: fetch, decode and assembly run in the helper: no thread of this
+    # Fetch, decode and assembly run in the helper: no thread of this
     # process (those that served the first steps have stopped).
     assert set(threading.enumerate()) - threads == set()
     loader.close()
     loader.close()
     assert not process_alive(pid)
-    del _  # NOTE: the last batch is a view of the ring
+    del _  # The last batch is a view of the ring
     assert open_fds() == fds
 
 
@@ -292,7 +292,7 @@ def test_stats_count_fetches_decodes_hits_and_stalls(small_dataset):
             pass
         stats = loader.stats()
     assert stats["steps"] == 20 and stats["samples"] == 160
-    # NOTE: blocks for later steps may still be in flight when the counters are read.
+    # Blocks for later steps may still be in flight when the counters are read.
     assert 0 < stats["blocks_decoded"] <= stats["blocks_fetched"] <= stats["cache_misses"]
     assert stats["bytes_fetched"] > 0 and stats["cache_hits"] > 0 and stats["retries"] == 0
     assert stats["stall_s"] >= 0 and stats["stall_s_per_step"] == pytest.approx(stats["stall_s"] / 20)
@@ -308,7 +308,7 @@ def test_a_corrupt_block_is_named_in_the_consumer_and_never_returned(small_datas
     reader = DirectReader([small_dataset.url])
     with loader_for(url) as probe:
         blocks = [set(probe.order.rank_slice(k * 8, 8, 1, 0).block.tolist()) for k in range(200)]
-    # NOTE: the first step after the first few that needs a block no earlier step read.
+    # The first step after the first few that needs a block no earlier step read.
     first_bad = next(k for k in range(5, 200) if blocks[k] - set().union(*blocks[:k]))
     target = min(blocks[first_bad] - set().union(*blocks[:first_bad]))
     path, start, end = small_dataset.manifest.block_byte_range(target)
@@ -396,12 +396,12 @@ def test_one_epoch_fetches_each_block_once_per_lane_reading_it(small_dataset, wi
             piece = probe.order.rank_slice(k * 8, 8, 1, 0)
             for position, block in zip(piece.positions.tolist(), piece.block.tolist()):
                 readers.setdefault(block, set()).add(position % 8)
-    # NOTE: one producer run (threads): a helper taking a run over from
+    # One producer run (threads): a helper taking a run over from
     # threads fetches the blocks in use again, which the totals count.
     with loader_for(small_dataset.url, window=window, max_steps=steps, pipeline="threads") as loader:
         assert len(list(loader)) == steps
         stats = loader.stats()
-    # NOTE: a block cut by a lane boundary is read at the start of one lane and
+    # A block cut by a lane boundary is read at the start of one lane and
     # the end of the previous one; it is fetched once for each unless the
     # planned horizon still covers its second use.
     assert len(readers) <= stats["blocks_fetched"] <= sum(len(lanes) for lanes in readers.values())
@@ -409,7 +409,7 @@ def test_one_epoch_fetches_each_block_once_per_lane_reading_it(small_dataset, wi
 
 
 def test_rows_of_a_whole_block_equal_the_direct_read(small_dataset):
-    # NOTE: seq_len 4096 of 4097-token blocks: each sample is a whole block.
+    # seq_len 4096 of 4097-token blocks: each sample is a whole block.
     reader = DirectReader([small_dataset.url])
     eos = small_dataset.manifest.tokenizer.eos_id
     with loader_for(small_dataset.url, seq_len=4096, local_batch_size=8) as loader:
@@ -442,7 +442,7 @@ def test_a_loader_dropped_without_close_stops_its_threads_and_helper(small_datas
 
 
 def test_lanes_that_do_not_divide_the_batch_stay_within_the_cache_bound(small_dataset):
-    # NOTE: C = 12, B = 8: the lanes each rank reads rotate from step to step.
+    # C = 12, B = 8: the lanes each rank reads rotate from step to step.
     with loader_for(small_dataset.url, lanes=12, local_batch_size=4, world_size=2, rank=1) as loader:
         assert loader.memory_bound.resident_blocks >= 4
         for _ in zip(range(150), loader):
@@ -450,8 +450,8 @@ def test_lanes_that_do_not_divide_the_batch_stay_within_the_cache_bound(small_da
         stats = loader.stats()
     assert stats["cache_forced_reservations"] == 0
     assert 0 < stats["cache_peak_bytes"] <= stats["cache_capacity_bytes"]
-    # NOTE: the producer publishes its counters in a fixed order; each lands under its own name.
+    # The producer publishes its counters in a fixed order; each lands under its own name.
     assert stats["cache_capacity_bytes"] == loader.memory_bound.cache_bytes
     assert 0 < stats["cache_resident_bytes"] <= stats["cache_peak_bytes"]
-    assert 0 < stats["blocks_decoded"] <= stats["blocks_fetched"] <= stats["cache_misses"]  # NOTE: some may be in flight
+    assert 0 < stats["blocks_decoded"] <= stats["blocks_fetched"] <= stats["cache_misses"]  # Some may be in flight
     assert stats["retries"] == stats["storage_errors"] == 0

@@ -25,8 +25,8 @@ from zephon_stream.loader import EvalLoader, Phase
 from zephon_stream.loader.planning.memory import PACKING_WORK_BYTES_PER_TOKEN
 from zephon_stream.loader.ring.row_documents import IGNORE_INDEX
 
-SEQ_LEN = 256  # NOTE: 4097-token blocks hold 16 rows
-GLOBAL_BATCH = 30  # NOTE: divided by world sizes 1, 2, 3 and 5
+SEQ_LEN = 256  # 4097-token blocks hold 16 rows
+GLOBAL_BATCH = 30  # Divided by world sizes 1, 2, 3 and 5
 
 
 def loader_for(url, **kwargs):
@@ -97,7 +97,7 @@ def test_every_row_is_its_blocks_best_fit_row_with_labels_positions_and_document
                 np.testing.assert_array_equal(batch["labels"][row].numpy(), labels)
             positions = reference_positions(inputs, eos)
             np.testing.assert_array_equal(batch["positions"].numpy(), positions)
-            # NOTE: a document (piece) starts where positions restart; the outputs say the same.
+            # A document (piece) starts where positions restart; the outputs say the same.
             starts = np.flatnonzero(positions.reshape(-1) == 0)
             np.testing.assert_array_equal(batch["cu_seqlens"][: int(batch["num_cu_seqlens"]) - 1].numpy(), starts)
         assert loader.stats()["pack_s"] > 0
@@ -142,7 +142,7 @@ def test_any_world_size_reads_the_single_rank_run_and_resumes_mid_block_at_anoth
             assert run_step_hashes(loaders, 24) == expected, f"world size {world}"
         finally:
             close_all(loaders)
-    # NOTE: 30 samples a step over 16-sample blocks: step 7 starts inside a block.
+    # 30 samples a step over 16-sample blocks: step 7 starts inside a block.
     first = ranks(definitions_dataset.url, 2, seed=3, pipeline="threads")
     try:
         run_step_hashes(first, 7)
@@ -230,7 +230,7 @@ def test_a_checkpoint_of_the_other_packing_is_refused_naming_both(definitions_da
         with pytest.raises(StateMismatchError, match=r"packing \(how rows are filled\): checkpoint has 'concat', "
                                                      r"this loader has 'best_fit'"):  # fmt: skip
             best_fit.load_state_dict(state)
-        # NOTE: a state saved before the packing was recorded is concat's.
+        # A state saved before the packing was recorded is concat's.
         older = {key: value for key, value in state.items() if key != "packing"}
         with pytest.raises(StateMismatchError, match="checkpoint has 'concat'"):
             best_fit.load_state_dict(older)
@@ -252,5 +252,5 @@ def test_the_memory_bound_counts_the_packed_blocks_and_the_blocks_being_packed(d
     assert plain.packing_bytes == 0 and bound.packing_bytes > 0
     assert bound.block_bytes == 16 * (SEQ_LEN + 1) * 2 and plain.block_bytes == 4097 * 2
     assert "for the blocks being packed" in bound.describe()
-    assert bound.packing_bytes == 2 * 4097 * (2 + PACKING_WORK_BYTES_PER_TOKEN)  # NOTE: one block per decode thread
+    assert bound.packing_bytes == 2 * 4097 * (2 + PACKING_WORK_BYTES_PER_TOKEN)  # One block per decode thread
     assert stats["cache_peak_bytes"] <= stats["cache_capacity_bytes"]

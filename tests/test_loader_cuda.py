@@ -34,7 +34,7 @@ def test_copies_overlap_compute_on_the_consumer_stream(small_dataset):
     with StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8, device="cuda", prefetch_steps=4) as gpu:
         next(gpu)
         main = torch.cuda.current_stream()
-        # NOTE: about a second of work on the consumer's stream; the copies of
+        # About a second of work on the consumer's stream; the copies of
         # the batches published meanwhile must not wait for it.
         torch.cuda._sleep(2_000_000_000)
         busy = torch.cuda.Event()
@@ -54,12 +54,12 @@ def test_ids_cross_at_their_stored_width_and_close_unregisters_the_ring(small_da
     with StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8, device="cuda",
                          pipeline=pipeline) as gpu:
         layout = gpu.ring.layout
-        # NOTE: uint16 ids of 8 rows of 257 tokens, the EOS ids and positions:
+        # uint16 ids of 8 rows of 257 tokens, the EOS ids and positions:
         # about a quarter of the int64 input, labels and positions.
         assert layout.wide_keys == () and layout.device_bytes < 8 * 257 * 2 + 64 + 16 * 8
         batch = next(gpu)
         assert batch["input"].dtype == torch.int64 and batch["labels"].is_cuda
-        # NOTE: a tensor over the whole ring keeps its mapping after close();
+        # A tensor over the whole ring keeps its mapping after close();
         # is_pinned() asks CUDA (cudaPointerGetAttributes) whether the memory
         # is registered, a query that leaves no error behind.
         ring_memory = torch.from_numpy(gpu.ring.as_array())
@@ -87,7 +87,7 @@ def test_the_tokens_layout_on_cuda_equals_cpus_with_host_labels_kept_on_the_cpu(
 
 
 def test_a_schedule_on_cuda_reads_what_cpu_reads_across_shape_changes(small_dataset, small_bpe_dataset):
-    # NOTE: at each boundary the pinned ring is unregistered and a new one, laid
+    # At each boundary the pinned ring is unregistered and a new one, laid
     # out for the next phase, registered; host labels (TorchTitan's) stay valid.
     from zephon_stream import Phase
 
@@ -105,11 +105,11 @@ def test_a_schedule_on_cuda_reads_what_cpu_reads_across_shape_changes(small_data
                 assert torch.equal(got[key].cpu(), want[key])
             kept.append((want["labels"].clone(), got["labels"]))
         assert gpu.delivery.slots_pinned()
-        for want, got in kept:  # NOTE: earlier phases' rings are closed, their batches still valid
+        for want, got in kept:  # Earlier phases' rings are closed, their batches still valid
             assert torch.equal(got, want)
 
 
-# NOTE: about 2-4 s of GPU time at 1-2 GHz, far longer than the host loop below.
+# About 2-4 s of GPU time at 1-2 GHz, far longer than the host loop below.
 _SLEEP_CYCLES = 4_000_000_000
 
 
@@ -123,7 +123,7 @@ def test_unsigned_ids_widen_on_the_device_with_the_direct_copy():
 
 
 def test_host_labels_copied_behind_a_long_kernel_arrive_intact(small_dataset):
-    # NOTE: labels.to(device, non_blocking=True) from a view of the pinned ring
+    # labels.to(device, non_blocking=True) from a view of the pinned ring
     # runs when the consumer's stream gets to it, here after a long kernel.
     # The consumer drops its views meanwhile and the loop goes round the ring
     # several times: a slot handed back on the drop would be refilled before
@@ -133,7 +133,7 @@ def test_host_labels_copied_behind_a_long_kernel_arrive_intact(small_dataset):
         want = [next(cpu)["labels"].clone() for _ in range(40)]
     with StreamingLoader(small_dataset.url, device="cuda", host_labels=True, **config) as gpu:
         num_slots = gpu.ring.num_slots
-        first = next(gpu)  # NOTE: the helper is running and its queue filling
+        first = next(gpu)  # The helper is running and its queue filling
         assert torch.equal(first["labels"], want[0])
         del first
         torch.cuda.synchronize()
@@ -145,7 +145,7 @@ def test_host_labels_copied_behind_a_long_kernel_arrive_intact(small_dataset):
             if labels.is_pinned():
                 copies.append((step, labels.to("cuda", non_blocking=True)))
             else:
-                # NOTE: the loader copied these labels (views still out); a
+                # The loader copied these labels (views still out); a
                 # non_blocking copy from pageable memory would wait for the stream.
                 copied_on_host += 1
                 assert torch.equal(labels, want[step])
@@ -168,7 +168,7 @@ def test_close_waits_for_copies_the_consumer_queued_from_host_labels(small_datas
         on_device = labels.to("cuda", non_blocking=True)
         del labels
         busy = not consumer.query()
-    # NOTE: close() stops the helper first (well under the kernel's seconds),
+    # close() stops the helper first (well under the kernel's seconds),
     # then must wait for the stream before it unregisters and unmaps the ring.
     assert busy, "the copy ran before close(): the check proves nothing"
     assert consumer.query(), "close() unregistered the ring before the consumer's stream was done with it"
@@ -180,7 +180,7 @@ def test_cuda_without_an_index_under_torchrun_is_local_ranks_gpu_or_refused(monk
     monkeypatch.setenv("LOCAL_RANK", str(current))
     assert resolve_device("cuda") == torch.device("cuda", current)
     assert resolve_device(f"cuda:{current}") == torch.device("cuda", current)
-    if count > 1:  # NOTE: the refusal needs a second GPU; tests/test_loader_device.py covers it on CPU
+    if count > 1:  # The refusal needs a second GPU; tests/test_loader_device.py covers it on CPU
         other = (current + 1) % count
         monkeypatch.setenv("LOCAL_RANK", str(other))
         with pytest.raises(ValueError, match=rf"torch.cuda.set_device\({other}\)"):

@@ -23,7 +23,7 @@ from zephon_stream.loader.ring.shared_ring import SharedRing, SlotLayout
     ("device_count", "current_device", "env", "expected"),
     [
         (1, 0, {}, 0),
-        (8, 3, {}, 3),  # NOTE: no torchrun: the current device, whatever it is
+        (8, 3, {}, 3),  # No torchrun: the current device, whatever it is
         (8, 5, {"LOCAL_RANK": "5"}, 5),  # set_device(LOCAL_RANK) came first
         (1, 0, {"LOCAL_RANK": "3"}, 0),  # one GPU visible per rank (CUDA_VISIBLE_DEVICES)
     ],
@@ -110,7 +110,7 @@ def labels_ring(num_slots: int) -> SharedRing:
 
 
 def returns_for(ring: SharedRing, consumer: Consumer) -> SlotReturns:
-    # NOTE: as CUDA delivery builds it: the ring says whether a slot is viewed.
+    # As CUDA delivery builds it: the ring says whether a slot is viewed.
     return SlotReturns(referenced=ring.slot_in_use, record_release=consumer.record, max_viewed=MAX_VIEWED)
 
 
@@ -129,7 +129,7 @@ def test_a_slot_whose_labels_copy_is_pending_is_not_refilled_until_the_consumer_
         labels = host_labels(ring, 0)
         labels.fill_(41)
         assert returns.reclaim() == [] and consumer.recorded == [], "views held: nothing recorded, nothing freed"
-        # NOTE: the consumer queues labels.to(device, non_blocking=True) and
+        # The consumer queues labels.to(device, non_blocking=True) and
         # drops its views while that copy waits behind its compute.
         del labels
         assert returns.reclaim() == [] and len(consumer.recorded) == 1
@@ -159,12 +159,12 @@ def test_pending_releases_count_as_held_so_later_labels_are_copies_and_the_ring_
         assert all(returns.add(index, copied=StreamEvent(done=True), host_keys=True) for index in held)
         assert returns.reclaim() == [], "every slot's views are dropped (none kept here), releases pending"
         assert len(consumer.recorded) == MAX_VIEWED
-        # NOTE: a delivery while they are all pending gets copies; its slot goes
+        # A delivery while they are all pending gets copies; its slot goes
         # back once its device copy is done, without waiting for them.
         extra = MAX_VIEWED
         assert not returns.add(extra, copied=StreamEvent(done=True), host_keys=True)
         assert returns.reclaim() == [extra]
-        # NOTE: the producer keeps the rest: the queue ahead and the step it assembles.
+        # The producer keeps the rest: the queue ahead and the step it assembles.
         assert ring.num_slots - (MAX_VIEWED + 1) == 1 + 1
         assert returns.settle() == tuple(held), "a new producer must not be given them either"
         returns.wait()

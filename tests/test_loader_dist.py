@@ -29,7 +29,7 @@ SEED = 9
 
 def torchrun(nproc: int, args: list[str], env: dict[str, str], timeout_s: float = 240, worker: Path = WORKER) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(worker), *args]
-    # NOTE: torchrun leaves a torchelastic_* folder in its TMPDIR, and ranks
+    # torchrun leaves a torchelastic_* folder in its TMPDIR, and ranks
     # killed their node cache's files: both in a folder that is removed.
     with tempfile.TemporaryDirectory(prefix="zs-torchrun-") as tmp:
         env = {**env, "TMPDIR": tmp, "ZEPHON_NODE_CACHE": os.path.join(tmp, "node-cache")}

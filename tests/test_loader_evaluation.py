@@ -63,10 +63,10 @@ def test_a_rebuild_reuses_the_parsed_manifest_unless_the_dataset_was_written_aga
     first = write_small_dataset(stdlib_corpus, tmp_path / "heldout", "bytes", num_files=10)
     with EvalLoader(url, seq_len=SEQ_LEN, local_batch_size=2) as one, EvalLoader(url, seq_len=SEQ_LEN,
                                                                                    local_batch_size=2) as two:
-        # NOTE: what a validator's rebuild reads again is parsed and validated once.
+        # What a validator's rebuild reads again is parsed and validated once.
         assert one.manifests[0][1].parsed is two.manifests[0][1].parsed
         assert one.manifests[0][1].fingerprint == first.manifest.fingerprint
-    shutil.rmtree(tmp_path / "heldout")  # NOTE: the same place, written again with more files
+    shutil.rmtree(tmp_path / "heldout")  # The same place, written again with more files
     second = write_small_dataset(stdlib_corpus, tmp_path / "heldout", "bytes", num_files=12)
     with EvalLoader(url, seq_len=SEQ_LEN, local_batch_size=2) as three:
         assert three.manifests[0][1].fingerprint == second.manifest.fingerprint != first.manifest.fingerprint

@@ -52,12 +52,12 @@ def own_threads():
 def test_close_on_s3_leaves_no_thread_or_socket(small_dataset, s3_bucket, pipeline):
     url = s3_bucket.url("data")
     copy_dataset(small_dataset.url, url, dst_options=s3_bucket.storage_options)
-    # NOTE: warm fsspec's process-wide event-loop thread first; it is shared by
+    # Warm fsspec's process-wide event-loop thread first; it is shared by
     # every fsspec filesystem of the process and is not the loader's.
     with open_store(url, s3_bucket.storage_options) as store:
         store.read("manifest")
     threads, socks = own_threads(), open_fds()["socket"]
-    # NOTE: sockets watched while the loader reads: a connection is open only
+    # Sockets watched while the loader reads: a connection is open only
     # while it is used or kept alive, and on a busy machine the loader may
     # have read every block it needs before the 20th step.
     reading, peak = threading.Event(), [socks]
@@ -77,7 +77,7 @@ def test_close_on_s3_leaves_no_thread_or_socket(small_dataset, s3_bucket, pipeli
     assert peak[0] > socks, "no connection was ever open; the check below proves nothing"
     loader.close()
     assert own_threads() - threads == set()
-    # NOTE: moto runs in this process; give its side of each connection a moment to close.
+    # moto runs in this process; give its side of each connection a moment to close.
     deadline = time.monotonic() + 30
     while open_fds()["socket"] > socks and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -55,7 +55,7 @@ def test_the_layouts_are_named_and_another_is_refused_naming_it(small_dataset):
         StreamingLoader(small_dataset.url, seq_len=64, local_batch_size=2, batch_layout="flat")
 
 
-# NOTE: 128 rows of 128 tokens fill a ring slot (one step a slot); 4 rows share a slot with 15 more steps.
+# 128 rows of 128 tokens fill a ring slot (one step a slot); 4 rows share a slot with 15 more steps.
 @pytest.mark.parametrize("local_batch_size", [128, 4])
 @pytest.mark.parametrize("pipeline", ["process", "threads"])
 def test_tokens_batches_are_the_rows_batches_flattened_and_views_of_the_ring(small_dataset, pipeline,
@@ -79,7 +79,7 @@ def test_tokens_batches_are_the_rows_batches_flattened_and_views_of_the_ring(sma
 
 @pytest.mark.parametrize("local_batch_size", [128, 4])
 def test_the_1d_views_are_made_once_per_slot_and_handed_over_again(small_dataset, local_batch_size):
-    # NOTE: a view made per step would be a new tensor object each time the
+    # A view made per step would be a new tensor object each time the
     # slot comes round; the slot's own (cached) tensors are handed over instead.
     with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=local_batch_size, pipeline="threads",
                          batch_layout="tokens") as loader:  # fmt: skip

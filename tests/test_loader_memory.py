@@ -13,7 +13,7 @@ import pytest
 from zephon_stream import write_dataset
 
 PROBE = Path(__file__).parent / "dist_loader" / "loader_memory_probe.py"
-# NOTE: what the bound does not model: malloc arena slack, thread stacks
+# What the bound does not model: malloc arena slack, thread stacks
 # touched, numpy/torch temporaries and Python objects of the pipeline.
 RSS_SLACK_BYTES = 24 << 20
 BLOCK_TOKENS = 2**17 + 1  # 256 KiB decoded per block

@@ -54,7 +54,7 @@ def test_outputs_come_through_the_pipeline_and_agree_with_the_plain_batch(small_
             documents += sum(len(pieces) for pieces in reference_documents(inputs, eos))
             if step % 4 == 0:
                 check_attention(got, inputs, eos, seed=step)
-            # NOTE: kept batches (past two, the consumer gets copies) stay intact.
+            # Kept batches (past two, the consumer gets copies) stay intact.
             kept.append((got, {key: value.clone() for key, value in got.items()}))
         assert documents > 12 * ROWS, "the steps hold document boundaries"
         for batch, copy in kept:
@@ -115,7 +115,7 @@ def test_eval_padding_rows_are_one_segment_nothing_else_attends_to(small_dataset
             inputs = got["input"].numpy()
             valid = got["mask"].numpy()
             assert torch.equal(got["input"], want["input"])
-            # NOTE: the reference sees a padding row as a row without EOS: one document.
+            # The reference sees a padding row as a row without EOS: one document.
             seen_eos = np.where(valid, eos, -1)
             check_outputs(got, inputs, np.where(valid[:, None], want["labels"].numpy(), IGNORE_INDEX), seen_eos,
                           ignore=targets == "ignore")

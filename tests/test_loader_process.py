@@ -36,7 +36,7 @@ def process_state(pid: int) -> str | None:
 def wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        # NOTE: a killed process's leader shows "Z" while its other threads
+        # A killed process's leader shows "Z" while its other threads
         # still exit, and waitpid does not report it until they have; for a
         # child of ours, ask waitid without reaping it.
         try:
@@ -102,7 +102,7 @@ def test_the_helper_process_reads_what_the_in_process_pipeline_reads(small_datas
 @pytest.mark.parametrize("unsigned_copy", [True, False])
 @pytest.mark.parametrize("token_dtype", ["<u2", "<u4"])
 def test_narrow_rows_widened_by_torch_equal_the_host_assembly(token_dtype, unsigned_copy, batch_layout, monkeypatch):
-    # NOTE: False takes the signed-view-and-mask path, for a device (or a torch
+    # False takes the signed-view-and-mask path, for a device (or a torch
     # older than 2.3) without copy kernels for torch's unsigned dtypes. The
     # "tokens" layout is what CUDA delivery hands over for it: the rows end to end.
     if not unsigned_copy:
@@ -113,7 +113,7 @@ def test_narrow_rows_widened_by_torch_equal_the_host_assembly(token_dtype, unsig
     block = rng.integers(0, vocab, size=8 * seq_len + 1).astype(token_dtype)
     block[rng.choice(block.size, 40, replace=False)] = 17  # EOS of even rows
     block[rng.choice(block.size, 40, replace=False)] = 29  # EOS of odd rows
-    block[seq_len - 1] = 17  # NOTE: EOS as a row's last input token starts nothing inside it
+    block[seq_len - 1] = 17  # EOS as a row's last input token starts nothing inside it
     eos = np.array([17, 29, 17, 29, 17])
     ring = SharedRing.create(num_slots=1, layout=SlotLayout(rows=rows, seq_len=seq_len, token_dtype=token_dtype,
                                                             wide_keys=WIDE_KEYS))
@@ -141,7 +141,7 @@ def test_a_killed_helper_raises_at_the_next_step_naming_it(small_dataset):
     pid = loader.helper_pid
     with open(f"/proc/{pid}/maps") as maps:
         mapped = maps.read()
-    assert "/memfd:zephon-ring" in mapped and "/dev/shm" not in mapped  # NOTE: a ring with no name
+    assert "/memfd:zephon-ring" in mapped and "/dev/shm" not in mapped  # A ring with no name
     lock_word = loader.ring.helper_lock_word
     assert lock_word[0] == pid, "the helper holds its liveness lock: no system call per step to know it lives"
     os.kill(pid, signal.SIGKILL)
@@ -150,7 +150,7 @@ def test_a_killed_helper_raises_at_the_next_step_naming_it(small_dataset):
     step = taken + 3
     with pytest.raises(HelperProcessError, match=rf"helper process \(pid {pid}\) was killed by SIGKILL while step {step} "):
         next(loader)
-    with pytest.raises(HelperProcessError):  # NOTE: and at every later step
+    with pytest.raises(HelperProcessError):  # And at every later step
         next(loader)
     assert loader.position == step * 4
     assert all(batch["input"].shape == (4, 128) for batch in kept)
@@ -210,17 +210,17 @@ def test_the_helper_imports_no_torch_and_fits_its_memory_allowance(small_dataset
 
 @pytest.mark.parametrize("pipeline", ["process", "threads"])
 def test_batches_are_views_of_the_ring_unless_the_consumer_hoards_them(small_dataset, pipeline):
-    # NOTE: 128 rows of 128 tokens: one step a ring slot (SLOT_TOKENS).
+    # 128 rows of 128 tokens: one step a ring slot (SLOT_TOKENS).
     with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=128, pipeline=pipeline) as loader:
         if pipeline == "process":
-            steps_until_the_helper_serves(loader)  # NOTE: from here on, one ring
+            steps_until_the_helper_serves(loader)  # From here on, one ring
         low, high = loader.ring.address(), loader.ring.address() + loader.ring.nbytes
 
         def in_ring(batch):
             return all(low <= tensor.data_ptr() < high for tensor in batch.values())
 
         for _ in range(20):
-            batch = next(loader)  # NOTE: the step before this one is dropped here
+            batch = next(loader)  # The step before this one is dropped here
             assert in_ring(batch)
         kept = [next(loader) for _ in range(6)]
         assert [in_ring(b) for b in kept] == [True, False, False, False, False, False]
@@ -228,7 +228,7 @@ def test_batches_are_views_of_the_ring_unless_the_consumer_hoards_them(small_dat
 
 @pytest.mark.parametrize("pipeline", ["process", "threads"])
 def test_small_steps_share_a_slot_and_a_hoarding_consumer_still_gets_every_step(small_dataset, pipeline):
-    # NOTE: 4 rows of 128 tokens: 16 steps a slot, handed over as views; the
+    # 4 rows of 128 tokens: 16 steps a slot, handed over as views; the
     # slots a consumer keeps count as held batches.
     with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, pipeline=pipeline, seed=2) as loader:
         if pipeline == "process":
@@ -247,7 +247,7 @@ def test_small_steps_share_a_slot_and_a_hoarding_consumer_still_gets_every_step(
 
 @pytest.mark.parametrize("pipeline", ["process", "threads"])
 def test_a_slot_is_not_refilled_while_the_consumer_keeps_views_derived_from_its_tensors(small_dataset, pipeline):
-    # NOTE: a slot's tensors are made once and handed over again; what the
+    # A slot's tensors are made once and handed over again; what the
     # consumer derives from them (a slice, a detach(), a numpy view) must keep
     # the slot from the producer as the tensors themselves do.
     settings = {"seq_len": 128, "local_batch_size": 4, "seed": 5}
@@ -274,7 +274,7 @@ def test_a_slot_is_not_refilled_while_the_consumer_keeps_views_derived_from_its_
 
 
 def test_a_helper_loads_its_streams_client_libraries_and_skips_schemes_it_cannot():
-    # NOTE: the S3 client library is loaded before the helper says it is
+    # The S3 client library is loaded before the helper says it is
     # ready; a scheme with no library (or none installed) is left to the store
     # that needs it, which names what to install.
     mapped = {}
@@ -291,7 +291,7 @@ def test_a_helper_loads_its_streams_client_libraries_and_skips_schemes_it_cannot
         finally:
             helper.close()
         assert helper.reaped()
-    # NOTE: aiohttp (s3fs's HTTP client) has native parts: mapped once it is imported.
+    # aiohttp (s3fs's HTTP client) has native parts: mapped once it is imported.
     assert "aiohttp" not in mapped[()]
     assert "aiohttp" in mapped[("s3", "no-such-scheme")]
     assert all("libtorch" not in text for text in mapped.values())
@@ -307,7 +307,7 @@ def test_the_helper_runs_at_the_niceness_asked_for(small_dataset):
 
 
 def test_a_run_the_helper_takes_over_from_threads_reads_what_threads_read(small_dataset):
-    # NOTE: the first steps come from threads of this process while the
+    # The first steps come from threads of this process while the
     # helper starts; it takes over at a step boundary some steps ahead.
     with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, seed=3) as loader:
         hashes, served_by = [], []
@@ -326,7 +326,7 @@ def test_a_helper_killed_during_a_hand_over_raises_and_leaves_nothing(small_data
     loader = StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4)
     if moment == "while_it_takes_over":
         deadline = time.monotonic() + 120
-        # NOTE: the helper has been given the rest of the run from a cursor ahead; threads still serve.
+        # The helper has been given the rest of the run from a cursor ahead; threads still serve.
         while loader._feed.next_start is None:
             assert time.monotonic() < deadline
             next(loader)

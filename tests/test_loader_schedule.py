@@ -20,7 +20,7 @@ from loader_reference import DirectReader, run_step_hashes, steps_until_the_help
 from zephon_stream import Phase, StreamingLoader
 from zephon_stream.errors import ConfigError, HelperProcessError, StateMismatchError
 
-# NOTE: the fixture datasets have 4097-token blocks: every seq_len here tiles them.
+# The fixture datasets have 4097-token blocks: every seq_len here tiles them.
 SEQ_LENS = (64, 128, 256, 512)
 BATCHES = (4, 6, 8, 12)
 
@@ -86,7 +86,7 @@ def reader(urls):
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schedule=schedules(), seed=st.integers(0, 3))
 def test_every_row_of_a_random_schedule_is_the_plan_layers_sample(urls, reader, schedule, seed):
-    # NOTE: world size 2 divides every batch drawn; each rank is checked row by row.
+    # World size 2 divides every batch drawn; each rank is checked row by row.
     steps = schedule[-1].start_step + 3
     loaders = open_loaders(urls, schedule, 2, seed=seed)
     try:
@@ -114,7 +114,7 @@ def test_a_resume_at_a_random_step_and_another_world_size_continues_bit_identica
         state = first[0].state_dict()
     finally:
         close_all(first)
-    # NOTE: the new world size need only divide the batches of the phases still to read.
+    # The new world size need only divide the batches of the phases still to read.
     later = {p.global_batch for p in schedule if p.start_step >= cut} | {
         next(p for p in reversed(schedule) if p.start_step <= cut).global_batch
     }
@@ -152,13 +152,13 @@ def test_the_helper_process_reads_what_threads_read_across_shape_changes(urls, r
         for step in range(75):
             hashes += run_step_hashes(loaders, 1)
             pids.append(loaders[0].helper_pid)
-            # NOTE: a helper process may take many seconds to start on a busy
+            # A helper process may take many seconds to start on a busy
             # machine; until one serves, the pauses grow (to 2 s, about 100 s
             # in all) so that one does within these steps.
             time.sleep(0.04 if any(pids) else min(2.0, 0.04 * 1.15**step))
         assert hashes == expected
         assert loaders[0].local_batch_size == 2 and loaders[0].seq_len == 512
-        # NOTE: each phase's run has its own ring, laid out for its batch, and
+        # Each phase's run has its own ring, laid out for its batch, and
         # its own producer: threads until a helper is ready, then a helper.
         helpers = [set(pids[a:b]) - {None} for a, b in ((0, 25), (25, 50), (50, 75))]
         assert all(len(phase) <= 1 for phase in helpers)
@@ -174,7 +174,7 @@ def test_a_one_phase_schedule_reads_what_the_loader_without_one_reads(urls):
     schedule = [{"start_step": 0, "global_batch": 6, "seq_len": 128}]
     with StreamingLoader(urls, schedule=schedule, pipeline="threads", seed=5) as scheduled:
         assert run_step_hashes([scheduled], 12) == expected
-    # NOTE: a version 1 state (a loader without a schedule) loads as the first phase.
+    # A version 1 state (a loader without a schedule) loads as the first phase.
     with StreamingLoader(urls, schedule=schedule, pipeline="threads", seed=5) as resumed:
         resumed.load_state_dict(plain_state)
         assert resumed.step == 12 and resumed.state_dict()["version"] == 2
@@ -254,7 +254,7 @@ def test_a_run_of_n_epochs_stops_where_the_plan_says_the_epochs_end(urls):
 
 
 def test_a_new_dataset_joins_as_a_stream_at_a_future_phase(urls):
-    # NOTE: the recipe for a dataset that grows (docs/STREAMING.md).
+    # The recipe for a dataset that grows (docs/STREAMING.md).
     with StreamingLoader(urls[:1], schedule=[Phase(start_step=0, global_batch=8, seq_len=128)],
                          pipeline="threads") as old:  # fmt: skip
         run_step_hashes([old], 5)
@@ -304,7 +304,7 @@ def test_stats_count_the_whole_run_across_phases_and_a_restarted_helper(urls, pi
             seen.append(loader.stats())
         taken = 0
         if pipeline == "process":
-            # NOTE: the helper serving the last phase is killed; a seek to
+            # The helper serving the last phase is killed; a seek to
             # where the run stands starts another.
             taken = steps_until_the_helper_serves(loader)
             seen.append(loader.stats())
@@ -313,7 +313,7 @@ def test_stats_count_the_whole_run_across_phases_and_a_restarted_helper(urls, pi
             os.kill(loader.helper_pid, signal.SIGKILL)
             with pytest.raises(HelperProcessError):
                 for _ in range(10_000):
-                    next(loader)  # NOTE: steps it finished before it died may still come
+                    next(loader)  # Steps it finished before it died may still come
                     taken += 1
             loader.load_state_dict(state)
         for _ in range(3):
@@ -321,8 +321,8 @@ def test_stats_count_the_whole_run_across_phases_and_a_restarted_helper(urls, pi
             seen.append(loader.stats())
     for key in FETCH_TOTALS:
         values = [stats[key] for stats in seen]
-        assert values == sorted(values), (key, values)  # NOTE: totals never drop at a phase change
-    # NOTE: each phase's run has a cache of its own, so it decodes every
+        assert values == sorted(values), (key, values)  # Totals never drop at a phase change
+    # Each phase's run has a cache of its own, so it decodes every
     # block it serves; the run's total covers every phase's (the last phase's
     # counters alone would not).
     served: dict[int, set] = {}

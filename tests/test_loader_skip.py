@@ -50,13 +50,13 @@ def test_a_resume_at_another_global_batch_numbers_its_steps_on_and_reads_from_it
     try:
         for loader in resumed:
             loader.load_state_dict(state)
-        assert resumed[0].step == 7  # NOTE: was 168 // 16 = 10: a step number the run never took
+        assert resumed[0].step == 7  # Was 168 // 16 = 10: a step number the run never took
         assert read_steps(resumed, 2) == [(7, list(range(168, 184))), (8, list(range(184, 200)))]
         again = resumed[0].state_dict()
     finally:
         close_all(resumed)
     assert decode(again["history"]) == [Stretch(0, 0, 24), Stretch(7, 168, 16)]
-    # NOTE: a resume at the same batch continues the stretch; max_steps counts the run's steps.
+    # A resume at the same batch continues the stretch; max_steps counts the run's steps.
     with StreamingLoader(small_dataset.url, seq_len=SEQ_LEN, local_batch_size=16, lanes=24, max_steps=12) as third:
         third.load_state_dict(again)
         steps = [step for step, _ in read_steps([third], 3)]

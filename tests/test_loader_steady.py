@@ -34,7 +34,7 @@ def test_posts_come_in_order_around_the_ring_and_a_waiting_trainer_is_woken_once
         taken = []
         for k, slot in enumerate(slots):
             assert not board.post(slot), "nobody waits: no byte to send"
-            if k % 2:  # NOTE: the trainer reads behind, never more than the ring's slots
+            if k % 2:  # The trainer reads behind, never more than the ring's slots
                 taken += [board.take(), board.take()]
         assert board.take() is None and not board.posted()
         assert taken == slots
@@ -74,7 +74,7 @@ def test_an_end_sent_after_posts_the_trainer_has_not_read_comes_after_them():
         reports.sleep()
         assert board.waiting[0] == 1, "a trainer that sleeps says so on the board"
         board.late_slot = 1
-        # NOTE: the board looked empty, then the end came: the post made in between comes first.
+        # The board looked empty, then the end came: the post made in between comes first.
         assert reports.take() == 1
         assert isinstance(reports.take(), EndOfData)
         assert reports.take() is None
@@ -136,10 +136,10 @@ def test_the_short_way_posts_and_the_socket_hand_over_the_same_steps_to_the_end(
     with loader("process") as posted:
         assert read_to_the_end(posted) == expected
         assert posted.helper_pid is not None
-    # NOTE: the run begins on threads until the helper is loaded (later on a busy machine).
+    # The run begins on threads until the helper is loaded (later on a busy machine).
     assert served.served() >= 100, "the short way served the helper's steps"
     served.clear()
-    # NOTE: where the machine's memory order does not allow posts, steps come over the socket.
+    # Where the machine's memory order does not allow posts, steps come over the socket.
     monkeypatch.setattr(feed_module, "board_is_safe", lambda: False)
     with loader("process") as sent:
         assert read_to_the_end(sent) == expected
@@ -150,7 +150,7 @@ def test_the_short_way_posts_and_the_socket_hand_over_the_same_steps_to_the_end(
 def test_a_step_the_short_way_waited_for_counts_its_stall(small_dataset, monkeypatch):
     answers = ShortWaySteps()
     answers.watch(monkeypatch)
-    # NOTE: a consumer with nothing to do between steps outruns the helper: its steps wait for their posts.
+    # A consumer with nothing to do between steps outruns the helper: its steps wait for their posts.
     with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=4, prefetch_steps=1) as loader:
         steps_until_the_helper_serves(loader)
         before = loader.stats()
@@ -167,7 +167,7 @@ def test_a_step_the_short_way_waited_for_counts_its_stall(small_dataset, monkeyp
 def test_a_consumer_that_keeps_one_batch_still_takes_the_short_way_and_the_batch_stays_whole(small_dataset,
                                                                                              monkeypatch):  # fmt: skip
     served = ShortWaySteps()
-    # NOTE: 16 x 1024 tokens fill a slot: one step a slot, each handed back on its own.
+    # 16 x 1024 tokens fill a slot: one step a slot, each handed back on its own.
     with StreamingLoader(small_dataset.url, seq_len=1024, local_batch_size=16) as loader:
         steps_until_the_helper_serves(loader)
         for _ in range(20):
@@ -177,9 +177,9 @@ def test_a_consumer_that_keeps_one_batch_still_takes_the_short_way_and_the_batch
         copy = {key: tensor.clone() for key, tensor in kept.items()}
         served.watch(monkeypatch)
         for _ in range(200):
-            # NOTE: each batch used and dropped before the next step (a kept
+            # Each batch used and dropped before the next step (a kept
             # one and the last one held would be two: the next a copy).
             assert next(loader)["input"].shape == (16, 1024)
-            time.sleep(0.0005)  # NOTE: the helper keeps up: the steps are plain
+            time.sleep(0.0005)  # The helper keeps up: the steps are plain
     assert all(torch.equal(kept[key], copy[key]) for key in copy), "a kept batch was overwritten"
     assert served.served() >= 150, f"{served.served()} of 200 steps by the short way while one batch is kept"

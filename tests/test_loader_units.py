@@ -181,7 +181,7 @@ def test_step_assembler_equals_row_gather_and_positions(density, per_row_eos):
     for dtype in (np.uint16, np.uint32):
         tokens = np.where(rng.random(4 * seq_len + 1) < density, rng.choice([7, 9], 4 * seq_len + 1), 3)
         blocks.append(tokens.astype(dtype))
-    # NOTE: EOS on a window's last input token and on its label-only token
+    # EOS on a window's last input token and on its label-only token
     # start nothing inside the row.
     blocks[0][seq_len - 1] = 7
     blocks[0][2 * seq_len] = 7
@@ -191,7 +191,7 @@ def test_step_assembler_equals_row_gather_and_positions(density, per_row_eos):
     assembler = StepAssembler(seq_len=seq_len)
     ring = SharedRing.create(num_slots=2, layout=SlotLayout(rows=rows, seq_len=seq_len, token_dtype="<u4",
                                                             wide_keys=WIDE_KEYS))
-    for index in range(2):  # NOTE: the second pass reuses the scratch buffers
+    for index in range(2):  # The second pass reuses the scratch buffers
         assembler.assemble(row_blocks, samples, eos, ring.slot(index))
     slot = ring.slot(1)
     want_input, want_labels = np.empty((rows, seq_len), np.int64), np.empty((rows, seq_len), np.int64)
@@ -306,7 +306,7 @@ def test_free_slots_come_back_in_any_order_and_producer_views_are_not_consumer_r
         before = sys.getrefcount(ring.slab(1))
         views = ring.producer_slots()
         views[1].tokens[:] = 7
-        after = sys.getrefcount(ring.slab(1))  # NOTE: outside the assert, which holds values of its own
+        after = sys.getrefcount(ring.slab(1))  # Outside the assert, which holds values of its own
         assert after == before
         assert (ring.slot(1).tokens == 7).all()
         del views
@@ -324,10 +324,10 @@ def test_message_reader_takes_framed_messages_however_they_arrive():
     ours, theirs = socket.socketpair()
     try:
         reader = MessageReader(ours)
-        assert reader.poll() is None  # NOTE: nothing sent yet: never waits
-        big = encode(RuntimeError("x" * 200_000))  # NOTE: longer than one recv
+        assert reader.poll() is None  # Nothing sent yet: never waits
+        big = encode(RuntimeError("x" * 200_000))  # Longer than one recv
         steps = [encode(ReadyStep(index=i, cursor=16 * i, slot=i % 3, data_sha256="")) for i in range(3)]
-        theirs.sendall(b"".join(frame(m) for m in steps))  # NOTE: three messages, one recv
+        theirs.sendall(b"".join(frame(m) for m in steps))  # Three messages, one recv
         assert [decode(_read(reader, ours)) for _ in steps] == [decode(m) for m in steps]
         whole = frame(big) + frame(encode(EndOfData()))
         sender = threading.Thread(target=lambda: [theirs.sendall(whole[i : i + 7001]) for i in range(0, len(whole), 7001)])

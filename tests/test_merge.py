@@ -145,7 +145,7 @@ def test_merge_on_s3_matches_one_process(stdlib_corpus, bpe_tokenizer_json, s3_u
     merged = merge_parts(parts, out, storage_options=s3_options)
     assert [s.path.split("/")[0] for s in merged.shards][0] == "part-00000-of-00003"
     assert_same_dataset_content(out, single, s3_options)
-    # NOTE: the shards stay where the ranks wrote them; only the manifest, its index objects and rejects are new.
+    # The shards stay where the ranks wrote them; only the manifest, its index objects and rejects are new.
     with open_store(out, s3_options) as store:
         new = sorted(p for p in store.list() if not p.startswith("part-"))
         assert [p for p in new if not p.startswith("index/")] == ["manifest", "rejects.jsonl"]
@@ -187,7 +187,7 @@ def test_three_cli_ranks_and_merge_decode_like_one_process(stdlib_corpus, tmp_pa
     assert done.returncode == 0, done.stderr
     assert "merged 3 parts" in done.stdout
     assert_same_dataset_content(str(out), str(single))
-    # NOTE: every rank wrote a different contiguous third of the inputs.
+    # Every rank wrote a different contiguous third of the inputs.
     part_sources = [[s.path for s in Manifest.load(str(out / part_name(r, 3))).sources] for r in range(3)]
     all_files = expand_inputs([pattern])
     assert part_sources == [rank_share(all_files, r, 3) for r in range(3)]
@@ -206,7 +206,7 @@ def test_merged_dataset_streams_the_samples_of_every_part(stdlib_corpus, tmp_pat
     _write_parts([str(p) for p in stdlib_corpus.files[:12]], tmp_path, 3)
     manifest = merge_parts([], str(tmp_path))
     samples_per_block = (manifest.block_token_counts() - 1) // seq_len
-    # NOTE: every part ends in a short block, so the merged dataset has short blocks mid-stream.
+    # Every part ends in a short block, so the merged dataset has short blocks mid-stream.
     short_inside = {int(manifest.shard_first_block[i + 1]) - 1 for i, s in enumerate(manifest.shards[:-1]) if s.num_tokens % BLOCK_TOKENS}
     assert short_inside
 

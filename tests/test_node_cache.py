@@ -22,7 +22,7 @@ from zephon_stream import StreamingLoader
 from zephon_stream.storage import copy_dataset
 from zephon_stream.storage.node_cache import OBJECTS, TMP, USERS, NodeCache, key_file_name, node_cache_root
 
-# NOTE: fork, not spawn: a spawned child spends ~0.5 s of CPU on imports, and
+# Fork, not spawn: a spawned child spends ~0.5 s of CPU on imports, and
 # seventeen of them made this file slow on a busy 2-core machine.
 CTX = mp.get_context("fork")
 KEYS = ["manifest/s3://bucket/data/ds", "index/3f2a9c/blocks/0", "index/3f2a9c/blocks/1", "index/3f2a9c/shards/0"]
@@ -34,7 +34,7 @@ def payload(key: str) -> bytes:
 
 def counting_fetch(key: str, log: str, delay_s: float = 0.0):
     def fetch() -> bytes:
-        # NOTE: one short O_APPEND write per fetch is atomic, so the log counts
+        # One short O_APPEND write per fetch is atomic, so the log counts
         # fetches across processes without a lock.
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
@@ -75,7 +75,7 @@ def ask_all_keys(root: str, log: str, barrier, results) -> None:
     with NodeCache(root) as cache:
         barrier.wait(60)
         got = {key: cache.get(key, counting_fetch(key, log, delay_s=0.05)) == payload(key) for key in KEYS}
-        # NOTE: nobody closes before everyone has asked: the users overlap throughout.
+        # Nobody closes before everyone has asked: the users overlap throughout.
         barrier.wait(60)
         results.put((got, cache.stats()))
 
@@ -94,8 +94,8 @@ def fetch_forever(root: str, key: str, started: str) -> None:
 def die_mid_write(root: str, key: str, limit_bytes: int) -> None:
     cache = NodeCache(root)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # NOTE: Python starts with it ignored.
-    # NOTE: past this size the kernel kills the process with SIGXFSZ inside the
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python starts with it ignored.
+    # Past this size the kernel kills the process with SIGXFSZ inside the
     # temporary file's write, key lock held: a death mid-write, not a simulation.
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
     cache.get(key, lambda: payload(key) * 50)
@@ -163,7 +163,7 @@ def test_a_rank_sigkilled_holding_a_key_lets_a_waiting_rank_fetch_it(tmp_path):
         killer = threading.Timer(0.3, os.kill, (victim.pid, signal.SIGKILL))
         killer.start()
         try:
-            # NOTE: the victim holds the key's lock now, so this call waits for it.
+            # The victim holds the key's lock now, so this call waits for it.
             assert cache.get(KEYS[0], counting_fetch(KEYS[0], str(log))) == payload(KEYS[0])
         finally:
             killer.join()
@@ -325,7 +325,7 @@ def test_node_cache_root_follows_explicit_then_env_then_torchrun_local_world_siz
 
 
 def test_the_folders_and_files_the_cache_makes_are_private_to_this_user(tmp_path):
-    # NOTE: not the default folder under /dev/shm: a loader of another test may be using it.
+    # Not the default folder under /dev/shm: a loader of another test may be using it.
     root = tmp_path / "node"
     with NodeCache(root) as cache:
         info = os.stat(root)

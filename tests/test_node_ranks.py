@@ -18,7 +18,7 @@ from zephon_stream.storage.node_ranks import node_ranks, slurm_tasks_per_node
 
 SHARED = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else "", f"zephon-node-cache-{os.getuid()}")
 
-# NOTE: what each launcher sets in a rank's environment on the second of three nodes (4 ranks a node).
+# What each launcher sets in a rank's environment on the second of three nodes (4 ranks a node).
 LAUNCHED = {
     "torchrun": {"LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "1"},
     "Open MPI": {"OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "12"},
@@ -43,14 +43,14 @@ def test_without_a_launcher_or_with_one_rank_a_node_nothing_is_shared() -> None:
     assert node_ranks({}) is None and node_cache_root({}) is None
     assert node_cache_root({"LOCAL_WORLD_SIZE": "1"}) is None
     assert node_cache_root({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}) is None
-    # NOTE: a batch script's own environment holds the allocation, but no task srun started.
+    # A batch script's own environment holds the allocation, but no task srun started.
     assert node_ranks({"SLURM_JOB_ID": "77", "SLURM_TASKS_PER_NODE": "8(x2)", "SLURM_NODEID": "0"}) is None
 
 
 def test_slurm_reads_this_node_s_place_in_the_step_s_tasks_per_node() -> None:
     env = {"SLURM_STEP_ID": "3", "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "3(x2),1",
            "SLURM_TASKS_PER_NODE": "8(x3)"}  # fmt: skip
-    assert node_ranks(env).count == 1  # NOTE: the step's own layout, not the allocation's
+    assert node_ranks(env).count == 1  # The step's own layout, not the allocation's
     assert node_ranks({**env, "SLURM_NODEID": "1"}).count == 3
     assert node_ranks({"SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "2,6"}).count == 6
     assert node_ranks({"SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "8"}).count == 8
@@ -58,7 +58,7 @@ def test_slurm_reads_this_node_s_place_in_the_step_s_tasks_per_node() -> None:
 
 
 def test_a_launcher_inside_another_is_counted_by_the_one_that_started_the_ranks() -> None:
-    # NOTE: one srun task a node, each running torchrun with 8 ranks; mpirun inside a Slurm allocation.
+    # One srun task a node, each running torchrun with 8 ranks; mpirun inside a Slurm allocation.
     torchrun_under_srun = {**LAUNCHED["Slurm"], "SLURM_STEP_TASKS_PER_NODE": "1(x3)", "LOCAL_WORLD_SIZE": "8"}
     assert node_ranks(torchrun_under_srun)[:2] == (8, "torchrun")
     mpirun_in_allocation = {"SLURM_JOB_ID": "77", "SLURM_TASKS_PER_NODE": "16(x2)", "SLURM_NODEID": "0",

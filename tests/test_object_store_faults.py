@@ -23,7 +23,7 @@ FAST_RETRY = RetryPolicy(max_attempts=8, initial_backoff_s=0.01, max_backoff_s=0
 OBJECT = bytes(range(256)) * 2048
 RANGE_BYTES = 20_000
 NUM_READS = 16
-# NOTE: the Azure SDK retries a body cut short inside ``download_blob`` (3 tries,
+# The Azure SDK retries a body cut short inside ``download_blob`` (3 tries,
 # 1 s apart, not configurable), so truncation is not in Azure's matrix.
 TRANSIENT = {
     "seaweedfs": ("error_503", "error_500", "error_429", "reset", "truncate"),
@@ -55,10 +55,10 @@ def test_transient_answers_are_retried_by_the_policy_and_counted(object_store):
             stats = store.stats()
         assert got == expected_ranges(), kind
         assert injected > 0, kind
-        # NOTE: a 429 is the store throttling: counted apart from the other retries.
+        # A 429 is the store throttling: counted apart from the other retries.
         counted = "throttled" if kind == "error_429" else "retries"
         assert stats[counted] == injected and stats["retries"] + stats["throttled"] == injected, (kind, stats)
-        # NOTE: one attempt per client call: every request the proxy saw beyond
+        # One attempt per client call: every request the proxy saw beyond
         # the reads is one it failed, so no client library retried on its own.
         assert requests == NUM_READS + injected, (kind, requests, injected)
 
@@ -85,7 +85,7 @@ def test_server_killed_mid_stream_and_restarted_costs_retries_not_data(object_st
     if object_store.backend == "azure":
         time.sleep(METADATA_SAVE_INTERVAL_S + 0.5)
     settings = {"seq_len": 256, "local_batch_size": 12, "seed": 4, "pipeline": "threads"}
-    # NOTE: 5 steps share a ring slot here, so the producer may have read the
+    # 5 steps share a ring slot here, so the producer may have read the
     # first ~40 steps before the kill; 120 steps need every block again.
     with StreamingLoader(small_dataset.url, **settings) as local:
         expected = step_hashes(local, 120)
@@ -108,7 +108,7 @@ def _fails_fast(store, read, match: str, error_type: type[Exception] = StorageEr
     started = time.monotonic()
     with pytest.raises(error_type) as info:
         read(store)
-    # NOTE: a client library's own backoff would take 20 s and more; the bound
+    # A client library's own backoff would take 20 s and more; the bound
     # leaves a busy machine room (the first call also builds the client).
     assert time.monotonic() - started < 15
     assert store.stats()["retries"] == 0
@@ -161,7 +161,7 @@ def test_each_clients_error_is_classified_by_its_status():
     def s3_error(status: int, code: str) -> Exception:
         return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
 
-    # NOTE: S3 answers RequestTimeout with status 400: the code decides.
+    # S3 answers RequestTimeout with status 400: the code decides.
     assert all(is_transient(s3_error(*answer)) for answer in ((503, "SlowDown"), (500, "InternalError"),
                                                              (400, "RequestTimeout")))  # fmt: skip
     assert not is_transient(s3_error(403, "AccessDenied")) and not is_transient(s3_error(400, "InvalidRequest"))

@@ -61,7 +61,7 @@ def test_cli_write_stream_verify_which_match_local_disk(object_store, small_data
     assert remote.fingerprint == small_dataset.manifest.fingerprint
     local = local_objects(small_dataset.url)
     got = committed_objects(url, object_store.storage_options)
-    # NOTE: the .idx sidecars name each document's source: here an object URL.
+    # The .idx sidecars name each document's source: here an object URL.
     shards = [p for p in local if p.endswith(".zst")]
     assert shards and {p: got.get(p) for p in shards} == {p: local[p] for p in shards}
 
@@ -92,7 +92,7 @@ def test_abfs_urls_reach_the_same_blobs_as_az(object_store, small_dataset):
 def test_shard_over_the_multipart_threshold_is_uploaded_in_parts_and_reads_back_identically(
     object_store, stdlib_corpus, tmp_path
 ):
-    # NOTE: s3fs sends an object of two parts or more as a multipart upload;
+    # s3fs sends an object of two parts or more as a multipart upload;
     # the part size follows s3fs's default_block_size, and S3 (SeaweedFS too)
     # refuses parts under 5 MiB. 16 copies of the corpus give a ~11 MB shard.
     corpus = tmp_path / "corpus.txt"
@@ -113,7 +113,7 @@ def test_shard_over_the_multipart_threshold_is_uploaded_in_parts_and_reads_back_
     client = object_store.server.client()
     head = client.head_object(Bucket=object_store.bucket, Key=f"big/{shard}")
     client.close()
-    # NOTE: a multipart object's ETag is "<md5 of part md5s>-<number of parts>".
+    # A multipart object's ETag is "<md5 of part md5s>-<number of parts>".
     assert head["ETag"].strip('"').endswith("-3"), head["ETag"]
     assert committed_objects(url, options) == local_objects(str(local))
     with DatasetReader.open(url, options) as remote, DatasetReader.open(str(local)) as disk:
@@ -150,7 +150,7 @@ def test_torchrun_job_killed_resumes_at_another_world_size_on_the_store(object_s
     single-process run, which equals the run on local disk."""
     url = object_store.url("ds")
     copy_dataset(small_dataset.url, url, dst_options=object_store.storage_options)
-    # NOTE: the ranks reach the server as a user's job would: through the
+    # The ranks reach the server as a user's job would: through the
     # backend's standard environment variables.
     for name, value in object_store.env.items():
         monkeypatch.setenv(name, value)

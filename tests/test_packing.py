@@ -24,7 +24,7 @@ from zephon_stream.loader.producer.assembler import StepAssembler
 from zephon_stream.loader.ring.row_documents import IGNORE_INDEX, PackingSpec
 from zephon_stream.loader.ring.shared_ring import WIDE_KEYS, SharedRing, SlotLayout
 
-EOS_IDS = (0, 1)  # NOTE: stream 1's EOS (1) is an ordinary token of stream 0, and 0 of stream 1
+EOS_IDS = (0, 1)  # Stream 1's EOS (1) is an ordinary token of stream 0, and 0 of stream 1
 
 
 # -- batches --------------------------------------------------------------------
@@ -77,7 +77,7 @@ def packed_batches(draw):
         choices = []
         for _ in range(rows):
             which = draw(st.integers(0, len(streams) - 1))
-            # NOTE: any offset starts a row mid-document; offsets j * L are
+            # Any offset starts a row mid-document; offsets j * L are
             # consecutive windows, so documents run from one row into the next.
             consecutive = draw(st.booleans())
             limit = len(streams[which]) - seq_len - 1
@@ -192,7 +192,7 @@ def test_rows_dense_with_documents_take_the_running_sum_and_agree():
     harness = Harness(rows=rows, seq_len=seq_len, spec=PackingSpec(cross_document_targets="ignore", outputs=True))
     try:
         sparse, sparse_eos = windows_of([short, long], [(1, 0), (1, 32), (1, 40)], seq_len)
-        # NOTE: into one slot, so each step clears what the step before left, either way.
+        # Into one slot, so each step clears what the step before left, either way.
         for step, (rows_of, eos_of) in enumerate([(windows, eos), (sparse, sparse_eos), (windows, eos),
                                                   (sparse, sparse_eos)]):
             check_step(harness, rows_of, eos_of, slot=0, seed=step)

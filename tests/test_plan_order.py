@@ -165,14 +165,14 @@ def test_mixture_errors_name_the_stream_and_numbers():
 def test_too_few_samples_for_default_lanes_names_what_the_user_set():
     shapes = [shape_of("big", 65, [65] * 40), shape_of("tiny", 65, [65])]
     said = "the global batch of 8 (local_batch_size 4 x world size 2), ...; lower local_batch_size or seq_len"
-    # NOTE: every lane is the stream's: the lanes are not named, the global batch is.
+    # Every lane is the stream's: the lanes are not named, the global batch is.
     with pytest.raises(ConfigError, match=r"^stream 0 \(tiny\): 2 samples of seq_len 32 per epoch, fewer than the "
                        r"global batch of 8 \(local_batch_size 4 x world size 2\), \.\.\.; lower local_batch_size or seq_len$"):  # fmt: skip
         GlobalOrder(shapes[1:], OrderConfig(seq_len=32, lanes=8), lanes_default=said)
     with pytest.raises(ConfigError, match=r"^stream 1 \(tiny\): 2 samples of seq_len 32 per epoch, fewer than its "
                        r"share, 4 lanes, of the global batch of 8 \(local_batch_size 4"):  # fmt: skip
         GlobalOrder(shapes, OrderConfig(seq_len=32, lanes=8), lanes_default=said)
-    # NOTE: a stream with no sample at all keeps its own reason.
+    # A stream with no sample at all keeps its own reason.
     empty = StreamShape.from_counts("fp-empty", 65, [], name="./empty")
     with pytest.raises(ConfigError, match=r"^stream 0 \(\./empty\): the dataset holds no tokens"):
         GlobalOrder([empty], OrderConfig(seq_len=32, lanes=2), lanes_default=said)
@@ -204,7 +204,7 @@ def test_mixture_proportions_per_global_batch(weights, lanes, start, batch):
     stream, _, _ = order.sample_at(np.arange(start, start + batch))
     got = Counter(stream.tolist())
     for s, c in enumerate(counts):
-        # NOTE: exact per lane; a batch not aligned to whole lanes deviates by
+        # Exact per lane; a batch not aligned to whole lanes deviates by
         # less than 1 with two streams and by at most the stream count with more.
         bound = 1 if len(weights) == 2 else len(weights)
         assert abs(got[s] - batch * c / lanes) <= bound

@@ -98,7 +98,7 @@ def check_rows(tokens: np.ndarray, rows: BlockRows, eos: int) -> None:
             seen[start : start + count] += 1
             if tokens[start + count - 1] != eos:
                 open_ends.append(k)
-        label = sum(pieces[-1])  # NOTE: the token right after the row's last piece
+        label = sum(pieces[-1])  # The token right after the row's last piece
         assert label < n
         want = np.concatenate([tokens[s : s + c] for s, c in pieces] + [tokens[label : label + 1]])
         np.testing.assert_array_equal(packed[row], want)
@@ -199,7 +199,7 @@ def test_best_fit_rows_are_the_same_twice_and_for_every_token_dtype(block):
 @settings(max_examples=80, deadline=None)
 @given(n=st.integers(0, 2000), seq_len=st.integers(1, 300))
 def test_window_rows_and_concat_are_todays_windows(n, seq_len):
-    tokens = (np.arange(n) % VOCAB).astype(np.uint16)  # NOTE: no EOS (VOCAB) anywhere
+    tokens = (np.arange(n) % VOCAB).astype(np.uint16)  # No EOS (VOCAB) anywhere
     rows = window_rows(n, seq_len)
     samples = max(0, (n - 1) // seq_len)
     assert rows.num_rows == samples
@@ -222,9 +222,9 @@ def test_packed_rows_by_slices_and_by_one_gather_agree(block):
     rows = best_fit_rows(tokens, seq_len, eos)
     saved = packing.GATHER_PIECE_TOKENS
     try:
-        packing.GATHER_PIECE_TOKENS = 0  # NOTE: a slice copy per piece
+        packing.GATHER_PIECE_TOKENS = 0  # A slice copy per piece
         by_slices = packed_rows(tokens, rows)
-        packing.GATHER_PIECE_TOKENS = 1 << 40  # NOTE: one gather
+        packing.GATHER_PIECE_TOKENS = 1 << 40  # One gather
         by_gather = packed_rows(tokens, rows)
     finally:
         packing.GATHER_PIECE_TOKENS = saved
@@ -257,14 +257,14 @@ def test_a_last_piece_of_exactly_seq_len_tokens_is_placed_by_best_fit_not_left_f
     assert reference_rows(tokens.tolist(), 2, e) == [[(2, 2)], [(4, 2)], [(0, 1), (1, 1)]]
     np.testing.assert_array_equal(packed_rows(tokens, rows), [[a, e, b], [b, c, d], [e, e, a]])
     check_best_fit(tokens, rows, e)
-    # NOTE: a last piece shorter than L is the edge piece: it waits for the fill, after row 2's [E].
+    # A last piece shorter than L is the edge piece: it waits for the fill, after row 2's [E].
     shorter = np.array([e, e, a, e, e, b, c], np.uint16)
     rows = best_fit_rows(shorter, 2, e)
     assert [rows.row_pieces(r) for r in range(3)] == [[(2, 2)], [(0, 1), (1, 1)], [(4, 1), (5, 1)]]
 
 
 def test_the_gather_index_reads_as_its_worked_example():
-    # NOTE: the example of gather_index's docstring: L = 3, row 0 pieces (0, 2) and (5, 1), row 1 piece (2, 3).
+    # The example of gather_index's docstring: L = 3, row 0 pieces (0, 2) and (5, 1), row 1 piece (2, 3).
     rows = BlockRows(seq_len=3, num_rows=2, piece_starts=[0, 5, 2], piece_lengths=[2, 1, 3], row_bounds=[0, 2, 3])
     assert gather_index(rows).tolist() == [0, 1, 5, 6, 2, 3, 4, 5]
     tokens = np.arange(100, 110, dtype=np.uint16)
@@ -359,7 +359,7 @@ def test_best_fit_cuts_far_fewer_stdlib_documents_than_windows(stdlib_documents,
         best += cut_counts(block, rows, eos)
     assert best.documents == windows.documents > 50 and best.floor == windows.floor
     assert best.tokens_without_beginning < windows.tokens_without_beginning
-    if documents == "files":  # NOTE: most files are longer than seq_len: cut by any packing
+    if documents == "files":  # Most files are longer than seq_len: cut by any packing
         assert best.floor <= best.documents_cut <= windows.documents_cut
     else:  # past the floor best fit cuts at most a fifth as many
         assert best.documents_cut - best.floor <= (windows.documents_cut - windows.floor) / 5

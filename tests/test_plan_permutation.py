@@ -146,7 +146,7 @@ def test_vectorized_keys_and_domains_per_element():
 @settings(max_examples=100, deadline=None)
 @given(data=st.data(), bits=st.integers(2, 40))
 def test_domains_of_one_width_encrypted_together_equal_each_on_its_own(data, bits):
-    # NOTE: permute encrypts domains of one Feistel width in one pass; each
+    # Permute encrypts domains of one Feistel width in one pass; each
     # value must still walk the cycle of its own domain.
     sizes = data.draw(st.lists(st.integers(max(1, 2 ** (bits - 1) + 1) if bits > 2 else 1, 2**bits), min_size=2, max_size=12))
     n = np.array(sizes, dtype=np.int64)
@@ -167,6 +167,6 @@ def test_permutation_spreads_each_value_uniformly_over_keys(n):
     expected = trials / n
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     dof = (n - 1) ** 2
-    # NOTE: mean dof, sd sqrt(2 dof); 6 sd is far beyond chance but far below
+    # Mean dof, sd sqrt(2 dof); 6 sd is far beyond chance but far below
     # what 6-round Feistel shows on n = 5 (about 230 sd).
     assert chi2 < dof + 6 * (2 * dof) ** 0.5, (n, chi2, dof)

@@ -180,7 +180,7 @@ def test_a_seq_len_change_rereads_or_skips_at_most_one_block_per_lane():
     lanes = 4
     phases = [
         SchedulePhase(start_step=0, global_batch=4, seq_len=8, lanes=lanes),
-        # NOTE: 37 steps: each lane is 37 samples in, inside its 5th block (8 a block).
+        # 37 steps: each lane is 37 samples in, inside its 5th block (8 a block).
         SchedulePhase(start_step=37, global_batch=4, seq_len=16, lanes=lanes),
     ]
     order = ScheduleOrder(shapes, phases, seed=5)
@@ -306,7 +306,7 @@ def test_bad_schedules_are_refused_with_the_phase_named():
         ScheduleOrder(shapes, [first, SchedulePhase(start_step=5, global_batch=4, seq_len=8, lanes=samples + 1)])
 
 
-# NOTE: docs/ORDER.md ("Golden vectors: a three-phase schedule") lists the same
+# docs/ORDER.md ("Golden vectors: a three-phase schedule") lists the same
 # steps; a change here is a change of the order and needs a new state version.
 GOLDEN_STEPS = {
     0: "0:6.5 0:0.4 0:3.0 0:2.6",
@@ -361,7 +361,7 @@ def test_rank_steps_across_boundaries_give_one_piece_per_phase():
 
 
 def test_a_pickled_schedule_reads_the_same_addresses():
-    # NOTE: the loader's helper process receives the schedule pickled.
+    # The loader's helper process receives the schedule pickled.
     import pickle
 
     order = golden_schedule()

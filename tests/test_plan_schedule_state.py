@@ -164,7 +164,7 @@ def test_a_resume_may_edit_only_phases_not_begun_and_reads_the_same_until_them(o
         resumed = ScheduleOrder(shapes, edited, seed=order.seed)
     except ConfigError:
         assume(False)
-    # NOTE: the phase's first position always: there the edited phase cuts the
+    # The phase's first position always: there the edited phase cuts the
     # epoch in progress its own way, and the state must not depend on it.
     for position in (data.draw(st.integers(0, cut)), cut):
         ScheduleState.from_dict(order.state(position).to_dict()).validate(resumed)
@@ -182,11 +182,11 @@ def test_the_same_weights_in_other_units_resume_and_a_damaged_stream_list_is_nam
     state = order.state(40).to_dict()
     tenfold = ScheduleOrder(SHAPES[:3], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8,
                                                        weights=(10, 4, 2))], seed=3)  # fmt: skip
-    ScheduleState.from_dict(state).validate(tenfold)  # NOTE: 10:4:2 splits the lanes as 5:2:1
+    ScheduleState.from_dict(state).validate(tenfold)  # 10:4:2 splits the lanes as 5:2:1
     with pytest.raises(StateMismatchError, match=r"phase 0: weights has 3 entries for the 2 streams of its "
                                                  r"fingerprints: the state is damaged or was edited"):  # fmt: skip
         ScheduleState.from_dict({**state, "fingerprints": state["fingerprints"][:2]})
-    # NOTE: a stream appended since the checkpoint shows as weight 0 in a begun phase, and the message says so.
+    # A stream appended since the checkpoint shows as weight 0 in a begun phase, and the message says so.
     shorter = ScheduleOrder(SHAPES[:2], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8,
                                                        weights=(1, 1))], seed=3)  # fmt: skip
     grown = ScheduleOrder(SHAPES[:3], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8,

@@ -26,7 +26,7 @@ def test_state_is_plain_values_that_round_trip_through_json():
         "history": [],
     }  # fmt: skip
     assert LoaderState.from_dict(data) == state
-    # NOTE: a state written before the packing was recorded read windows.
+    # A state written before the packing was recorded read windows.
     assert LoaderState.from_dict({k: v for k, v in data.items() if k not in ("packing", "history")}) == state
     with pytest.raises(StateMismatchError, match=r"'packing': expected one of \['concat', 'best_fit'\], got 'x'"):
         LoaderState.from_dict({**data, "packing": "x"})

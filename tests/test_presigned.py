@@ -67,7 +67,7 @@ def test_a_refused_url_is_signed_again_and_presigned_reads_go_on(object_store, c
         counts, stats = proxy.counts(), store.stats()
     assert got == expected()
     assert counts["presigned_refused"] == 1
-    assert counts["presigned"] == len(RANGES) + 1  # NOTE: every read presigned, the first twice
+    assert counts["presigned"] == len(RANGES) + 1  # Every read presigned, the first twice
     assert stats["retries"] == 0 and stats["errors"] == 0
     assert not caplog.records
 
@@ -80,7 +80,7 @@ def test_a_store_that_refuses_presigned_urls_is_read_through_its_client_library(
         got = read_all(store)
         counts = proxy.counts()
     assert got == expected()
-    # NOTE: the first read tried a URL and a fresh one, then the library; the rest went to the library only.
+    # The first read tried a URL and a fresh one, then the library; the rest went to the library only.
     assert counts["presigned"] == 2
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and f"reading through {LIBRARY[object_store.backend]}" in warnings[0], warnings

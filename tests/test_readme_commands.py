@@ -70,7 +70,7 @@ def test_the_packing_report_of_the_readme_shows_best_fit_cutting_far_fewer_docum
     windows, best = at_512["concat"], at_512["best_fit"]
     assert windows["documents"] > 1000
     assert windows["floor_share"] < 0.5, "most documents are shorter than a row"
-    # NOTE: past the floor (documents longer than a row, cut by any packing) best fit cuts a fifth or less.
+    # Past the floor (documents longer than a row, cut by any packing) best fit cuts a fifth or less.
     past_the_floor = [f["documents_cut_share"] - f["floor_share"] for f in (windows, best)]
     assert past_the_floor[1] <= past_the_floor[0] / 5, past_the_floor
     assert best["tokens_without_beginning_share"] < windows["tokens_without_beginning_share"] * 0.7

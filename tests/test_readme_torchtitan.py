@@ -3,7 +3,7 @@ own ``Trainer.Config`` with the loader's ``ZephonDataLoader.Config`` in it;
 and its twin, ``examples/torchtitan/check_job.py``, runs the job's data side
 as written (on TorchTitan 0.3.0 and, in tests/test_torchtitan_main.py, main).
 
-NOTE: TorchTitan's model package imports triton (its GPU installs have it) in
+TorchTitan's model package imports triton (its GPU installs have it) in
 one module, ``minimal_async_ep.kernels``; where triton is missing that one
 module is stood in for, in a process of its own, so the rest is TorchTitan's.
 """
@@ -49,7 +49,7 @@ def readme_torchtitan_block() -> str:
 def test_the_readme_torchtitan_job_config_builds_trainer_config_with_the_zephon_loader(tmp_path):
     pytest.importorskip("torchtitan", reason="needs the [torchtitan] extra")
     prelude = STAND_IN if importlib.util.find_spec("triton") is None else ""
-    # NOTE: TorchTitan's imports leave a torchinductor_* folder in TMPDIR: the test's own.
+    # TorchTitan's imports leave a torchinductor_* folder in TMPDIR: the test's own.
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run(
         [sys.executable, "-c", prelude + readme_torchtitan_block() + CHECK],

@@ -19,7 +19,7 @@ def test_killed_writer_reruns_to_identical_bytes_and_leaves_no_worker_behind(sma
         shutil.copy(path, corpus / path.name)
     result = crash.writer_kills(inputs=str(corpus / "*.py"), out_root=tmp_path / "out", runs=2, seed=7, workers=2)
     assert result["kills"] >= 2
-    # NOTE: a tokenizer process that outlives its killed parent would hold
+    # A tokenizer process that outlives its killed parent would hold
     # memory and a core forever; the writer's workers must follow their parent.
     assert result["orphans"] == 0
 

@@ -47,7 +47,7 @@ def test_hostile_input_ends_in_a_clear_error_or_correct_output(outcomes, case):
 def test_every_corruption_is_detected_by_the_loader_and_by_verify(outcomes):
     flips = outcomes["bit_flips"]
     assert flips["verify_detected"] == flips["tries"] == TRIES["bit_flips"]
-    # NOTE: a flip in a frame header bit zstd ignores decodes to the same
+    # A flip in a frame header bit zstd ignores decodes to the same
     # tokens (the case checks they are identical); every other is refused.
     assert flips["detected"] + flips["accepted"] == flips["tries"] and flips["detected"] >= TRIES["bit_flips"] - 1
     assert outcomes["frame_past_declared_size"]["detected"] == TRIES["frame_past_declared_size"]

@@ -38,7 +38,7 @@ def test_helper_processes_opened_and_closed_leave_nothing_behind(small_dataset):
 def test_s3_loaders_opened_and_closed_leave_no_socket_behind(small_dataset, s3_bucket):
     url = s3_bucket.url("data")
     copy_dataset(small_dataset.url, url, dst_options=s3_bucket.storage_options)
-    # NOTE: threads, so that the stores' sockets are this process's to count.
+    # Threads, so that the stores' sockets are this process's to count.
     result = soak.churn(url=url, cycles=4, storage_options=s3_bucket.storage_options, pipeline="threads")
     assert result["max_sockets_open"] > result["fds_before"]["socket"], "no socket was opened; nothing was checked"
     assert all(result["fds_after"][k] <= result["fds_before"][k] for k in result["fds_before"])

@@ -72,7 +72,7 @@ def test_1_a_driver_whose_node_is_killed(ray_instance, ray_driver, tmp_path):
     while not marker.exists():
         assert time.monotonic() < deadline and not call.done()
         time.sleep(0.05)
-    # NOTE: the chain met in CI: the dashboard agent dies, the raylet goes
+    # The chain met in CI: the dashboard agent dies, the raylet goes
     # with it, and Ray ends the driver.
     agents = [pid for pid in ray_instance.head.group_pids()
               if b"dashboard/agent.py" in Path(f"/proc/{pid}/cmdline").read_bytes()]
@@ -116,7 +116,7 @@ def test_a_sigkilled_session_leaves_no_server_and_no_folder(tmp_path):
         session.wait()
         session.stdout.close()
     pids = sorted({int(pid) for group in record["groups"].values() for pid in group})
-    assert len(record["groups"]) == 4 and len(pids) >= 8, record  # NOTE: guards, servers, Ray's daemons
+    assert len(record["groups"]) == 4 and len(pids) >= 8, record  # Guards, servers, Ray's daemons
     deadline = time.monotonic() + GONE_WITHIN_S
     while time.monotonic() < deadline and (any(map(alive, pids)) or any(map(os.path.exists, record["folders"]))):
         time.sleep(0.1)

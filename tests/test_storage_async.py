@@ -14,13 +14,13 @@ import pytest
 from zephon_stream.errors import ObjectMissingError, StorageError, TruncatedObjectError
 from zephon_stream.storage import RetryPolicy, open_store
 
-# NOTE: per-attempt timeouts far above any delay the proxy injects (0.2 s):
+# Per-attempt timeouts far above any delay the proxy injects (0.2 s):
 # a client timeout fired by a busy machine rather than by a fault is a retry
 # the proxy never caused, and the counts below are compared exactly.
 FAST_RETRY = RetryPolicy(max_attempts=30, initial_backoff_s=0.005, max_backoff_s=0.05, timeout_s=120,
                          connect_timeout_s=60, read_timeout_s=60)
 MIXED_20 = {"error_500": 0.05, "error_503": 0.05, "reset": 0.04, "truncate": 0.04, "stall": 0.01, "slow_body": 0.01}
-# NOTE: the kinds a client sees fail; stalls and slow bodies only delay.
+# The kinds a client sees fail; stalls and slow bodies only delay.
 FAILING = ("error_500", "error_503", "reset", "truncate")
 
 
@@ -49,7 +49,7 @@ def test_concurrent_async_reads_survive_20_percent_faults_with_identical_bytes_a
     assert hashlib.sha256(got).digest() == hashlib.sha256(blob).digest()
     failed = proxy.failed(FAILING)
     assert failed > 0
-    # NOTE: every failed request is tried again once and counted once, however
+    # Every failed request is tried again once and counted once, however
     # many reads wait on the loop at once; and every request beyond the reads
     # is one of those retries.
     assert stats["retries"] == failed
@@ -113,7 +113,7 @@ def test_close_cuts_short_a_read_waiting_to_retry(s3_bucket, fault_proxy, blob, 
     closed_at = time.monotonic()
     store.close()
     thread.join(timeout=30)
-    # NOTE: uncut, the read would go on retrying for the policy's 120 s; the
+    # Uncut, the read would go on retrying for the policy's 120 s; the
     # bound is loose enough for a busy machine and still far below that.
     assert not thread.is_alive() and time.monotonic() - closed_at < 20.0
     assert isinstance(outcome[0], StorageError) and "closed" in str(outcome[0]) and "blob.bin" in str(outcome[0])

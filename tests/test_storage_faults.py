@@ -15,13 +15,13 @@ import pytest
 from zephon_stream.errors import ObjectMissingError, StorageError
 from zephon_stream.storage import RetryPolicy, expand_inputs, open_input, open_store
 
-# NOTE: per-attempt timeouts far above any delay the proxy injects (0.2 s):
+# Per-attempt timeouts far above any delay the proxy injects (0.2 s):
 # a client timeout fired by a busy machine rather than by a fault is a retry
 # the proxy never caused, and the counts below are compared exactly.
 FAST_RETRY = RetryPolicy(max_attempts=30, initial_backoff_s=0.005, max_backoff_s=0.05, timeout_s=120,
                          connect_timeout_s=60, read_timeout_s=60)
 MIXED_20 = {"error_500": 0.05, "error_503": 0.05, "reset": 0.04, "truncate": 0.04, "stall": 0.01, "slow_body": 0.01}
-# NOTE: the kinds a client sees fail; stalls and slow bodies only delay.
+# The kinds a client sees fail; stalls and slow bodies only delay.
 FAILING = ("error_500", "error_503", "reset", "truncate")
 
 
@@ -34,7 +34,7 @@ def test_reads_survive_20_percent_faults_with_identical_bytes_and_count_each_ret
     assert hashlib.sha256(got).digest() == hashlib.sha256(blob).digest()
     failed = proxy.failed(FAILING)
     assert failed > 0
-    # NOTE: each 5xx, reset or cut body costs exactly one counted retry.
+    # Each 5xx, reset or cut body costs exactly one counted retry.
     assert stats["retries"] == failed
     assert proxy.counts()["requests"] == len(blob) // chunk + failed
     assert stats["errors"] == 0 and stats["reads"] == len(blob) // chunk
@@ -81,7 +81,7 @@ def test_total_time_bound_stops_retrying(s3_bucket, fault_proxy, blob):
         started = time.monotonic()
         with pytest.raises(StorageError, match="blob.bin"):
             store.read("blob.bin")
-        # NOTE: 1000 attempts would take minutes; the bound leaves a busy machine room.
+        # 1000 attempts would take minutes; the bound leaves a busy machine room.
         assert time.monotonic() - started < 30.0
 
 
@@ -94,13 +94,13 @@ def test_dead_endpoint_fails_fast_instead_of_hanging(s3_bucket):
         started = time.monotonic()
         with pytest.raises(StorageError, match="3 attempts"):
             store.read_range("blob.bin", 0, 10)
-        # NOTE: botocore's own retries and timeouts would take minutes here.
+        # botocore's own retries and timeouts would take minutes here.
         assert time.monotonic() - started < 30.0
 
 
 def test_read_timeout_turns_a_stall_into_a_retry(s3_bucket, fault_proxy, blob):
     proxy = fault_proxy(rates={"stall": 0.5}, seed=2, stall_s=3.0)
-    # NOTE: attempts to spare: on a busy machine an unstalled answer may also take over 0.5 s.
+    # Attempts to spare: on a busy machine an unstalled answer may also take over 0.5 s.
     policy = RetryPolicy(max_attempts=40, initial_backoff_s=0.01, max_backoff_s=0.02, read_timeout_s=0.5)
     with open_store(s3_bucket.url("data"), s3_bucket.options_via(proxy.endpoint_url), retry=policy) as store:
         for i in range(4):

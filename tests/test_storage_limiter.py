@@ -66,7 +66,7 @@ def test_off_until_the_first_throttling_answer_then_requests_go_one_a_tick_at_th
 def test_answers_to_requests_sent_before_the_cut_cut_nothing_more():
     lim, clock = limiter_on_a_clock()
     lim.throttled(BEFORE_ANY_TICKET)
-    # NOTE: the first burst's other answers: sent before the limiter was on.
+    # The first burst's other answers: sent before the limiter was on.
     assert [lim.throttled(BEFORE_ANY_TICKET) for _ in range(20)] == ["seen"] * 20
     assert lim.snapshot().rate == pytest.approx(BETA * INITIAL_RATE, rel=1e-3)
     sent_at = go_times(lim, clock, 1)[0]
@@ -74,7 +74,7 @@ def test_answers_to_requests_sent_before_the_cut_cut_nothing_more():
     assert lim.throttled(sent_at) == "cut"
     cut_rate = lim.snapshot().rate
     assert cut_rate == pytest.approx(BETA * BETA * INITIAL_RATE, rel=0.02)
-    # NOTE: the requests in flight when it was cut come back throttled too: one congestion event, one cut.
+    # The requests in flight when it was cut come back throttled too: one congestion event, one cut.
     assert [lim.throttled(sent_at) for _ in range(5)] == ["seen"] * 5
     assert lim.snapshot().rate == pytest.approx(cut_rate, rel=1e-3)
 
@@ -93,7 +93,7 @@ def test_the_rate_grows_back_along_cubic_then_probes_only_while_requests_wait():
     assert record.grown_s == pytest.approx(0.4)
     assert record.rate == pytest.approx(CUBIC_C * (0.4 - k) ** 3 + record.w_max, rel=1e-6)
     assert BETA * INITIAL_RATE < record.rate < INITIAL_RATE
-    clock.now += 1.1  # NOTE: 1.5 s since the cut: the probe, 0.5 s in, has doubled 4 times
+    clock.now += 1.1  # 1.5 s since the cut: the probe, 0.5 s in, has doubled 4 times
     lim.wait_s(backlog[-1])
     assert lim.snapshot().rate == pytest.approx(BETA * INITIAL_RATE * 2**4, rel=1e-6)
 
@@ -102,7 +102,7 @@ def test_a_node_left_with_the_store_to_itself_probes_past_where_it_was_cut():
     lim, clock = limiter_on_a_clock()
     lim.throttled(BEFORE_ANY_TICKET)
     sent_at = go_times(lim, clock, 1)[0]
-    for _ in range(6):  # NOTE: cut to a small share, as at 16,384 ranks' contention
+    for _ in range(6):  # Cut to a small share, as at 16,384 ranks' contention
         clock.now += 0.01
         lim.throttled(sent_at)
         sent_at = go_times(lim, clock, 1)[0]
@@ -110,7 +110,7 @@ def test_a_node_left_with_the_store_to_itself_probes_past_where_it_was_cut():
     backlog = [lim.ticket() for _ in range(10_000)]
     clock.now += 3.0
     lim.wait_s(backlog[-1])
-    # NOTE: CUBIC alone, after 3 s: about W_max + 0.4 * (3 - K)**3, a few per cent; the probe doubles every 0.25 s.
+    # CUBIC alone, after 3 s: about W_max + 0.4 * (3 - K)**3, a few per cent; the probe doubles every 0.25 s.
     assert lim.snapshot().rate > 8 * w_max
 
 
@@ -118,7 +118,7 @@ def test_the_rate_never_falls_below_its_floor():
     lim, clock = limiter_on_a_clock()
     lim.throttled(BEFORE_ANY_TICKET)
     for _ in range(60):
-        sent_at = clock.now + 0.001  # NOTE: sent after the last cut, with nothing waiting: no growth between
+        sent_at = clock.now + 0.001  # Sent after the last cut, with nothing waiting: no growth between
         clock.now += 0.01
         lim.throttled(sent_at)
     assert lim.snapshot().rate == MIN_RATE
@@ -212,7 +212,7 @@ def die_mid_write(path: str) -> None:
         view[start : start + len(blob) // 2] = blob[: len(blob) // 2]
         os.kill(os.getpid(), signal.SIGKILL)
 
-    record._write = half_then_die  # NOTE: the copy is torn where a SIGKILL mid-write would tear it
+    record._write = half_then_die  # The copy is torn where a SIGKILL mid-write would tear it
     Limiter(record).throttled(time.monotonic())
 
 
@@ -240,7 +240,7 @@ def test_processes_of_a_node_share_one_record_and_a_rank_killed_holding_its_lock
         for taker in takers:
             taker.join(30)
         assert got == [20, 20, 20]
-        # NOTE: 60 turns of one shared queue at 70 a second (the rate grows meanwhile): not 3 queues of 20.
+        # 60 turns of one shared queue at 70 a second (the rate grows meanwhile): not 3 queues of 20.
         assert 0.4 < elapsed < 30, elapsed
         assert lim.snapshot().issued >= 60, "the processes took their tickets from one record"
         lim.close()

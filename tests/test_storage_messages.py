@@ -75,11 +75,11 @@ def test_azure_without_credentials_names_the_variables_and_options_to_set(monkey
 
 @pytest.mark.parametrize("path", ["read", "read_range"])
 def test_an_unreachable_endpoint_is_said_once_at_the_first_retry_and_fails_once(caplog, path):
-    endpoint = f"http://127.0.0.1:{free_ports(1)[0]}"  # NOTE: a port just released: nothing listens
+    endpoint = f"http://127.0.0.1:{free_ports(1)[0]}"  # A port just released: nothing listens
     options = {"endpoint_url": endpoint, "key": "AKIDEXAMPLE", "secret": "wJalrXUtnFEMI-not-shown"}
     caplog.set_level(logging.INFO, logger="zephon_stream.storage")
     with open_store("s3://bucket/ds", options, retry=QUICK) as store:
-        for _ in range(2):  # NOTE: the second operation is the same outage: no second warning
+        for _ in range(2):  # The second operation is the same outage: no second warning
             with pytest.raises(StorageError) as info:
                 store.read("manifest") if path == "read" else store.read_range("manifest", 0, 10)
             assert "4 attempts" in str(info.value) and "s3://bucket/ds/manifest" in str(info.value)
@@ -89,7 +89,7 @@ def test_an_unreachable_endpoint_is_said_once_at_the_first_retry_and_fails_once(
     said = warnings[0].getMessage()
     assert f"cannot reach {endpoint}" in said and "s3://bucket/ds" in said and "retrying" in said
     assert "wJalrXUtnFEMI" not in said and "AKIDEXAMPLE" not in said
-    # NOTE: said at the first failed attempt, not after the retries ran out.
+    # Said at the first failed attempt, not after the retries ran out.
     attempts = [r for r in records if "attempt" in r.getMessage() and r.levelno < logging.WARNING]
     assert records.index(warnings[0]) == records.index(attempts[0]) + 1
 
@@ -110,7 +110,7 @@ def test_a_store_that_comes_back_is_said_again_at_its_next_outage(s3_bucket, fau
 
 
 def test_the_command_line_says_once_it_is_retrying_and_fails_with_one_message():
-    endpoint = f"http://127.0.0.1:{free_ports(1)[0]}"  # NOTE: a port just released: nothing listens
+    endpoint = f"http://127.0.0.1:{free_ports(1)[0]}"  # A port just released: nothing listens
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-not-shown"}
     code = "import sys; from zephon_stream.cli import main; sys.exit(main())"
     result = subprocess.run(

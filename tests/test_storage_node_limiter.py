@@ -21,7 +21,7 @@ from zephon_stream import StreamingLoader
 from zephon_stream.storage import copy_dataset
 from zephon_stream.storage.limiter import SharedRecord
 
-# NOTE: fork, not spawn: a spawned child spends ~0.5 s of CPU on imports (tests/test_node_cache.py).
+# Fork, not spawn: a spawned child spends ~0.5 s of CPU on imports (tests/test_node_cache.py).
 CTX = mp.get_context("fork")
 RATE, BURST = 20.0, 2.0
 WORLD, STEPS = 5, 6
@@ -36,7 +36,7 @@ def read_as_rank(url: str, options: dict, rank: int, root: str, results, hang: s
             def hang_while_holding(record):
                 if record.on:
                     Path(hang).touch()
-                    time.sleep(600)  # NOTE: the node's lock held; the test SIGKILLs this rank here
+                    time.sleep(600)  # The node's lock held; the test SIGKILLs this rank here
                 return change(record)
 
             return update(self, hang_while_holding)
@@ -68,7 +68,7 @@ def test_loaders_of_one_node_share_its_limiter_stay_under_the_limit_and_outlive_
     with FaultProxy(upstream=seaweedfs_server.endpoint_url, rate_limit=RATE, burst=BURST) as proxy:
         options = env.options_via(proxy.endpoint_url)
         started = time.monotonic()
-        # NOTE: the last rank takes the node's lock once the limiter is on, and hangs there until it is SIGKILLed.
+        # The last rank takes the node's lock once the limiter is on, and hangs there until it is SIGKILLed.
         killed = CTX.Process(target=read_as_rank, args=(url, options, WORLD - 1, str(root), results, str(holding)))
         ranks = [CTX.Process(target=read_as_rank, args=(url, options, r, str(root), results)) for r in range(WORLD - 1)]
         for process in [killed, *ranks]:
@@ -91,7 +91,7 @@ def test_loaders_of_one_node_share_its_limiter_stay_under_the_limit_and_outlive_
     assert all(shared for _, shared, _ in got.values()), "every rank waited on the node's limiter"
     served = counts["requests"] - counts["throttled"]
     assert counts["throttled"] > 0, "the rate limit throttled nothing; the test proves nothing"
-    # NOTE: the node's first burst (the blocks of every rank's first steps, asked at once) is sent before anything is
+    # The node's first burst (the blocks of every rank's first steps, asked at once) is sent before anything is
     # known; after it the node's requests wait their turns. Measured here (load 1.5-2): 67-70 requests in 3.6-3.7 s,
     # 11 throttled: 15-17 served and 6 throttled in the first second (the first burst), then 17-19 served and 0-3
     # throttled a second.

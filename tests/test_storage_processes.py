@@ -53,7 +53,7 @@ def test_closing_stores_releases_their_connections(s3_bucket):
     reading = threading.Event()
 
     def watch() -> None:
-        # NOTE: the in-process server may close each connection right after its
+        # The in-process server may close each connection right after its
         # response, so connections are counted while the reads run, not after.
         while reading.is_set():
             peak[0] = max(peak[0], open_fds()["socket"])
@@ -74,7 +74,7 @@ def test_closing_stores_releases_their_connections(s3_bucket):
         store.close()
     in_use = peak[0]
     assert in_use > before, "no connection was ever open; the check below proves nothing"
-    # NOTE: moto runs in this process; its side of each connection closes a moment later.
+    # moto runs in this process; its side of each connection closes a moment later.
     deadline = time.monotonic() + 30
     while open_fds()["socket"] > before and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -18,7 +18,7 @@ from tools.reliability.common import step_hashes
 from zephon_stream import StreamingLoader
 from zephon_stream.storage import RetryPolicy, copy_dataset, open_store
 
-# NOTE: per-attempt timeouts far above any delay here: on a busy machine a
+# Per-attempt timeouts far above any delay here: on a busy machine a
 # client timeout is a retry the proxy did not cause, and counts are compared exactly.
 RETRY = RetryPolicy(max_attempts=30, initial_backoff_s=0.005, max_backoff_s=0.05, timeout_s=120,
                     connect_timeout_s=60, read_timeout_s=60, throttle_initial_backoff_s=0.005,
@@ -26,7 +26,7 @@ RETRY = RetryPolicy(max_attempts=30, initial_backoff_s=0.005, max_backoff_s=0.05
 OBJECT = bytes(range(256)) * 2048
 RANGE_BYTES = 20_000
 NUM_READS = 24
-# NOTE: the failures a store's retry layer sees once each, per backend. A reset
+# The failures a store's retry layer sees once each, per backend. A reset
 # on a request s3fs or adlfs makes itself (outside range reads) may be sent
 # again once inside aiohttp, unseen and so uncounted (docs/STORAGE.md); range
 # reads on S3 and Azure go over this package's own HTTP session, and gcsfs's
@@ -65,7 +65,7 @@ def test_each_failed_range_read_is_one_counted_retry(object_store, path):
         failed = proxy.failed(tuple(rates))
     assert got == [OBJECT[start:end] for start, end in ranges()]
     assert failed > 0, "no fault was injected; the test proves nothing"
-    # NOTE: the 429s are the store throttling, counted apart from the other retries.
+    # The 429s are the store throttling, counted apart from the other retries.
     assert stats["throttled"] == proxy.counts()["error_429"], (stats, proxy.counts())
     assert stats["retries"] + stats["throttled"] == failed, (stats, proxy.counts())
     assert stats["errors"] == 0 and stats["reads"] == NUM_READS
@@ -94,7 +94,7 @@ def test_retries_while_a_loader_opens_a_dataset_are_counted_once_each(object_sto
         after = proxy.failed(tuple(MANIFEST_FAULTS))
     assert failed > 0, "no fault was injected on the manifest; the test proves nothing"
     assert opened == failed, (opened, proxy.counts())
-    # NOTE: nothing reads the manifest again while streaming, and the blocks came without a fault.
+    # Nothing reads the manifest again while streaming, and the blocks came without a fault.
     assert streamed == after == failed
     assert got == expected
 
@@ -165,7 +165,7 @@ def test_a_manifest_that_keeps_failing_reaches_the_store_once_per_counted_attemp
     assert (stats["retries"], stats["throttled"], stats["errors"]) == (3, 0, 1), stats
 
 
-# NOTE: the report's settings: one lane, one step prefetched. With blocks of
+# The report's settings: one lane, one step prefetched. With blocks of
 # 64 samples a lane's next block (and, as the reads go on, the next index
 # page) is read while a helper process waits a ring ahead of the consumer.
 EVERY_NTH_SETTINGS = {"seq_len": 256, "local_batch_size": 12, "seed": 5, "lanes": 1, "prefetch_steps": 1}
@@ -189,7 +189,7 @@ def report_dataset(stdlib_corpus, tmp_path_factory):
 def wait_for_the_helper(loader, *, deadline_s=60.0) -> None:
     """Until the loader's helper process is ready, as while a trainer builds its model: the run is then
     the helper's from its first step, and it works a ring ahead of the consumer."""
-    # NOTE: no public handle says whether the helper that is starting is ready; the feed's does.
+    # No public handle says whether the helper that is starting is ready; the feed's does.
     helper = loader._feed._spare_helper
     deadline = time.monotonic() + deadline_s
     while not helper.ready():

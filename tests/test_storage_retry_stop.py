@@ -15,7 +15,7 @@ from zephon_stream.storage.classify import HttpStatusError
 from zephon_stream.storage.limiter import Limiter, LocalRecord
 from zephon_stream.storage.retry import RetryPolicy, call_with_retry, call_with_retry_async
 
-# NOTE: backoffs of 2.5-5 s: a stop that did not cut one short shows as seconds.
+# Backoffs of 2.5-5 s: a stop that did not cut one short shows as seconds.
 SLOW_BACKOFF = RetryPolicy(max_attempts=5, initial_backoff_s=5.0, max_backoff_s=5.0, throttle_timeout_s=120)
 READ_X = {"policy": SLOW_BACKOFF, "what": "read x", "scrub": str}
 
@@ -74,7 +74,7 @@ def stopped_before_a_backoff(driver) -> tuple[int, str]:
 
 def stopped_during_a_wait_for_a_turn(driver) -> tuple[int, str]:
     stop = threading.Event()
-    # NOTE: 700 requests ahead at 70 a second: a turn 10 s away.
+    # 700 requests ahead at 70 a second: a turn 10 s away.
     limiter = switched_on(Limiter(LocalRecord()), queued=700)
     threading.Timer(0.2, stop.set).start()
     return abandoned(driver, stop, limiter=limiter)
@@ -99,7 +99,7 @@ def stopped_before_the_first_attempt(driver) -> tuple[int, str]:
         (stopped_before_a_backoff, 1, "read x: abandoned after 1 attempts, the store was closed (last error: "),
         (stopped_during_a_wait_for_a_turn, 0, "read x: abandoned after 0 attempts, the store was closed"),
         (stopped_as_the_turn_comes, 0, "read x: abandoned after 0 attempts, the store was closed"),
-        # NOTE: an attempt that needs no wait goes; the stop ends the wait its failure leads to.
+        # An attempt that needs no wait goes; the stop ends the wait its failure leads to.
         (stopped_before_the_first_attempt, 1, "read x: abandoned after 1 attempts, the store was closed (last error: "),
     ],
     ids=lambda value: getattr(value, "__name__", None),
@@ -111,7 +111,7 @@ def test_a_closed_store_ends_an_operation_at_the_same_point_in_both_drivers(case
         made, text = case(driver)
         elapsed_s = time.monotonic() - started
         assert made == attempts_made and text.startswith(message), (name, made, text)
-        # NOTE: the waits cut short are 2.5 s and more; a stop is seen within a poll of the event loop.
+        # The waits cut short are 2.5 s and more; a stop is seen within a poll of the event loop.
         assert elapsed_s < 2.0, (name, elapsed_s)
         outcomes[name] = (made, text)
     assert outcomes["blocking"] == outcomes["event loop"]
@@ -131,7 +131,7 @@ class SteppingClock:
 @pytest.mark.parametrize("driver", DRIVERS.values(), ids=DRIVERS.keys())
 def test_the_limiters_clock_times_the_whole_operation(driver):
     limiter = switched_on(Limiter(LocalRecord(), clock=SteppingClock()))
-    # NOTE: a thousand attempts a millisecond apart fit in 5 s of this machine's clock, and only a few in 5 s of
+    # A thousand attempts a millisecond apart fit in 5 s of this machine's clock, and only a few in 5 s of
     # the limiter's, which moves a second at each reading.
     policy = RetryPolicy(max_attempts=1000, initial_backoff_s=0.001, max_backoff_s=0.001, timeout_s=5.0)
     made: list[int] = []

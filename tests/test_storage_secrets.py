@@ -110,12 +110,12 @@ def _cloud_credentials(object_store, endpoint_url: str) -> tuple[list[dict], tup
     if object_store.backend == "gcs":
         from tools.server_process import free_ports
 
-        # NOTE: the token endpoint is a closed loopback port: refreshing the
+        # The token endpoint is a closed loopback port: refreshing the
         # service account's token fails, and that failure is searched too.
         from google.oauth2.credentials import Credentials
 
         info = _service_account_info(f"http://127.0.0.1:{free_ports(1)[0]}/token")
-        # NOTE: an access token as a bare string makes gcsfs check it at
+        # An access token as a bare string makes gcsfs check it at
         # oauth2.googleapis.com; as a credentials object it is used as is.
         access_token = "ya29.zephonAccessTokenLeakCheck31"
         base = {"endpoint_url": endpoint_url, "project": "zephon-test"}
@@ -162,7 +162,7 @@ def test_cloud_credentials_never_appear_in_any_output(object_store, small_datase
                 seen += [str(info.value), repr(info.value)]
             store.close()
     if object_store.backend == "azure":
-        # NOTE: a working connection string, from the environment as adlfs reads it.
+        # A working connection string, from the environment as adlfs reads it.
         monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", object_store.server.connection_string())
         working = {}
         option_args = []

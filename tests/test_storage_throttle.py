@@ -28,7 +28,7 @@ from zephon_stream.storage.throttle import StoreThrottle
 STYLE = {"seaweedfs": "s3", "gcs": "gcs", "azure": "azure"}
 OBJECT = bytes(range(256)) * 512
 NUM_READS = 30
-# NOTE: a short throttle base so that the tests wait seconds, not minutes; the
+# A short throttle base so that the tests wait seconds, not minutes; the
 # per-attempt timeouts far above any wait, so that no retry but throttling's happens.
 RETRY = RetryPolicy(max_attempts=30, timeout_s=120, connect_timeout_s=60, read_timeout_s=60,
                     throttle_initial_backoff_s=0.05, throttle_max_backoff_s=2.0, throttle_timeout_s=120)
@@ -46,7 +46,7 @@ async def read_concurrently(store) -> list[bytes]:
 
 def test_throttle_backoff_is_full_jitter_over_a_window_that_grows_and_is_capped():
     policy = RetryPolicy(throttle_initial_backoff_s=0.1, throttle_max_backoff_s=5.0)
-    # NOTE: after the 3rd throttling answer with 2 others waiting: window 0.1 * 2**2 * 3 = 1.2 s.
+    # After the 3rd throttling answer with 2 others waiting: window 0.1 * 2**2 * 3 = 1.2 s.
     draws = [policy.throttle_backoff_s(2, waiting=2) for _ in range(4000)]
     assert 0.0 <= min(draws) < 0.05 and 1.15 < max(draws) <= 1.2
     assert statistics.mean(draws) == pytest.approx(0.6, rel=0.05)
@@ -121,7 +121,7 @@ def test_many_readers_throttled_at_once_retry_at_a_rate_near_the_limit(seaweedfs
     assert served == readers and stats["throttled"] == counts["throttled"] > 0, (stats, counts)
     attempts_per_s = counts["requests"] / elapsed
     if limiter:
-        # NOTE: the floor is readers / rate = 3 s. The first burst (all 60 at
+        # The floor is readers / rate = 3 s. The first burst (all 60 at
         # once, 59 throttled) is sent before anything is known; after it the
         # readers wait their turns, and the rate is cut from 70/s to the limit
         # in a few answers. Measured here: 129 requests in 3.8 s, 69 throttled,
@@ -130,7 +130,7 @@ def test_many_readers_throttled_at_once_retry_at_a_rate_near_the_limit(seaweedfs
         after_first_burst = counts["throttled"] - (readers - 1)
         assert 0 <= after_first_burst < served / 3 and stats["throttle_waits"] >= readers - 10, (stats, counts)
     else:
-        # NOTE: measured here: each reader backing off on its own count alone
+        # Measured here: each reader backing off on its own count alone
         # (windows 0.05, 0.1, 0.2 s, ...) sent 68 requests/s, 6.3 throttled for
         # each one served; with the window grown by the readers waiting, 34-38
         # requests/s, 2.5-2.8 throttled for each served, in 5.7-6.6 s.
@@ -142,7 +142,7 @@ def test_a_store_that_keeps_throttling_fails_after_its_deadline_naming_the_store
     object_store, url = stored
     policy = RetryPolicy(throttle_initial_backoff_s=0.05, throttle_max_backoff_s=0.3, throttle_timeout_s=2.0,
                          connect_timeout_s=60, read_timeout_s=60)
-    # NOTE: a burst under one token serves nothing: every request is throttled.
+    # A burst under one token serves nothing: every request is throttled.
     with FaultProxy(upstream=object_store.server.endpoint_url, rate_limit=0.0, burst=0.0,
                     throttle_style=STYLE[object_store.backend]) as proxy, \
             open_store(url, object_store.options_via(proxy.endpoint_url), retry=policy) as store:  # fmt: skip
@@ -170,7 +170,7 @@ def test_a_loader_starting_against_a_throttling_store_is_exact_and_counts_every_
         with StreamingLoader(url, storage_options=options, pipeline="threads", **SETTINGS) as loader:
             got = step_hashes(loader, 12)
             proxy.set_rate_limit(None)
-            # NOTE: an answer the proxy sent may not have reached its reader
+            # An answer the proxy sent may not have reached its reader
             # (a prefetch) yet: step on, unthrottled, until the counts settle.
             deadline = time.monotonic() + 60
             while (stats := loader.stats())["throttled"] < proxy.counts()["throttled"]:

@@ -41,7 +41,7 @@ def test_launcher_script_serves_until_sigterm_and_removes_its_data(script):
         assert match, (first, process.stderr.read() if process.poll() is not None else "")
         endpoint, server_pid, data_dir = match.group(1), int(match.group(2)), Path(match.group(3))
         assert data_dir.is_dir()
-        # NOTE: the S3 and blob probes are unsigned: refused (403) or listed, the server answered.
+        # The S3 and blob probes are unsigned: refused (403) or listed, the server answered.
         assert http_status(endpoint + PROBES[script]) in (200, 403)
     finally:
         process.send_signal(signal.SIGTERM)
@@ -49,7 +49,7 @@ def test_launcher_script_serves_until_sigterm_and_removes_its_data(script):
     assert process.returncode == 0
     assert out.strip().endswith("stopped")
     assert not data_dir.exists()
-    # NOTE: the server runs in a session of its own; the script must have stopped it.
+    # The server runs in a session of its own; the script must have stopped it.
     with pytest.raises(ProcessLookupError):
         os.kill(server_pid, 0)
     with pytest.raises(OSError):

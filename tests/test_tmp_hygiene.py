@@ -30,7 +30,7 @@ def test_a_child_removes_its_temp_folder():
 """
 
 
-# NOTE: a test of the inner session that says when it runs and waits for the outer test's
+# A test of the inner session that says when it runs and waits for the outer test's
 # go-ahead, so that another process can write while the session runs.
 WAITS = """
 import os, pathlib, tempfile, time
@@ -44,7 +44,7 @@ def test_waits_while_another_process_writes():
         time.sleep(0.05)
 """
 
-# NOTE: a node cache user outside the session: it opens the cache once the session runs and holds it.
+# A node cache user outside the session: it opens the cache once the session runs and holds it.
 NODE_CACHE_PEER = """
 import pathlib, sys, time
 from zephon_stream.storage.node_cache import NodeCache
@@ -129,7 +129,7 @@ def test_under_xdist_a_worker_child_that_leaves_a_folder_fails_the_session_namin
     pytest.importorskip("xdist")
     code, output, machine = run_inner_session(tmp_path, LEAKY + TIDY.split("\n", 2)[2], "-n", "2", "-p", "xdist")
     assert code == 1, output
-    # NOTE: on a line of its own, not glued onto the progress line's "[100%]"
+    # On a line of its own, not glued onto the progress line's "[100%]"
     assert "2 passed" in output and lines_starting(output, CHILDREN_LEFT_ONE), output
     assert "torchelastic_" in output
     assert os.listdir(machine) == [], "the children's temp folder is removed, leak and all"
@@ -155,7 +155,7 @@ def test_what_the_test_processes_leave_is_named_on_a_line_of_its_own_and_what_ot
     process, machine = start_inner_session(tmp_path, source, *options, env={"ZS_FLAGS": str(flags)})
     try:
         wait_for(flags / "started", process)
-        # NOTE: another process of the machine writes into its temp folder while the session runs.
+        # Another process of the machine writes into its temp folder while the session runs.
         (machine / "weed.other-host.root.log.INFO.20261208").write_text("another process's log")
         (machine / "torchelastic_other").mkdir()
     finally:

@@ -40,15 +40,15 @@ GLOBAL_BATCH = 6
 SEED = 5
 STEPS = 16
 CKPT_EVERY = 4
-# NOTE: the hold lands between checkpoints (8 and 12), so a restart replays steps 8 and 9.
+# The hold lands between checkpoints (8 and 12), so a restart replays steps 8 and 9.
 HOLD_AFTER = 10
-# NOTE: these settings are the recipe in docs/ELASTIC.md. Heartbeats go out at
+# These settings are the recipe in docs/ELASTIC.md. Heartbeats go out at
 # most every 2 x keep_alive_interval, so keep_alive_max_attempt must be well
 # above 2 or a live agent is declared dead (and a newcomer starts a job of its
 # own); join_timeout bounds a rendezvous that cannot complete.
 RDZV_CONF = "keep_alive_interval=1,keep_alive_max_attempt=5,join_timeout=60,last_call_timeout=3"
 WAIT_S = 150
-# NOTE: torch 2.13's agents share one TCPStore with their workers and keep it
+# torch 2.13's agents share one TCPStore with their workers and keep it
 # across restarts, with the workers' keys not separated per attempt: a restarted
 # rank can read the killed rank's gloo address ("Connection refused",
 # pytorch/pytorch#135712), and a newcomer waits for the new round's MASTER_ADDR,
@@ -79,7 +79,7 @@ class ElasticJob:
         self.agents: dict[str, subprocess.Popen] = {}
         tmp = root / "tmp"
         tmp.mkdir(parents=True)
-        # NOTE: TMPDIR keeps torchrun's torchelastic_* folders (and torch's
+        # TMPDIR keeps torchrun's torchelastic_* folders (and torch's
         # caches) inside the test's folder instead of /tmp, and the node cache
         # that agents killed leave behind goes with it instead of /dev/shm.
         self.env = child_env({"TMPDIR": str(tmp), "ZEPHON_NODE_CACHE": str(root / "node-cache")})
@@ -100,7 +100,7 @@ class ElasticJob:
             return []
         records = []
         for line in self.events_path.read_text().splitlines():
-            # NOTE: a kill can cut the last line short.
+            # A kill can cut the last line short.
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
@@ -204,7 +204,7 @@ def test_max_restarts_restarts_a_killed_worker_from_the_newest_checkpoint_bit_id
     events = elastic_job.events()
     starts = check_run(events, reference)
     assert [(s["world_size"], s["restart_count"], s["start_step"]) for s in starts] == [(2, 0, 0), (2, 1, 8)]
-    # NOTE: steps 8 and 9 ran before the kill and again after it; the same loss
+    # Steps 8 and 9 ran before the kill and again after it; the same loss
     # means model and optimizer came back exactly, not only the data.
     losses: dict[int, set[float]] = {}
     for event in events:
@@ -245,7 +245,7 @@ def test_an_agent_joining_restarts_the_running_group_at_two_ranks_from_the_newes
 
     starts = check_run(elastic_job.events(), reference)
     assert [(s["world_size"], s["start_step"]) for s in starts] == [(1, 0), (2, 8)], starts
-    # NOTE: a membership change is not a failure: it spends no --max-restarts.
+    # A membership change is not a failure: it spends no --max-restarts.
     assert starts[-1]["restart_count"] == 0
 
 
@@ -254,7 +254,7 @@ def test_an_agent_joining_restarts_the_running_group_at_two_ranks_from_the_newes
 def test_with_the_store_outside_the_agents_losing_rank_0s_agent_leaves_the_other_going_on_alone(elastic_job, reference):
     from torch.distributed import TCPStore
 
-    # NOTE: the c10d rendezvous keeps its state in this store; hosted by a
+    # The c10d rendezvous keeps its state in this store; hosted by a
     # process that does not leave (here the test), no agent's loss takes it along.
     store = TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
     elastic_job.launch("first", elastic_agent_args(store.port, host=False), NO_SHARED_STORE)

@@ -73,20 +73,20 @@ def check_schedule_happened(run, *, killed: str, leaver: str | None, failer: str
 def test_per_replica_batches_lose_and_repeat_no_sample_through_kill_heal_leave_and_failed_commit_async(
     small_dataset, tmp_path
 ):
-    # NOTE: a second loader in the same groups reads rows of whole documents (best fit).
+    # A second loader in the same groups reads rows of whole documents (best fit).
     loaders = [{"policy": "per_replica", "group_batch": GROUP_BATCH},
                {"policy": "per_replica", "group_batch": GROUP_BATCH, "packing": "best_fit"}]  # fmt: skip
     run = run_groups(tmp_path, dataset=small_dataset.url, groups=3, group_world_size=1, async_quorum=True,
                      loaders=loaders, steps=STEPS, lanes=12, events=EVENTS, restart={1: "g0r0.step"})  # fmt: skip
     counts = run.counts("ours")
     per_step = check_no_sample_lost_or_repeated(counts[0])
-    # NOTE: each committed step trained whole group batches (a share counts or is owed whole).
+    # Each committed step trained whole group batches (a share counts or is owed whole).
     assert all(len(p) % GROUP_BATCH == 0 and p for p in per_step.values()), per_step
     assert check_no_sample_lost_or_repeated(counts[1]) == per_step
     check_tokens(run, small_dataset.url, lanes=12, loader=1, packing="best_fit")
     check_schedule_happened(run, killed="g1r0", leaver="g2r0", failer="g0r0")
     assert run.finals["g0r0"]["states"] == run.finals["g1r0"]["states"]
-    # NOTE: the trap was sprung: rows went to a healing group, and were served again.
+    # The trap was sprung: rows went to a healing group, and were served again.
     healing = [r for rs in run.records.values() for r in rs if r["rank"] is not None and not r["counted"]]
     assert healing, "no group healed with a participating rank in the asynchronous quorum"
     ours, theirs = lost_and_repeated(counts[0].sum(dim=0)), lost_and_repeated(run.counts("sampler"))
@@ -96,14 +96,14 @@ def test_per_replica_batches_lose_and_repeat_no_sample_through_kill_heal_leave_a
 
 
 def test_sync_quorum_per_replica_exact_and_fixed_global_steps_equal_the_failure_free_run(small_dataset, tmp_path):
-    # NOTE: the run of `zephon-stream demo --torchft`, whose table and verdict are checked too.
+    # The run of `zephon-stream demo --torchft`, whose table and verdict are checked too.
     run = run_demo_groups(tmp_path, small_dataset.url, steps=STEPS)
     counts = run.counts("ours")
     per_step = check_no_sample_lost_or_repeated(counts[0])
     assert all(len(p) % GROUP_BATCH == 0 and p for p in per_step.values()), per_step
     check_schedule_happened(run, killed="g1r0", leaver="g2r0", failer="g0r0")
     assert run.finals["g0r0"]["states"] == run.finals["g1r0"]["states"]
-    # NOTE: the synchronous quorum heals before the step: no share is ever owed, the order is read in order.
+    # The synchronous quorum heals before the step: no share is ever owed, the order is read in order.
     assert not [r for rs in run.records.values() for r in rs if r["rank"] is not None and not r["counted"]]
     assert [p for t in sorted(per_step) for p in sorted(per_step[t])] == list(range(int(counts[0].sum())))
     fixed = check_no_sample_lost_or_repeated(counts[1])
@@ -133,7 +133,7 @@ def test_groups_of_two_ranks_lose_and_repeat_no_sample_through_kill_heal_and_fai
     per_step = check_no_sample_lost_or_repeated(counts[0])
     assert all(len(p) % GROUP_BATCH == 0 and p for p in per_step.values()), per_step
     check_schedule_happened(run, killed="g1r1", leaver=None, failer="g0r0")
-    # NOTE: the two ranks of a group read disjoint halves of its share.
+    # The two ranks of a group read disjoint halves of its share.
     for rec0, rec1 in zip(run.records["g0r0"], run.records["g0r1"]):
         assert rec0["step"] == rec1["step"] and not set(rec0["positions"][0]) & set(rec1["positions"][0])
     check_tokens(run, small_dataset.url, lanes=12)

@@ -31,7 +31,7 @@ GROUP_BATCH = 3
 
 
 def share_positions(piece, group_batch: int) -> list[int]:
-    # NOTE: a share's positions as a set: the rank slicing permutes them
+    # A share's positions as a set: the rank slicing permutes them
     # inside the step, but a piece is a contiguous run of the step's rows.
     first = piece.cursor + piece.index * group_batch
     return list(range(first, first + group_batch))
@@ -47,7 +47,7 @@ def test_per_replica_plan_trains_each_position_once_whatever_the_quorums_and_hea
         plan = plan_step(state, participants, group_batch=GROUP_BATCH, global_batch=None)
         counted = {k for k in range(participants) if rng.random() > 0.25}
         if rng.random() < 0.2:
-            continue  # NOTE: the step did not commit: the same state plans the next one
+            continue  # The step did not commit: the same state plans the next one
         for k in counted:
             trained += share_positions(plan.pieces[k], GROUP_BATCH)
         state = advance(state, plan, counted)
@@ -58,7 +58,7 @@ def test_per_replica_plan_trains_each_position_once_whatever_the_quorums_and_hea
 def test_per_replica_plan_serves_owed_shares_first_then_fresh_rows():
     state = ReplicaDataState()
     plan = plan_step(state, 3, group_batch=4, global_batch=None)
-    state = advance(state, plan, {0})  # NOTE: ranks 1 and 2 were healing
+    state = advance(state, plan, {0})  # Ranks 1 and 2 were healing
     assert state.cursor == 12 and [p.index for p in state.owed] == [1, 2]
     plan = plan_step(state, 2, group_batch=4, global_batch=None)
     assert plan.pieces == state.owed and plan.fresh_rows == 0
@@ -228,11 +228,11 @@ def test_best_fit_rows_are_served_again_after_a_failed_commit_and_a_windows_stat
         with pytest.raises(StateMismatchError, match=r"packing: state has 'best_fit', this loader has 'concat'"):
             loader.load_state_dict(state)
         older = {**state, "order": {k: v for k, v in state["order"].items() if k != "packing"}}
-        loader.load_state_dict(older)  # NOTE: saved before the packing was recorded: windows
+        loader.load_state_dict(older)  # Saved before the packing was recorded: windows
 
 
 def test_a_share_cut_from_a_whole_step_keeps_either_batch_layout():
-    # NOTE: a step read whole and cut into shares (the world does not divide
+    # A step read whole and cut into shares (the world does not divide
     # it), the last share padded: the 1-D layout is cut at whole rows.
     from zephon_stream.integrations.torchft_rows import cut_and_pad
 

@@ -106,7 +106,7 @@ def test_config_build_yields_titan_batches(small_bpe_dataset, titan_tokenizer):
     positions = torch.cat([as_rows(d["positions"], 256) for d, _ in batches])
     labels = torch.cat([as_rows(lab, 256) for _, lab in batches])
     is_eos = tokens == titan_tokenizer.eos_id
-    # NOTE: the default: an input EOS's label is IGNORE_INDEX (its next token starts another document).
+    # The default: an input EOS's label is IGNORE_INDEX (its next token starts another document).
     assert (labels[is_eos] == -100).all()
     assert torch.equal(tokens[:, 1:][~is_eos[:, :-1]], labels[:, :-1][~is_eos[:, :-1]])
     after_eos = torch.zeros_like(tokens, dtype=torch.bool)
@@ -120,7 +120,7 @@ def test_config_build_yields_titan_batches(small_bpe_dataset, titan_tokenizer):
 
 @pytest.mark.parametrize("local_batch_size", [4, 64])
 def test_the_streaming_loader_hands_over_the_installed_titans_form_itself(small_bpe_dataset, local_batch_size):
-    # NOTE: main's 1-D tensors are the delivery's own, made once per ring
+    # Main's 1-D tensors are the delivery's own, made once per ring
     # slot (batch_layout="tokens"), not views made again each step; 4 x 256
     # tokens share a slot with other steps, 64 x 256 fill one.
     config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=3, pipeline="threads")
@@ -233,15 +233,15 @@ def test_skip_steps_skips_the_data_of_train_steps_once_at_any_dp_degree(small_bp
         steps = []
         for _ in range(6):
             take(loader, 1)
-            steps.append(loader._loader.step - 1)  # NOTE: the step just read
+            steps.append(loader._loader.step - 1)  # The step just read
         state = loader.state_dict()
-    # NOTE: train step 3 starts at batch 4 (2 a step): batches 4 to 7 (train steps 3 and 4) are skipped.
+    # Train step 3 starts at batch 4 (2 a step): batches 4 to 7 (train steps 3 and 4) are skipped.
     assert steps == [0, 1, 2, 3, 8, 9]
     resumed = [build(config, dp_world_size=2, dp_rank=r, seq_len=32, local_batch_size=3) for r in range(2)]
     for loader in resumed:
         loader.load_state_dict(state)
         take(loader, 1)
-        assert loader._loader.step == 11  # NOTE: resumed after the skip: it does not skip again
+        assert loader._loader.step == 11  # Resumed after the skip: it does not skip again
         loader.close()
     with pytest.raises(ConfigError, match=r"skip_steps: '3' is not TRAIN_STEP:NUM_STEPS"):
         ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, skip_steps=["3"])
@@ -345,7 +345,7 @@ def test_finite_run_ends_with_dataloader_exhausted(small_bpe_dataset):
         for _ in range(3):
             next(batches)
         state = loader.state_dict()
-    # NOTE: resumed at another dp degree, the run still ends after step 5.
+    # Resumed at another dp degree, the run still ends after step 5.
     halves = [build(config, dp_world_size=2, dp_rank=r, seq_len=32, local_batch_size=2) for r in range(2)]
     for half in halves:
         half.load_state_dict(state)
@@ -371,7 +371,7 @@ def test_one_pass_as_torchtitans_validator_asks_for_it(small_bpe_dataset):
             next(loader)
         with pytest.raises(DataloaderExhaustedError):
             next(loader)
-    # NOTE: the pass is cut into `rows` lanes (the first global batch); the
+    # The pass is cut into `rows` lanes (the first global batch); the
     # remainder of the epoch, fewer than `rows` samples, is not read.
     assert positions == list(range(samples_per_pass // rows * rows))
 
@@ -380,7 +380,7 @@ def test_config_repr_and_logged_dict_hide_storage_secrets():
     options = {"key": "AKIAEXAMPLE1234", "secret": "hunter2-secret",
                "client_kwargs": {"endpoint_url": "http://s3:9000"}}
     config = ZephonDataLoader.Config(dataset_path="s3://b/d", storage_options=options)
-    # NOTE: TorchTitan's trainer logs json.dumps(config.to_dict()) and saves it.
+    # TorchTitan's trainer logs json.dumps(config.to_dict()) and saves it.
     for text in (repr(config), json.dumps(config.to_dict())):
         assert "AKIAEXAMPLE1234" not in text and "hunter2-secret" not in text
         assert "http://s3:9000" in text
@@ -437,7 +437,7 @@ class _BlockTorchTitan(importlib.abc.MetaPathFinder):
 def test_missing_torchtitan_says_how_to_install(monkeypatch):
     for name in [n for n in sys.modules if n == "torchtitan" or n.startswith("torchtitan.")]:
         monkeypatch.delitem(sys.modules, name)
-    # NOTE: the integration is split over several modules; import it afresh,
+    # The integration is split over several modules; import it afresh,
     # as a user without TorchTitan would, not from this session's cache.
     for name in [n for n in sys.modules if n.startswith("zephon_stream.integrations.torchtitan")]:
         monkeypatch.delitem(sys.modules, name)
@@ -492,7 +492,7 @@ def torchrun(script: str, nproc: int, *args: str, env: dict[str, str] | None = N
     # The session's own path first: under tests/test_torchtitan_main.py it puts TorchTitan main there.
     path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)
     full_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    # NOTE: torchrun leaves a torchelastic_* folder in its TMPDIR, and ranks
+    # torchrun leaves a torchelastic_* folder in its TMPDIR, and ranks
     # killed their node cache's files: both in a folder that is removed.
     with tempfile.TemporaryDirectory(prefix="zs-torchrun-") as tmp:
         run_env = {**full_env, "TMPDIR": tmp, "ZEPHON_NODE_CACHE": os.path.join(tmp, "node-cache")}
@@ -530,7 +530,7 @@ def test_titan_checkpoint_at_dp4_resumes_at_dp2_and_dp3_bit_identically(
     seq_len, global_batch = 256, 12
     manifest = small_bpe_dataset.manifest
     samples_per_pass = sum((int(n) - 1) // seq_len for n in manifest.block_token_counts())
-    # NOTE: save a few steps before the end of the first epoch so the resumed
+    # Save a few steps before the end of the first epoch so the resumed
     # steps cross the epoch boundary (and the save lands mid-block).
     save_step = samples_per_pass // global_batch - 3
     steps_after = 8

@@ -18,7 +18,7 @@ from titan_forms import trainer_keywords  # noqa: E402
 from zephon_stream.integrations.torchtitan import ZephonDataLoader  # noqa: E402
 from zephon_stream.loader.delivery.device import MAX_HELD_BATCHES, PENDING_RELEASE_SLOTS  # noqa: E402
 
-# NOTE: about 2.5-5 s of GPU time at 1-2 GHz: long enough that copies finishing
+# About 2.5-5 s of GPU time at 1-2 GHz: long enough that copies finishing
 # while it runs cannot be a timing accident.
 _SLEEP_CYCLES = 5_000_000_000
 
@@ -55,7 +55,7 @@ def test_cuda_batches_come_from_pinned_buffers_over_a_side_stream(small_bpe_data
         consumer_busy = not consumer.query()
         got += [next(batches) for _ in range(3)]
         torch.cuda.synchronize()
-        # NOTE: the first ones are views of the pinned ring; the test keeps all
+        # The first ones are views of the pinned ring; the test keeps all
         # seven, so the loader copied the labels of the rest.
         views = MAX_HELD_BATCHES + PENDING_RELEASE_SLOTS
         assert [labels.is_pinned() for _, labels in got] == [True] * views + [False] * (7 - views)
@@ -67,6 +67,6 @@ def test_cuda_batches_come_from_pinned_buffers_over_a_side_stream(small_bpe_data
             assert got_dict[key].is_cuda and got_dict[key].device.index == torch.cuda.current_device()
             assert torch.equal(got_dict[key].cpu(), want_dict[key])
         assert got_labels.device.type == "cpu" and torch.equal(got_labels, want_labels)
-    # NOTE: close() unregistered the ring; the views the test kept still read
+    # close() unregistered the ring; the views the test kept still read
     # their batches (compared above) from memory that is no longer pinned.
     assert not any(labels.is_pinned() for _, labels in got)

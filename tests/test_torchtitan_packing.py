@@ -11,7 +11,7 @@
   exactly the (input, target, position) triples we train, so the same loss on
   the same tokens.
 
-NOTE: ``torchtitan.models.common`` imports its MoE code, which needs triton
+``torchtitan.models.common`` imports its MoE code, which needs triton
 (absent from CPU-only installs); ``titan_attention`` then loads the installed
 ``attention.py`` itself without that package's ``__init__``. Its code is
 TorchTitan's, unchanged.
@@ -201,7 +201,7 @@ def test_torchtitans_own_text_loader_trains_what_we_train_under_ignore(
     assert our_triples == titan_triples
     assert int((batch["labels"] != IGNORE_INDEX).sum()) == titan_labels.numel() == num_tokens - len(documents)
     assert int(batch["num_cu_seqlens"]) - 1 == len(documents)
-    # NOTE: "predict" trains, besides, each EOS -> next document's first token.
+    # "predict" trains, besides, each EOS -> next document's first token.
     extra = trained_triples(ours["predict"]["input"][0], ours["predict"]["labels"][0], ours["predict"]["positions"][0])
     extra.subtract(our_triples)
     cross = [(doc[-1], nxt[0], len(doc) - 1) for doc, nxt in zip(documents, documents[1:])]

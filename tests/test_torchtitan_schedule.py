@@ -50,7 +50,7 @@ def titan_hashes(loader, steps):
 
 def reference(streams, schedule, steps):
     urls = [s.rsplit(":", 1)[0] for s in streams]
-    # NOTE: the TorchTitan config's default cross-document targets.
+    # The TorchTitan config's default cross-document targets.
     with StreamingLoader(urls, schedule=schedule, pipeline="threads", cross_document_targets="ignore") as loader:
         return run_step_hashes([loader], steps)
 
@@ -62,7 +62,7 @@ def test_phases_start_at_the_torchtitan_train_step_they_name(streams, accumulati
                                      pipeline="threads")  # fmt: skip
     with build(config, seq_len=32, local_batch_size=4) as loader:
         got, shapes = titan_hashes(loader, 6)
-    # NOTE: train step 3 is the third train step: loader steps from 2 x accumulation on.
+    # Train step 3 is the third train step: loader steps from 2 x accumulation on.
     start = 2 * accumulation
     assert shapes == [(4, 32)] * start + [(4, 64)] * (6 - start)
     expected = reference(streams, [Phase(start_step=0, global_batch=4, seq_len=32),
@@ -81,7 +81,7 @@ def test_a_global_batch_change_asks_for_a_relaunch_and_continues_exactly_after_i
         with pytest.raises(ConfigError, match=r"phase 1 \(TorchTitan step 4\): global_batch 12.*" + flag):
             next(loader)
         state = loader.state_dict()
-    # NOTE: relaunched at dp 3 with the new phase's local batch (12 = 3 x 4).
+    # Relaunched at dp 3 with the new phase's local batch (12 = 3 x 4).
     ranks = [build(config, dp_world_size=3, dp_rank=r, seq_len=32, local_batch_size=4) for r in range(3)]
     got = []
     try:
@@ -153,7 +153,7 @@ def test_a_run_ends_at_a_phases_end_with_dataloader_exhausted(streams):
 
 
 def test_cuda_graphs_are_on_by_default_and_the_flag_docs_name_turns_them_off(tmp_path, monkeypatch):
-    # NOTE: docs/torchtitan.md: a phase that changes seq_len needs
+    # docs/torchtitan.md: a phase that changes seq_len needs
     # --training.disable-cuda-graphs, TorchTitan's graphs taking one shape only.
     job = textwrap.dedent(
         """

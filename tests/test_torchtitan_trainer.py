@@ -78,14 +78,14 @@ def test_train_step_takes_the_batches_at_every_device_setting(small_bpe_dataset,
     eos = small_bpe_dataset.manifest.tokenizer.eos_id
     with config.build(**build) as loader, reference.build(**build) as cpu_loader:
         batches, cpu_batches = iter(loader), iter(cpu_loader)
-        # NOTE: 12 microbatches held through a step: more than the ring would
+        # 12 microbatches held through a step: more than the ring would
         # hold if the loader did not copy what a consumer keeps.
         for _ in range(3):
             moved, counted, on_device = titan_train_step_batches(
                 batches, device=trainer_device, gradient_accumulation_steps=12
             )
             want, _, _ = titan_train_step_batches(cpu_batches, device=torch.device("cpu"), gradient_accumulation_steps=12)
-            # NOTE: by default the label of each input EOS is IGNORE_INDEX, as TorchTitan's own loader trains.
+            # By default the label of each input EOS is IGNORE_INDEX, as TorchTitan's own loader trains.
             input_eos = sum(int((d["input"] == eos).sum()) for d, _ in want)
             assert counted == 12 * 4 * 128 - input_eos and int(on_device) == counted
             assert on_device.device.type == trainer_device.type

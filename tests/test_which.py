@@ -109,7 +109,7 @@ def test_which_command_prints_json_and_text(small_dataset, capsys):
     )
     assert f"rank 0: stream 0 {first['dataset']} {first['shard_path']} block {first['block']}" in printed
     for doc in first["documents"]:
-        # NOTE: an excerpt from mid-document says where in the document it is,
+        # An excerpt from mid-document says where in the document it is,
         # not only where in the sample.
         assert (f"    {doc['source']} record {doc['record']}: document tokens [{doc['document_token_start']}, "
                 f"{doc['document_token_end']}) of {doc['token_end'] - doc['token_start']} = sample tokens "
@@ -140,7 +140,7 @@ def test_which_reads_a_dataset_on_s3(small_dataset, s3_bucket, capsys):
     with open_store(url, s3_bucket.storage_options) as store:
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
             store.write_atomic(path.relative_to(root).as_posix(), path.read_bytes())
-    # NOTE: the AWS variables of the session's server reach it, as a user's would.
+    # The AWS variables of the session's server reach it, as a user's would.
     args = ["which", url, "--step", "2", "--seq-len", str(SEQ_LEN), "--global-batch", str(BATCH),
             "--json", "--text"]  # fmt: skip
     assert main(args) == 0

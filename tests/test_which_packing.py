@@ -20,7 +20,7 @@ from zephon_stream.plan.packing import PACKINGS
 from zephon_stream.reader import DatasetReader
 from zephon_stream.reader.provenance import range_provenance, schedule_for, step_provenance
 
-SEQ_LEN = 256  # NOTE: 4097-token blocks hold 16 rows
+SEQ_LEN = 256  # 4097-token blocks hold 16 rows
 BATCH = 8
 
 
@@ -49,7 +49,7 @@ def test_every_row_of_an_epoch_is_its_pieces_read_from_their_documents(definitio
                 assert s.packing == "best_fit" and s.token_start is None and s.num_tokens == SEQ_LEN + 1
                 want = direct.sample(0, s.block, s.sample, SEQ_LEN, "best_fit")
                 np.testing.assert_array_equal(read_back(reader, s), want, err_msg=f"position {s.position}")
-                # NOTE: the pieces tile the row's inputs in order.
+                # The pieces tile the row's inputs in order.
                 edges = [(d.sample_token_start, d.sample_token_end) for d in s.documents]
                 assert edges[0][0] == 0 and edges[-1][1] == SEQ_LEN
                 assert all(a[1] == b[0] for a, b in zip(edges, edges[1:]))
@@ -97,10 +97,10 @@ def test_pieces_lie_in_their_documents_and_whole_means_the_whole_document(defini
                                  (False, False): "middle"}[head, tail]  # fmt: skip
                 kinds.add(d.cut)
                 tokens = reader.read_tokens(d.token_start + d.document_token_start, d.token_start + d.document_token_end)
-                # NOTE: a piece not ending on its EOS comes last in its row (plan/packing.py's contract).
+                # A piece not ending on its EOS comes last in its row (plan/packing.py's contract).
                 assert tokens[-1] == eos or k == len(s.documents) - 1
                 if d.block_token_start == 0 and d.token_start < base:
-                    # NOTE: the document that began in an earlier block owns this block's first tokens.
+                    # The document that began in an earlier block owns this block's first tokens.
                     assert d.cut in ("tail", "middle")
                     kinds.add("begun in an earlier block")
     assert kinds == {"whole", "head", "tail", "middle", "begun in an earlier block"}
@@ -126,7 +126,7 @@ def test_step_provenance_names_the_rows_the_loader_delivers_at_each_rank(definit
                 tokens = read_back(reader, s)
                 np.testing.assert_array_equal(batch["input"][row].numpy(), tokens[:-1])
                 assert int(batch["labels"][row][-1]) == tokens[-1]
-                # NOTE: the text is the packed row as delivered, not the block's window.
+                # The text is the packed row as delivered, not the block's window.
                 assert s.text == reader.decode_text(tokens)
 
 
@@ -190,7 +190,7 @@ def test_which_refuses_an_unknown_packing_and_keeps_concat_as_it_was(definitions
         main(base + ["--packing", "first_fit"])
     assert exc.value.code == 2
     assert "argument --packing: invalid choice: 'first_fit' (choose from 'concat', 'best_fit')" in capsys.readouterr().err
-    # NOTE: --packing concat is the default, key for key.
+    # --packing concat is the default, key for key.
     assert main(base + ["--json"]) == 0
     default = capsys.readouterr().out
     assert main(base + ["--json", "--packing", "concat"]) == 0

@@ -63,7 +63,7 @@ def test_each_step_is_named_as_the_run_read_it(small_dataset, changed_run, capsy
         out = which(capsys, small_dataset.url, "--state", str(path), "--step", str(step))
         assert out["read"] and [s["position"] for s in out["samples"]] == positions, step
         assert out["positions"] == [positions[0], positions[-1] + 1]
-    assert read[7] == list(range(168, 184))  # NOTE: without the state, step 7 at batch 16 would be [112, 128)
+    assert read[7] == list(range(168, 184))  # Without the state, step 7 at batch 16 would be [112, 128)
     skipped = which(capsys, small_dataset.url, "--state", str(path), "--step", "10")
     assert skipped == {"step": 10, "read": False, "reason": "skipped: the run moved 5 steps on at step 9"}
     later = which(capsys, small_dataset.url, "--state", str(path), "--step", "16")

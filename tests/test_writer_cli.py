@@ -42,7 +42,7 @@ def test_write_command_errors_exit_1_with_a_message(tmp_path, capsys):
     assert "unknown tokenizer spec 'nope'" in capsys.readouterr().err
     assert main(["write", str(tmp_path / "missing*.txt"), "--output", str(tmp_path / "o"), "--tokenizer", "bytes"]) == 1
     assert "matches no file" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="2"):  # NOTE: a usage error (tests/test_cli_exit_status.py)
+    with pytest.raises(SystemExit, match="2"):  # A usage error (tests/test_cli_exit_status.py)
         main(["write", str(src), "--output", str(tmp_path / "o"), "--tokenizer", "bytes", "--workers", "0"])
     assert "argument --workers: must be >= 1 (got 0)" in capsys.readouterr().err
     rc = main(["write", str(src), "--output", str(tmp_path / "o"), "--tokenizer", "bytes",

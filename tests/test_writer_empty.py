@@ -44,7 +44,7 @@ def test_write_refuses_empty_files(tmp_path, capsys):
     (tmp_path / "none.txt").write_bytes(b"")
     assert main(["write", str(tmp_path / "none.jsonl"), "-o", str(tmp_path / "a"), "--tokenizer", "bytes"]) == 1
     assert "no tokens to commit: 1 input held no record;" in capsys.readouterr().err
-    # NOTE: a whole text file is one record, so an empty one is an `empty` reject.
+    # A whole text file is one record, so an empty one is an `empty` reject.
     assert main(["write", str(tmp_path / "none.txt"), "-o", str(tmp_path / "b"), "--tokenizer", "bytes"]) == 1
     assert "all 1 records of 1 input were rejected (empty 1)" in capsys.readouterr().err
     assert not (tmp_path / "a" / "manifest").exists() and not (tmp_path / "b" / "manifest").exists()

@@ -98,7 +98,7 @@ def test_every_reject_reason_is_listed_with_its_place(tmp_path):
     }
     bad_byte = dict(got)[1]
     assert bad_byte.detail == f"invalid UTF-8 at byte {len(good) + 1 + 14}"
-    # NOTE: records count from 0, the lines a detail names from 1 (record 5 is the sixth line).
+    # Records count from 0, the lines a detail names from 1 (record 5 is the sixth line).
     assert dict(got)[5].detail == "line 6: malformed JSON: Unterminated string starting at column 10"
     assert dict(got)[6].detail == "line 7: blank line"
     assert dict(got)[9].detail == "line 10: a JSON list, not an object"

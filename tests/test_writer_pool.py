@@ -94,13 +94,13 @@ def test_small_inputs_tokenize_in_process_and_write_the_bytes_of_the_worker_proc
     size = sum(os.path.getsize(f) for f in files)
     spec = f"hf:{bpe_tokenizer_json}"
     settings = dict(tokenizer=spec, workers=2, block_tokens=4097, blocks_per_shard=4, progress=False)
-    # NOTE: an input of exactly the floor starts the processes; one byte less does not.
+    # An input of exactly the floor starts the processes; one byte less does not.
     pooled = write_dataset(files, str(tmp_path / "pooled"), pool_min_input_bytes=size, **settings)
     small = write_dataset(files, str(tmp_path / "small"), pool_min_input_bytes=size + 1, **settings)
     assert (pooled.tokenizer_processes, small.tokenizer_processes) == (2, 0)
     assert len(dataset_files(tmp_path / "pooled")) > 4
     assert dataset_files(tmp_path / "small") == dataset_files(tmp_path / "pooled")
-    # NOTE: a compressed input is small on disk but not in text: its processes start.
+    # A compressed input is small on disk but not in text: its processes start.
     gz = tmp_path / "corpus.jsonl.gz"
     gz.write_bytes(gzip.compress(stdlib_corpus.jsonl.read_bytes(), mtime=0))
     compressed = write_dataset(str(gz), str(tmp_path / "gz"), pool_min_input_bytes=gz.stat().st_size + 1, **settings)

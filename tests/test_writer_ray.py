@@ -97,7 +97,7 @@ def _write_with_build_probe(paths: list[str], url: str, run: str):
     from zephon_stream.writer.tokenizer_base import Tokenizer
     from zephon_stream.writer.tokenizers import BytesTokenizer
 
-    class BuildProbe(BytesTokenizer):  # NOTE: a local class: Ray pickles it by value, no import needed in workers
+    class BuildProbe(BytesTokenizer):  # A local class: Ray pickles it by value, no import needed in workers
         encode_documents = Tokenizer.encode_documents
 
         def __getstate__(self):
@@ -123,7 +123,7 @@ def test_a_worker_builds_the_runs_tokenizer_once_however_many_units_it_converts(
     contents = dataset_contents(str(tmp_path / "out"))
     probes = {contents.tokens[start : end - 1].astype(np.uint8).tobytes().decode() for _, _, start, end in contents.documents}
     pids = {probe.split()[0] for probe in probes}
-    assert summary.num_units > len(pids)  # NOTE: some worker converted several units
+    assert summary.num_units > len(pids)  # Some worker converted several units
     assert {probe.split()[1] for probe in probes} == {"1"}
 
 
@@ -162,7 +162,7 @@ def test_cli_engine_ray_joins_a_cluster_by_address(ray_instance, ray_inputs, tmp
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["num_units"] > 1 and summary["units_reused"] == 0 and summary["num_documents"] == 24
     reference = write_dataset(list(ray_inputs.paths[:24]), str(tmp_path / "reference"), tokenizer="bytes", **LAYOUT)
-    assert summary["fingerprint"] != reference.fingerprint  # NOTE: the parts end their own blocks...
+    assert summary["fingerprint"] != reference.fingerprint  # The parts end their own blocks...
     assert_same_contents(dataset_contents(str(out)), dataset_contents(str(tmp_path / "reference")))  # ...nothing else differs
 
 
@@ -192,7 +192,7 @@ def test_cli_without_an_address_starts_a_local_instance_quietly_and_leaves_nothi
     import shutil
     import tempfile
 
-    # NOTE: short, as a machine's temporary folder is: the instance's sockets live below it.
+    # Short, as a machine's temporary folder is: the instance's sockets live below it.
     child_tmp = Path(tempfile.mkdtemp(prefix="zs-t-", dir="/tmp"))
     try:
         _run_without_address(ray_instance, ray_driver, ray_inputs, tmp_path, child_tmp)
@@ -211,7 +211,7 @@ def _run_without_address(ray_instance, ray_driver, ray_inputs, tmp_path: Path, c
         "--engine", "ray", "--ray-workers", "1", "--unit-bytes", str(RAY_UNIT_BYTES),
         "--block-tokens", str(RAY_BLOCK_TOKENS), "--blocks-per-shard", str(RAY_BLOCKS_PER_SHARD), "--json",
     ]  # fmt: skip
-    # NOTE: a user's environment: no Ray settings of the session's head, a home of its own.
+    # A user's environment: no Ray settings of the session's head, a home of its own.
     home = tmp_path / "home"
     home.mkdir()
     env = {**ray_instance.child_env(), "TMPDIR": str(child_tmp), "HOME": str(home)}
@@ -220,10 +220,10 @@ def _run_without_address(ray_instance, ray_driver, ray_inputs, tmp_path: Path, c
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Connecting to existing Ray cluster" not in done.stderr
-    # NOTE: the instance runs with a token of its own: no warning, and no token left in the home.
+    # The instance runs with a token of its own: no warning, and no token left in the home.
     assert "Token authentication" not in done.stderr and "auth_token" not in done.stderr, done.stderr[-3000:]
     assert os.listdir(home) == []
-    assert os.listdir(child_tmp) == []  # NOTE: the instance's session folder is gone, and so are its processes
+    assert os.listdir(child_tmp) == []  # The instance's session folder is gone, and so are its processes
     assert not [p for p in os.listdir("/proc") if p.isdigit() and str(child_tmp).encode() in _cmdline(p)]
     in_session = ray_driver.call(
         write_dataset, list(ray_inputs.paths[:24]), str(tmp_path / "session"), tokenizer="bytes", engine="ray",

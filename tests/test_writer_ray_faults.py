@@ -45,7 +45,7 @@ def test_a_worker_killed_mid_task_is_retried_and_nothing_is_lost_or_duplicated(
     )
     killed = None
     while not call.done() and killed is None:
-        # NOTE: mid-task: a part with shards written and no commit record yet, its worker converting.
+        # mid-task: a part with shards written and no commit record yet, its worker converting.
         started = [p for p in out.glob("part-*") if not (p / UNIT_RECORD_NAME).exists() and any((p / "shards").glob("*.zst"))]
         pids = ray_instance.worker_pids("ray::convert_unit_task") if started else []
         if len(pids) == 1:
@@ -62,7 +62,7 @@ def test_a_worker_killed_mid_task_is_retried_and_nothing_is_lost_or_duplicated(
     referenced = [s.path for s in manifest.shards] + [s.index_path for s in manifest.shards]
     assert len(set(referenced)) == len(referenced)
     on_disk = {p.relative_to(out).as_posix() for p in out.glob("part-*/shards/*")}
-    assert on_disk == set(referenced)  # NOTE: the killed attempt left nothing beside what the retry wrote
+    assert on_disk == set(referenced)  # The killed attempt left nothing beside what the retry wrote
     assert not list(out.rglob(TEMP_PREFIX + "*"))
 
 

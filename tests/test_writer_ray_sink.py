@@ -70,7 +70,7 @@ def test_sink_writes_a_read_json_dataset_as_one_process_writes_its_file(ray_driv
     assert names == [f"ray-dataset/{sink_part_name(i)}" for i in range(3)]
     assert sum(s.num_records for s in manifest.sources) == len(texts)
     assert manifest.num_rejected == 1 and json.loads(got.rejects[0])["reason"] == "empty"
-    # NOTE: each part's rows are numbered from 0 within that part, in the dataset's order.
+    # Each part's rows are numbered from 0 within that part, in the dataset's order.
     firsts = {}
     for source, record, _, _ in got.documents:
         firsts.setdefault(source, record)
@@ -82,7 +82,7 @@ def test_sink_writes_a_token_id_column_as_one_process_writes_the_same_ids(ray_dr
 
     tokenizer = load_tokenizer("bytes")
     rows = [list(t.encode("utf-8")) + [tokenizer.eos_id] for t in stdlib_corpus.texts[:40]]
-    rows[3] = [1, 2, 3]  # NOTE: no EOS: rejected, as by the file writer
+    rows[3] = [1, 2, 3]  # No EOS: rejected, as by the file writer
     jsonl = tmp_path / "ids.jsonl"
     jsonl.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows), encoding="utf-8")
     ray_driver.call(

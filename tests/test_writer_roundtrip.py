@@ -34,7 +34,7 @@ def assert_round_trip(url: str, files, texts, spec: str) -> None:
         for span, want in zip(spans, expected):
             got = all_tokens[span.token_start : span.token_end]
             assert got.tolist() == want, f"document {span.source} differs"
-        # NOTE: the document index alone (no block reads) also gives each one.
+        # The document index alone (no block reads) also gives each one.
         middle = len(spans) // 2
         assert reader.document_tokens(spans[middle]).tolist() == expected[middle]
 

@@ -55,7 +55,7 @@ def test_s3_inputs_and_output_match_a_local_run(stdlib_corpus, bpe_tokenizer_jso
         progress=False,
     )
     assert summary.num_documents == len(texts) and summary.num_shards > 2
-    # NOTE: object sizes are not known up front, so the worker processes start.
+    # Object sizes are not known up front, so the worker processes start.
     assert summary.tokenizer_processes == 2
     remote_m = Manifest.load(s3_url("ds"), s3_options)
     local_m = Manifest.load(str(tmp_path / "local"))

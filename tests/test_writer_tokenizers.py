@@ -99,7 +99,7 @@ def test_tiktoken_name_without_cache_explains_offline_cache(monkeypatch, tmp_pat
     def offline(blobpath):
         raise ConnectionError(f"no network here ({blobpath})")
 
-    # NOTE: a machine without network access, on every machine: the test never downloads.
+    # A machine without network access, on every machine: the test never downloads.
     monkeypatch.setattr(tiktoken.load, "read_file", offline)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     with pytest.raises(TokenizerError, match=r"^tokenizer tiktoken:cl100k_base: the encoding's file is not available "
@@ -114,7 +114,7 @@ def test_an_unknown_tiktoken_name_is_one_line_naming_the_spec_and_the_specs_ther
     def no_download(blobpath):
         raise AssertionError(f"tried to fetch {blobpath}")
 
-    # NOTE: nothing may be fetched: the name is refused before tiktoken looks for its file.
+    # Nothing may be fetched: the name is refused before tiktoken looks for its file.
     monkeypatch.setattr(tiktoken.load, "read_file", no_download)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
     known = ", ".join(tiktoken.list_encoding_names())
@@ -207,14 +207,14 @@ def test_a_long_text_is_encoded_in_pieces_to_the_ids_of_one_go(stdlib_corpus, bp
 
     from zephon_stream.writer.tokenizers import LONG_TEXT_CHARS
 
-    # NOTE: about 1.2 MB of real sources, so several cuts land in code, blank lines and docstrings.
+    # About 1.2 MB of real sources, so several cuts land in code, blank lines and docstrings.
     long_text = "".join(stdlib_corpus.texts[:160])
     assert len(long_text) > 4 * LONG_TEXT_CHARS
     tok = load_tokenizer(f"hf:{bpe_tokenizer_json}")
     raw = RawTokenizer.from_file(str(bpe_tokenizer_json))
     texts = ["short one", long_text, "x = 1\n"]
     assert tok.encode_batch(texts) == [enc.ids for enc in raw.encode_batch(texts, add_special_tokens=False)]
-    # NOTE: Metaspace (SentencePiece-style) marks the start of a text, so cutting anywhere would add a mark.
+    # Metaspace (SentencePiece-style) marks the start of a text, so cutting anywhere would add a mark.
     from tokenizers import pre_tokenizers
 
     raw.pre_tokenizer = pre_tokenizers.Metaspace()

@@ -393,7 +393,7 @@ def test_append_eos_ends_only_the_documents_without_one_short_or_long(row_tokens
 
 @pytest.mark.parametrize("eos_rows", [0, 1])
 def test_packed_rows_of_one_length_get_eos_like_any_document(eos_rows, tmp_path):
-    # NOTE: rows of one length, none ending with EOS, take one strided copy; one
+    # Rows of one length, none ending with EOS, take one strided copy; one
     # row already ending with EOS sends the batch down the per-document path.
     rows = np.random.default_rng(eos_rows).integers(0, 256, (700, 2049)).astype(np.uint16)
     rows[3, -1] = 256 if eos_rows else 7

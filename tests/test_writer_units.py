@@ -22,7 +22,7 @@ def test_a_large_jsonl_file_is_cut_at_line_starts_and_its_ranges_read_as_the_who
     lines[7] = "{broken"
     lines[20] = json.dumps({"text": "bad \udc80 surrogate"})
     path = tmp_path / "docs.jsonl"
-    path.write_text("\n".join(lines), encoding="utf-8")  # NOTE: no newline at the end
+    path.write_text("\n".join(lines), encoding="utf-8")  # No newline at the end
     data = path.read_bytes()
     units = cut_units([str(path)], config=WriteConfig(), unit_bytes=40_000)
     ranges = [u.pieces[0].byte_range for u in units]

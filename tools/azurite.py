@@ -31,9 +31,9 @@ from tools.server_process import LoopbackServer, answers_http, serve_until_signa
 
 AZURITE_VERSION = "3.37.0"
 ACCOUNT_NAME = "devstoreaccount1"
-# NOTE: Azurite's published development key (in Azure's docs), not a secret.
+# Azurite's published development key (in Azure's docs), not a secret.
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-# NOTE: Azurite saves its metadata (which blobs exist) every 5 s; a blob
+# Azurite saves its metadata (which blobs exist) every 5 s; a blob
 # written less than this before a SIGKILL is gone after the restart.
 METADATA_SAVE_INTERVAL_S = 5.0
 INSTALL_HINT = f"install node and npm (Azurite is then installed with: npm install azurite@{AZURITE_VERSION})"
@@ -70,7 +70,7 @@ def azurite_blob_binary(*, install: bool = True) -> str:
     if npm is None or shutil.which("node") is None:
         raise FileNotFoundError(f"azurite-blob not found and node/npm are missing; {INSTALL_HINT}")
     folder.mkdir(parents=True, exist_ok=True)
-    # NOTE: test sessions started at once would otherwise run npm into the same
+    # Test sessions started at once would otherwise run npm into the same
     # folder together; the second one waits and then finds the binary.
     with open(folder / ".install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -44,7 +44,7 @@ if __package__ in (None, ""):
 def process_stat(pid: int) -> Any:
     """``lifetime.process_stat``, imported when first needed.
 
-    NOTE: the command line says why it cannot make a box (not root) before the package (and numpy) load.
+    The command line says why it cannot make a box (not root) before the package (and numpy) load.
     """
     from zephon_stream.storage.lifetime import process_stat as stat
 
@@ -61,7 +61,7 @@ REGISTRY = "/run/zephon-box"
 NAME_PREFIX = "zb"
 NETWORK = ipaddress.ip_network("198.18.0.0/15")
 FIRST_NODE_HOST = 10
-# NOTE: a neighbour that does not exist: packets routed through it are lost
+# A neighbour that does not exist: packets routed through it are lost
 # silently, as in a real partition (a blackhole route fails at once instead).
 DEAD_NEIGHBOUR_HOST = 254
 DEAD_NEIGHBOUR_MAC = "02:00:00:00:00:fe"
@@ -160,7 +160,7 @@ def allocate(folder: str) -> BoxNames:
         while name in taken:
             name = f"{NAME_PREFIX}{os.urandom(2).hex()}"
         used = _used_subnets()
-        # NOTE: 198.18.0.0/24 is left to hand-made bridges (docs show it).
+        # 198.18.0.0/24 is left to hand-made bridges (docs show it).
         subnet = next((s for s in range(1, 512) if s not in used), None)
         if subnet is None:
             raise RuntimeError("every /24 of 198.18.0.0/15 is in use by a box or an interface")
@@ -268,7 +268,7 @@ def teardown(name: str) -> None:
     recorded (``add_leftovers``) and its registry entry. Safe to repeat; what is already gone is skipped."""
     for netns in box_netns(name):
         kill_netns(netns)
-    # NOTE: a veth goes with its namespace only once the kernel has destroyed it, later and on its own time;
+    # A veth goes with its namespace only once the kernel has destroyed it, later and on its own time;
     # deleting the host end removes the pair at once.
     for link in box_links(name):
         ip("link", "del", link, check=False)
@@ -302,7 +302,7 @@ def keep(name: str) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    # NOTE: the teardown must fit in the guard's grace after SIGTERM: what it imports is loaded now.
+    # The teardown must fit in the guard's grace after SIGTERM: what it imports is loaded now.
     process_stat(os.getpid())
     print(f"keeping box {name}", flush=True)
     while not stop.wait(1.0):

@@ -58,7 +58,7 @@ def boot_script(node: Node, hosts: Path, stage: Path, keep: list[Path], tmpfs_by
     for path in keep:
         inside = stage / path.relative_to("/tmp")
         lines += [f"mkdir -p {q(str(inside))}", f"mount --bind {q(str(path))} {q(str(inside))}"]
-    # NOTE: the tmpfs is filled first and then moved over /tmp, with what is bound into it: once it
+    # The tmpfs is filled first and then moved over /tmp, with what is bound into it: once it
     # covers /tmp, the paths to bind would be hidden.
     lines += [f"mount --move {q(str(stage))} /tmp", f"mount -t tmpfs -o size={tmpfs_bytes},mode=1777 zbshm /dev/shm",
               f"hostname {node.hostname}", "echo ready", "exec sleep infinity"]  # fmt: skip

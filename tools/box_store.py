@@ -62,7 +62,7 @@ class RecordingProxy(FaultProxy):
 
     def start(self) -> RecordingProxy:
         super().start()
-        # NOTE: set before any client knows the port; the server builds a handler per connection.
+        # set before any client knows the port; the server builds a handler per connection.
         self._server.RequestHandlerClass = _RecordingHandler  # type: ignore[union-attr]
         return self
 
@@ -105,7 +105,7 @@ class BoxStore:
         if self.proxy is not None:
             self.proxy.stop()
             self.proxy = None
-        # NOTE: its data go with it, so no orderly shutdown is owed (SIGTERM takes SeaweedFS seconds).
+        # Its data go with it, so no orderly shutdown is owed (SIGTERM takes SeaweedFS seconds).
         self.server.kill()
         self.server.stop()
 

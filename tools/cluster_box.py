@@ -44,12 +44,12 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# NOTE: only the standard library and the network module at import, so that the command line says why it
+# Only the standard library and the network module at import, so that the command line says why it
 # cannot make a box (not root) before anything heavier loads; the store and the keeper come in start().
 from tools import box_network as net
 from tools.box_node import REPO_ROOT, Node, boot_script, read_line, visible_paths
 
-TMPFS_BYTES = 1 << 30  # NOTE: a ceiling, not a reservation: tmpfs takes memory only for what is written
+TMPFS_BYTES = 1 << 30  # A ceiling, not a reservation: tmpfs takes memory only for what is written
 BOOT_TIMEOUT_S = 20.0
 _DROPPED_ENV = ("TMPDIR", "ZEPHON_NODE_CACHE", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "RANK", "WORLD_SIZE")
 
@@ -129,7 +129,7 @@ class Box:
                 self.boot(index)
             if self._store_wanted:
                 self.store = BoxStore(host=self.bridge_address, **self._store_args).start()
-                # NOTE: SeaweedFS leaves these in /tmp when it is killed rather than stopped, as its guard does.
+                # SeaweedFS leaves these in /tmp when it is killed rather than stopped, as its guard does.
                 net.add_leftovers(self.name, self.store.leftover_patterns())
             self._write_state()
         except BaseException:
@@ -262,7 +262,7 @@ class Box:
         """What is in node ``index``'s /tmp and /dev/shm, apart from the paths bound into it."""
         keep = visible_paths(self.shared)
         listed = self.check_output(index, ["find", "/tmp", "/dev/shm", "-mindepth", "1"]).splitlines()
-        # NOTE: a bound path and the folders above it are the node's view of the host, not its own files.
+        # A bound path and the folders above it are the node's view of the host, not its own files.
         bound = {p for p in listed if any(Path(p).is_relative_to(k) or k.is_relative_to(p) for k in keep)}
         return sorted(set(listed) - bound)
 

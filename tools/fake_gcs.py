@@ -104,7 +104,7 @@ class FakeGcs(LoopbackServer):
             "-host", self._host,
             "-port", str(self._port),
             "-public-host", f"{self._host}:{self._port}",
-            # NOTE: resumable uploads continue at this URL; behind a fault
+            # Resumable uploads continue at this URL; behind a fault
             # proxy they then go straight to the server.
             "-external-url", self.endpoint_url,
             "-backend", "filesystem",

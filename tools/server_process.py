@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-# NOTE: the helper EmbeddedS3 uses too; tools import the library, never the reverse.
+# The helper EmbeddedS3 uses too; tools import the library, never the reverse.
 from zephon_stream.storage.embedded_s3 import exported_env
 from zephon_stream.storage.lifetime import guarded_command, kill_group, mark_owner
 
@@ -65,7 +65,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 def installed_command(name: str, missing: str) -> str:
     """The path of command ``name``, on the PATH or beside this interpreter.
 
-    NOTE: pip puts a package's commands beside the interpreter, which is not
+    pip puts a package's commands beside the interpreter, which is not
     on the PATH when a virtual environment's python runs without being activated.
 
     Raises:
@@ -140,9 +140,9 @@ class ServerProcess:
         if self.running:
             return self
         with open(self.log_path, "ab") as log:
-            # NOTE: a new session, so a Ctrl-C meant for the caller's terminal
+            # A new session, so a Ctrl-C meant for the caller's terminal
             # does not reach the server before the caller stops it in order.
-            # NOTE: the guard leads a group of its own, so kill_group reaches what the server starts.
+            # The guard leads a group of its own, so kill_group reaches what the server starts.
             self._process = sp.Popen(
                 guarded_command(self.argv, remove_on_orphan=self._remove_on_orphan),
                 stdin=sp.DEVNULL, stdout=log, stderr=sp.STDOUT, env=self._env, start_new_session=True,
@@ -180,7 +180,7 @@ class ServerProcess:
                 process.wait(timeout=STOP_TIMEOUT_S)
             except sp.TimeoutExpired:
                 pass
-        # NOTE: also what a server that exited left running in its group.
+        # Also what a server that exited left running in its group.
         kill_group(process.pid)
         process.wait(timeout=STOP_TIMEOUT_S)
 
@@ -360,7 +360,7 @@ def serve_until_signalled(server: Any, *, name: str, lines: Callable[[], Iterabl
     """A launcher's ``__main__``: start ``server``, print ``lines()``, serve until
     SIGTERM or Ctrl-C, stop it. Returns the exit code (1: it could not start).
 
-    NOTE: SIGTERM is caught from before the start, so one sent as soon as the
+    SIGTERM is caught from before the start, so one sent as soon as the
     lines appear still stops the server instead of orphaning it.
     """
     stop = threading.Event()

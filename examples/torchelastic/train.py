@@ -68,7 +68,7 @@ def main() -> None:
                         help="how long a collective waits for a peer: a node cut off is noticed after this")
     args = parser.parse_args()
 
-    # NOTE: gloo's default is 30 minutes: the survivors of a node whose link was cut would wait that long.
+    # gloo's default is 30 minutes: the survivors of a node whose link was cut would wait that long.
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))  # "nccl" on GPUs
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
@@ -77,7 +77,7 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Embedding(vocab_size, 32), torch.nn.Linear(32, vocab_size))
     model = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    # NOTE: the loader is a Stateful too: its state is the global cursor, the same on every rank.
+    # The loader is a Stateful too: its state is the global cursor, the same on every rank.
     state = {"train": ModelAndOptimizer(model, optimizer), "dataloader": loader}
     args.ckpt_dir.mkdir(parents=True, exist_ok=True)
     newest = newest_complete_checkpoint(args.ckpt_dir)
@@ -94,7 +94,7 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         if args.record is not None:
-            # NOTE: each row's global sample position and a digest of its tokens, from every rank.
+            # Each row's global sample position and a digest of its tokens, from every rank.
             rows = {int(p): hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16]
                     for p, row in zip(batch["sample_positions"], batch["input"])}  # fmt: skip
             gathered = [None] * world

@@ -46,7 +46,7 @@ def llama3_debugmodel_zephon() -> Trainer.Config:
     """
     config = llama3_debugmodel()
     config.hf_assets_path = ASSETS
-    # NOTE: the one zephon_stream line. The batches are CPU tensors that the
+    # The one zephon_stream line. The batches are CPU tensors that the
     # trainer copies to the GPU unless ZEPHON_DEVICE=cuda.
     config.dataloader = ZephonDataLoader.Config(dataset_path=DATASET, seed=0, device=DEVICE)
     # 8 rows of 512 tokens per rank: in rows on TorchTitan 0.3.0, in tokens on main.
@@ -60,7 +60,7 @@ def llama3_debugmodel_zephon() -> Trainer.Config:
     config.checkpoint.enable = True
     config.checkpoint.interval = 10
     config.checkpoint.last_save_model_only = False
-    # NOTE: the stock validator reads a Hugging Face dataset; off here.
+    # The stock validator reads a Hugging Face dataset; off here.
     config.validator = Validator.Config()
     return config
 

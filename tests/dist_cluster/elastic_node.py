@@ -26,7 +26,7 @@ from torch.distributed.checkpoint import filesystem
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torchelastic" / "train.py"
 EVENTS = Path(os.environ["ZS_EVENTS"])
 HOLD_SAVE_S = float(os.environ.get("ZS_HOLD_SAVE_S", "30"))
-# NOTE: a round is one start of the workers: a join restarts them without counting a restart, but each round
+# A round is one start of the workers: a join restarts them without counting a restart, but each round
 # has a rendezvous store (MASTER_PORT) of its own.
 ROUND = {"host": socket.gethostname(), "agent": os.getppid(), "restart": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
          "round": f"{os.getppid()}:{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
@@ -35,7 +35,7 @@ ROUND = {"host": socket.gethostname(), "agent": os.getppid(), "restart": int(os.
 
 def event(kind: str, **fields: object) -> None:
     line = json.dumps({"event": kind, "time": time.time(), **ROUND, **fields}) + "\n"
-    # NOTE: one write of a short line in append mode: lines of ranks on several nodes do not interleave.
+    # One write of a short line in append mode: lines of ranks on several nodes do not interleave.
     with open(EVENTS / "events.jsonl", "a") as out:
         out.write(line)
 

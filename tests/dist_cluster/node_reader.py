@@ -20,7 +20,7 @@ WAIT_S = 120
 
 def main() -> None:
     url, rank, world, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
-    # NOTE: on threads: the node cache is shared the same way by a helper process, at twice the processes.
+    # On threads: the node cache is shared the same way by a helper process, at twice the processes.
     with StreamingLoader(url, seq_len=32, local_batch_size=2, rank=rank, world_size=world, seed=0,
                          pipeline="threads") as loader:
         batch = next(loader)

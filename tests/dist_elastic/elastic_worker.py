@@ -42,7 +42,7 @@ from zephon_stream.demo.train import (
 )
 from zephon_stream.loader.front.audit import union_sha256
 
-# NOTE: a held worker whose killer went away ends by itself.
+# A held worker whose killer went away ends by itself.
 HOLD_LIMIT_S = 120
 
 
@@ -114,7 +114,7 @@ def main() -> None:
                 if rank == 0:
                     marker.touch()
                 log(event="holding", steps_done=steps_done, world_size=world)
-                # NOTE: a held group keeps talking, as training would: a peer
+                # A held group keeps talking, as training would: a peer
                 # that dies makes the next barrier fail, and the agent restarts.
                 until = time.monotonic() + HOLD_LIMIT_S
                 while time.monotonic() < until:

@@ -37,12 +37,12 @@ def main() -> None:
                              prefetch_steps=args.prefetch, num_fetch_threads=2, num_decode_threads=2,
                              pipeline=args.pipeline)
     baseline = rss_bytes("VmRSS")
-    # NOTE: writing 5 to clear_refs resets the peak (VmHWM) to the current RSS.
+    # Writing 5 to clear_refs resets the peak (VmHWM) to the current RSS.
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")
     for _ in zip(range(args.steps), loader):
         pass
-    # NOTE: a run's first steps come from threads of this process while the
+    # A run's first steps come from threads of this process while the
     # helper starts; both sides' peaks count, so read on until it serves.
     while args.pipeline == "process" and loader.helper_pid is None:
         next(loader)
@@ -50,7 +50,7 @@ def main() -> None:
     for _ in zip(range(args.steps), loader):
         pass
     peak = rss_bytes("VmHWM")
-    # NOTE: the helper's whole footprint counts: the bound holds its
+    # The helper's whole footprint counts: the bound holds its
     # interpreter as well as the cache it fills.
     helper_peak = rss_bytes("VmHWM", loader.helper_pid) if loader.helper_pid else 0
     stats = loader.stats()

@@ -68,7 +68,7 @@ def main() -> None:
         for _ in range(3):
             next(loader)
         dist.barrier()
-        # NOTE: no close(), no process-group teardown: the job dies with its
+        # No close(), no process-group teardown: the job dies with its
         # prefetch threads running, like a killed job.
         os._exit(0)
     for step in args.save_steps:

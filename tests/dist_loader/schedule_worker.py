@@ -56,7 +56,7 @@ def main() -> None:
         for _ in range(3):
             next(loader)
         dist.barrier()
-        # NOTE: no close(), no process-group teardown: the job dies with its
+        # No close(), no process-group teardown: the job dies with its
         # helper running, like a killed job.
         os._exit(0)
     dcp.load({"dataloader": loader}, checkpoint_id=args.ckpt)

@@ -77,7 +77,7 @@ def main() -> None:
                        "MASTER_PORT": str(store.port), "TORCHFT_LIGHTHOUSE": spec["lighthouse"],
                        "TORCHFT_TIMEOUT_SEC": "15", "TORCHFT_QUORUM_TIMEOUT_SEC": "60",
                        "TORCHFT_CONNECT_TIMEOUT_SEC": "30"})  # fmt: skip
-    # NOTE: the group's own one-rank world (DCP), apart from torchft's store.
+    # The group's own one-rank world (DCP), apart from torchft's store.
     dist.init_process_group("gloo", init_method=f"file://{out}/{name}.life{life}.pg", rank=0, world_size=1)
 
     # FaultTolerantTrainer.init_distributed: config.fault_tolerance.build()
@@ -90,7 +90,7 @@ def main() -> None:
     batch_degree, batch_rank = ft_manager.get_dp_info(1, 0)
     dataloader = ZephonFTDataLoader.Config(dataset_path=spec["dataset"], seed=3, lanes=spec["lanes"],
                                            pipeline="threads", prefetch_steps=2, device=spec.get("device"),
-                                           # NOTE: the reference rows are read with the plain loader's default.
+                                           # The reference rows are read with the plain loader's default.
                                            cross_document_targets="predict").build(
         dp_world_size=batch_degree, dp_rank=batch_rank, tokenizer=None,
         **trainer_keywords(spec["seq_len"], spec["local_batch"]),
@@ -134,7 +134,7 @@ def main() -> None:
         batches = []
         for _ in range(spec["microbatches"]):
             input_dict, labels = next(data_iterator)
-            # NOTE: with device="cuda" the inputs arrive on the GPU; the counting model is on the host.
+            # With device="cuda" the inputs arrive on the GPU; the counting model is on the host.
             input_dict = {key: value.cpu() for key, value in input_dict.items()}
             shape = list(input_dict["input"].shape)
             inputs, labels = as_rows(input_dict["input"], spec["seq_len"]), as_rows(labels, spec["seq_len"])
@@ -150,7 +150,7 @@ def main() -> None:
             for p in positions.tolist():
                 if p >= 0:
                     grad[p] += 1
-        # NOTE: TorchTitan reduces gradients in FSDP's all-reduce hook over
+        # TorchTitan reduces gradients in FSDP's all-reduce hook over
         # the Manager's process group; a plain module reduces them here.
         works = [manager.allreduce(p.grad) for p in model.parameters()]
         works.append(manager.allreduce(grad, reduce_op=ReduceOp.SUM))

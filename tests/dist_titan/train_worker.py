@@ -80,7 +80,7 @@ def main() -> None:
         # TorchTitan main's batches are 1-D; this model takes rows.
         labels = as_rows(labels, args.seq_len)
         logits = ddp_model(as_rows(input_dict["input"], args.seq_len), as_rows(input_dict["positions"], args.seq_len))
-        # NOTE: as TorchTitan does: the summed loss over the global count of
+        # As TorchTitan does: the summed loss over the global count of
         # valid labels (input EOS labels are ignored, so ranks count
         # differently); DDP averages gradients over the ranks, hence x world.
         valid = (labels != -100).sum()

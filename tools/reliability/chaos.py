@@ -13,7 +13,7 @@ from typing import Any
 from tools.fault_proxy import FAULT_KINDS, FaultProxy
 from tools.reliability.common import check, committed_objects, step_hashes
 
-# NOTE: how a total fault rate is split between kinds; every kind is drawn.
+# How a total fault rate is split between kinds; every kind is drawn.
 FAULT_MIX = {"error_500": 0.2, "error_503": 0.2, "reset": 0.2, "truncate": 0.2, "stall": 0.1, "slow_body": 0.1}
 STALL_S = 0.5
 SLOW_BODY_S = 0.2
@@ -79,7 +79,7 @@ def loader_under_faults(
             "seconds": round(seconds, 2),
         })
         check(differing == 0, f"loader at fault rate {rate}: {differing} of {steps} steps differ from the clean run")
-        # NOTE: at 1% a short run may draw no fault at all; only a run expecting
+        # At 1% a short run may draw no fault at all; only a run expecting
         # several must have seen one, or it proves nothing.
         check(rate * counts["requests"] < 5 or sum(_faults(counts).values()) > 0, f"fault rate {rate}: nothing injected")
     return {"steps": steps, "runs": runs}
@@ -133,7 +133,7 @@ def writer_under_faults(
             "seconds": round(seconds, 2),
         })
         check(not differing, f"writer at fault rate {rate}: objects differ from the clean run: {differing[:5]}")
-        # NOTE: at 1% a short run may draw no fault at all; only a run expecting
+        # At 1% a short run may draw no fault at all; only a run expecting
         # several must have seen one, or it proves nothing.
         check(rate * counts["requests"] < 5 or sum(_faults(counts).values()) > 0, f"fault rate {rate}: nothing injected")
     return {"objects": len(expected), "bytes": sum(map(len, expected.values())), "runs": runs}

@@ -62,7 +62,7 @@ def writer_kills(
         "orphans": N}`` (worker processes still alive 10 s after their parent
         was killed).
     """
-    # NOTE: --pool-min-input-bytes 0 starts the worker processes even for this
+    # --pool-min-input-bytes 0 starts the worker processes even for this
     # small input: that they follow their killed parent is part of the check.
     def command(out: Path) -> list[str]:
         return [sys.executable, "-m", "zephon_stream", "write", inputs, "--output", str(out),
@@ -83,7 +83,7 @@ def writer_kills(
         out = out_root / f"run{run}"
         completed = False
         for _ in range(rng.choice((1, 2))):
-            # NOTE: the kill point is drawn over the shard sequence (kill once
+            # The kill point is drawn over the shard sequence (kill once
             # `target` shards are committed; 0: at a random time during
             # start-up), since wall-clock times shift with machine load.
             target = rng.randint(0, num_shards)
@@ -177,7 +177,7 @@ def loader_kill_resume(
         folder = work / f"run{run}"
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-        # NOTE: torchrun leaves torchelastic_* folders in its TMPDIR, and ranks all
+        # torchrun leaves torchelastic_* folders in its TMPDIR, and ranks all
         # killed leave their node cache's files for the next job on the node
         # (docs/STORAGE.md): both go with the run's folder.
         (folder / "tmp").mkdir()

@@ -64,7 +64,7 @@ def try_load(url: str) -> None:
 def raw_manifest(root: Path) -> dict[str, Any]:
     """The manifest's map in the layout of format 1.0 (the dataset at ``root`` is rewritten so first).
 
-    NOTE: the hostile manifests edit the 1.0 layout, every entry inline; a
+    The hostile manifests edit the 1.0 layout, every entry inline; a
     1.1 header's own hostile cases are in tests/test_format_index.py.
     """
     import msgpack

@@ -51,7 +51,7 @@ def case_bit_flips(dataset: Path, work: Path, tries: int, rng: random.Random) ->
             outcome.refuse(exc, must_name=f"{shard.path} block {block - 0}")
             outcome.detected += 1
         else:
-            # NOTE: a flip in a frame's window descriptor or unused header bit
+            # A flip in a frame's window descriptor or unused header bit
             # decodes to the same tokens (the checksum covers content only):
             # harmless to training, and verify still catches it by sha256.
             check(got == clean, f"{shard.path} bit flip at byte {offset} (block {block}): WRONG DATA delivered")
@@ -242,7 +242,7 @@ def case_tiny_datasets(dataset: Path, work: Path, tries: int, rng: random.Random
             inputs[-1].write_bytes(content)
         out = work / f"ds_{name}"
         if name == "empty":
-            # NOTE: the writer refuses to commit no tokens unless asked; the
+            # The writer refuses to commit no tokens unless asked; the
             # loader must still refuse the dataset committed all the same.
             try:
                 _write(inputs, out)
@@ -263,7 +263,7 @@ def case_tiny_datasets(dataset: Path, work: Path, tries: int, rng: random.Random
                 outcome.refuse(exc, must_name=str(out) if name == "empty" else None)
                 check(name != "empty" or "holds no tokens" in str(exc), f"{name}: the loader said {exc}")
             else:
-                # NOTE: three samples can still fill batch 8 by wrapping epochs
+                # Three samples can still fill batch 8 by wrapping epochs
                 # only if the order allows it; a batch returned must be real data.
                 outcome.accept()
     return outcome
@@ -300,7 +300,7 @@ def case_writer_text(dataset: Path, work: Path, tries: int, rng: random.Random) 
         check(reader.manifest.block_tokens < len(long_doc.encode()), "the long document fits in a block")
         spans = reader.documents(0, reader.manifest.num_tokens)
         texts = [bytes(reader.document_tokens(s)[:-1].astype(np.uint8)).decode("utf-8") for s in spans]
-    # NOTE: the lone-surrogate JSON line is either rejected or kept; both are
+    # The lone-surrogate JSON line is either rejected or kept; both are
     # accounted for, so compare the documents that match the inputs.
     kept = [t for t in texts if t in (long_doc, nul_doc)]
     check(kept[:2] == expected_docs[:2] and kept.count(long_doc) == 2 and kept.count(nul_doc) == 2,

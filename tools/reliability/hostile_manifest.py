@@ -46,7 +46,7 @@ def case_manifest_mutations(dataset: Path, work: Path, tries: int, rng: random.R
         except Exception as exc:  # noqa: BLE001 - every error is classified
             outcome.refuse(exc)
         else:
-            # NOTE: an edit of a field the data does not depend on (a source
+            # An edit of a field the data does not depend on (a source
             # name, a document count); the data read must be unchanged.
             check(got == clean, f"a mutated manifest was accepted and changed the data: {bytes(data)[:200]!r}")
             outcome.accept()
@@ -134,7 +134,7 @@ def case_huge_block_range(dataset: Path, work: Path, tries: int, rng: random.Ran
     outcome = Outcome()
     root = copy_dataset(dataset, work / "huge")
     manifest = Manifest.load(str(root))
-    # NOTE: the last block of the first (full) shard: a full block, read in epoch 1.
+    # The last block of the first (full) shard: a full block, read in epoch 1.
     index = 0
     shard = manifest.shards[index]
     check(shard.num_blocks == manifest.blocks_per_shard, "the first shard is not full")
@@ -183,7 +183,7 @@ def case_hostile_state(dataset: Path, work: Path, tries: int, rng: random.Random
         for key in list(good):
             state = {k: v for k, v in good.items() if k != key}
             if key in OPTIONAL_KEYS:
-                # NOTE: a state written before the key existed: loads, as its documented default.
+                # A state written before the key existed: loads, as its documented default.
                 loader.load_state_dict(state)
                 check(loader.state_dict()["packing"] == "concat", f"a state without {key!r} loaded as another packing")
                 continue

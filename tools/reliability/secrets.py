@@ -36,7 +36,7 @@ SECRETS = (OPTION_KEY, OPTION_SECRET, URL_KEY, URL_SECRET, ENV_KEY, ENV_SECRET, 
 def _cli(args: list[str], env: dict[str, str]) -> str:
     done = subprocess.run([sys.executable, "-m", "zephon_stream", *args], env=env, capture_output=True, text=True,
                           timeout=600)
-    # NOTE: the command line itself holds the secrets; only what the program printed is searched.
+    # The command line itself holds the secrets; only what the program printed is searched.
     return f"$ zephon-stream {args[0]} [exit {done.returncode}]\n{done.stdout}\n{done.stderr}"
 
 

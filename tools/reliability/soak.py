@@ -78,7 +78,7 @@ def live_children() -> set[int]:
 def settled_fds(baseline: dict[str, int], *, timeout_s: float = 2.0) -> dict[str, int]:
     """This process's descriptors once none is above ``baseline``, or at ``timeout_s``.
 
-    NOTE: with the S3 server in this process, the server's end of a connection
+    With the S3 server in this process, the server's end of a connection
     the client just closed stays open until its handler thread reads the EOF;
     that lag is not a leak, and a leaked descriptor never comes back.
     """
@@ -106,7 +106,7 @@ def churn(
     from zephon_stream import StreamingLoader
     from zephon_stream.storage import open_store
 
-    # NOTE: fsspec keeps one event-loop thread per process, shared by every
+    # fsspec keeps one event-loop thread per process, shared by every
     # filesystem; start it before the baseline, it is not the loader's.
     if storage_options is not None:
         with open_store(url, storage_options) as store:
@@ -129,11 +129,11 @@ def churn(
         del loader
         gc.collect()
         fds = settled_fds(fds_before)
-        # NOTE: a leak is a thread that was not there before; an unrelated
+        # A leak is a thread that was not there before; an unrelated
         # thread of the process may end meanwhile, which is not one.
         leaked = sorted(t.name for t in _own_threads() - baseline)
         check(not leaked, f"cycle {cycle}: threads outlived close(): {leaked}")
-        # NOTE: counts may drop (idle keep-alive connections of other S3
+        # Counts may drop (idle keep-alive connections of other S3
         # clients in the process time out); a leak is a count that grows.
         grown = {kind: fds[kind] - fds_before[kind] for kind in fds if fds[kind] > fds_before[kind]}
         check(not grown, f"cycle {cycle}: descriptors left open after close(): {grown} (before {fds_before}, after {fds})")

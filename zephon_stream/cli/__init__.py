@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from zephon_stream.errors import ZephonError
 
-# NOTE: modules are imported lazily so `zephon-stream inspect` does not pay for
+# Modules are imported lazily so `zephon-stream inspect` does not pay for
 # torch or tokenizers; a missing module means that subcommand is not built yet.
 _SUBCOMMAND_MODULES = (
     "write",
@@ -29,12 +29,12 @@ _SUBCOMMAND_MODULES = (
 )
 
 
-# NOTE: plan.packing.PACKINGS, spelled out so that building the parser
+# plan.packing.PACKINGS, spelled out so that building the parser
 # imports no plan module (tests/test_which.py keeps the two equal).
 PACKING_CHOICES = ("concat", "best_fit")
 
 
-# NOTE: argparse's own status for a usage error (an unknown option, a missing
+# argparse's own status for a usage error (an unknown option, a missing
 # argument), kept for no command at all too, as other command-line tools do.
 EXIT_USAGE = 2
 
@@ -59,7 +59,7 @@ def bounded_int(minimum: int, maximum: int | None = None, why: str = "") -> Call
             raise argparse.ArgumentTypeError(f"must be {bounds} (got {value}){'; ' + why if why else ''}")
         return value
 
-    parse.__name__ = "int"  # NOTE: argparse names the type after it: "invalid int value: 'x'"
+    parse.__name__ = "int"  # argparse names the type after it: "invalid int value: 'x'"
     return parse
 
 
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# NOTE: what a shell reports for a command that a closed pipe stopped
+# What a shell reports for a command that a closed pipe stopped
 # (128 + SIGPIPE), as `seq 1000000 | head -1` shows under `set -o pipefail`;
 # not 0, since the output was cut short, and not 1, which means an error.
 EXIT_PIPE_CLOSED = 141
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             status = _run(argv)
         except SystemExit:
-            # NOTE: argparse exits after --help or a usage error; its text is
+            # argparse exits after --help or a usage error; its text is
             # flushed here so a closed pipe is caught below, not at shutdown.
             sys.stdout.flush()
             raise
@@ -120,13 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         return status
     except BrokenPipeError:
         _quiet_stdout()
-        # NOTE: an error already reported on stderr keeps its status.
+        # An error already reported on stderr keeps its status.
         return EXIT_PIPE_CLOSED if status == 0 else status
 
 
 def _quiet_stdout() -> None:
     """Point stdout at devnull, so the interpreter's flush at exit finds no closed pipe."""
-    # NOTE: the recipe of the Python docs (signal module, "Note on SIGPIPE");
+    # The recipe of the Python docs (signal module, "Note on SIGPIPE");
     # leaving SIGPIPE at its default instead would kill the process mid-write,
     # skipping every `finally` (a store's close, a helper's shutdown).
     try:

@@ -65,7 +65,7 @@ def _last_differs(full: int, last: int | None, what: str) -> str:
 
 def _tokenizer_rows(tok: Any) -> list[tuple[str, str]]:
     """The tokenizer as ``--tokenizer`` names it (``bytes``, ``hf:PATH``), then its ids."""
-    # NOTE: the bytes tokenizer's kind and name are both "bytes"; say it once.
+    # The bytes tokenizer's kind and name are both "bytes"; say it once.
     spec = tok.kind if tok.name in ("", tok.kind) else f"{tok.kind}:{tok.name}"
     bos = "no BOS" if tok.bos_id is None else f"BOS id {tok.bos_id}"
     return [

@@ -100,7 +100,7 @@ def _phases(args: argparse.Namespace) -> tuple[int, list[Any]]:
         )  # fmt: skip
         return args.seed, [phase]
     try:
-        # NOTE: inline JSON too, so one printed command line (the demo's) is all it takes.
+        # Inline JSON too, so one printed command line (the demo's) is all it takes.
         inline = args.schedule.lstrip().startswith(("{", "["))
         data = json.loads(args.schedule if inline else Path(args.schedule).read_text())
     except (OSError, ValueError) as exc:
@@ -276,7 +276,7 @@ def _print_step(out: dict[str, Any], samples: list[Any], accumulation: int) -> N
               f"block {s.block} (#{s.block_in_shard} in shard) sample {s.sample} "
               f"dataset tokens [{s.token_start}, {s.token_start + s.num_tokens})")  # fmt: skip
         for d in s.documents:
-            # NOTE: both counts, so an excerpt that starts mid-document is not
+            # Both counts, so an excerpt that starts mid-document is not
             # read as the document's first tokens.
             print(f"    {d.source} record {d.record}: document tokens [{d.document_token_start}, "
                   f"{d.document_token_end}) of {d.num_tokens} = sample tokens "

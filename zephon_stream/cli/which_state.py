@@ -69,7 +69,7 @@ def load_state(path: str, key: str | None = None) -> dict[str, Any]:
 def _from_checkpoint(path: str, key: str | None) -> dict[str, Any]:
     from torch.distributed.checkpoint import FileSystemReader
 
-    # NOTE: torch's private loader of chosen keys, into one process without a
+    # torch's private loader of chosen keys, into one process without a
     # process group: checked with torch 2.13.0, where its signature is
     # ``(keys, *, checkpoint_id, storage_reader, process_group)``; the other
     # versions the package allows are not checked (tests/test_which_state.py
@@ -84,7 +84,7 @@ def _from_checkpoint(path: str, key: str | None) -> dict[str, Any]:
     import warnings
 
     with warnings.catch_warnings():
-        # NOTE: "torch.distributed is unavailable or uninitialized, assuming ... a single process": as meant.
+        # "torch.distributed is unavailable or uninitialized, assuming ... a single process": as meant.
         warnings.simplefilter("ignore", UserWarning)
         loaded = _load_state_dict_from_keys({top}, checkpoint_id=path)
     state: Any = loaded
@@ -134,7 +134,7 @@ def run_settings(state: dict[str, Any]) -> RunSettings:
             seed=old.seed, phases=[phase], packing=old.packing, history=entries, scheduled=False, position=old.position
         )
     saved = ScheduleState.from_dict(dict(state))
-    # NOTE: a begun phase records more than the phase (its lane counts, a fingerprint): only the phase's own fields.
+    # A begun phase records more than the phase (its lane counts, a fingerprint): only the phase's own fields.
     names = [field.name for field in dataclasses.fields(SchedulePhase)]
     phases = [
         SchedulePhase.from_dict({name: record[name] for name in names}, where=f"--state phase {k}")

@@ -135,14 +135,14 @@ def run(args: argparse.Namespace) -> int:
     if args.input_format == "tokens":
         from zephon_stream.writer.token_inputs import token_input_urls
 
-        # NOTE: a rank's share must keep X.bin with X.idx and a datasets folder whole.
+        # A rank's share must keep X.bin with X.idx and a datasets folder whole.
         expand = token_input_urls
-    # NOTE: under a launcher (RANK/WORLD_SIZE, Slurm) each rank writes its share as OUTPUT/part-*; see `merge`.
+    # Under a launcher (RANK/WORLD_SIZE, Slurm) each rank writes its share as OUTPUT/part-*; see `merge`.
     share = None if args.engine == "ray" else assign_rank_work(inputs, output, storage_options=options, expand=expand)
     allow_empty = args.allow_empty
     if share is not None:
         inputs, output = share.inputs, share.output
-        # NOTE: one rank's share may be all rejects while the others hold
+        # One rank's share may be all rejects while the others hold
         # tokens; whether the dataset is empty is decided at the merge.
         allow_empty = True
         print(f"rank {share.rank.rank} of {share.rank.world_size}: {len(inputs)} of {share.num_inputs_total} inputs -> {output}", file=sys.stderr)

@@ -48,11 +48,11 @@ class TorchrunJob:
             str(self.pid_dir),
         ]
         self._out = open(self.output, "wb")
-        # NOTE: OMP_NUM_THREADS set, torchrun prints no banner about it; TMPDIR in the
+        # OMP_NUM_THREADS set, torchrun prints no banner about it; TMPDIR in the
         # workdir keeps its torchelastic_* folders (never removed) out of the machine's.
         (workdir / "tmp").mkdir(exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(workdir / "tmp")}
-        # NOTE: the demo SIGKILLs a job whose ranks share a node cache, and
+        # The demo SIGKILLs a job whose ranks share a node cache, and
         # resumes on one rank, which would not open the default /dev/shm
         # folder to wipe what the killed ranks left: every run of the demo
         # shares one in the workdir instead, and the last to close empties it.
@@ -73,7 +73,7 @@ class TorchrunJob:
 
     def kill(self) -> None:
         """SIGKILL every worker and torchrun itself: no handler runs, nothing is flushed."""
-        # NOTE: torchrun starts each worker in a session of its own, so killing
+        # torchrun starts each worker in a session of its own, so killing
         # torchrun's process group would leave the workers running.
         for pid_file in sorted(self.pid_dir.glob("rank-*.pid")):
             with contextlib.suppress(ProcessLookupError, ValueError):
@@ -86,7 +86,7 @@ class TorchrunJob:
     def tail(self, lines: int = 15) -> str:
         """The end of the workers' own output (their traceback), else of torchrun's."""
         text = self.output.read_text(errors="replace").splitlines()
-        # NOTE: torchrun prefixes worker lines with [rankN]; its own trailer only says a child failed.
+        # torchrun prefixes worker lines with [rankN]; its own trailer only says a child failed.
         worker = [line for line in text if line.startswith("[rank")]
         return "\n".join((worker or text)[-lines:]) + f"\n(full output: {self.output})"
 
@@ -96,7 +96,7 @@ def read_events(path: pathlib.Path) -> list[dict[str, Any]]:
         return []
     records = []
     for line in path.read_text().splitlines():
-        # NOTE: a kill can cut the last line short; every complete line is whole JSON.
+        # A kill can cut the last line short; every complete line is whole JSON.
         with contextlib.suppress(json.JSONDecodeError):
             records.append(json.loads(line))
     return records

@@ -67,7 +67,7 @@ class TinyTransformer(nn.Module):
         self.pos = nn.Embedding(config.max_seq_len, config.dim)
         self.blocks = nn.ModuleList(_Block(config) for _ in range(config.num_layers))
         self.norm = nn.LayerNorm(config.dim)
-        # NOTE: small embeddings keep the tied head's first logits near zero,
+        # Small embeddings keep the tied head's first logits near zero,
         # so the loss starts near ln(vocab_size) instead of in the hundreds.
         nn.init.normal_(self.embed.weight, std=0.02)
         nn.init.normal_(self.pos.weight, std=0.02)

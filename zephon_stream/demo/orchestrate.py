@@ -112,7 +112,7 @@ class DemoConfig:
             )
         phases = self.phases()
         if phases is not None:
-            # NOTE: the resumed run starts at step kill_after, which the anneal must hold.
+            # The resumed run starts at step kill_after, which the anneal must hold.
             first, end = phases[1]["start_step"], phases[2]["start_step"]
             if not first <= kill_after < end:
                 raise ConfigError(
@@ -167,7 +167,7 @@ def open_demo_store(config: DemoConfig) -> Iterator[str]:
             "or pass --store with a local folder or an s3:// URL"
         ) from None
     try:
-        # NOTE: a taken --s3-port is reported once, by EmbeddedS3's warning.
+        # A taken --s3-port is reported once, by EmbeddedS3's warning.
         print(f"embedded S3 (moto) serving on {server.endpoint_url}")
         bucket = server.create_bucket(DEFAULT_BUCKET)
         with server.exported_env():
@@ -248,7 +248,7 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
         lambda records: any(r["event"] == "checkpoint" and r["steps_done"] >= kill_step for r in records),
         f"its checkpoint of {kill_step} steps",
     )
-    # NOTE: the kill lands between checkpoints, as a crash would: the steps
+    # The kill lands between checkpoints, as a crash would: the steps
     # after the last checkpoint are lost and the resumed run redoes them. The
     # workers hold after those steps (--hold-after), so no later checkpoint
     # can complete before the kill lands.

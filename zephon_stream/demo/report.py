@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-# NOTE: the counters the table shows, as the loader's stats() names them; a
+# The counters the table shows, as the loader's stats() names them; a
 # counter the loader does not report is shown as "n/a", never as zero.
 _COUNTERS = (
     ("bytes fetched", "bytes_fetched", "{:,.0f}"),
@@ -91,7 +91,7 @@ class DemoReport:
     def _hash_table(self) -> str:
         wanted = {0, self.kill_step - 1, self.kill_step, self.kill_step + 1, max(self.reference.steps)}
         wanted.update(self.mismatches)
-        # NOTE: with --schedule each step event names its phase; show where each phase starts.
+        # With --schedule each step event names its phase; show where each phase starts.
         phases = {step: event.get("phase") for step, event in self.reference.steps.items()}
         scheduled = any(phase for phase in phases.values())
         if scheduled:
@@ -231,7 +231,7 @@ def write_plot(report: DemoReport, path: str) -> None:
     for run, steps, label, color, style in series:
         if not steps:
             continue
-        # NOTE: the reference is drawn wide underneath: where the job's loss
+        # The reference is drawn wide underneath: where the job's loss
         # matches it, both stay visible.
         wide = {"linewidth": 5, "alpha": 0.6} if run is report.reference else {"marker": "."}
         ax_loss.plot(steps, [run.steps[s]["loss"] for s in steps], style, color=color, label=label, **wide)

@@ -62,7 +62,7 @@ def run_demo_groups(tmp: Path, dataset: str, *, steps: int = 20) -> Run:
 
 def run_torchft_demo(*, steps: int = 20, workdir: str | None = None, out: TextIO) -> int:
     """Run the demo, print its table and verdict to ``out``; 0 if no sample was lost or repeated."""
-    # NOTE: the lighthouse (Rust, in this process) logs every quorum at INFO.
+    # The lighthouse (Rust, in this process) logs every quorum at INFO.
     os.environ.setdefault("RUST_LOG", "warn")
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         dataset = build_dataset(Path(tmp) / "dataset")

@@ -59,7 +59,7 @@ def main() -> None:
         ours.copy_(state["ours"])
         sampler.copy_(state["sampler"])
 
-    # NOTE: each group its own store; rank 0 hosts it on a free port and tells the others.
+    # Each group its own store; rank 0 hosts it on a free port and tells the others.
     port_file = out / f"g{group}.life{life}.port"
     if rank == 0:
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
@@ -117,7 +117,7 @@ def main() -> None:
             for p in batch["sample_positions"].tolist():
                 if p >= 0:
                     grad_ours[i, step, p] += 1
-        # NOTE: torchft.data.DistributedSampler over groups of this size:
+        # torchft.data.DistributedSampler over groups of this size:
         # shard group + G * group_rank ... of G * ranks shards, restarting
         # with the process.
         shards = spec["sampler_groups"] * ranks

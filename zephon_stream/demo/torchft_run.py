@@ -19,7 +19,7 @@ import torch
 
 from zephon_stream.errors import ZephonError
 
-# NOTE: the worker processes must import this copy of the package.
+# The worker processes must import this copy of the package.
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 

@@ -33,12 +33,12 @@ from zephon_stream.demo.model import ModelConfig, TinyTransformer
 from zephon_stream import StreamingLoader
 
 CHECKPOINT_PREFIX = "step-"
-# NOTE: DCP's coordinator writes `.metadata` after every rank has written its
+# DCP's coordinator writes `.metadata` after every rank has written its
 # data, so its presence marks a checkpoint a kill cannot have left half-done.
 CHECKPOINT_COMPLETE = ".metadata"
 
 
-# NOTE: how long a held worker (--hold-after) waits to be killed.
+# How long a held worker (--hold-after) waits to be killed.
 _HOLD_LIMIT_S = 600
 
 
@@ -65,7 +65,7 @@ def save_checkpoint(
     steps_done: int,
 ) -> None:
     """Save model, optimizer, loader state and steps done with torch.distributed.checkpoint (all ranks)."""
-    # NOTE: imported here so a run that never checkpoints does not pay for it at start-up.
+    # Imported here so a run that never checkpoints does not pay for it at start-up.
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -96,7 +96,7 @@ def batch_hash(inputs: torch.Tensor, labels: torch.Tensor) -> str:
     return digest.hexdigest()[:16]
 
 
-# NOTE: values every rank holds alike (the global cursor), not per-rank counts.
+# Values every rank holds alike (the global cursor), not per-rank counts.
 _SHARED_KEYS = frozenset({"position"})
 
 
@@ -198,7 +198,7 @@ def train(args: argparse.Namespace) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if args.global_batch % world_size:
         raise ValueError(f"--global-batch {args.global_batch} is not divisible by world size {world_size}")
-    # NOTE: one thread per rank: a tiny model gains little from more, and on a
+    # One thread per rank: a tiny model gains little from more, and on a
     # busy machine spinning OpenMP threads make a step many times slower.
     torch.set_num_threads(1)
     if args.pid_dir is not None:
@@ -222,7 +222,7 @@ def train(args: argparse.Namespace) -> None:
     loader = build_loader(args, rank, world_size)
     log = _Log(args.events, enabled=rank == 0)
 
-    # NOTE: a checkpoint of N steps done resumes at step N (steps count from 0).
+    # A checkpoint of N steps done resumes at step N (steps count from 0).
     start_step = 0
     found = latest_checkpoint(args.ckpt_dir)
     if found is not None:
@@ -235,7 +235,7 @@ def train(args: argparse.Namespace) -> None:
     batches = iter(loader)
     last = time.perf_counter()
     for step in range(start_step, args.steps):
-        # NOTE: the event's step is the loader's, so `zephon-stream which --step` finds it.
+        # The event's step is the loader's, so `zephon-stream which --step` finds it.
         assert loader.step == step, (loader.step, step)
         phase = loader.phase
         batch = next(batches)
@@ -274,7 +274,7 @@ def train(args: argparse.Namespace) -> None:
                       resume_at=resume_point(loader))  # fmt: skip
             last = time.perf_counter()
         if steps_done == args.hold_after:
-            # NOTE: the demo kills the job here, between checkpoints, as a
+            # The demo kills the job here, between checkpoints, as a
             # crash would; holding makes the crash point exact however fast
             # the steps run. The bound ends a job whose killer went away.
             log.write(event="holding", step=step, world_size=world_size)
@@ -293,7 +293,7 @@ def next_token_loss(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.
 
 
 def _gather_batch(inputs: torch.Tensor, labels: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # NOTE: rank r holds piece r of the global batch in (lane, q) order, so the
+    # Rank r holds piece r of the global batch in (lane, q) order, so the
     # rank-order concatenation is the global batch whatever the world size.
     out = []
     for local in (inputs, labels):

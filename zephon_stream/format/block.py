@@ -22,7 +22,7 @@ _CHECKSUM_BYTES = 4
 _RESERVED_BLOCK_TYPE = 3
 _RLE_BLOCK_TYPE = 1
 
-# NOTE: zstd contexts are not safe to share between threads; decoding runs in a
+# zstd contexts are not safe to share between threads; decoding runs in a
 # thread pool, so each thread keeps its own.
 _local = threading.local()
 

@@ -27,7 +27,7 @@ def no_dataset_error(store: Any) -> ObjectMissingError:
     try:
         kind = store.root_kind()
     except StorageError:
-        kind = "folder"  # NOTE: what the root is could not be learned; say what is known
+        kind = "folder"  # What the root is could not be learned; say what is known
     if kind == "file":
         what = "it is a file, not a folder"
     elif kind == "missing":

@@ -217,7 +217,7 @@ class DocumentLocator:
         shard = int(np.searchsorted(self._offsets, token_start, side="right")) - 1
         local = token_start - int(self._offsets[shard])
         i = int(np.searchsorted(self.index(shard).doc_starts, local, side="right")) - 1
-        # NOTE: a document that began in an earlier shard owns this shard's head.
+        # A document that began in an earlier shard owns this shard's head.
         while i < 0:
             shard -= 1
             if shard < 0:

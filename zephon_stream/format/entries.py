@@ -139,13 +139,13 @@ def entries_unchecked(shards: list[Any], sources: list[Any]) -> tuple[list[Shard
         return None
     if not all(type(s) is dict and s.keys() == _SOURCE_KEYS for s in sources):
         return None
-    # NOTE: new maps, not the decoded ones: a refused manifest is decoded again from those.
+    # New maps, not the decoded ones: a refused manifest is decoded again from those.
     shard_infos = [_unchecked(ShardInfo, {**s, "block_offsets": tuple(s["block_offsets"])}) for s in shards]
     return shard_infos, [_unchecked(SourceInfo, dict(s)) for s in sources]
 
 
 def _unchecked(cls: type[Any], fields: dict[str, Any]) -> Any:
-    # NOTE: a frozen dataclass's __init__ sets each field through
+    # A frozen dataclass's __init__ sets each field through
     # object.__setattr__; taking the decoded map as the instance's __dict__
     # builds the same object several times faster (a map per shard and source).
     obj = object.__new__(cls)
@@ -159,5 +159,5 @@ def max_frame_bytes(shards: Sequence[ShardInfo]) -> int:
     counts = np.fromiter(map(len, offsets), dtype=np.int64, count=len(offsets))
     flat = np.fromiter(itertools.chain.from_iterable(offsets), dtype=np.int64, count=int(counts.sum()))
     sizes = np.diff(flat)
-    sizes[np.cumsum(counts)[:-1] - 1] = 0  # NOTE: from one shard's end to the next one's start
+    sizes[np.cumsum(counts)[:-1] - 1] = 0  # From one shard's end to the next one's start
     return int(sizes.max()) if sizes.size else 0

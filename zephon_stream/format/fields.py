@@ -40,7 +40,7 @@ def unpack_map(data: bytes, *, where: str, error: type[FormatError] = ManifestEr
             max_map_len=size,
             max_ext_len=size,
         )
-    except Exception as exc:  # NOTE: msgpack raises many unrelated types on bad input.
+    except Exception as exc:  # msgpack raises many unrelated types on bad input.
         raise error(f"{where}: not valid msgpack ({type(exc).__name__}: {exc})") from None
     if not isinstance(obj, dict):
         raise error(f"{where}: expected a msgpack map at the top level, got {type(obj).__name__}")

@@ -39,14 +39,14 @@ from zephon_stream.format.spec import (
     dtype_name,
 )
 
-# NOTE: one frame record a block: where its zstd frame lies, in which shard,
+# One frame record a block: where its zstd frame lies, in which shard,
 # which block of that shard, and how many tokens it holds (checked against the
 # header's shape when read). One record, not five columns: a loader needs all
 # of it at once, so one page read answers a block.
 FRAME_DTYPE = np.dtype([("start", "<u8"), ("end", "<u8"), ("shard", "<u4"), ("block", "<u4"), ("tokens", "<u4")])
 FRAME_TYPE = f"|V{FRAME_DTYPE.itemsize}"
 BLOCK_COLUMNS = {"frames": FRAME_TYPE}
-# NOTE: the shard table's path columns are as wide as the dataset's longest
+# The shard table's path columns are as wide as the dataset's longest
 # path (NUL-padded), so their type is checked by kind, not by width.
 SHARD_NUMBER_COLUMNS = {"num_tokens": "<u8", "num_bytes": "<u8", "num_documents": "<u8", "first_block": "<u8",
                         "sha256": "|V32", "index_sha256": "|V32"}
@@ -147,7 +147,7 @@ def encode_objects(m: Any, *, page_bytes: int = DEFAULT_PAGE_BYTES) -> dict[str,
                           count=int(blocks_per.sum()) + len(shards))
     ends = np.cumsum(blocks_per + 1)
     is_start = np.ones(offsets.size, dtype=bool)
-    is_start[ends - 1] = False  # NOTE: a shard's last offset ends its last block and starts none
+    is_start[ends - 1] = False  # A shard's last offset ends its last block and starts none
     is_end = np.ones(offsets.size, dtype=bool)
     is_end[ends - blocks_per - 1] = False
     frames["start"] = offsets[is_start]
@@ -207,7 +207,7 @@ def encode_objects(m: Any, *, page_bytes: int = DEFAULT_PAGE_BYTES) -> dict[str,
 
 
 def _content_path(name: str, body: bytes) -> str:
-    # NOTE: named by their content: a new manifest (a reindex, a rewrite) never
+    # Named by their content: a new manifest (a reindex, a rewrite) never
     # overwrites the index objects that a committed one names.
     return f"{INDEX_DIR}/{name}-{hashlib.sha256(body).hexdigest()[:16]}"
 
@@ -315,7 +315,7 @@ def full_entries(
     try:
         objs = msgpack.unpackb(data, raw=False, max_bin_len=len(data), max_str_len=len(data),
                                max_array_len=len(data), max_map_len=len(data))
-    except Exception as exc:  # NOTE: msgpack raises many unrelated types on bad input.
+    except Exception as exc:  # msgpack raises many unrelated types on bad input.
         raise IndexObjectError(f"{sources_where}: not valid msgpack ({type(exc).__name__})") from None
     if not isinstance(objs, list) or len(objs) != header.num_sources:
         raise IndexObjectError(f"{sources_where}: expected an array of {header.num_sources} sources")
@@ -331,7 +331,7 @@ def read_header_map(data: bytes, *, where: str) -> FieldReader:
 def is_indexed(obj: dict[str, Any], version: tuple[int, int]) -> bool:
     """Whether a decoded manifest map is of the indexed layout (1.1 on, with an ``index`` key).
 
-    NOTE: decided by the key, not the minor alone: a 1.0-layout manifest
+    Decided by the key, not the minor alone: a 1.0-layout manifest
     with a higher minor (optional keys added) still reads as 1.0.
     """
     return version >= INDEXED_VERSION and "index" in obj

@@ -28,7 +28,7 @@ PAGE_DIGEST_BYTES = 16
 DEFAULT_PAGE_BYTES = 4096
 MIN_PAGE_BYTES = 64
 MAX_PAGE_BYTES = 2**24
-# NOTE: numpy type strings a column may have: little-endian unsigned integers,
+# numpy type strings a column may have: little-endian unsigned integers,
 # fixed-width byte strings (paths, padded with NUL) and raw digests (|V32).
 _TYPE_KINDS = ("<u", "|S", "|V")
 
@@ -289,7 +289,7 @@ def decode_table(info: TableInfo, data: bytes, *, where: str) -> dict[str, np.nd
             k = (first + page) * PAGE_DIGEST_BYTES
             info.checked_page(column, page, view[start:end], bytes(region[k : k + PAGE_DIGEST_BYTES]), where=where)
         out[column.name] = np.frombuffer(data, dtype=column.dtype, count=info.rows, offset=column.offset)
-    # NOTE: after the pages, so that a damaged page is named with its bytes.
+    # After the pages, so that a damaged page is named with its bytes.
     digest = hashlib.sha256(data).hexdigest()
     if digest != info.sha256:
         raise IndexObjectError(f"{where}: sha256 mismatch (expected {info.sha256}, got {digest})")

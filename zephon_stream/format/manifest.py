@@ -41,7 +41,7 @@ __all__ = ["FINGERPRINT_HEADER", "Manifest", "ShardInfo", "SourceInfo", "Tokeniz
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
-    # NOTE: cached arrays are shared by every caller; make accidental writes fail.
+    # Cached arrays are shared by every caller; make accidental writes fail.
     array.flags.writeable = False
     return array
 
@@ -93,7 +93,7 @@ class Manifest:
         try:
             dtype = dtype_name(tokenizer.vocab_size)
         except (TypeError, ValueError):
-            dtype = "uint32"  # NOTE: validation then names the bad vocab_size.
+            dtype = "uint32"  # Validation then names the bad vocab_size.
         return cls(
             dtype=dtype,
             tokenizer=tokenizer,
@@ -175,7 +175,7 @@ class Manifest:
             PathEscapeError: an object path outside the dataset root.
             ManifestError: anything else malformed or inconsistent.
         """
-        # NOTE: decoding makes a few objects per shard and source; with the
+        # Decoding makes a few objects per shard and source; with the
         # collector on, its passes over the growing heap cost more than the
         # decoding itself (about half the time for 16 Ki shards). Nothing
         # built here forms a cycle.
@@ -224,7 +224,7 @@ class Manifest:
 
         entries = entries_unchecked(shards, sources)
         if entries is not None:
-            # NOTE: entries of the expected shape skip the field-by-field reads
+            # Entries of the expected shape skip the field-by-field reads
             # (tens of thousands of shards and sources at scale): validation
             # checks every value in bulk. Anything it refuses is decoded again
             # below, field by field, so the error reads as it always has.
@@ -238,7 +238,7 @@ class Manifest:
                 [SourceInfo.from_obj(s, where=f"{where}: sources[{i}]") for i, s in enumerate(sources)],
             )
         except ManifestError as exc:
-            # NOTE: construction-time checks do not know where the bytes came from.
+            # Construction-time checks do not know where the bytes came from.
             if str(exc).startswith(where):
                 raise
             raise type(exc)(f"{where}: {exc}") from None

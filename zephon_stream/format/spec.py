@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 FORMAT_NAME = "zephon-stream"
-# NOTE: 1.1 moved the per-shard, per-block and per-source arrays out of the
+# 1.1 moved the per-shard, per-block and per-source arrays out of the
 # manifest into index objects (docs/FORMAT.md, section 11); 1.0 still reads.
 FORMAT_VERSION: tuple[int, int] = (1, 1)
 INDEXED_VERSION: tuple[int, int] = (1, 1)
@@ -14,7 +14,7 @@ DOCINDEX_VERSION: tuple[int, int] = (1, 0)
 DEFAULT_BLOCK_TOKENS = 2**20 + 1
 DEFAULT_BLOCKS_PER_SHARD = 64
 DEFAULT_ZSTD_LEVEL = 3
-# NOTE: a block must hold at least one sample of seq_len 1 (two tokens); the
+# A block must hold at least one sample of seq_len 1 (two tokens); the
 # upper bound keeps one decoded block (4 GiB of uint32) allocatable.
 MIN_BLOCK_TOKENS = 2
 MAX_BLOCK_TOKENS = 2**30

@@ -32,7 +32,7 @@ from zephon_stream.format.spec import (
 class ManifestFields(Protocol):
     """The fields of a manifest these rules read (``manifest.Manifest`` has them).
 
-    NOTE: the rules name the fields they check and nothing else of the
+    The rules name the fields they check and nothing else of the
     manifest, so this module sits below ``manifest.py``, which calls it.
     """
 
@@ -113,7 +113,7 @@ def validate_shard(i: int, shard: ShardInfo, *, block_tokens: int, blocks_per_sh
         raise ManifestError(
             f"{name}: {expected_blocks} blocks ({num_tokens} tokens), more than blocks_per_shard {blocks_per_shard}"
         )
-    # NOTE: builtin passes first; the per-entry loop runs only to word an error.
+    # Builtin passes first; the per-entry loop runs only to word an error.
     if set(map(type, offsets)) != {int} or not all(map(operator.lt, offsets, offsets[1:])):
         previous = -1
         for j, value in enumerate(offsets):
@@ -141,7 +141,7 @@ def validate_source(i: int, source: SourceInfo) -> None:
         )
 
 
-# NOTE: the paths check_relative_path accepts, as one pattern (for the bulk check).
+# The paths check_relative_path accepts, as one pattern (for the bulk check).
 _CLEAN_PATH = re.compile(r"(?:(?!\.\.?(?:/|\Z))[^/:\\\x00-\x1f\x7f]+)(?:/(?!\.\.?(?:/|\Z))[^/:\\\x00-\x1f\x7f]+)*")
 
 
@@ -162,7 +162,7 @@ def _all_hex64(values: list[Any]) -> bool:
 def _shards_pass(m: ManifestFields) -> bool:
     """Whether every shard passes :func:`validate_shard` and the path uniqueness rule, checked in bulk.
 
-    NOTE: a manifest of a million blocks has tens of thousands of shards; this
+    A manifest of a million blocks has tens of thousands of shards; this
     checks them column by column in C loops, and the per-shard checks run only
     when it fails, to word the error.
     """
@@ -198,7 +198,7 @@ def _shards_pass(m: ManifestFields) -> bool:
     ends = np.cumsum(counts)
     starts = ends - counts
     increasing = np.diff(flat) > 0
-    increasing[ends[:-1] - 1] = True  # NOTE: one shard's last offset and the next one's first
+    increasing[ends[:-1] - 1] = True  # One shard's last offset and the next one's first
     return bool(increasing.all() and (flat[starts] == 0).all() and (flat[ends - 1] == sizes).all())
 
 

@@ -135,7 +135,7 @@ class TorchFTLoader:
         if not 0 <= group_rank < group_world_size:
             raise ConfigError(f"group_rank {group_rank} is outside group_world_size {group_world_size}")
         self.manager = manager
-        # NOTE: the one-hot vector goes through the Manager's process group:
+        # The one-hot vector goes through the Manager's process group:
         # on the batches' device, so that an NCCL group can reduce it.
         self._collective_device = torch.device(options.get("device") or "cpu")
         if self._collective_device.type == "cuda" and not torch.cuda.is_available():
@@ -146,7 +146,7 @@ class TorchFTLoader:
                                    loader_options=options)  # fmt: skip
         self._lock = threading.RLock()
         self._state = ReplicaDataState(policy=config.policy, order=self._reader.order_state())
-        # NOTE: (step, participants, trained ranks) of the last next(); its plan
+        # (step, participants, trained ranks) of the last next(); its plan
         # is recomputed from the state it commits on, which for a group that
         # healed is the peer's.
         self._pending: tuple[int, int, frozenset[int] | None] | None = None
@@ -175,7 +175,7 @@ class TorchFTLoader:
             StateMismatchError: another policy or order config (naming both values).
         """
         state = ReplicaDataState.from_dict(dict(state_dict))
-        # NOTE: a state saved before the packing was recorded read windows.
+        # A state saved before the packing was recorded read windows.
         state.order.setdefault("packing", "concat")
         problems = []
         if state.policy != self._state.policy:
@@ -187,7 +187,7 @@ class TorchFTLoader:
         if problems:
             raise StateMismatchError("torchft data state does not match this loader: " + "; ".join(problems))
         with self._lock:
-            # NOTE: a pending step older than the loaded state is already in it.
+            # A pending step older than the loaded state is already in it.
             if self._pending is not None and self._pending[0] < state.step:
                 self._pending = None
             self._state = state
@@ -240,7 +240,7 @@ class TorchFTLoader:
                 )
             plan = plan_step(self._state, participants, group_batch=self.group_batch, global_batch=self.global_batch)
         self._last_quorum = quorum
-        # NOTE: torchft zeroes the tensor of a group that is not participating
+        # torchft zeroes the tensor of a group that is not participating
         # or is healing (its gradients will not count); the SUM tells every
         # group whose rows count at this step.
         onehot = torch.zeros(participants, dtype=torch.float32)
@@ -248,12 +248,12 @@ class TorchFTLoader:
             onehot[rank] = 1.0
         onehot = onehot.to(self._collective_device)
         work = manager.allreduce(onehot, reduce_op=ReduceOp.SUM)
-        # NOTE: a group outside the participants trains nothing that counts; it
+        # A group outside the participants trains nothing that counts; it
         # reads participant 0's share so that its step has the usual shape.
         index = rank if rank is not None and rank < participants else 0
         batch = self._reader.read(plan.pieces[index], global_batch=self._step_batch(plan.pieces[index]),
                                   fresh=index >= participants - plan.fresh)  # fmt: skip
-        # NOTE: an errored Manager skips the allreduce (its tensor is only ours); that step cannot commit here.
+        # An errored Manager skips the allreduce (its tensor is only ours); that step cannot commit here.
         done = work.wait() and manager.errored() is None
         trained = trained_ranks(onehot.tolist(), participants, step=step) if done else None
         with self._lock:
@@ -272,7 +272,7 @@ class TorchFTLoader:
         return piece.participants * self.group_batch
 
     def _quorum_started(self) -> object:
-        # NOTE: torchft 0.2.0 has no public way to ask whether a quorum was
+        # torchft 0.2.0 has no public way to ask whether a quorum was
         # started since the last step; its future object is new on every
         # start_quorum(). The extra pins torchft==0.2.0.
         quorum = getattr(self.manager, "_quorum_future", None)
@@ -303,10 +303,10 @@ class TorchFTLoader:
         step, participants, trained = self._pending
         committed = self.manager.current_step()
         if self._state.step > step or committed <= step:
-            self._pending = None  # NOTE: not committed, or already in a state from a peer: served again
+            self._pending = None  # Not committed, or already in a state from a peer: served again
             return
         if self._state.step < step:
-            return  # NOTE: a group healing in the asynchronous quorum; the peer's state arrives in should_commit()
+            return  # A group healing in the asynchronous quorum; the peer's state arrives in should_commit()
         self._pending = None
         if trained is None:
             self._error = StateMismatchError(
@@ -357,7 +357,7 @@ def check_config(config: TorchFTConfig, options: dict[str, Any], group_world_siz
     batch = config.global_batch_size
     if not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"fixed_global needs global_batch_size, an int >= 1 (got {batch!r})")
-    # NOTE: torchft 0.2.0 keeps the mode only in this attribute.
+    # torchft 0.2.0 keeps the mode only in this attribute.
     if getattr(manager, "_use_async_quorum", False):
         raise ConfigError(
             "fixed_global needs torchft's synchronous quorum: in the asynchronous one a healing group's rows "

@@ -134,7 +134,7 @@ def plan_step(state: ReplicaDataState, participants: int, *, group_batch: int, g
         raise ValueError(f"a step needs at least one participant (got {participants})")
     if state.policy == "fixed_global":
         assert global_batch is not None
-        # NOTE: fixed_global never owes rows: an incomplete step is refused
+        # fixed_global never owes rows: an incomplete step is refused
         # (advance()), so every committed step is the failure-free one.
         pieces = tuple(Piece(state.cursor, participants, k) for k in range(participants))
         return StepPlan(step=state.step, participants=participants, pieces=pieces, fresh=participants,

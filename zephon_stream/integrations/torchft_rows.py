@@ -18,7 +18,7 @@ import torch
 from zephon_stream.integrations.torchft_plan import Piece
 from zephon_stream.loader import IGNORE_INDEX, Stream, StreamingLoader
 
-# NOTE: the TorchFT loader decides these; passing them in loader options would
+# The TorchFT loader decides these; passing them in loader options would
 # read another order or another share.
 RESERVED_OPTIONS = ("rank", "world_size", "seq_len", "local_batch_size", "schedule", "seed", "lanes", "window",
                     "max_steps", "max_epochs", "end_after_phase", "packing_outputs", "audit_log")  # fmt: skip
@@ -80,7 +80,7 @@ class ShareReader:
             state = loader.state_dict()
         finally:
             loader.close()
-        # NOTE: the group's own cursor and shares are its state; the inner loaders' history is not.
+        # The group's own cursor and shares are its state; the inner loaders' history is not.
         state.pop("position")
         state.pop("history", None)
         return state
@@ -137,7 +137,7 @@ def cut_and_pad(batch: dict[str, torch.Tensor], *, start: int, stop: int, rows: 
     """Rows ``[start, stop)`` of ``batch``, padded to ``rows`` rows whose labels
     are all ``IGNORE_INDEX`` and whose ``sample_positions`` are -1.
 
-    NOTE: padding keeps a share's shape fixed for a given number of
+    Padding keeps a share's shape fixed for a given number of
     participants (CUDA graphs); a loss normalized by the global count of valid
     tokens (as TorchTitan's) is unchanged by rows without valid labels.
 
@@ -147,7 +147,7 @@ def cut_and_pad(batch: dict[str, torch.Tensor], *, start: int, stop: int, rows: 
     num_rows = batch["sample_positions"].shape[0]
     out = {}
     for name, tensor in batch.items():
-        # NOTE: a row's entries, whatever the layout ([rows, L], [rows], or 1-D with the rows end to end).
+        # A row's entries, whatever the layout ([rows, L], [rows], or 1-D with the rows end to end).
         by_row = tensor.view(num_rows, -1)
         piece = by_row[start:stop]
         missing = rows - piece.shape[0]

@@ -23,7 +23,7 @@ import importlib
 from typing import Any
 
 _PUBLIC = {
-    # NOTE: what users and the integrations import.
+    # What users and the integrations import.
     "StreamingLoader": "zephon_stream.loader.front.api",
     "PIPELINE_MODES": "zephon_stream.loader.front.args",
     "BATCH_LAYOUTS": "zephon_stream.loader.delivery.widen",
@@ -39,7 +39,7 @@ _PUBLIC = {
     "first_divergence": "zephon_stream.loader.front.audit",
     "union_sha256": "zephon_stream.loader.front.audit",
     "addresses_sha256": "zephon_stream.loader.front.audit",
-    # NOTE: the parts the benchmarks time on their own.
+    # The parts the benchmarks time on their own.
     "StepAssembler": "zephon_stream.loader.producer.assembler",
     "SharedRing": "zephon_stream.loader.ring.shared_ring",
     "SlotLayout": "zephon_stream.loader.ring.shared_ring",

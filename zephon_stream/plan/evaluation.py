@@ -58,7 +58,7 @@ class EvalOrder:
             raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
         self.shapes = list(shapes)
         self.seq_len = seq_len
-        # NOTE: runs of blocks with equal sample counts (full runs and single
+        # Runs of blocks with equal sample counts (full runs and single
         # short blocks), so an index finds its block by one search however
         # large the dataset.
         starts, first_block, per_block, stream_of = [], [], [], []

@@ -69,7 +69,7 @@ def canonical_weights(weights: tuple[Weight, ...], num_streams: int) -> tuple[st
 def same_proportions(a: list[str] | tuple[str, ...], b: list[str] | tuple[str, ...]) -> bool:
     """Whether two weight lists split lanes alike: the same streams, each the same share of the total.
 
-    NOTE: the order reads weights only through ``w / sum(w)``, so ``10:4:2``
+    The order reads weights only through ``w / sum(w)``, so ``10:4:2``
     is ``5:2:1``; a state keeps the strings it was given and is compared by share.
     """
     if len(a) != len(b):
@@ -127,7 +127,7 @@ def lane_map(counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
     if len(streams) == 1:
         lane_stream = np.full(total, streams[0], dtype=np.int64)
         return lane_stream, np.arange(total, dtype=np.int64)
-    # NOTE: exact integer keys: (2j + 1) / (2 C_s) scaled by 2 * lcm of the counts.
+    # Exact integer keys: (2j + 1) / (2 C_s) scaled by 2 * lcm of the counts.
     scale = math.lcm(*(counts[s] for s in streams))
     places = sorted(
         ((2 * j + 1) * (scale // counts[s]), s, j) for s in streams for j in range(counts[s])

@@ -25,7 +25,7 @@ from zephon_stream.plan.shape import StreamShape
 from zephon_stream.plan.slicing import BlockPlan, RankSlice, blocks_for, rank_slice
 from zephon_stream.plan.state import LoaderState
 
-# NOTE: below this many positions numpy's per-call overhead dominates, so the
+# Below this many positions numpy's per-call overhead dominates, so the
 # order is computed with Python ints and small caches instead (same results).
 SMALL_BATCH = 64
 _KEY_CACHE = 4096
@@ -128,7 +128,7 @@ class GlobalOrder:
         self._block_of_slot = functools.lru_cache(maxsize=_BLOCK_CACHE)(self._compute_block)
 
     def __reduce__(self) -> tuple[type, tuple[list[StreamShape], OrderConfig]]:
-        # NOTE: the order is a pure function of its shapes and config; a copy
+        # The order is a pure function of its shapes and config; a copy
         # (the loader's helper process gets one) rebuilds its caches.
         return (GlobalOrder, (self.shapes, self.config))
 
@@ -156,7 +156,7 @@ class GlobalOrder:
         counted = f"{stream_samples} samples of seq_len {self.config.seq_len} per epoch, fewer than"
         if self._lanes_default is None:
             return f"{counted} its {lanes} lanes; lower the lanes or seq_len"
-        # NOTE: the user set no lanes: the message names what they did set.
+        # The user set no lanes: the message names what they did set.
         share = "" if lanes == self.config.lanes else f"its share, {lanes} lanes, of "
         return f"{counted} {share}{self._lanes_default}"
 

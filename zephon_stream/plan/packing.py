@@ -38,7 +38,7 @@ import numpy as np
 from zephon_stream.errors import ConfigError
 
 PACKINGS = ("concat", "best_fit")
-# NOTE: below this mean piece length one gather of the whole output beats a
+# Below this mean piece length one gather of the whole output beats a
 # slice copy per piece (~0.25 us a piece against ~2 ms for 2**20 tokens).
 GATHER_PIECE_TOKENS = 128
 
@@ -135,13 +135,13 @@ def best_fit_rows(tokens: np.ndarray, seq_len: int, eos_id: int) -> BlockRows:
     if rows == 0:
         return window_rows(tokens.size, seq_len)
     starts, lengths = _block_pieces(tokens, region, seq_len, eos_id)
-    # NOTE: the edge piece runs on past T; filled last, it is cut only where
+    # The edge piece runs on past T; filled last, it is cut only where
     # its row ends, never in front of a whole document.
     has_edge_piece = bool(int(lengths[-1]) < seq_len and tokens[region - 1] != eos_id)
     rest = starts.size - 1 if has_edge_piece else starts.size
     edge_start, edge_length = starts[rest:], lengths[rest:]
     starts, lengths = starts[:rest], lengths[:rest]
-    # NOTE: the pieces are in start order, so a stable sort on length alone
+    # The pieces are in start order, so a stable sort on length alone
     # breaks ties by start ascending.
     order = stable_order(seq_len - lengths, seq_len)
     sorted_starts, sorted_lengths = starts[order], lengths[order]
@@ -156,7 +156,7 @@ def best_fit_rows(tokens: np.ndarray, seq_len: int, eos_id: int) -> BlockRows:
 
     placed = ~left
     all_rows = np.concatenate([placed_rows[placed], fill_rows])
-    # NOTE: within a row, best-fit pieces in placement order (= sorted order),
+    # Within a row, best-fit pieces in placement order (= sorted order),
     # then the fill stretch in sequence order: a stable sort on the row keeps both.
     by_row = stable_order(all_rows, rows)
     bounds = np.zeros(rows + 1, dtype=np.int64)
@@ -173,7 +173,7 @@ def best_fit_rows(tokens: np.ndarray, seq_len: int, eos_id: int) -> BlockRows:
 def _place_best_fit(lengths: np.ndarray, rows: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     """Best fit of pieces in decreasing order: each piece's row (-1: none) and each row's room left."""
     room = np.full(rows, capacity, dtype=np.int64)
-    # NOTE: two pieces longer than L/2 never share a row, so in decreasing
+    # Two pieces longer than L/2 never share a row, so in decreasing
     # order each takes the lowest empty row while one is left, and no row after.
     num_big = int(np.count_nonzero(2 * lengths > capacity))
     num_first = min(num_big, rows)
@@ -184,13 +184,13 @@ def _place_best_fit(lengths: np.ndarray, rows: int, capacity: int) -> tuple[np.n
         return np.concatenate(placed), room
     run_firsts = np.concatenate([[0], np.flatnonzero(np.diff(small)) + 1])
     run_sizes = np.diff(np.append(run_firsts, small.size)).tolist()
-    # NOTE: one sorted list of keys room * R + row: the smallest room that
+    # One sorted list of keys room * R + row: the smallest room that
     # holds s, lowest row on ties, is the first key >= s * R.
     open_rows = np.flatnonzero(room > 0)
     keys = np.sort(room[open_rows] * rows + open_rows).tolist()
     out_rows, out_counts = [], []
     for size, count in zip(small[run_firsts].tolist(), run_sizes):
-        # NOTE: ``take`` pieces of ``size`` lower a row's key by ``take * size
+        # ``take`` pieces of ``size`` lower a row's key by ``take * size
         # * R``; equal pieces fill the same row while it holds them, as its
         # room then drops below every other room that holds them.
         bar = size * rows
@@ -252,7 +252,7 @@ def _block_pieces(tokens: np.ndarray, region: int, seq_len: int, eos_id: int) ->
 def stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
     """A stable argsort of integer keys in ``[0, bound)``.
 
-    NOTE: a stable sort has one result whatever its algorithm; numpy radix
+    A stable sort has one result whatever its algorithm; numpy radix
     sorts 16-bit keys (10x faster), so keys under 2**32 take two such passes.
     """
     if bound <= 1 << 16:
@@ -300,7 +300,7 @@ def packed_rows(tokens: np.ndarray, rows: BlockRows, out: np.ndarray | None = No
         return out
     out[:, seq_len] = tokens[labels]
     dest = _piece_slots(rows)
-    # NOTE: memoryview slice copies of bytes measured faster than numpy slice copies.
+    # memoryview slice copies of bytes measured faster than numpy slice copies.
     item = tokens.dtype.itemsize
     target, source = memoryview(out.reshape(-1)).cast("B"), memoryview(tokens).cast("B")
     for to, start, count in zip((dest * item).tolist(), (starts * item).tolist(), (lengths * item).tolist()):
@@ -336,7 +336,7 @@ def gather_index(rows: BlockRows) -> np.ndarray:
 def _piece_slots(rows: BlockRows) -> np.ndarray:
     """Each piece's first slot in the flattened ``[R, L + 1]`` output."""
     piece_rows = np.repeat(np.arange(rows.num_rows, dtype=np.int64), np.diff(rows.row_bounds))
-    # NOTE: the pieces before it fill ``r * L`` slots of the rows before and its
+    # The pieces before it fill ``r * L`` slots of the rows before and its
     # offset in its row; each row before it adds one label slot, ``r`` in all.
     return piece_rows + np.cumsum(rows.piece_lengths) - rows.piece_lengths
 

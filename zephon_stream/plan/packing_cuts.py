@@ -72,9 +72,9 @@ def cut_counts(tokens: np.ndarray, rows: BlockRows, eos_id: int) -> CutCounts:
     piece_starts = rows.piece_starts[by_start]
     piece_ends = piece_starts + rows.piece_lengths[by_start]
     assert piece_starts[0] == 0 and piece_ends[-1] == region and np.array_equal(piece_starts[1:], piece_ends[:-1])
-    # NOTE: a document is whole when the piece holding its first token also holds its last.
+    # A document is whole when the piece holding its first token also holds its last.
     cut = piece_ends[np.searchsorted(piece_starts, doc_starts, side="right") - 1] < doc_ends
-    # NOTE: a piece starting past its document's first token reads the rest
+    # A piece starting past its document's first token reads the rest
     # of that document, up to the piece's end, without its beginning.
     doc = np.searchsorted(doc_starts, piece_starts, side="right") - 1
     headless = doc_starts[doc] < piece_starts

@@ -20,7 +20,7 @@ MIX_M2 = 0x94D049BB133111EB
 GOLDEN = 0x9E3779B97F4A7C15
 MIN_ROUNDS = 6
 MAX_ROUNDS = 18
-# NOTE: round constants are fixed by the spec; a round key is instance key ^ constant.
+# Round constants are fixed by the spec; a round key is instance key ^ constant.
 ROUND_CONSTANTS = tuple(((r + 1) * GOLDEN) & MASK64 for r in range(MAX_ROUNDS))
 
 # Domain tags of the keys derived in the global order (docs/ORDER.md).
@@ -81,7 +81,7 @@ def domain_bits(n: int) -> tuple[int, int]:
 def feistel_rounds(bits: int) -> int:
     """Number of rounds for a Feistel state of ``bits`` bits.
 
-    NOTE: narrow halves give weak round functions and cycle walking exposes the
+    Narrow halves give weak round functions and cycle walking exposes the
     structure, so small domains get more rounds (measured: 6 rounds on n = 5 is
     visibly non-uniform; 16 is not).
     """
@@ -142,9 +142,9 @@ def _encrypt(
     for r, constant in enumerate(_U64_ROUND_CONSTANTS[:rounds]):
         t = (right ^ (key ^ constant)) * _U64_M1
         t = (t ^ (t >> _S32)) * _U64_M2
-        # NOTE: even rounds produce the high-width half, odd rounds the low-width one.
+        # Even rounds produce the high-width half, odd rounds the low-width one.
         left, right = right, left ^ (t >> shifts[r & 1])
-    # NOTE: the round count is even, so the halves are back to (high, low) widths.
+    # The round count is even, so the halves are back to (high, low) widths.
     return (left << low) | right
 
 
@@ -169,7 +169,7 @@ def permute(x: np.ndarray, n: np.ndarray | int, key: np.ndarray | int) -> np.nda
     domains, which = np.unique(n_arr, return_inverse=True)
     if domains.size == 1:
         return _permute_one_domain(x, int(domains[0]), key_arr).reshape(shape)
-    # NOTE: the Feistel state depends on a domain only through its bit
+    # The Feistel state depends on a domain only through its bit
     # widths, so domains of one width are encrypted together and each value
     # walks its own cycle; the result is that of each domain on its own.
     widths = np.array([max(2, (d - 1).bit_length()) for d in domains.tolist()], dtype=np.int64)[which.ravel()]

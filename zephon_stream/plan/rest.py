@@ -35,7 +35,7 @@ from zephon_stream.plan.permutation import (
     permute,
 )
 
-# NOTE: below this many samples numpy's per-call overhead dominates a block
+# Below this many samples numpy's per-call overhead dominates a block
 # lookup; one step of one rank is a handful of samples.
 _SMALL = 64
 _BLOCK_CACHE = 65536
@@ -168,7 +168,7 @@ class LaneBase:
 class BlockBase:
     """Block-slot ranges of epoch ``epoch``, each block's samples permuted at ``seq_len``.
 
-    NOTE: the permutation maps each block's base indices onto themselves, so
+    The permutation maps each block's base indices onto themselves, so
     the unread part of the base stays a list of index ranges at any later
     boundary; within a block the samples are read in shuffled order, as the
     window shuffle of an ordinary epoch would.
@@ -345,7 +345,7 @@ class EpochRest:
     def _split(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Concatenation ranges -> base ranges, split where the concatenation jumps.
 
-        NOTE: split at every range of this rest, even where one range ends at
+        Split at every range of this rest, even where one range ends at
         the base index the next begins, and never merged: a later seq_len
         change converts each range on its own (docs/ORDER.md).
         """
@@ -371,7 +371,7 @@ class EpochRest:
         base_lo, base_hi = self.starts, self.starts + np.diff(self.cum)
         old = self.base.slots if isinstance(self.base, BlockBase) else EpochSlots.of(slots.shape, self.seq_len)
         epoch_lo = self.base.epoch_index(base_lo)
-        # NOTE: base_hi - 1 is inside the range; + 1 gives its exclusive end.
+        # base_hi - 1 is inside the range; + 1 gives its exclusive end.
         epoch_hi = self.base.epoch_index(base_hi - 1) + 1
         lo, hi = old.ceil_slot(epoch_lo), old.ceil_slot(epoch_hi)
         keep = hi > lo

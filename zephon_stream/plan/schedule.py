@@ -188,7 +188,7 @@ def enter_phase(
         return PhaseStream(
             head=None, head_steps=0, first_epoch=carry.epoch, global_lanes=global_lanes, carry=carry
         )
-    # NOTE: the rest is cut into equal lanes like any epoch; its last
+    # The rest is cut into equal lanes like any epoch; its last
     # ``total mod lanes`` samples are not read in this epoch.
     steps = rest.total // lanes
     return PhaseStream(

@@ -55,7 +55,7 @@ class ScheduleOrder:
         self.phases: list[Phase] = build_phases(self.shapes, list(phases), seed)
         self._start_steps = [p.start_step for p in self.phases]
         self._start_positions = [p.start_position for p in self.phases]
-        # NOTE: per phase, per stream: head lane steps, first epoch of its own
+        # Per phase, per stream: head lane steps, first epoch of its own
         # cut, lane length; arrays so a query indexes them by stream.
         self._per_stream = []
         self._per_stream_lists = []
@@ -69,7 +69,7 @@ class ScheduleOrder:
             self._per_stream_lists.append(lists)
 
     def __reduce__(self) -> tuple:
-        # NOTE: the built phases hold closures (epoch heads) that do not
+        # The built phases hold closures (epoch heads) that do not
         # pickle; a schedule travels as its inputs and is rebuilt (the same
         # arithmetic, so the same order) where it lands, e.g. a helper process.
         return (build_schedule_order, (self.shapes, [p.spec for p in self.phases], self.seed))
@@ -171,7 +171,7 @@ class ScheduleOrder:
     def _phase_addresses_small(
         self, phase: Phase, positions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        # NOTE: one rank's step is a few samples; Python ints beat numpy's
+        # One rank's step is a few samples; Python ints beat numpy's
         # per-call overhead there (same results as the vectorized path).
         heads, first, lane_length, lane_stream, lane_index = self._per_stream_lists[phase.index]
         lanes, start = phase.order.lanes, phase.start_position

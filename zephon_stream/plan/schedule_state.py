@@ -27,7 +27,7 @@ class ScheduledOrder(Protocol):
     it): the seed, the streams' shapes, the built phases and each stream's
     progress at a cursor.
 
-    NOTE: the state reads nothing else of the order, so it sits below
+    The state reads nothing else of the order, so it sits below
     ``schedule_order.py``, which builds states.
     """
 
@@ -37,7 +37,7 @@ class ScheduledOrder(Protocol):
 
     def progress(self, position: int, *, begun: bool = False) -> list[dict]: ...
 
-# NOTE: the fields of a begun phase that fix its order, in the order errors
+# The fields of a begun phase that fix its order, in the order errors
 # list them; ``global_batch`` also fixes where later phases start.
 PHASE_FIELDS = ("start_step", "seq_len", "lanes", "window", "weights", "lane_counts", "global_batch")
 _STREAM_FIELDS = ("fingerprint", "epoch", "samples", "samples_in_epoch")
@@ -117,7 +117,7 @@ class ScheduleState:
         """The state as a dict of ints, strings and lists of strings.
 
         ``phases`` and ``streams`` hold one JSON object per entry, as a string.
-        NOTE: torch.distributed.checkpoint walks into lists that hold dicts and
+        torch.distributed.checkpoint walks into lists that hold dicts and
         stores one value per path; a phase that begins later would add paths
         that a template state from step 0 lacks, and be dropped on load. A
         list of strings is one value, whatever its length.
@@ -170,7 +170,7 @@ class ScheduleState:
             )
         for name in ("position", "step", "seed"):
             if name == "step" and data[name] is None:
-                continue  # NOTE: a version 1 state read and written again
+                continue  # A version 1 state read and written again
             if not isinstance(data[name], int) or isinstance(data[name], bool):
                 raise StateMismatchError(f"loader state key {name!r}: expected an int, got {data[name]!r}")
         if not 0 <= data["position"] < MAX_POSITION:
@@ -225,7 +225,7 @@ class ScheduleState:
             )
         problems += self._phase_problems(order)
         if not problems and self.streams:
-            # NOTE: a state saved on a phase's first position by an earlier
+            # A state saved on a phase's first position by an earlier
             # version holds that phase's view of its start; either view is the same cursor.
             views = zip(order.progress(self.position, begun=True), order.progress(self.position))
             for s, (saved, (now, phase_start)) in enumerate(zip(self.streams, views)):
@@ -249,10 +249,10 @@ class ScheduleState:
             for name in PHASE_FIELDS:
                 mine = saved[name]
                 if name in ("weights", "lane_counts") and isinstance(mine, list) and extra:
-                    # NOTE: streams appended since the checkpoint read nothing in a begun phase.
+                    # Streams appended since the checkpoint read nothing in a begun phase.
                     mine = list(mine) + ["0" if name == "weights" else 0] * extra
                 if name == "global_batch" and (mine is None or not later):
-                    # NOTE: the batch of the last phase only numbers its steps;
+                    # The batch of the last phase only numbers its steps;
                     # a resume may change it unless a later phase starts from it.
                     continue
                 if name == "weights" and same_proportions(mine, now[name]):

@@ -27,7 +27,7 @@ class SampleOrder(Protocol):
     """What slicing reads of an order (``order.GlobalOrder`` has it): its lanes
     and the sample address of each position.
 
-    NOTE: slicing needs nothing else of the order, so it sits below
+    Slicing needs nothing else of the order, so it sits below
     ``order.py``, which calls it.
     """
 
@@ -173,7 +173,7 @@ def blocks_for(
     ]
     step = np.repeat(np.arange(steps, dtype=np.int64), [p.size for p in positions])
     stream, block, _ = order.sample_at(np.concatenate(positions))
-    # NOTE: one int64 key per (stream, block); block ids stay far below 2**40.
+    # One int64 key per (stream, block); block ids stay far below 2**40.
     assert int(block.max()) < 1 << 40, "block id too large for the (stream, block) key"
     key = stream * (1 << 40) + block
     uniq, first, inverse, counts = np.unique(

@@ -12,10 +12,10 @@ from zephon_stream.plan.run_history import decode
 STATE_VERSION = 1
 SCHEDULE_STATE_VERSION = 2
 MAX_POSITION = 2**62
-# NOTE: keys a state written before they existed lacks, and what their absence means.
+# Keys a state written before they existed lacks, and what their absence means.
 OPTIONAL_KEYS = {"packing": "concat", "history": ()}
 
-# NOTE: (field, what a mismatch means to the user) in the order errors list them.
+# (field, what a mismatch means to the user) in the order errors list them.
 _CHECKED = (
     ("fingerprints", "dataset fingerprints (a different dataset)"),
     ("seed", "seed"),
@@ -125,7 +125,7 @@ class LoaderState:
                 raise StateMismatchError(
                     f"loader state key {name!r}: expected an int, got {data[name]!r}"
                 )
-        # NOTE: positions are planned in int64 arrays; a corrupt or hostile
+        # Positions are planned in int64 arrays; a corrupt or hostile
         # checkpoint must be refused here, not overflow inside the pipeline.
         if not 0 <= data["position"] < MAX_POSITION:
             raise StateMismatchError(

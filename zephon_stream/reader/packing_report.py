@@ -143,7 +143,7 @@ def _share_of(value: int | float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
-# NOTE: the table's columns, by packing name, and its rows: a label, the
+# The table's columns, by packing name, and its rows: a label, the
 # figure it shows and how.
 _COLUMNS = ("concat", "best_fit")
 _TABLE = (

@@ -76,7 +76,7 @@ class SampleProvenance:
         out = {name: getattr(self, name) for name in self.__slots__}
         out["documents"] = [plain_fields(d) for d in self.documents]
         if self.packing == "concat":
-            # NOTE: concat's objects are what scripts read before packings
+            # Concat's objects are what scripts read before packings
             # existed (tests/data/format-1.0-which.json): keys are only added.
             del out["packing"], out["label"]
         else:
@@ -227,7 +227,7 @@ def _describe(
         for k, address in enumerate(addresses):
             out[k] = _window_sample(readers, *address, None if ranks is None else ranks[k], text)
         return out
-    # NOTE: samples are described block by block, so one block's tokens and
+    # Samples are described block by block, so one block's tokens and
     # rows are held at a time however many samples share it.
     packed, packed_key = None, None
     for k in sorted(range(len(addresses)), key=lambda k: (addresses[k][1], addresses[k][2], addresses[k][4], k)):

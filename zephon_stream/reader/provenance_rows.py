@@ -25,7 +25,7 @@ def plain_fields(entry: object) -> dict:
     return {f.name: getattr(entry, f.name) for f in fields(entry)}
 
 
-# NOTE: what a piece holds of its document, by which of its ends it reaches.
+# What a piece holds of its document, by which of its ends it reaches.
 CUT_KINDS = ("whole", "head", "tail", "middle")
 
 
@@ -129,7 +129,7 @@ class PackedBlock:
     def row_pieces(self, row: int) -> list[RowPiece]:
         """Row ``row``'s pieces, in row order, each placed in its document.
 
-        NOTE: a piece lies in one document when every document ends on its EOS
+        A piece lies in one document when every document ends on its EOS
         (the writer's framing); should one not, the piece is listed once per
         document it holds part of, each part with its own cut.
         """

@@ -21,7 +21,7 @@ _CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TO
 def shared_aio_session() -> Any:
     """One aiobotocore session per process and credential environment.
 
-    NOTE: each session parses botocore's S3 service model on its first client
+    Each session parses botocore's S3 service model on its first client
     (about half a second); sharing it makes opening a store cheap. A session
     caches the credentials it found, so a changed AWS environment gets its own.
     """
@@ -34,7 +34,7 @@ def shared_aio_session() -> Any:
             if any(k[0] != os.getpid() for k in _sessions):
                 _sessions.clear()
             session = _sessions[key] = aiobotocore.session.AioSession()
-            # NOTE: botocore parses each response's Last-Modified header with
+            # botocore parses each response's Last-Modified header with
             # dateutil: about a fifth of the client's CPU per ranged GET.
             session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
         return session

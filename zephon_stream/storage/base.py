@@ -70,13 +70,13 @@ class Store(abc.ABC):
         self._stats = StoreStats()
         self._closing = threading.Event()
         self._url = self.scrub(url.rstrip("/"))
-        # NOTE: set once "cannot reach" is said, cleared by the next success:
+        # set once "cannot reach" is said, cleared by the next success:
         # one warning per outage, however many reads wait it out.
         self._unreachable_said = False
-        # NOTE: shared by every operation of the store, threads and event loop
+        # Shared by every operation of the store, threads and event loop
         # alike: see storage/throttle.py for why not one per operation.
         self._throttle = StoreThrottle()
-        # NOTE: this store's own until share_limiter() gives it the node's.
+        # This store's own until share_limiter() gives it the node's.
         self._limiter = Limiter(LocalRecord()) if self._retry.throttle_limiter else None
 
     # -- primitives -------------------------------------------------------
@@ -280,7 +280,7 @@ class Store(abc.ABC):
         closing.set()
         limiter = self._limiter
         if limiter is not None and limiter.shared:
-            # NOTE: the node's file is let go with the store; used again, the
+            # The node's file is let go with the store; used again, the
             # store waits on a limiter of its own.
             self._limiter = Limiter(LocalRecord())
             limiter.close()
@@ -358,7 +358,7 @@ class Store(abc.ABC):
         else:
             whose = "this node's" if self._limiter.shared else "this store's"
             pacing = f"pacing {whose} requests to it (the rate cut at each throttling answer, up to "
-        # NOTE: the store's URL only (scrubbed at construction), never the
+        # The store's URL only (scrubbed at construction), never the
         # request's: a presigned URL would carry a signature.
         logger.warning(
             "%s: the store is throttling requests (%s); %s%.0f s per operation). Fewer ranks starting at once, "

@@ -19,7 +19,7 @@ import sys
 
 from zephon_stream.storage.hints import error_chain
 
-# NOTE: the throttling codes (THROTTLE_CODES, below) are transient too.
+# The throttling codes (THROTTLE_CODES, below) are transient too.
 _TRANSIENT_CODES = frozenset(
     {
         "InternalError",
@@ -96,7 +96,7 @@ def _transient_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
-# NOTE: looked up in sys.modules rather than imported: a library that was never
+# Looked up in sys.modules rather than imported: a library that was never
 # imported raised nothing, and importing gcsfs or azure here would cost every
 # process that only reads local files.
 _LIBRARY_TRANSIENT_NAMES = {
@@ -186,7 +186,7 @@ def describe_error(exc: BaseException) -> str:
     return text
 
 
-# NOTE: botocore's own throttling codes (its standard retry mode), S3's, and
+# botocore's own throttling codes (its standard retry mode), S3's, and
 # Azure's ``ServerBusy`` ("Ingress/Egress is over the account limit"); a bare
 # 503 without a code stays an ordinary transient failure, as botocore has it.
 THROTTLE_CODES = frozenset(
@@ -206,7 +206,7 @@ THROTTLE_CODES = frozenset(
         "ServerBusy",
     }
 )
-# NOTE: GCS's JSON API names its throttling in ``error.errors[].reason``.
+# GCS's JSON API names its throttling in ``error.errors[].reason``.
 _GCS_THROTTLE_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
 
 

@@ -41,7 +41,7 @@ def filesystem_options(protocol: str, storage_options: Mapping[str, Any] | None,
     """
     opts = client_options(storage_options)
     if protocol in GCS_PROTOCOLS:
-        # NOTE: pointed at an emulator, gcsfs would otherwise look for Google
+        # Pointed at an emulator, gcsfs would otherwise look for Google
         # credentials, the metadata server included; Google's own client
         # connects anonymously there too.
         if "token" not in opts and os.environ.get("STORAGE_EMULATOR_HOST"):
@@ -68,7 +68,7 @@ def make_single_attempt(protocol: str, fs: Any) -> None:
 
 
 def _gcsfs_single_attempt(fs: Any) -> None:
-    # NOTE: gcsfs wraps its request methods in a retry decorator whose attempt
+    # gcsfs wraps its request methods in a retry decorator whose attempt
     # count is fixed when the class is defined; ``GCSFileSystem.retries`` is
     # not read afterwards. The undecorated methods, bound to this instance,
     # make one attempt each.
@@ -82,7 +82,7 @@ def _gcsfs_single_attempt(fs: Any) -> None:
         return
 
     async def set_session() -> Any:
-        # NOTE: aiohttp sends an idempotent request again, once and silently,
+        # aiohttp sends an idempotent request again, once and silently,
         # when its connection closes before an answer (RFC 9112 9.3.1): a retry
         # RetryPolicy would never see nor count. gcsfs makes its one session
         # here; aiohttp has no public switch for it.
@@ -94,7 +94,7 @@ def _gcsfs_single_attempt(fs: Any) -> None:
 
 
 def _adlfs_single_attempt(fs: Any) -> None:
-    # NOTE: adlfs builds its BlobServiceClient without retry settings; every
+    # adlfs builds its BlobServiceClient without retry settings; every
     # blob client it derives shares the service client's retry policy object,
     # so setting its counts to zero makes every request a single attempt.
     client = getattr(fs, "service_client", None)

@@ -6,7 +6,7 @@ server then does not compete for this process's GIL and serves other
 processes too; it stops with this process, however that ends (a guard,
 ``lifetime.py``). Buckets live in the server's memory and vanish with it.
 
-NOTE: moto reads a whole object for every ranged GET (about 3 ms per MiB of
+moto reads a whole object for every ranged GET (about 3 ms per MiB of
 object on a busy 2-core machine), so a range read costs time proportional to
 the object, not the range. Benchmarks against it should keep shards small or
 compare against a baseline that pays the same cost.
@@ -40,7 +40,7 @@ def _port_is_free(host: str, port: int) -> bool:
     """Whether a server could listen on ``host:port`` now, as the OS decides it
     for one that sets ``SO_REUSEADDR`` (moto's werkzeug server does)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # NOTE: without SO_REUSEADDR the bind fails while connections of an
+        # Without SO_REUSEADDR the bind fails while connections of an
         # earlier server on the port linger in TIME-WAIT (a minute after a
         # demo), though nothing listens and the server itself would bind; with
         # it, only a listening socket (or one bound without it) refuses us.
@@ -162,7 +162,7 @@ class EmbeddedS3:
                 pass
 
         app = DomainDispatcherApplication(create_backend_app)
-        # NOTE: the server is bound here, in the caller's thread, so a bind
+        # The server is bound here, in the caller's thread, so a bind
         # failure raises instead of leaving a thread that never gets ready.
         self._server = make_server(self._host, port, app, threaded=True, request_handler=QuietHandler)
         self._port = self._server.server_address[1]
@@ -171,7 +171,7 @@ class EmbeddedS3:
 
     def _start_process(self, port: int) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        # NOTE: under a guard that stops it if this process dies without stop() (lifetime.py).
+        # Under a guard that stops it if this process dies without stop() (lifetime.py).
         self._process = sp.Popen(
             guarded_command([sys.executable, "-m", "moto.server", "-H", self._host, "-p", str(port)]),
             stdout=sp.DEVNULL,

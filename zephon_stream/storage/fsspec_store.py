@@ -43,7 +43,7 @@ def _count_fork() -> None:
     _process[0] += 1
 
 
-# NOTE: a counter bumped in each forked child tells a store it runs in a new
+# A counter bumped in each forked child tells a store it runs in a new
 # process; os.getpid() on every call cost more than the rest of a read_range.
 os.register_at_fork(after_in_child=_count_fork)
 
@@ -59,7 +59,7 @@ def _s3fs_accepts(options: Mapping[str, Any]) -> bool:
 def s3_filesystem_options(storage_options: Mapping[str, Any] | None, policy: RetryPolicy) -> dict[str, Any]:
     """s3fs keyword arguments: the user's options plus timeouts, one attempt, the env endpoint.
 
-    NOTE: botocore and s3fs each retry on their own (up to minutes against a
+    botocore and s3fs each retry on their own (up to minutes against a
     dead endpoint). Both are set to a single attempt with bounded connect and
     read timeouts so that ``RetryPolicy`` is the only retry layer and counts
     every retry. Options the user passes explicitly win.
@@ -81,13 +81,13 @@ def s3_filesystem_options(storage_options: Mapping[str, Any] | None, policy: Ret
     config.setdefault("read_timeout", policy.read_timeout_s)
     config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
     config.setdefault("max_pool_connections", 64)
-    # NOTE: with no fixed user agent botocore assembles one for every request
+    # With no fixed user agent botocore assembles one for every request
     # (about a tenth of the client's CPU per ranged GET).
     config.setdefault("user_agent", "zephon-stream")
     opts["config_kwargs"] = config
     opts.setdefault("use_listings_cache", False)
     opts["skip_instance_cache"] = True
-    # NOTE: options s3fs does not know go to the session (e.g. ``profile``),
+    # Options s3fs does not know go to the session (e.g. ``profile``),
     # so only an options set without them may share the process's session.
     if opts.get("session") is None and _s3fs_accepts(opts):
         opts["session"] = shared_aio_session()
@@ -97,7 +97,7 @@ def s3_filesystem_options(storage_options: Mapping[str, Any] | None, policy: Ret
 def close_filesystem(fs: Any) -> None:
     """Close an s3fs filesystem's connections now (other filesystems: nothing to do).
 
-    NOTE: s3fs only closes its aiohttp session at interpreter exit; closing
+    s3fs only closes its aiohttp session at interpreter exit; closing
     here means no socket outlives the store or listing that opened it.
     """
     client = getattr(fs, "_s3", None)
@@ -151,7 +151,7 @@ class FsspecStore(Store):
         if fs is not None and self._fs_process == _process[0]:
             return fs, self._root
         if self._locks_process != _process[0]:
-            # NOTE: a lock held by another thread at fork time stays held in
+            # A lock held by another thread at fork time stays held in
             # the child forever; a child starts with locks of its own.
             self._fs_lock, self._first_call_lock = threading.Lock(), threading.Lock()
             self._locks_process = _process[0]
@@ -163,7 +163,7 @@ class FsspecStore(Store):
                     kwargs = filesystem_options(self._protocol, self._options, self._retry)
                 fs, root = fsspec.core.url_to_fs(self._raw_url, **kwargs)
                 if self._protocol in S3_PROTOCOLS:
-                    # NOTE: s3fs's own retry loop (class default 5) is on top of
+                    # s3fs's own retry loop (class default 5) is on top of
                     # botocore's; one attempt here, retries happen in RetryPolicy.
                     fs.retries = 1
                 else:
@@ -181,7 +181,7 @@ class FsspecStore(Store):
         fs, _ = self.filesystem()
         if self._warm_process == _process[0]:
             return getattr(fs, method)(*args, **kwargs)
-        # NOTE: until its first request has opened an HTTP session, s3fs
+        # Until its first request has opened an HTTP session, s3fs
         # rebuilds its client on every call; concurrent first calls from the
         # fetch threads then rebuild it over and over (10+ s for 8 threads).
         # The first call of each process runs alone.
@@ -201,7 +201,7 @@ class FsspecStore(Store):
         if self._protocol in GCS_PROTOCOLS:
             url = url or os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
         elif self._protocol in AZURE_PROTOCOLS:
-            # NOTE: the account's URL without its query string, where a SAS would be.
+            # The account's URL without its query string, where a SAS would be.
             service = getattr(self._fs, "service_client", None)
             url = service.url.partition("?")[0] if service is not None else url
         return redact_url(url) if url else None
@@ -209,11 +209,11 @@ class FsspecStore(Store):
     def limiter_key(self) -> str | None:
         """The service, its endpoint and the bucket (container): what one request-rate limit covers here.
 
-        NOTE: S3 limits each key prefix, GCS each bucket, Azure each account
+        S3 limits each key prefix, GCS each bucket, Azure each account
         (its endpoint); a bucket on an endpoint covers all three from above.
         """
         if self._protocol in AZURE_PROTOCOLS:
-            self.filesystem()  # NOTE: the account's endpoint is known once its client is
+            self.filesystem()  # The account's endpoint is known once its client is
         family = ("s3" if self._protocol in S3_PROTOCOLS else "gcs" if self._protocol in GCS_PROTOCOLS
                   else "azure" if self._protocol in AZURE_PROTOCOLS else self._protocol)  # fmt: skip
         bucket = urllib.parse.urlsplit(self._raw_url).netloc.rpartition("@")[2]
@@ -228,7 +228,7 @@ class FsspecStore(Store):
         fs, _ = self.filesystem()
         if self._warm_process == _process[0]:
             return await getattr(fs, method)(*args, **kwargs)
-        # NOTE: the first request of a process runs alone, as in _call; the
+        # The first request of a process runs alone, as in _call; the
         # lock is the loop's, made in this process.
         held = self._first_call_async_lock
         if held is None or held[0] != _process[0]:
@@ -248,7 +248,7 @@ class FsspecStore(Store):
             try:
                 return await presigned.read(full, start, end)
             except PresignRefused as exc:
-                # NOTE: the client library makes the same read, signed its own
+                # The client library makes the same read, signed its own
                 # way. A real access error then comes from it, in its words; if
                 # it may read where the URL may not, this store reads through it.
                 data = await self._call_async("_cat_file", full, start=start, end=end)
@@ -280,7 +280,7 @@ class FsspecStore(Store):
     def _write(self, path: str, data: bytes) -> None:
         fs, full = self._full(path)
         if self._protocol in S3_PROTOCOLS:
-            # NOTE: s3fs uploads an object of two parts or more as a multipart
+            # s3fs uploads an object of two parts or more as a multipart
             # upload, in parts of ``chunksize`` (default 50 MiB). The part size
             # follows s3fs's own ``default_block_size`` option (also 50 MiB by
             # default), so ``storage_options`` can set it; S3 wants >= 5 MiB.
@@ -299,7 +299,7 @@ class FsspecStore(Store):
         return info
 
     def _exists(self, path: str) -> bool:
-        # NOTE: not fs.exists(): s3fs answers False for any error on a bucket,
+        # Not fs.exists(): s3fs answers False for any error on a bucket,
         # and a transient failure must be retried, not read as "absent".
         try:
             self._info(path)
@@ -353,7 +353,7 @@ class FsspecStore(Store):
             ours = self._fs_process == _process[0]
         if fs is None or not ours:
             return
-        # NOTE: closed with the lock released: a read starting on the loop
+        # Closed with the lock released: a read starting on the loop
         # meanwhile waits for this lock (filesystem()) to build a new client,
         # and the loop must be free to run the closing.
         if presigned is not None:

@@ -20,7 +20,7 @@ _AZURE_CREDENTIALS = (
     "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN; or pass storage_options={'connection_string': ...} "
     "or {'account_name': ..., 'account_key': ...} (on the command line: --storage-option connection_string=...)"
 )
-# NOTE: errors raised before any request was answered because nothing listens,
+# Errors raised before any request was answered because nothing listens,
 # the name does not resolve or the connection could not be made in time;
 # a reset or a cut body came from a server that was there.
 _UNREACHABLE_NAMES = frozenset(

@@ -125,12 +125,12 @@ def _expand_remote(pattern: str, storage_options: Mapping[str, Any] | None, poli
         kwargs = filesystem_options(protocol, storage_options, policy)
     fs, path = fsspec.core.url_to_fs(pattern, **kwargs)
     if protocol in S3_PROTOCOLS:
-        fs.retries = 1  # NOTE: retries happen in call_with_retry below, counted once
+        fs.retries = 1  # Retries happen in call_with_retry below, counted once
     else:
         make_single_attempt(protocol, fs)
 
     def attempt() -> list[str]:
-        # NOTE: not fs.glob(), fs.isfile() or fs.isdir(): along the way they
+        # Not fs.glob(), fs.isfile() or fs.isdir(): along the way they
         # answer "absent" on any error, so a transient failure would read as
         # "matches no file". find() and info() raise, and are retried.
         if _GLOB_CHARS & set(path):

@@ -99,7 +99,7 @@ def process_stat(pid: int) -> ProcessStat | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             head, tail = stat.read().rsplit(b")", 1)
-        # NOTE: the command name, in parentheses, may hold spaces and ")": the
+        # The command name, in parentheses, may hold spaces and ")": the
         # fields after the last ")" start at field 3 (state).
         fields = tail.split()
         return ProcessStat(
@@ -209,7 +209,7 @@ def _stop_orphaned(child: subprocess.Popen, folder: str | None) -> None:
         child.wait()
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
-    # NOTE: what the command started (a raylet, its workers) shares the
+    # What the command started (a raylet, its workers) shares the
     # guard's group; the guard goes with them.
     for sig in _FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
@@ -219,7 +219,7 @@ def _stop_orphaned(child: subprocess.Popen, folder: str | None) -> None:
 
 def _main(args: list[str]) -> int:
     parent, folder = os.getppid(), None
-    # NOTE: the caller names itself: a caller that died before this line ran
+    # The caller names itself: a caller that died before this line ran
     # has already re-parented the guard, and getppid() alone would not tell.
     if args[:1] == ["--parent"]:
         parent, args = int(args[1]), args[2:]

@@ -17,7 +17,7 @@ Its record lives in one of two places:
 - ``LocalRecord``: the same record in this process's memory, for a store that
   has no node cache to share it through.
 
-NOTE: before any throttling answer the request path reads one byte: byte 0 of
+Before any throttling answer the request path reads one byte: byte 0 of
 the mapped file (or an attribute), written only once the record says ``on``.
 No lock, no system call. A lock is taken per attempt only while the limiter is
 on, that is while the store throttles and for ``request_rate.QUIET_S`` after.
@@ -42,21 +42,21 @@ from zephon_stream.storage.request_rate import RateRecord, Throttled, Ticket
 
 T = TypeVar("T")
 
-# NOTE: the record's fields in the dataclass's order, each as its type packs;
+# The record's fields in the dataclass's order, each as its type packs;
 # the bool is padded to 8 bytes so that the floats after it stay aligned.
 _FIELD_CODES = {"bool": "B7x", "float": "d", "int": "Q"}
 _FIELD_TYPES = {"bool": bool, "float": float, "int": int}
 _RECORD_FIELDS = dataclasses.fields(RateRecord)
-# NOTE: a type's name, whether the dataclass's annotations are strings or not.
+# A type's name, whether the dataclass's annotations are strings or not.
 _TYPE_NAMES = tuple(getattr(field.type, "__name__", field.type) for field in _RECORD_FIELDS)
 _FIELDS = struct.Struct("<" + "".join(_FIELD_CODES[name] for name in _TYPE_NAMES))
 _CRC = struct.Struct("<I")
 _SLOT_BYTES = 128
-_SLOTS = (128, 256)  # NOTE: byte 0 says on, byte 1 which slot holds the record
+_SLOTS = (128, 256)  # Byte 0 says on, byte 1 which slot holds the record
 FILE_BYTES = 384
 O_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW
 
-# NOTE: checked once, here: a field added to the record must still fit its
+# Checked once, here: a field added to the record must still fit its
 # slot, or every process of a node would read a torn one.
 if _FIELDS.size + _CRC.size > _SLOT_BYTES or _SLOTS[-1] + _SLOT_BYTES > FILE_BYTES:
     raise RuntimeError(f"the request-rate record packs to {_FIELDS.size} bytes and its CRC to {_CRC.size}: more than "
@@ -97,7 +97,7 @@ class LocalRecord:
 
     def update(self, change: Callable[[RateRecord], T]) -> T:
         if self._pid != os.getpid():
-            # NOTE: a lock held by another thread at a fork stays held in the child.
+            # A lock held by another thread at a fork stays held in the child.
             self._lock, self._pid = threading.Lock(), os.getpid()
         with self._lock:
             return change(self._record)
@@ -127,7 +127,7 @@ class SharedRecord:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                # NOTE: zeros fail the CRC, so a new file reads as a fresh record (off).
+                # Zeros fail the CRC, so a new file reads as a fresh record (off).
                 if os.fstat(fd).st_size < FILE_BYTES:
                     os.ftruncate(fd, FILE_BYTES)
             finally:
@@ -142,13 +142,13 @@ class SharedRecord:
         view = self._map
         try:
             return view is not None and view[0] == 1
-        except ValueError:  # NOTE: closed by another thread meanwhile
+        except ValueError:  # Closed by another thread meanwhile
             return False
 
     def update(self, change: Callable[[RateRecord], T]) -> T:
         """Run ``change`` on the record under the node's lock and store what it leaves."""
         if self._pid != os.getpid() and self._map is not None:
-            # NOTE: a forked child shares its parent's open file, and with it
+            # A forked child shares its parent's open file, and with it
             # the parent's flock: it opens the file again to lock on its own
             # (and a lock held by another thread at the fork stays held).
             inherited, self._lock = self._map, threading.Lock()
@@ -158,7 +158,7 @@ class SharedRecord:
         with self._lock:
             view = self._map
             if view is None:
-                # NOTE: closed (its store closed) under an operation still in
+                # Closed (its store closed) under an operation still in
                 # flight: that operation goes on as if the limiter were off.
                 return change(RateRecord())
             fcntl.flock(self._fd, fcntl.LOCK_EX)
@@ -178,7 +178,7 @@ class SharedRecord:
     def _write(view: mmap.mmap, slot: int, record: RateRecord) -> None:
         blob = pack_record(record)
         view[_SLOTS[slot] : _SLOTS[slot] + len(blob)] = blob
-        view[1] = slot  # NOTE: the flip: the new copy is whole before anyone is told to read it
+        view[1] = slot  # The flip: the new copy is whole before anyone is told to read it
         view[0] = 1 if record.on else 0
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from zephon_stream.storage.retry import RetryPolicy
 
 
 def _read_umask() -> int:
-    # NOTE: os.umask can only be read by setting it; do it once, at import,
+    # os.umask can only be read by setting it; do it once, at import,
     # before any writer thread exists.
     mask = os.umask(0o022)
     os.umask(mask)
@@ -48,7 +48,7 @@ class LocalStore(Store):
         try:
             return open(self._root / path, "rb")
         except NotADirectoryError:
-            # NOTE: a folder on the way is a file (a file named as the root): no object is there.
+            # A folder on the way is a file (a file named as the root): no object is there.
             raise FileNotFoundError(f"no file at {self._root / path}: a folder on its path is a file") from None
 
     def _read(self, path: str) -> bytes:
@@ -57,7 +57,7 @@ class LocalStore(Store):
 
     def _read_range(self, path: str, start: int, end: int) -> bytes:
         with self._open(path) as f:
-            # NOTE: read() allocates the size asked for up front; a manifest
+            # read() allocates the size asked for up front; a manifest
             # claiming a 1 TiB block must end in a truncation error, not a
             # MemoryError, so never ask for more than the file holds.
             size = os.fstat(f.fileno()).st_size
@@ -69,7 +69,7 @@ class LocalStore(Store):
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=TEMP_PREFIX + target.name + ".")
         try:
-            # NOTE: mkstemp creates 0600; a dataset must be readable like any
+            # mkstemp creates 0600; a dataset must be readable like any
             # file the user writes, so apply the usual 0666 minus the umask.
             os.fchmod(fd, 0o666 & ~_UMASK)
             with os.fdopen(fd, "wb") as f:
@@ -83,7 +83,7 @@ class LocalStore(Store):
             except FileNotFoundError:
                 pass
             raise
-        # NOTE: fsync the folder so the rename itself survives a power loss.
+        # fsync the folder so the rename itself survives a power loss.
         dir_fd = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
@@ -101,7 +101,7 @@ class LocalStore(Store):
 
     def _list(self, prefix: str) -> list[str]:
         base = self._root
-        # NOTE: walk only the folder the prefix names, not the whole tree.
+        # Walk only the folder the prefix names, not the whole tree.
         if "/" in prefix:
             base = self._root / prefix.rsplit("/", 1)[0]
         if not base.is_dir():

@@ -58,7 +58,7 @@ ENV_VAR = "ZEPHON_NODE_CACHE"
 _SAFE_KEY = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*(/[A-Za-z0-9_-][A-Za-z0-9_.-]*)*")
 _MAX_KEY_CHARS = 4096
 _MAX_PLAIN_NAME = 160
-_SPACE_LOCK = "@space"  # NOTE: '@' never appears in a key's file name, so no key can take this lock.
+_SPACE_LOCK = "@space"  # '@' never appears in a key's file name, so no key can take this lock.
 
 
 def node_cache_root(env: Mapping[str, str] | None = None, explicit: str | None = None) -> str | None:
@@ -87,7 +87,7 @@ def node_cache_root(env: Mapping[str, str] | None = None, explicit: str | None =
     if ranks is None or ranks.count <= 1:
         return None
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK) else tempfile.gettempdir()
-    # NOTE: one folder per user, not per job: a job whose ranks were all killed
+    # One folder per user, not per job: a job whose ranks were all killed
     # leaves its files here, and the next job of this user on the node wipes
     # them when it opens the folder; a per-job name would never be opened again.
     return os.path.join(base, f"zephon-node-cache-{os.getuid()}")
@@ -102,8 +102,8 @@ def key_file_name(key: str) -> str:
     if not isinstance(key, str) or not key or len(key) > _MAX_KEY_CHARS or not key.isprintable():
         raise ValueError(f"node cache key {key!r}: want a non-empty printable string of at most {_MAX_KEY_CHARS} chars")
     if len(key) <= _MAX_PLAIN_NAME and _SAFE_KEY.fullmatch(key):
-        return key.replace("/", "~")  # NOTE: '~' is not a safe character, so no two keys meet.
-    # NOTE: URLs and long keys become a digest: no ':' or '%' in names, and a
+        return key.replace("/", "~")  # '~' is not a safe character, so no two keys meet.
+    # URLs and long keys become a digest: no ':' or '%' in names, and a
     # presigned URL's token never lands in a file name.
     return "=" + hashlib.blake2b(key.encode(), digest_size=20).hexdigest()
 
@@ -138,7 +138,7 @@ class _Registration:
             if live_users(self.root):
                 sweep_orphans(self.root)
                 return
-            # NOTE: the last user, holding the gate: remove the subfolders first,
+            # The last user, holding the gate: remove the subfolders first,
             # the gate last (a newcomer then opens a new gate and finds an empty
             # root), and the root only if empty (a newcomer's files keep it).
             wipe(self.root)
@@ -155,7 +155,7 @@ _OPEN: weakref.WeakSet[_Registration] = weakref.WeakSet()
 
 
 def _forget_in_child() -> None:
-    # NOTE: a forked child must neither keep its parent's registration alive
+    # A forked child must neither keep its parent's registration alive
     # after the parent dies nor deregister it when the child exits.
     for registration in list(_OPEN):
         registration.forget()
@@ -188,10 +188,10 @@ class NodeCache:
         self._max_bytes = max_bytes
         self._stats_lock = threading.Lock()
         self._stats = {"hits": 0, "fetches": 0, "waits": 0, "bytes": 0, "not_stored": 0, "dropped": 0}
-        # NOTE: checked before the gate is made, so nothing lands in a folder of another user.
+        # Checked before the gate is made, so nothing lands in a folder of another user.
         make_root(self._root)
         self._check_root(missing_ok=True)
-        # NOTE: os.urandom, not the secrets module: a script run from a folder
+        # os.urandom, not the secrets module: a script run from a folder
         # with a secrets.py of its own (torchrun runs scripts so) shadows it.
         user_path = os.path.join(self._root, USERS, f"{os.getpid()}-{os.urandom(6).hex()}")
         fd = -1
@@ -199,11 +199,11 @@ class NodeCache:
         try:
             self._check_root(missing_ok=False)
             if not live_users(self._root):
-                wipe(self._root)  # NOTE: every earlier user died: their files are stale.
+                wipe(self._root)  # Every earlier user died: their files are stale.
             for sub in SUBDIRS:
                 os.makedirs(os.path.join(self._root, sub), mode=0o700, exist_ok=True)
             fd = os.open(user_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | O_FLAGS, 0o600)
-            # NOTE: locked before the gate is let go, so nobody ever sees it free.
+            # Locked before the gate is let go, so nobody ever sees it free.
             fcntl.flock(fd, fcntl.LOCK_EX)
             sweep_orphans(self._root)
         except BaseException:
@@ -222,7 +222,7 @@ class NodeCache:
             info = os.stat(self._root)
         except FileNotFoundError:
             if missing_ok:
-                return  # NOTE: a last user just removed it; the gate makes it again, as ours.
+                return  # A last user just removed it; the gate makes it again, as ours.
             raise
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             raise ConfigError(
@@ -289,9 +289,9 @@ class NodeCache:
                 self._count(hits=1)
                 return data
             if present:
-                unlink(self._path(OBJECTS, name))  # NOTE: truncated or corrupt: never data.
+                unlink(self._path(OBJECTS, name))  # Truncated or corrupt: never data.
                 self._count(dropped=1)
-            # NOTE: we hold the key's lock, so any temporary file of this key is
+            # We hold the key's lock, so any temporary file of this key is
             # a dead writer's.
             remove_temps(self._root, name)
             data = fetch()
@@ -309,7 +309,7 @@ class NodeCache:
         blob = encode_object(data)
         space = os.open(self._path(LOCKS, _SPACE_LOCK), os.O_RDWR | os.O_CREAT | O_FLAGS, 0o600)
         try:
-            # NOTE: the sum and the rename under one node-wide lock keep the
+            # The sum and the rename under one node-wide lock keep the
             # bound exact when several keys are stored at once.
             fcntl.flock(space, fcntl.LOCK_EX)
             if self._stored_bytes() + len(blob) > self._max_bytes:
@@ -326,7 +326,7 @@ class NodeCache:
                 unlink(tmp)
                 raise
             os.close(fd)
-            # NOTE: no fsync: /dev/shm is memory and a node's cache does not
+            # No fsync: /dev/shm is memory and a node's cache does not
             # outlive its jobs; on a disk, a torn file fails the digest check.
             os.replace(tmp, self._path(OBJECTS, name))
             self._count(bytes=len(data))

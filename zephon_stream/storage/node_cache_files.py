@@ -53,7 +53,7 @@ def unlink(path: str) -> None:
 
 
 def make_root(root: str) -> None:
-    # NOTE: not os.makedirs(exist_ok=True): it raises when a last user removes
+    # Not os.makedirs(exist_ok=True): it raises when a last user removes
     # the folder between its mkdir and its check.
     try:
         os.mkdir(root, 0o700)
@@ -72,9 +72,9 @@ def lock_gate(root: str) -> int:
         try:
             fd = os.open(gate, os.O_RDWR | os.O_CREAT | O_FLAGS, 0o600)
         except FileNotFoundError:
-            continue  # NOTE: the last user removed the root between makedirs and open.
+            continue  # The last user removed the root between makedirs and open.
         fcntl.flock(fd, fcntl.LOCK_EX)
-        # NOTE: a last user unlinks the gate while holding it; whoever waited on
+        # A last user unlinks the gate while holding it; whoever waited on
         # that old inode sees it is no longer at the path and starts over on a
         # fresh one, so nobody registers in a root that is being removed.
         try:
@@ -102,7 +102,7 @@ def live_users(root: str) -> int:
             continue
         try:
             if try_lock(fd):
-                unlink(path)  # NOTE: its owner died without closing (SIGKILL, os._exit).
+                unlink(path)  # Its owner died without closing (SIGKILL, os._exit).
             else:
                 live += 1
         finally:

@@ -38,11 +38,11 @@ from zephon_stream.storage.retry import HttpStatusError, RetryPolicy
 from zephon_stream.storage.schemes import AZURE_PROTOCOLS, PRESIGNED_READS_OPTION, S3_PROTOCOLS
 
 URL_LIFETIME_S = 3600
-# NOTE: signed again halfway through its life, so a read never starts on a URL
+# Signed again halfway through its life, so a read never starts on a URL
 # about to expire; signing costs about a ms, once per object per half hour.
 _RESIGN_AFTER_S = URL_LIFETIME_S / 2
 _ERROR_CODE = re.compile(rb"<Code>([A-Za-z0-9.]{1,64})</Code>")
-# NOTE: these change what a GET must carry (requester-pays or SSE-C headers,
+# These change what a GET must carry (requester-pays or SSE-C headers,
 # an object version); such stores read through s3fs, which adds them.
 _S3FS_ONLY_OPTIONS = ("requester_pays", "s3_additional_kwargs", "version_aware")
 
@@ -62,7 +62,7 @@ def presigned_reads_allowed(protocol: str, options: Mapping[str, Any]) -> bool:
 
 
 def _ssl_setting(options: Mapping[str, Any]) -> Any:
-    # NOTE: botocore's ``verify`` (False, or a CA bundle path) means the same
+    # botocore's ``verify`` (False, or a CA bundle path) means the same
     # for the GETs made here.
     verify = (options.get("client_kwargs") or {}).get("verify", True)
     if verify is False:
@@ -75,13 +75,13 @@ def _ssl_setting(options: Mapping[str, Any]) -> Any:
 
 
 async def _s3_url(fs: Any, full: str) -> str:
-    # NOTE: not ``S3FileSystem._url``: its ``set_session`` builds a new client,
+    # Not ``S3FileSystem._url``: its ``set_session`` builds a new client,
     # botocore's models parsed again (12 MiB, ~0.5 s), while no request has
     # opened the client's HTTP session, and these GETs never do.
     if fs._s3 is None:
         await fs.set_session()
     bucket, key, _ = fs.split_path(full)
-    # NOTE: get_s3 answers the bucket's own region's client where s3fs caches regions.
+    # get_s3 answers the bucket's own region's client where s3fs caches regions.
     client = await fs.get_s3(bucket)
     return await client.generate_presigned_url(
         ClientMethod="get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=URL_LIFETIME_S
@@ -114,9 +114,9 @@ async def _azure_url(fs: Any, full: str) -> str:
                                 permission=BlobSasPermissions(read=True), expiry=expiry)  # fmt: skip
         return f"{url}?{sas}"
     if given_sas or credential is None:
-        # NOTE: the SAS the store was given (or none: a public container).
+        # The SAS the store was given (or none: a public container).
         return f"{url}?{given_sas}" if given_sas else url
-    # NOTE: a token credential (Entra ID) signs no URL here.
+    # A token credential (Entra ID) signs no URL here.
     raise PresignRefused("the store's credential signs no URL")
 
 
@@ -147,19 +147,19 @@ class PresignedRanges:
                 ),
                 auto_decompress=False,
             )
-            # NOTE: aiohttp sends an idempotent request again, once and
+            # aiohttp sends an idempotent request again, once and
             # silently, when its connection closes before an answer (RFC 9112
             # 9.3.1); the retry layer then never sees that failure. Off here,
             # so a reset costs one attempt of RetryPolicy, counted like any
             # other; aiohttp offers no public switch for it.
             self._session._retry_connection = False
-            # NOTE: a store never closed would leave aiohttp's "Unclosed client
+            # A store never closed would leave aiohttp's "Unclosed client
             # session" on stderr at exit; s3fs closes its own the same way.
             weakref.finalize(self, _close_soon, self._session, asyncio.get_running_loop())
         return self._session
 
     def _proxy(self, url: str) -> str | None:
-        # NOTE: botocore follows HTTP(S)_PROXY and NO_PROXY; so do these GETs.
+        # botocore follows HTTP(S)_PROXY and NO_PROXY; so do these GETs.
         # Decided once per endpoint: aiohttp's trust_env reads the environment
         # and ~/.netrc on an executor thread for every request.
         parts = urllib.parse.urlsplit(url)
@@ -195,7 +195,7 @@ class PresignedRanges:
             if status == 206:
                 return body
             if status == 200:
-                # NOTE: a server that ignores Range sends the whole object.
+                # A server that ignores Range sends the whole object.
                 return body[start:end]
             if status == 416:
                 return b""

@@ -21,7 +21,7 @@ from typing import Any
 REDACTED = "***"
 SECRET_KEY_PATTERN = re.compile(r"secret|token|password|key|connection_string|credential", re.IGNORECASE)
 
-# NOTE: credentials read from the environment are scrubbed too, because
+# Credentials read from the environment are scrubbed too, because
 # botocore may echo them (e.g. an access key id in an error message).
 SECRET_ENV_VARS = (
     "AWS_ACCESS_KEY_ID",
@@ -33,14 +33,14 @@ SECRET_ENV_VARS = (
     "AZURE_STORAGE_SAS_TOKEN",
     "AZURE_STORAGE_CLIENT_SECRET",
 )
-# NOTE: gcsfs takes these words as ``token`` to name a way to authenticate;
+# gcsfs takes these words as ``token`` to name a way to authenticate;
 # they are not credentials, and scrubbing "anon" would garble unrelated text.
 _TOKEN_METHODS = frozenset({"anon", "google_default", "cache", "cloud", "browser"})
-# NOTE: the secret part of Azure connection strings and SAS URLs, by shape, so
+# The secret part of Azure connection strings and SAS URLs, by shape, so
 # that one echoed by the SDK is hidden even if it reached us some other way.
 _AZURE_SECRETS = re.compile(r"(?P<name>AccountKey=|SharedAccessSignature=|[?&]sig=)[^;&\s\"'<>]+", re.IGNORECASE)
 
-# NOTE: very short values (e.g. "1", "us") would scrub unrelated text and are
+# Very short values (e.g. "1", "us") would scrub unrelated text and are
 # not credentials anyone relies on; they are still redacted by key in reprs.
 _MIN_SCRUB_LEN = 4
 _USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
@@ -79,7 +79,7 @@ def secret_values(options: Mapping[str, Any] | None, *, include_env: bool = True
                 if len(text) >= _MIN_SCRUB_LEN and text not in _TOKEN_METHODS:
                     found.add(text)
             elif is_secret_key(key) and isinstance(getattr(value, "token", None), str):
-                # NOTE: a credentials object (google-auth) holds its access token here.
+                # A credentials object (google-auth) holds its access token here.
                 if len(value.token) >= _MIN_SCRUB_LEN:
                     found.add(value.token)
 

@@ -67,11 +67,11 @@ PROBE_AFTER_S = 0.5
 PROBE_AFTER_REQUESTS = 4.0
 PROBE_DOUBLING_S = 0.25
 PROBE_DOUBLING_REQUESTS = 2.0
-# NOTE: throttling is over once this long passes without a throttling answer:
+# Throttling is over once this long passes without a throttling answer:
 # the limiter switches off, and a store's next throttling answer starts a new
 # episode that is warned about again (throttle.py).
 QUIET_S = 30.0
-# NOTE: far above any store's limit; keeps a probe that runs for minutes finite.
+# Far above any store's limit; keeps a probe that runs for minutes finite.
 MAX_RATE = 1e6
 _EPSILON = 1e-9
 
@@ -117,7 +117,7 @@ class Ticket(NamedTuple):
     number: float
 
 
-# NOTE: what a throttling answer did: switched the limiter on, cut its rate, or
+# What a throttling answer did: switched the limiter on, cut its rate, or
 # nothing (an answer to a request sent before the last cut).
 Throttled = Literal["on", "cut", "seen"]
 
@@ -145,7 +145,7 @@ def advance(record: RateRecord, now: float) -> None:
         return
     if record.issued > record.credit + _EPSILON:
         record.grown_s += elapsed
-    # NOTE: at most one ticket banked: after a pause the next request goes at
+    # At most one ticket banked: after a pause the next request goes at
     # once, the one after it a tick later, never a burst.
     record.credit = min(record.credit + elapsed * record.rate, record.issued + 1.0)
     record.rate = curve(record)

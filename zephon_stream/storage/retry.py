@@ -66,7 +66,7 @@ logger = logging.getLogger("zephon_stream.storage")
 
 T = TypeVar("T")
 
-# NOTE: a waiting operation looks again at least this often: whether a rate
+# A waiting operation looks again at least this often: whether a rate
 # that grew meanwhile (another process's cut or probe) serves it at its new
 # turn, and (on the event loop) whether its store was closed.
 POLL_S = 0.05
@@ -129,7 +129,7 @@ class _Attempts:
         self._on_retry = on_retry
         self._on_throttled = on_throttled
         self._on_waited = on_waited
-        # NOTE: without a store's, an operation is the only one it counts.
+        # Without a store's, an operation is the only one it counts.
         self._throttle = throttle if throttle is not None else StoreThrottle()
         self._limiter = limiter if policy.throttle_limiter else None
         self._stop = stop
@@ -140,14 +140,14 @@ class _Attempts:
         self._throttled_count = 0
         self._detail = ""
         self._throttled_since: float | None = None
-        # NOTE: the backoff in progress ends at this time (None: none).
+        # The backoff in progress ends at this time (None: none).
         self._retry_at: float | None = None
         self._waiting_out = False
-        # NOTE: the next attempt's ticket is taken once the backoff is over.
+        # The next attempt's ticket is taken once the backoff is over.
         self._needs_ticket = True
         self._ticket: Ticket | None = None
         self._wait_started: float | None = None
-        # NOTE: when the attempt in flight got its turn; -inf: it went without
+        # When the attempt in flight got its turn; -inf: it went without
         # a ticket (the limiter was off), so its throttling answer cuts nothing.
         self._sent_at = float("-inf")
         self._looks_at_stop = False
@@ -205,7 +205,7 @@ class _Attempts:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        # NOTE: however the loop ends (an answer, an error, a cancelled task),
+        # However the loop ends (an answer, an error, a cancelled task),
         # a backoff still counted among the store's throttled operations is let go.
         self._woke()
 
@@ -216,13 +216,13 @@ class _Attempts:
         if self._throttled_count:
             limit_s = max(limit_s, self._policy.throttle_timeout_s)
         if self._failures >= self._policy.max_attempts or elapsed + sleep_s > limit_s:
-            # NOTE: no log line here: the error says the same, and a caller
+            # No log line here: the error says the same, and a caller
             # that prints it would show the failure twice.
             raise StorageError(
                 f"{self._what}: failed after {self._count} attempts in {elapsed:.1f}s (last error: {self._detail})"
             ) from None
         logger.info("%s: attempt %d failed (%s); retrying in %.2fs", self._what, self._count, self._detail, sleep_s)
-        # NOTE: after the attempt's own line, so that a warning it leads to
+        # After the attempt's own line, so that a warning it leads to
         # (the endpoint cannot be reached) reads as its consequence.
         self._on_retry(exc)
         return sleep_s
@@ -233,11 +233,11 @@ class _Attempts:
             self._throttled_since = now
         waiting, starts = self._throttle.throttled()
         self._waiting_out = True
-        # NOTE: counted before the deadline is looked at: every throttling
+        # Counted before the deadline is looked at: every throttling
         # answer is one, the last one before giving up included.
         self._on_throttled(exc, starts)
         if self._limiter is not None:
-            # NOTE: no sleep of its own: the next attempt waits for its turn
+            # No sleep of its own: the next attempt waits for its turn
             # from the limiter, which this answer has switched on or cut.
             self._limiter.throttled(self._sent_at)
             sleep_s = 0.0
@@ -263,7 +263,7 @@ class _Attempts:
         if self._wait_started is None:
             self._wait_started = now
         elapsed, sleep_s = now - self._started, min(wait_s, POLL_S)
-        # NOTE: the next look, not the whole estimated wait: the rate may grow meanwhile.
+        # The next look, not the whole estimated wait: the rate may grow meanwhile.
         if elapsed + sleep_s > self._policy.throttle_timeout_s:
             raise self._gave_up(now, elapsed)
         return sleep_s

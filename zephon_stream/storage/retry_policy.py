@@ -45,7 +45,7 @@ class RetryPolicy:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 30.0
     throttle_initial_backoff_s: float = 0.2
-    # NOTE: 5 s, not 20: in benchmarks/bench_startup_storm.py at 16,384 ranks'
+    # 5 s, not 20: in benchmarks/bench_startup_storm.py at 16,384 ranks'
     # contention the last rank's first batch came at 1.52-2.10 x the floor with
     # 20 s (requests still owed sleeping in grown windows while the store sat
     # idle) and at 1.22-1.29 x with 5 s, for as many throttling answers.
@@ -71,7 +71,7 @@ class RetryPolicy:
 
         Full jitter: ``uniform(0, min(cap, base * 2**throttled_index * (1 + waiting)))``.
         """
-        # NOTE: full jitter (from zero, not from half) spreads the retries of
+        # Full jitter (from zero, not from half) spreads the retries of
         # many readers throttled at once over the whole window, so they do not
         # come back together; the mean sleep is half the window.
         window_s = self.throttle_initial_backoff_s * 2.0 ** min(throttled_index, 64) * (1 + waiting)

@@ -9,7 +9,7 @@ from __future__ import annotations
 S3_PROTOCOLS = ("s3", "s3a")
 GCS_PROTOCOLS = ("gs", "gcs")
 AZURE_PROTOCOLS = ("az", "abfs", "abfss")
-# NOTE: storage options of this package's own (storage/presigned.py, and
+# Storage options of this package's own (storage/presigned.py, and
 # RetryPolicy.throttle_limiter for a store opened from options alone: a
 # loader's, the command line's): no client library knows them, so none is
 # given them.

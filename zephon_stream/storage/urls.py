@@ -97,7 +97,7 @@ def parse_storage_options(items: Iterable[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep:
-            # NOTE: the item is not quoted: without "=" it may be a bare secret.
+            # The item is not quoted: without "=" it may be a bare secret.
             raise ConfigError(f"storage option #{number}: expected KEY=VALUE (no '=' found)")
         if not _OPTION_KEY.match(key):
             raise ConfigError(

@@ -205,7 +205,7 @@ class _Run:
         self.dtype = token_dtype(tokenizer.vocab_size)
         self.records = [0] * len(readers)
         self.documents = [0] * len(readers)
-        # NOTE: rejects go to a spooled file (memory up to 16 MiB, then disk) so
+        # Rejects go to a spooled file (memory up to 16 MiB, then disk) so
         # a corpus with millions of them does not grow memory while it runs.
         self.rejects = tempfile.SpooledTemporaryFile(max_size=REJECTS_SPOOL_BYTES)
         self.num_rejects = 0
@@ -227,7 +227,7 @@ class _Run:
                 block_tokens=self.config.block_tokens,
                 blocks_per_shard=self.config.blocks_per_shard,
                 zstd_level=self.config.zstd_level,
-                # NOTE: token inputs skip the tokenizer pool, so --workers buys compression threads.
+                # Token inputs skip the tokenizer pool, so --workers buys compression threads.
                 compress_threads=self.config.workers if self.config.tokens else 2,
                 borrow_input=self.config.tokens,
             ),
@@ -244,7 +244,7 @@ class _Run:
                     max_in_flight=2 * max(processes, 1) + 2,
                 ) as pool:
                     self._stream(pool)
-            # NOTE: rejects.jsonl is written while the last blocks compress and
+            # rejects.jsonl is written while the last blocks compress and
             # the last shard is written, not after them.
             self.builder.end_input()
             self.rejects.seek(0)
@@ -291,7 +291,7 @@ class _Run:
             return 0
         if floor_bytes and not self.tokenizer.worth_processes:
             return 0
-        # NOTE: compressed files and Parquet expand by a factor unknown before reading.
+        # Compressed files and Parquet expand by a factor unknown before reading.
         plain = all(r.compression is None and r.format != "parquet" for r in self.readers)
         if plain and total_bytes is not None and total_bytes < floor_bytes:
             return 0
@@ -302,7 +302,7 @@ class _Run:
             if path not in keep:
                 self.store.delete(path)
         if isinstance(self.store, LocalStore):
-            # NOTE: a killed run can leave a half-written temporary file, which
+            # A killed run can leave a half-written temporary file, which
             # the store never lists; nothing else writes into this folder now.
             root = self.store.root
             leftovers = [*(root / SHARDS_DIR).glob(TEMP_PREFIX + "*")]

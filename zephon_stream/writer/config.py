@@ -14,15 +14,15 @@ from zephon_stream.format.spec import (
 )
 
 DEFAULT_CHUNK_CHARS = 256 * 1024
-# NOTE: starting N spawned tokenizer processes costs 0.5-1 s on an idle
+# Starting N spawned tokenizer processes costs 0.5-1 s on an idle
 # machine (seconds on a busy one), about what a BPE tokenizer takes for a few
 # MB on one core: below this size the writer tokenizes in its own process.
 DEFAULT_POOL_MIN_INPUT_BYTES = 4 * 2**20
-# NOTE: a Ray work unit of 64 MiB is about a minute of one core for a BPE
+# A Ray work unit of 64 MiB is about a minute of one core for a BPE
 # tokenizer: long enough that a task's overhead is noise, short enough that a
 # retried task repeats little.
 DEFAULT_UNIT_BYTES = 64 * 2**20
-# NOTE: shards of about 64 Mi tokens whatever the block size: 128 MiB of uint16
+# Shards of about 64 Mi tokens whatever the block size: 128 MiB of uint16
 # before compression, typically 40-130 MB after it, depending on the tokenizer.
 DEFAULT_SHARD_TOKENS = DEFAULT_BLOCKS_PER_SHARD * DEFAULT_BLOCK_TOKENS
 

@@ -46,7 +46,7 @@ INDEX_DTYPES = {
     7: np.dtype("<f4"),
     8: np.dtype("<u2"),
 }
-# NOTE: entries of the index arrays read at a time (sequence lengths and
+# Entries of the index arrays read at a time (sequence lengths and
 # pointers: 12 bytes each; document index: 8 bytes each).
 INDEX_WINDOW = 1 << 20
 
@@ -124,7 +124,7 @@ def parse_index_header(head: bytes, *, size: int, name: str) -> IndexHeader:
     )
     if num_entries < 1:
         raise InputError(f"index {name} byte 26: document count 0, expected at least 1 (the index starts with 0)")
-    # NOTE: Python integers, so a hostile count cannot overflow; checked before any allocation.
+    # Python integers, so a hostile count cannot overflow; checked before any allocation.
     if header.expected_size != size:
         extra = " (a multimodal index with sequence modes is not supported)" if size == header.expected_size + num_sequences else ""
         raise InputError(
@@ -219,7 +219,7 @@ def iter_document_bounds(
     previous = 0
     first = 0
     while first < h.num_documents:
-        count = min(window, h.num_documents - first) + 1  # NOTE: one overlap entry: a document's end
+        count = min(window, h.num_documents - first) + 1  # One overlap entry: a document's end
         entries = _read_array(
             read, h.documents_offset + 8 * first, count, "<i8", name=h.name, what=f"document index {first}.."
         )

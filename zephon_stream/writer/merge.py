@@ -193,7 +193,7 @@ def merge_parts(
                 records_in=sum(s.num_records for s in sources), num_inputs=len(sources),
                 rejected=_reasons(rejects), rejects_path=REJECTS_NAME,
             )  # fmt: skip
-        # NOTE: the manifest is written last: its presence commits the merged dataset.
+        # The manifest is written last: its presence commits the merged dataset.
         merged.write(store)
         return merged
     finally:

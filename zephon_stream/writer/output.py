@@ -20,5 +20,5 @@ def prepare_output(store: Store, *, overwrite: bool) -> None:
                 f"output {store.url} already holds a committed dataset ({MANIFEST_NAME} exists); "
                 "remove it or pass --overwrite"
             )
-        # NOTE: uncommit first, so a run killed from here on leaves no manifest over half-replaced shards.
+        # Uncommit first, so a run killed from here on leaves no manifest over half-replaced shards.
         store.delete(MANIFEST_NAME)

@@ -37,7 +37,7 @@ def _exit_with_parent() -> None:
 
 def _init_worker(tokenizer_state: bytes, dtype: str) -> None:
     global _worker_tokenizer, _worker_dtype
-    # NOTE: a worker blocks on its task queue, whose pipe it holds both ends
+    # A worker blocks on its task queue, whose pipe it holds both ends
     # of, so it never sees EOF: if the parent is SIGKILLed (OOM killer, a
     # scheduler), the workers and the resource tracker would live on forever.
     threading.Thread(target=_exit_with_parent, name="zs-parent-watch", daemon=True).start()

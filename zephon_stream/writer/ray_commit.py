@@ -68,7 +68,7 @@ def complete_units(
         try:
             record = read_unit_record(store, names[position])
         except ManifestError:
-            return None  # NOTE: an unreadable record is rewritten, like a missing one
+            return None  # An unreadable record is rewritten, like a missing one
         if record is None or record.key != keys[position]:
             return None
         return record.num_records, record.num_tokens
@@ -168,6 +168,6 @@ def commit_units(
         sources=[SourceInfo(path=p, num_records=r, num_documents=d, num_rejected=j) for p, (r, d, j) in sources.items()],
     )
     del shards
-    # NOTE: the manifest is written last: its presence commits the dataset.
+    # The manifest is written last: its presence commits the dataset.
     manifest.write(store)
     return manifest, totals

@@ -41,14 +41,14 @@ from zephon_stream.writer.tokenizers import Tokenizer
 from zephon_stream.writer.unit_part import UnitRecord, UnitSpec
 from zephon_stream.writer.units import WorkUnit, cut_units, unit_key
 
-# NOTE: Ray retries a task whose worker process died (a node lost, the OOM
+# Ray retries a task whose worker process died (a node lost, the OOM
 # killer); an error the task raised itself (unreadable input) is not retried.
 TASK_MAX_RETRIES = 3
 LINE_COUNT_BATCH = 64
 MAX_TEMP_ROOT_CHARS = 24
 SESSION_DIR_PREFIX = "zs-ray-"
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
-# NOTE: the warning Ray 2.60 logs when it turns token authentication on for a new local instance.
+# The warning Ray 2.60 logs when it turns token authentication on for a new local instance.
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 AUTH_ON_WARNING = "Token authentication is enabled for this Ray cluster"
 
@@ -75,7 +75,7 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
     if ray.is_initialized():
         yield ray
         return
-    # NOTE: nothing but loopback may be reachable, and a user's corpus is no one else's business.
+    # Nothing but loopback may be reachable, and a user's corpus is no one else's business.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address:
         ray.init(address=address, log_to_driver=False)
@@ -84,12 +84,12 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
         finally:
             ray.shutdown()
         return
-    # NOTE: Ray starts workers at niceness 15 (RAY_worker_niceness) to keep
+    # Ray starts workers at niceness 15 (RAY_worker_niceness) to keep
     # its own daemons responsive on shared nodes; a command that owns its
     # instance tokenizes at the niceness of the process pool's workers, so
     # that any other process on the machine does not come first.
     os.environ.setdefault("RAY_worker_niceness", "0")
-    # NOTE: the local instance's session folder (logs, sockets) goes once the
+    # The local instance's session folder (logs, sockets) goes once the
     # run has succeeded; after a failure it stays, for its workers' logs.
     session_dir = None
     if "RAY_TMPDIR" not in os.environ:
@@ -118,14 +118,14 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
             if succeeded:
                 shutil.rmtree(session_dir, ignore_errors=True)
             else:
-                # NOTE: kept on purpose, for its logs: no longer the sweep's to take.
+                # Kept on purpose, for its logs: no longer the sweep's to take.
                 Path(session_dir, OWNER_FILE).unlink(missing_ok=True)
 
 
 class _OwnToken:
     """A local instance's own authentication token, in force while it runs.
 
-    NOTE: Ray 2.60 turns token authentication on for every new local
+    Ray 2.60 turns token authentication on for every new local
     instance, says so in a warning, and, with no token given, writes one to
     ``~/.ray/auth_token``, which from then on turns authentication on for
     every Ray process of the user (a ``ray start`` of theirs included). A
@@ -144,7 +144,7 @@ class _OwnToken:
         self._path = os.path.join(folder or self._folder, "auth_token")
         fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as token:
-            # NOTE: os.urandom, not the secrets module, which a script's own secrets.py may shadow.
+            # os.urandom, not the secrets module, which a script's own secrets.py may shadow.
             token.write(os.urandom(32).hex())
         self._saved = {name: os.environ.get(name) for name in AUTH_ENV}
         os.environ["RAY_AUTH_TOKEN_PATH"] = self._path
@@ -191,7 +191,7 @@ def _dropped(logger: logging.Logger, prefix: str) -> Iterator[None]:
 def _short_temp_root() -> str:
     """The temporary folder, or ``/tmp`` where it is too long for Ray's sockets.
 
-    NOTE: Ray puts its Unix sockets about 80 bytes deep in its session
+    Ray puts its Unix sockets about 80 bytes deep in its session
     folder, and a socket path may not exceed 107 bytes.
     """
     root = tempfile.gettempdir()
@@ -307,7 +307,7 @@ def _run_tasks(
 ) -> None:
     """Convert ``todo`` with at most ``in_flight_max`` tasks at once; on a failure, finish those running, then raise."""
     remote = ray.remote(num_cpus=1, max_retries=TASK_MAX_RETRIES)(convert_unit_task)
-    # NOTE: boxed, so that Ray hands each task the ref and a worker resolves it once a run (ray_tasks.py).
+    # Boxed, so that Ray hands each task the ref and a worker resolves it once a run (ray_tasks.py).
     spec_box = [ray.put(spec)]
     pending = list(reversed(todo))
     running: list[Any] = []
@@ -320,7 +320,7 @@ def _run_tasks(
         try:
             record: UnitRecord = ray.get(done[0])
         except (ray.exceptions.RayError, ZephonError) as exc:
-            # NOTE: the units already running finish and stay complete for the rerun.
+            # The units already running finish and stay complete for the rerun.
             failure = failure or _task_error(ray, exc)
             continue
         bar.unit_done(records=record.num_records, tokens=record.num_tokens)

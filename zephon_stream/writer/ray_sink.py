@@ -33,7 +33,7 @@ from zephon_stream.writer.unit_part import PartWriter, SourceCount, UnitRecord, 
 
 try:
     from ray.data import Datasink
-except ImportError:  # NOTE: the class is defined only where Ray is installed; zephon_stream.ray says how to get it
+except ImportError:  # The class is defined only where Ray is installed; zephon_stream.ray says how to get it
     Datasink = object  # type: ignore[assignment,misc]
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from zephon_stream.writer.unit_part import UnitRecord, UnitSpec, convert_unit
 from zephon_stream.writer.units import WorkUnit, count_lines
 
-# NOTE: one run's spec, by its object ref's id: a worker process serves one
+# One run's spec, by its object ref's id: a worker process serves one
 # Ray job, and a new run's spec replaces the old one.
 _run_spec: dict[str, UnitSpec] = {}
 

@@ -173,14 +173,14 @@ class SourceReader:
         field = self.text_field
         for number, (offset, line) in enumerate(stream.lines(), start=self.first_record):
             try:
-                # NOTE: without its newline, a string left open says so, not "Invalid control character".
+                # Without its newline, a string left open says so, not "Invalid control character".
                 decoded = _without_terminator(line).decode("utf-8")
             except UnicodeDecodeError as exc:
                 yield number, self._reject(number, "undecodable", f"invalid UTF-8 at byte {offset + exc.start}")
                 continue
             if number == 0 and decoded.startswith("\ufeff"):
-                decoded = decoded[1:]  # NOTE: a UTF-8 byte-order mark is not JSON
-            # NOTE: `record` is the line's 0-based index; a detail names the
+                decoded = decoded[1:]  # A UTF-8 byte-order mark is not JSON
+            # `record` is the line's 0-based index; a detail names the
             # line as editors (and `sed -n Np`) count it, from 1.
             line_number = number + 1
             try:
@@ -263,7 +263,7 @@ class SourceReader:
         if not value:
             return self._reject(record, "empty", f"field {self.text_field!r} is empty")
         if escaped:
-            # NOTE: a JSON \ud800 escape decodes to a lone surrogate, which no
+            # A JSON \ud800 escape decodes to a lone surrogate, which no
             # UTF-8 tokenizer can take; only lines with \u escapes can hold one.
             try:
                 value.encode("utf-8")

@@ -45,7 +45,7 @@ def bad_json_detail(exc: json.JSONDecodeError, *, line_number: int) -> str:
     """
     if not exc.doc.strip():
         return f"line {line_number}: blank line"
-    # NOTE: some of json's messages end in "at" and read on into the position
+    # Some of json's messages end in "at" and read on into the position
     # ("Invalid control character at: line 1 column 9 (char 8)"); ``msg``
     # alone stops mid-sentence, so every one is followed by its column here.
     problem = exc.msg.removesuffix(" at")

@@ -73,7 +73,7 @@ class ShardBuilder:
         self._block = np.empty(layout.block_tokens, dtype=layout.dtype)
         self._block_fill = 0
         self._frames: list[Future[bytes]] = []
-        # NOTE: blocks submitted and not yet compressed, across shard boundaries too.
+        # Blocks submitted and not yet compressed, across shard boundaries too.
         self._in_flight: deque[Future[bytes]] = deque()
         self._shard_start = 0  # global token offset of the shard being filled
         self._tokens_total = 0
@@ -108,7 +108,7 @@ class ShardBuilder:
         block_tokens = self._layout.block_tokens
         while pos < len(tokens):
             if self._layout.borrow_input and self._block_fill == 0 and len(tokens) - pos >= block_tokens:
-                # NOTE: a whole block lies contiguous in the input: compress that view, no copy.
+                # A whole block lies contiguous in the input: compress that view, no copy.
                 self._tokens_total += block_tokens
                 self._seal_block(tokens[pos : pos + block_tokens])
                 pos += block_tokens
@@ -156,7 +156,7 @@ class ShardBuilder:
         future = self._compress.submit(encode_block, block, level=self._layout.zstd_level)
         self._frames.append(future)
         self._in_flight.append(future)
-        # NOTE: keep at most a few raw blocks alive: wait for the oldest frames.
+        # Keep at most a few raw blocks alive: wait for the oldest frames.
         while len(self._in_flight) > self._max_pending_blocks:
             self._in_flight.popleft().result()
         if len(self._frames) == self._layout.blocks_per_shard:
@@ -168,7 +168,7 @@ class ShardBuilder:
         self._shards_sealed += 1
         index_bytes, num_documents = self._take_docindex(self._tokens_total)
         self._shard_start = self._tokens_total
-        # NOTE: one shard in flight: waiting here bounds memory to ~2 shards.
+        # One shard in flight: waiting here bounds memory to ~2 shards.
         # Its frames are awaited on the writing thread, so compression of the
         # next shard's blocks goes on meanwhile (no drained pipeline per shard).
         self._wait_upload()
@@ -184,14 +184,14 @@ class ShardBuilder:
         index_bytes: bytes,
         num_documents: int,
     ) -> None:
-        # NOTE: the sidecar is complete already: writing it first overlaps its
+        # The sidecar is complete already: writing it first overlaps its
         # write (and fsync) with the compression of the shard's last blocks.
         self._store.write_atomic(index_name(shard_index), index_bytes)
         digest = hashlib.sha256()
         resolved = []
         for future in frames:
             frame = future.result()
-            # NOTE: hashed as each frame lands, so a shard's end waits on one frame's hash, not the shard's.
+            # Hashed as each frame lands, so a shard's end waits on one frame's hash, not the shard's.
             digest.update(frame)
             resolved.append(frame)
         frames.clear()

@@ -15,7 +15,7 @@ import numpy as np
 from zephon_stream.errors import TokenizerError
 from zephon_stream.writer.tokenizer_base import EOS_CANDIDATES, Tokenizer
 
-# NOTE: a bare .tiktoken file holds ranks only; this is the split pattern of
+# A bare .tiktoken file holds ranks only; this is the split pattern of
 # the widely used cl100k_base encoding, recorded in the fingerprint.
 DEFAULT_TIKTOKEN_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
@@ -82,7 +82,7 @@ class TiktokenTokenizer(Tokenizer):
         return token_id
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        # NOTE: special-token text inside a document is ordinary text here.
+        # Special-token text inside a document is ordinary text here.
         return self._enc.encode_ordinary_batch(list(texts), num_threads=1)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
@@ -137,7 +137,7 @@ def load_tiktoken(
             eos_id=eos_id,
             bos_id=bos_id,
         )
-    # NOTE: an unknown name is refused before tiktoken is asked for it: its
+    # An unknown name is refused before tiktoken is asked for it: its
     # own error is three lines (plugins, version), and nothing is fetched.
     known = tiktoken.list_encoding_names()
     if name not in known:
@@ -165,7 +165,7 @@ def load_tiktoken(
 def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     """The ranks of a ``.tiktoken`` file: one ``base64(token) rank`` pair a line.
 
-    NOTE: read here rather than with tiktoken's ``load_tiktoken_bpe``, which
+    Read here rather than with tiktoken's ``load_tiktoken_bpe``, which
     copies every file it reads into a cache under the machine's temp folder.
     """
     ranks = {}

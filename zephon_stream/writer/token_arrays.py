@@ -76,7 +76,7 @@ class TokenArea:
 
     def __init__(self, f: BinaryIO, url: str, data_offset: int, dtype: np.dtype) -> None:
         self.f, self.url, self.data_offset, self.dtype = f, url, data_offset, dtype
-        # NOTE: sizes were checked against the header first; a file truncated
+        # Sizes were checked against the header first; a file truncated
         # by someone else while this runs would fault, as any mapped read does.
         self.mapped = is_local_url(url)
 
@@ -230,7 +230,7 @@ class ArraySource:
 
     def _by_eos(self, area: TokenArea, count: int, offsets_url: str) -> Iterator[RawDocuments]:
         eos = self.config.eos_id
-        carry = np.zeros(0, area.dtype)  # NOTE: read (not mapped) inputs keep the partial document here
+        carry = np.zeros(0, area.dtype)  # Read (not mapped) inputs keep the partial document here
         start, record, pos = 0, 0, 0  # start: where the partial document begins
         while pos < count:
             take = min(self.config.window_tokens, count - pos)
@@ -267,7 +267,7 @@ class ArraySource:
                     f"and there is no offsets file {offsets_url.rsplit('/', 1)[-1]}"
                 )
             tail = area.tokens(start, count) if area.mapped else carry
-            # NOTE: the tail has no EOS: frame_documents rejects it, or appends EOS with --append-eos.
+            # The tail has no EOS: frame_documents rejects it, or appends EOS with --append-eos.
             yield RawDocuments(
                 source=self.url, tokens=tail, lengths=np.array([len(tail)], np.int64),
                 records=np.array([record], np.int64), offsets=np.array([start], np.int64), num_records=1,

@@ -67,7 +67,7 @@ def _bad_positions(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
         return np.zeros(0, np.int64)
     kind = tokens.dtype.kind
     if kind in "iu":
-        # NOTE: unsigned ids need no lower bound, and uint16 ids none at all under a 65536+ vocabulary.
+        # Unsigned ids need no lower bound, and uint16 ids none at all under a 65536+ vocabulary.
         if kind == "u" and 256**tokens.dtype.itemsize <= vocab_size:
             return np.zeros(0, np.int64)
         if (kind == "u" or int(tokens.min()) >= 0) and int(tokens.max()) < vocab_size:
@@ -77,7 +77,7 @@ def _bad_positions(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             good = np.isfinite(tokens) & (tokens >= 0) & (tokens < vocab_size) & (np.floor(tokens) == tokens)
         return np.flatnonzero(~good)
-    return np.arange(tokens.size, dtype=np.int64)  # NOTE: bool, complex, object: nothing here is an id
+    return np.arange(tokens.size, dtype=np.int64)  # Bool, complex, object: nothing here is an id
 
 
 def _describe(value: object, vocab_size: int) -> str:
@@ -164,7 +164,7 @@ def _with_eos(tokens: np.ndarray, lengths: np.ndarray, add: np.ndarray, eos_id: 
     """``tokens`` with ``eos_id`` inserted after each document flagged in ``add``."""
     out = np.empty(len(tokens) + int(add.sum()), dtype=tokens.dtype)
     if len(lengths) and add.all() and lengths.min() == lengths.max():
-        # NOTE: rows of one length (packed sequences) are the common token input:
+        # Rows of one length (packed sequences) are the common token input:
         # one strided copy, 2.5x less CPU than the copy per document below.
         width = int(lengths[0])
         rows = out.reshape(len(lengths), width + 1)
@@ -172,7 +172,7 @@ def _with_eos(tokens: np.ndarray, lengths: np.ndarray, add: np.ndarray, eos_id: 
         rows[:, width] = eos_id
         return out
     ends = np.cumsum(lengths)
-    # NOTE: one slice copy per document beats a boolean mask (~0.5 ns a token)
+    # One slice copy per document beats a boolean mask (~0.5 ns a token)
     # once documents average a few hundred tokens; short ones take the mask.
     if len(tokens) >= LOOP_MIN_TOKENS_PER_DOC * len(lengths):
         src = dst = 0

@@ -219,7 +219,7 @@ class TokenSource:
         rows = np.arange(first_row, first_row + len(column), dtype=np.int64)
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        # NOTE: flatten() skips null rows; a null inside a list reads as NaN, a non-integer.
+        # flatten() skips null rows; a null inside a list reads as NaN, a non-integer.
         values = column.flatten().to_numpy(zero_copy_only=False)
         rejects = [
             Reject(self.url, int(r), "missing_field", f"null in column {self.config.tokens_field!r}") for r in rows[~valid]

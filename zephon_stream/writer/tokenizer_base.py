@@ -13,7 +13,7 @@ import numpy as np
 
 from zephon_stream.format.manifest import TokenizerInfo
 
-# NOTE: names tried, in order, when a tokenizer does not say which token ends
+# Names tried, in order, when a tokenizer does not say which token ends
 # a document; `--eos-token` overrides the search.
 EOS_CANDIDATES = (
     "<|endoftext|>",
@@ -36,7 +36,7 @@ class Tokenizer:
     eos_id: int
     bos_id: int | None
     fingerprint: str
-    # NOTE: False where encoding costs about what shipping the text to another
+    # False where encoding costs about what shipping the text to another
     # process does, so worker processes can never pay for themselves.
     worth_processes: bool = True
 

@@ -28,7 +28,7 @@ import numpy as np
 from zephon_stream.errors import TokenizerError
 from zephon_stream.writer.tokenizer_base import EOS_CANDIDATES, Tokenizer
 
-# NOTE: HF `tokenizers` holds ~470 bytes per token while it encodes one text
+# HF `tokenizers` holds ~470 bytes per token while it encodes one text
 # (a 4.7 MB source file peaked at 600+ MiB); longer texts are encoded in
 # pieces cut where cutting provably changes nothing (HFTokenizer._cuts).
 LONG_TEXT_CHARS = 1 << 18
@@ -47,13 +47,13 @@ class BytesTokenizer(Tokenizer):
     eos_id = BYTES_EOS_ID
     bos_id = None
     fingerprint = hashlib.sha256(b"bytes-v1").hexdigest()
-    worth_processes = False  # NOTE: encoding is a UTF-8 copy
+    worth_processes = False  # Encoding is a UTF-8 copy
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [list(text.encode("utf-8")) for text in texts]
 
     def encode_documents(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        # NOTE: one bulk copy instead of per-token Python ints: with the EOS
+        # One bulk copy instead of per-token Python ints: with the EOS
         # appended as a separator byte slot, the whole batch is one frombuffer.
         encoded = [text.encode("utf-8") for text in texts]
         lengths = np.fromiter((len(b) + 1 for b in encoded), dtype=np.int64, count=len(encoded))

@@ -42,7 +42,7 @@ from zephon_stream.writer.units import WorkUnit
 UNIT_RECORD_NAME = "unit-commit"
 UNIT_RECORD_FORMAT = "zephon-stream-unit"
 UNIT_RECORD_VERSION = 1
-# NOTE: chunks of text queued for the tokenizer thread, as write_dataset(workers=1) queues them.
+# Chunks of text queued for the tokenizer thread, as write_dataset(workers=1) queues them.
 TOKENIZE_IN_FLIGHT = 4
 
 
@@ -183,7 +183,7 @@ class PartWriter:
         self.spec, self.name, self.key = spec, name, key
         self.dtype = token_dtype(spec.tokenizer.vocab_size)
         self.store = open_store(join_url(spec.output, name), spec.storage_options)
-        self.store.delete(UNIT_RECORD_NAME)  # NOTE: uncommit first: this part is being rewritten
+        self.store.delete(UNIT_RECORD_NAME)  # Uncommit first: this part is being rewritten
         _remove_temp_files(self.store)
         self.builder = ShardBuilder(
             store=self.store,
@@ -249,7 +249,7 @@ def convert_unit(unit: WorkUnit, spec: UnitSpec, *, name: str, key: str) -> Unit
         if spec.config.tokens:
             counts = [_token_piece(writer, index, piece.url) for index, piece in enumerate(unit.pieces)]
         else:
-            # NOTE: measured (docs/WRITING.md, "CPU per token"): tokenizing on
+            # Measured (docs/WRITING.md, "CPU per token"): tokenizing on
             # this thread, between the reading and the shard building, cost
             # 1.12-1.37x the CPU of tokenizing on a thread of its own (as the
             # pool's workers do, being processes of their own).

@@ -31,7 +31,7 @@ from zephon_stream.storage import is_local_url, local_path, open_input, open_sto
 from zephon_stream.writer.config import DEFAULT_UNIT_BYTES, WriteConfig
 from zephon_stream.writer.readers import input_format
 
-# NOTE: a unit of thousands of tiny files is still one task; more would make
+# A unit of thousands of tiny files is still one task; more would make
 # its commit record and its retry large for no gain in parallelism.
 MAX_FILES_PER_UNIT = 4096
 _SCAN_BYTES = 1 << 16
@@ -167,7 +167,7 @@ def _row_group_runs(url: str, unit_bytes: int, storage_options: Mapping[str, Any
     with open_input(url, storage_options) as raw:
         try:
             meta = pq.ParquetFile(raw).metadata
-        except Exception as exc:  # NOTE: pyarrow raises several types for a file that is not parquet
+        except Exception as exc:  # pyarrow raises several types for a file that is not parquet
             raise InputError(f"input {url}: not a readable parquet file: {exc}") from None
     runs: list[tuple[int, int, int, int]] = []
     first, first_row, row, run_bytes = 0, 0, 0, 0
@@ -208,8 +208,8 @@ def cut_units(
     """
     if unit_bytes < 1:
         raise ConfigError(f"unit_bytes {unit_bytes} must be at least 1")
-    pieces: list[tuple[InputPiece, bool]] = []  # NOTE: (piece, may share a unit with neighbours)
-    ranges: list[tuple[int, str, int]] = []  # NOTE: (position in pieces, url, start) of ranges after a file's first
+    pieces: list[tuple[InputPiece, bool]] = []  # (piece, may share a unit with neighbours)
+    ranges: list[tuple[int, str, int]] = []  # (position in pieces, url, start) of ranges after a file's first
     for url in urls:
         if config.tokens:
             pieces.append((InputPiece(url=url, num_bytes=0), False))
@@ -235,7 +235,7 @@ def cut_units(
             pieces.append((piece, size <= unit_bytes and compression is None))
     if ranges:
         counter = line_counter or (lambda requests: count_lines(requests, storage_options))
-        # NOTE: each range's first record is the newlines before it: count the
+        # Each range's first record is the newlines before it: count the
         # stretches between cuts once, then sum them along each file.
         stretches = _stretches([(url, start) for _, url, start in ranges])
         totals = _prefix_per_file(stretches, counter(stretches))

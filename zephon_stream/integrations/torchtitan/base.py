@@ -37,7 +37,7 @@ class DataloaderExhausted(DataloaderExhaustedError, StopIteration):
 def redacted_config_dict(config: Any) -> dict:
     """A loader config's ``to_dict()`` with its storage options redacted.
 
-    NOTE: the trainer prints this dict and writes it to the dump folder and
+    The trainer prints this dict and writes it to the dump folder and
     metric backends; storage options may hold keys. (Called with the config,
     since a slotted dataclass has no zero-argument super() on Python 3.10/3.11.)
     """

@@ -162,7 +162,7 @@ class ZephonEvalDataLoader(BaseDataLoader):
                 self.passes += 1
             batch = next(self._pass, None)
             if batch is not None:
-                # NOTE: EvalLoader copies each step's rows out of its ring (its padding
+                # EvalLoader copies each step's rows out of its ring (its padding
                 # rows are rewritten in the copy), so it has no slot tensors to keep
                 # 1-D views of; the rows are laid end to end here, a view a key.
                 return titan_batch(titan_layout(batch), shape=self.shape, packing_outputs=self.config.packing_outputs)

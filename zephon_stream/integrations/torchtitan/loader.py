@@ -114,7 +114,7 @@ class ZephonDataLoader(BaseDataLoader):
             # TorchTitan's train_step (0.3.0 and main) does ``cpu_count +=
             # (labels != IGNORE_INDEX).sum()``: CUDA labels would fail there.
             host_labels=True,
-            # NOTE: main's 1-D batches come from the delivery, made once per ring slot.
+            # Main's 1-D batches come from the delivery, made once per ring slot.
             batch_layout=TITAN.batch_layout,
             pipeline=config.pipeline,
             helper_nice=config.helper_nice,
@@ -151,13 +151,13 @@ class ZephonDataLoader(BaseDataLoader):
     def last_sample_positions(self) -> torch.Tensor:
         """Global sample position of each row of the batch last yielded (int64 ``[rows]``).
 
-        NOTE: kept out of the batch because TorchTitan's trainer passes every
+        Kept out of the batch because TorchTitan's trainer passes every
         ``input_dict`` entry but ``input`` to the model's forward.
         """
         return self._last_sample_positions
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-        # NOTE: like the StreamingLoader, the loader is its own iterator: a
+        # Like the StreamingLoader, the loader is its own iterator: a
         # load_state_dict seeks it, and iterating again continues from the
         # cursor rather than restarting.
         return self
@@ -166,14 +166,14 @@ class ZephonDataLoader(BaseDataLoader):
         if self._skips:
             skip = self._skips.get(self._loader.step)
             if skip:
-                # NOTE: the skip moves the step on, so it runs once per run that reaches it.
+                # The skip moves the step on, so it runs once per run that reaches it.
                 self._loader.skip_steps(skip)
         position = self._loader.position
         schedule = self._loader.schedule
         if schedule is not None:
             phase = schedule.phase_at_position(position)
             if phase.global_batch != self.global_batch_size:
-                # NOTE: TorchTitan fixes its local batch (and accumulation) when
+                # TorchTitan fixes its local batch (and accumulation) when
                 # it starts; a phase with another global batch needs a relaunch.
                 raise ConfigError(
                     f"dataloader phase {phase.index} (TorchTitan step "
@@ -214,9 +214,9 @@ class ZephonDataLoader(BaseDataLoader):
                 try:
                     ends.append(schedule.end_step(epochs=1, stream=stream))
                 except ConfigError:
-                    continue  # NOTE: a stream the last phase does not read
+                    continue  # A stream the last phase does not read
             return schedule.position_of_step(min(ends))
-        # NOTE: lane step q = P div C and a stream's epoch is q div its lane
+        # Lane step q = P div C and a stream's epoch is q div its lane
         # length, so its first epoch ends at P = lane_length * C.
         lane_lengths = [p["lane_steps_per_epoch"] for p in self._loader.progress() if p["lanes"]]
         return min(lane_lengths) * self._loader.lanes

@@ -88,7 +88,7 @@ class ZephonFTDataLoaderConfig(ZephonDataLoaderConfig):
                 ("end_after_phase", self.end_after_phase, None),
                 (TITAN.repeat_field, TITAN.repeats(self), True),
                 ("packing_outputs", self.packing_outputs, False),
-                # NOTE: the trainer hands its accumulation to bind_torchft.
+                # The trainer hands its accumulation to bind_torchft.
                 ("gradient_accumulation_steps", self.gradient_accumulation_steps, 1),
             )
             if value not in (default, [], ())
@@ -247,7 +247,7 @@ class ZephonFTDataLoader(BaseDataLoader):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a data state from a checkpoint (an empty dict is a fresh start).
 
-        NOTE: the torchft ``Manager`` counts steps from 0 again in a restarted
+        The torchft ``Manager`` counts steps from 0 again in a restarted
         process (TorchTitan does not checkpoint its counters), so the loaded
         state is taken to stand at the Manager's current step. A healing
         group's state comes through torchft's transfer instead, untouched.
@@ -306,7 +306,7 @@ class ZephonFTCheckpointManager(TorchFTCheckpointManager):
         TorchFTCheckpointManager.__init__(self, config, **kwargs)
 
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
-        # NOTE: TorchTitan 0.3.0 guards the full save with participating rank 0
+        # TorchTitan 0.3.0 guards the full save with participating rank 0
         # only while per-replica dataloader checkpoints are on; keep the guard.
         if self.ft_manager is not None and self.ft_manager.participating_rank() != 0:
             return False

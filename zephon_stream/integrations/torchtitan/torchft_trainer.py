@@ -11,7 +11,7 @@ Select it in a TorchTitan job config::
         fault_tolerance=FaultTolerance(enable=True, group_size=4, replica_id=k),
     )
 
-NOTE: importing TorchTitan's trainer imports triton (its model package
+Importing TorchTitan's trainer imports triton (its model package
 does); CUDA builds of torch bring it, CPU builds do not.
 """
 

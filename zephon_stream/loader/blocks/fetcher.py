@@ -11,7 +11,7 @@ packs the block's documents into its rows (``plan/packing.py``), and the
 cache keeps the packed rows instead of the tokens. Results, or the error that stopped them, land in the
 block cache; the assembler raises the error when it reaches that block.
 
-NOTE: why coroutines and not threads for network stores: these clients run
+Why coroutines and not threads for network stores: these clients run
 every request on one loop thread anyway, and a thread blocked in each
 request's synchronous wrapper only added hand-offs and lock traffic to the
 interpreter the assembler shares (measured on SeaweedFS: 3.0-3.7 ms of CPU a
@@ -35,7 +35,7 @@ from zephon_stream.loader.blocks.cache import BlockCache
 from zephon_stream.plan.packing import best_fit_rows, packed_rows
 
 _POLL_S = 0.05
-# NOTE: how often a fetched frame retries the full decode queue; the loop
+# How often a fetched frame retries the full decode queue; the loop
 # must not block on it, since every other fetch runs on the same loop.
 _HANDOFF_POLL_S = 0.001
 _CLOSE_TIMEOUT_S = 30.0
@@ -44,7 +44,7 @@ _CLOSE_TIMEOUT_S = 30.0
 class FetchCounters(Protocol):
     """What the pool counts into (``loader/producer/stats.py`` ``LoaderStats``).
 
-    NOTE: named here so that reading blocks does not import the producer's
+    Named here so that reading blocks does not import the producer's
     counters: ``blocks/`` sits below ``producer/`` (tests/test_import_graph.py).
     """
 
@@ -112,9 +112,9 @@ class FetchDecodePool:
         self._num_fetches = num_fetch_threads
         self._fetch_queue: queue.SimpleQueue[BlockJob | None] = queue.SimpleQueue()
         self._decode_queue: queue.Queue[tuple[BlockJob, bytes] | None] = queue.Queue(maxsize=num_decode_threads)
-        self._fetchers: list[threading.Thread] = []  # NOTE: started for the first store without a loop
+        self._fetchers: list[threading.Thread] = []  # Started for the first store without a loop
         self._loops: dict[int, asyncio.AbstractEventLoop | None] = {}
-        # NOTE: per loop, touched only on that loop's thread.
+        # Per loop, touched only on that loop's thread.
         self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self._tasks: dict[asyncio.AbstractEventLoop, set[asyncio.Task[None]]] = {}
         self._pending_lock = threading.Lock()
@@ -131,7 +131,7 @@ class FetchDecodePool:
         assert not self._closing.is_set(), "submit after close"
         loop = self._loop_of(job.store)
         if loop is not None:
-            # NOTE: one wake-up of the loop for the jobs submitted before it
+            # One wake-up of the loop for the jobs submitted before it
             # runs: each wake-up is a write to the loop's pipe and a hand-over
             # of the interpreter lock between this thread and the loop's.
             with self._pending_lock:
@@ -186,7 +186,7 @@ class FetchDecodePool:
                 self._cache.fail(job.key, exc)
                 return
             self._stats.add(bytes_fetched=len(data), blocks_fetched=1, fetch_s=time.perf_counter() - started)
-            # NOTE: the frame keeps its fetch slot until a decoder takes it, so
+            # The frame keeps its fetch slot until a decoder takes it, so
             # compressed bytes in flight stay within the memory bound.
             while not self._closing.is_set():
                 try:
@@ -247,7 +247,7 @@ class FetchDecodePool:
             decoded = time.perf_counter()
             self._stats.add(blocks_decoded=1, decode_s=decoded - started)
             if job.packed_seq_len:
-                # NOTE: each decode thread packs its own block: the first step
+                # Each decode thread packs its own block: the first step
                 # of a run needs a block per lane, and packing them in turn
                 # measured 1.4-1.7x the windows' first batch against 1.27x.
                 # The memory bound counts one block being packed per thread.
@@ -266,7 +266,7 @@ class FetchDecodePool:
         for loop in {loop for loop in self._loops.values() if loop is not None}:
             if loop.is_closed():
                 continue
-            # NOTE: runs after every _start_tasks already queued on the loop.
+            # Runs after every _start_tasks already queued on the loop.
             done = asyncio.run_coroutine_threadsafe(self._cancel_tasks(loop), loop)
             try:
                 done.result(timeout=_CLOSE_TIMEOUT_S)
@@ -276,8 +276,8 @@ class FetchDecodePool:
             self._fetch_queue.put(None)
         for _ in self._decoders:
             try:
-                self._decode_queue.put_nowait(None)  # NOTE: wakes an idle decoder now, not at its next poll
+                self._decode_queue.put_nowait(None)  # Wakes an idle decoder now, not at its next poll
             except queue.Full:
-                break  # NOTE: a decoder takes the queued item, sees the close and returns
+                break  # A decoder takes the queued item, sees the close and returns
         for thread in self._fetchers + self._decoders:
             thread.join()

@@ -33,7 +33,7 @@ from zephon_stream.format.manifest import Manifest
 from zephon_stream.format.spec import np_dtype
 from zephon_stream.plan import StreamShape
 
-# NOTE: 4 KiB pages: 4096 of them (16 MiB) cover a rank's blocks for a long
+# 4 KiB pages: 4096 of them (16 MiB) cover a rank's blocks for a long
 # while; a page evicted is read again if a later step needs it.
 _MAX_PAGES = 4096
 _MAX_CONCURRENT_READS = 8
@@ -71,7 +71,7 @@ class StreamMetadata:
             major, minor = fields.version("version")
             self._header = decode_header(fields, major=major, minor=minor, where=where)
         self._lock = threading.Lock()
-        # NOTE: the producer locates blocks on its thread; an evaluation or a
+        # The producer locates blocks on its thread; an evaluation or a
         # which-like look-up may do so on the consumer's.
         self._locate_lock = threading.RLock()
         self._pages: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
@@ -97,7 +97,7 @@ class StreamMetadata:
         return self
 
     def __getstate__(self) -> dict[str, Any]:
-        # NOTE: what crosses to the helper process: the 1.1 header and the
+        # What crosses to the helper process: the 1.1 header and the
         # pages read so far, or a 1.0 manifest; never a store.
         with self._lock:
             pages = OrderedDict(self._pages)
@@ -294,7 +294,7 @@ class StreamMetadata:
     def _read_pages(self, keys: list[tuple[str, str, int]]) -> None:
         """Fetch the pages not yet held in one round, then check digest pages, then the column pages they vouch for."""
         keys = list(dict.fromkeys(keys))
-        # NOTE: which digest page vouches for a column page follows from the
+        # Which digest page vouches for a column page follows from the
         # page's index, so both are read at once (one round trip, not two)
         # and checked in order once all have come.
         fetched = self._fetch([k for k in keys if k not in self._pages])
@@ -345,13 +345,13 @@ class StreamMetadata:
 
             if self._node_cache is None:
                 return key, fetch()
-            # NOTE: the caller checks what the node holds as it checks what
+            # The caller checks what the node holds as it checks what
             # the store sent: another process wrote it.
             return key, self._node_cache.get(f"{self.fingerprint}/{key[0]}/{key[1] or '_digests'}/{key[2]}", fetch)
 
         if len(keys) == 1:
             return [one(keys[0])]
-        # NOTE: readers for this round only: rounds come once a horizon of
+        # Readers for this round only: rounds come once a horizon of
         # steps, not per step, and no thread stays behind between them (the
         # trainer's process runs none once the helper process serves).
         with concurrent.futures.ThreadPoolExecutor(min(len(keys), _MAX_CONCURRENT_READS),

@@ -48,7 +48,7 @@ class Stream:
             raise ConfigError(f"Stream {self.url}: weight must be a finite number > 0 (got {self.weight!r})")
 
 
-# NOTE: what one stream may be given as (STREAM_FORMS); a list of them is a mixture.
+# What one stream may be given as (STREAM_FORMS); a list of them is a mixture.
 StreamLike = str | os.PathLike | Stream | Mapping[str, Any] | tuple
 
 STREAM_FORMS = (
@@ -141,7 +141,7 @@ def _as_stream(index: int, entry: Any) -> Stream:
     raise TypeError(f"stream {index}: a {type(entry).__name__} is no stream; give {STREAM_FORMS}")
 
 
-# NOTE: metadata this process parsed, by store URL and manifest bytes. A
+# Metadata this process parsed, by store URL and manifest bytes. A
 # loader or an evaluation pass built again over the same datasets
 # (TorchTitan's validator builds its dataloader anew at each validation)
 # reads each manifest again but parses and validates it once; the bytes must
@@ -165,7 +165,7 @@ def read_manifest_bytes(store: Any, node_cache: Any = None) -> bytes:
 
     if node_cache is None:
         return fetch()
-    # NOTE: keyed by the store's URL: the fingerprint is inside the bytes.
+    # Keyed by the store's URL: the fingerprint is inside the bytes.
     return node_cache.get(f"manifests/{hashlib.sha256(store.url.encode()).hexdigest()}", fetch)
 
 
@@ -209,7 +209,7 @@ class StreamSource:
         self.store = open_store(stream.url, storage_options)
         try:
             if node_cache is not None:
-                # NOTE: the node's ranks wait on one request-rate limiter per
+                # The node's ranks wait on one request-rate limiter per
                 # store once it throttles (storage/limiter.py), the manifest's
                 # read included.
                 self.store.share_limiter(node_cache)
@@ -217,7 +217,7 @@ class StreamSource:
         except BaseException:
             self.store.close()
             raise
-        # NOTE: a copy of its own: the parsed one may serve another loader, on another store.
+        # A copy of its own: the parsed one may serve another loader, on another store.
         self.metadata = copy.copy(shared).bind(self.store, node_cache)
         self.dtype = self.metadata.np_dtype
         self.eos_id = int(self.metadata.tokenizer.eos_id)

@@ -39,10 +39,10 @@ from zephon_stream.loader.ring.row_documents import host_scalars
 from zephon_stream.loader.ring.shared_ring import WIDE_KEYS, SharedRing
 
 BATCH_KEYS = ("input", "labels", "positions", "sample_positions")
-# NOTE: batches a CPU consumer may keep without a copy: the current step and
+# Batches a CPU consumer may keep without a copy: the current step and
 # the one before.
 MAX_HELD_BATCHES = 2
-# NOTE: with CUDA host labels, slots whose views the consumer has dropped but
+# With CUDA host labels, slots whose views the consumer has dropped but
 # whose release event (loader/delivery/handback.py) has not completed yet: a consumer
 # whose stream runs behind by that many steps still gets views, not copies.
 # Also covers the event recorded on an idle stream and queried at once.
@@ -125,7 +125,7 @@ class CpuDelivery:
         self.max_held = max_held
         self.held: list[int] = []
         self.done: list[int] = []
-        # NOTE: the arrays each slot hands over, made once. A tensor the
+        # The arrays each slot hands over, made once. A tensor the
         # consumer holds (or any view of it) keeps one reference to its array,
         # so the arrays' reference counts say when a slot is free again. Under
         # "tokens" the per-token arrays are 1-D views, so the tensors made
@@ -135,7 +135,7 @@ class CpuDelivery:
             slot = ring.slot(index)
             arrays = {**slot.wide, "sample_positions": slot.sample_positions, **slot.packing}
             self._arrays.append(laid_out(arrays, batch_layout))
-        # NOTE: each slot's tensors, made at its first delivery (loader/delivery/slot_views.py).
+        # Each slot's tensors, made at its first delivery (loader/delivery/slot_views.py).
         self.views: list[SlotViews | None] = [None] * ring.num_slots
         self.cached = cached_views_available()
 
@@ -169,7 +169,7 @@ class CpuDelivery:
         if len(self.held) < self.max_held:
             self.held.append(index)
             return batches
-        # NOTE: the consumer keeps earlier batches; these are copied so the
+        # The consumer keeps earlier batches; these are copied so the
         # slot can go back to the producer.
         self.done.append(index)
         return [{key: tensor.clone() for key, tensor in batch.items()} for batch in batches]
@@ -178,7 +178,7 @@ class CpuDelivery:
         views = self.views[index]
         if views is not None:
             return views.in_use()
-        # NOTE: 3 = the dict's entry, the loop variable and getrefcount's argument.
+        # 3 = the dict's entry, the loop variable and getrefcount's argument.
         return any(sys.getrefcount(array) > 3 for array in self._arrays[index].values())
 
     def reclaim(self) -> list[int]:
@@ -226,7 +226,7 @@ class CudaDelivery:
         with torch.cuda.device(device):
             self.copy_stream = torch.cuda.Stream(device=device)
             array = ring.as_array()
-            # NOTE: 1 = cudaHostRegisterPortable: pinned for every CUDA context.
+            # 1 = cudaHostRegisterPortable: pinned for every CUDA context.
             status = torch.cuda.cudart().cudaHostRegister(array.ctypes.data, array.nbytes, 1)
             if int(status) != 0:
                 raise RuntimeError(f"cudaHostRegister of the {array.nbytes}-byte batch ring failed (status {int(status)})")
@@ -256,10 +256,10 @@ class CudaDelivery:
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_event(ready)
         for tensor in batch.values():
-            # NOTE: allocated on the copy stream; the caching allocator must
+            # Allocated on the copy stream; the caching allocator must
             # know the consumer's stream uses them too.
             tensor.record_stream(consumer)
-        # NOTE: as on CPU, a consumer that keeps more batches (TorchTitan keeps
+        # As on CPU, a consumer that keeps more batches (TorchTitan keeps
         # a whole step's microbatches under gradient accumulation) gets copies
         # of the host keys, so the ring never runs dry under it.
         viewed = self._returns.add(index, copied=copied, host_keys=bool(self._host_keys))
@@ -273,7 +273,7 @@ class CudaDelivery:
         return batch
 
     def _record_release(self) -> torch.cuda.Event:
-        # NOTE: the consumer dropped its views of a slot; copies it queued from
+        # The consumer dropped its views of a slot; copies it queued from
         # them (labels.to(device, non_blocking=True)) are on its stream.
         released = torch.cuda.Event()
         released.record(torch.cuda.current_stream(self.device))

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-# NOTE: torch's own count of the references to a storage (c10 intrusive_ptr
+# torch's own count of the references to a storage (c10 intrusive_ptr
 # use_count); private, hence looked up, with the uncached way as the fallback.
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
@@ -51,7 +51,7 @@ def slot_tensors(
     if steps_per_slot == 1:
         return whole, []
     keys = list(whole)
-    # NOTE: a slot's steps are its rows in step order, so in either batch
+    # A slot's steps are its rows in step order, so in either batch
     # layout ([rows, L], or 1-D with the rows end to end) a step is an equal,
     # contiguous stretch of dim 0. One unbind per key (a torch slice per step and key cost ~2.5 us,
     # split ~15% more than unbind).
@@ -70,11 +70,11 @@ class SlotViews:
 
     def __init__(self, arrays: Mapping[str, np.ndarray], steps_per_slot: int, slab: np.ndarray) -> None:
         self.steps_per_slot = steps_per_slot
-        # NOTE: every tensor of the slot views one storage, so one use count
+        # Every tensor of the slot views one storage, so one use count
         # says whether any view of any of them is still held.
         self.whole, self.steps = slot_tensors(arrays, steps_per_slot, slab)
         self._tensors = (*self.whole.values(), *(t for step in self.steps for t in step.values()))
-        # NOTE: the storage's address, taken once (making a storage object
+        # The storage's address, taken once (making a storage object
         # per check cost ~0.3 us); it stays valid while the tensors here hold
         # the storage. No storage object is kept: a consumer's own storage
         # object (the same Python object while one is alive) must count as a use.
@@ -84,7 +84,7 @@ class SlotViews:
 
     def in_use(self) -> bool:
         """Whether anything outside this cache refers to the slot's tensors or their memory."""
-        # NOTE: counted as in __init__ (the tuple and the call's argument), so
+        # Counted as in __init__ (the tuple and the call's argument), so
         # only references from outside differ; the storage's use count then
         # covers views made from the tensors.
         return (list(map(sys.getrefcount, self._tensors)) != self._idle_refs

@@ -30,7 +30,7 @@ BATCH_LAYOUTS = ("rows", "tokens")
 
 _TORCH_DTYPES = {"<u2": torch.uint16, "<u4": torch.uint32}
 _SIGNED = {torch.uint16: (torch.int16, 0xFFFF), torch.uint32: (torch.int32, 0xFFFFFFFF)}
-# NOTE: torch 2.3 gave uint16 and uint32 copy kernels (to and from the other
+# torch 2.3 gave uint16 and uint32 copy kernels (to and from the other
 # dtypes) on CPU and CUDA; the project requires torch >= 2.4, so on the two
 # devices the loader delivers to the direct copy always applies.
 _UNSIGNED_COPY_SINCE = (2, 3)
@@ -45,7 +45,7 @@ def release(version: str) -> tuple[int, int]:
     return int(found[1]), int(found[2])
 
 
-@functools.cache  # NOTE: asked on every copy; the answer is fixed per process and device
+@functools.cache  # Asked on every copy; the answer is fixed per process and device
 def direct_unsigned_copy(*, torch_version: str, device_type: str) -> bool:
     """Whether ``copy_`` widens uint16/uint32 to int64 on ``device_type`` in this torch.
 
@@ -59,7 +59,7 @@ def direct_unsigned_copy(*, torch_version: str, device_type: str) -> bool:
 def copy_ids(out: torch.Tensor, ids: torch.Tensor) -> None:
     """``out`` (int64) = ``ids`` (uint16 or uint32), on their device.
 
-    NOTE: the signed-view-and-mask path is for a torch older than 2.3 (one
+    The signed-view-and-mask path is for a torch older than 2.3 (one
     installed without the project's requirements) or another device type;
     neither reaches here in a supported install, and tests run it on CPU.
     """
@@ -116,7 +116,7 @@ def document_positions(inputs: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(inputs)
     out[:, 0] = 0
     if seq_len > 1:
-        # NOTE: a document starts on the token after an EOS; the running
+        # A document starts on the token after an EOS; the running
         # maximum of those start columns is each token's document start.
         starts = (inputs[:, :-1] == eos[:, None]) * ramp[1:]
         torch.sub(ramp[1:], torch.cummax(starts, dim=1).values, out=out[:, 1:])
@@ -149,7 +149,7 @@ def widen(raw: torch.Tensor, layout: SlotLayout, batch_layout: str = "rows") -> 
         "sample_positions": sample_positions,
     }
     if layout.packing.outputs:
-        # NOTE: the producer wrote them on the host from its EOS scan; they
+        # The producer wrote them on the host from its EOS scan; they
         # crossed in the same transfer as the tokens.
         batch.update(packing_tensors(raw, layout.offsets()["packing"], layout.rows, layout.seq_len))
     return laid_out(batch, batch_layout)

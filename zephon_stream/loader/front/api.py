@@ -48,7 +48,7 @@ from zephon_stream.plan import ScheduleOrder
 
 __all__ = ["PIPELINE_MODES", "Phase", "Stream", "StreamingLoader"]
 
-# NOTE: the helper process's own resident memory (interpreter, numpy,
+# The helper process's own resident memory (interpreter, numpy,
 # zstandard, fsspec and, for S3, s3fs/aiobotocore), measured on CPython 3.11
 # at about 47 MiB reading local data and 85 MiB reading S3, cache and ring
 # included (tests/test_loader_process.py checks it stays under this).
@@ -215,11 +215,11 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         self._position = 0
         self._end_for: RankLayout | None = None
         self._end_position: int | None = None
-        self._steady_until: float = 0  # NOTE: the cursor the short way to a step stops at
+        self._steady_until: float = 0  # The cursor the short way to a step stops at
         try:
             self.packing = PackingSpec(cross_document_targets=cross_document_targets, outputs=packing_outputs,
                                        rows=packing)  # fmt: skip
-            # NOTE: construction reads straight through, each stage handing
+            # Construction reads straight through, each stage handing
             # its output on: streams -> phases -> layouts -> ring, delivery
             # and helper (the feed).
             self._node_cache = open_node_cache(node_cache)
@@ -285,7 +285,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        # NOTE: most steps are plain (``SteadySteps``, loader/runs/producer_run.py):
+        # Most steps are plain (``SteadySteps``, loader/runs/producer_run.py):
         # one short call, the cursor and the counts. The full way below arms it again after any other.
         steady = self._feed.steady
         if steady is not None and self._position < self._steady_until:
@@ -304,7 +304,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
             raise StopIteration
         feed = self._feed
         if feed.producer is None or self._position == self._layout.end_position:
-            # NOTE: one producer run per phase, with a ring laid out for its
+            # One producer run per phase, with a ring laid out for its
             # rows and seq_len; the next phase's run was started ahead.
             if self._schedule is not None:
                 self._enter_phase(self._schedule.phase_at_position(self._position).index)
@@ -347,7 +347,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
             return
         index = self._schedule.phase_at_position(boundary).index
         if index not in self._book.readable_phases():
-            return  # NOTE: refused, naming the phase, when the cursor gets there
+            return  # Refused, naming the phase, when the cursor gets there
         layout = self._book.for_phase(index)
         self._feed.start_ahead(layout, **self._run_args(layout, boundary, end))
 
@@ -359,7 +359,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
                 "local_batch_size": self.local_batch_size}  # fmt: skip
 
     def _run_end_position(self) -> int | None:
-        # NOTE: asked at every step; it changes only with the layout.
+        # Asked at every step; it changes only with the layout.
         if self._end_for is not self._layout:
             self._end_for, self._end_position = self._layout, run_end_position(self._book, self._layout, self._ends)
         return self._end_position
@@ -386,7 +386,7 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
             node_cache.close()
 
     def __del__(self) -> None:
-        # NOTE: a loader dropped without close() must not leave its helper or
+        # A loader dropped without close() must not leave its helper or
         # threads running; they hold no reference back to it.
         try:
             self.close()

@@ -27,7 +27,7 @@ class LoaderCheckpointing:
     A seek into a phase enters it through the loader's ``_enter_phase``, as a step does.
     """
 
-    # NOTE: what a seek reads and sets, from ``StreamingLoader``'s construction.
+    # What a seek reads and sets, from ``StreamingLoader``'s construction.
     seq_len: int | None
     global_batch_size: int | None
     max_memory_bytes: int | None
@@ -108,7 +108,7 @@ class LoaderCheckpointing:
             return
         phase = self._schedule.phase_at_position(position).index
         if phase in self._book.readable_phases():
-            self._enter_phase(phase)  # NOTE: else refused, naming the phase, at the next step
+            self._enter_phase(phase)  # Else refused, naming the phase, at the next step
             self._feed.prepare(self._layout)
 
     def _make_layout(self, *, lanes: int | None, window: int | None) -> RankLayout:

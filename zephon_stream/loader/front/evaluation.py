@@ -8,7 +8,7 @@ count in the metrics. A padding row is one document (``positions`` 0 to
 ``L - 1``, and one segment in the document outputs), so no real token's
 attention reaches it whatever mask is built from the batch.
 
-NOTE: the pass runs the same fetch/decode/cache/assemble pipeline as training,
+The pass runs the same fetch/decode/cache/assemble pipeline as training,
 on threads of this process rather than a helper: a held-out set is small and
 read now and then, and the helper's start-up would cost more than it saves.
 """
@@ -138,7 +138,7 @@ class EvalLoader:
             fetch_steps=prefetch_steps,
             retention_steps=prefetch_steps + 1,
         )
-        # NOTE: a rank's rows of a step are consecutive samples, so a step
+        # A rank's rows of a step are consecutive samples, so a step
         # touches at most rows / samples-per-block + 2 blocks.
         spb = max(1, min(s.manifest.block_tokens - 1 for s in self._sources) // self.seq_len)
         blocks = (self.local_batch_size // spb + 2) * (prefetch_steps + 2) + num_fetch_threads + num_decode_threads

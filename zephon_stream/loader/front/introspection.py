@@ -27,7 +27,7 @@ __all__ = ["LoaderIntrospection"]
 class LoaderIntrospection:
     """The loader's read-only views and counters (mixed into ``StreamingLoader``)."""
 
-    # NOTE: what these views read, set by ``StreamingLoader``'s construction and steps.
+    # What these views read, set by ``StreamingLoader``'s construction and steps.
     rank: int
     world_size: int
     seq_len: int | None

@@ -47,7 +47,7 @@ def period_steps(*, lanes: int, global_batch: int) -> int:
 def window_spread(*, window: int, samples_per_block: int) -> int:
     """Lane steps by which the window shuffle can spread a block's uses.
 
-    NOTE: with windows aligned to the epoch sequence and ``window`` dividing
+    With windows aligned to the epoch sequence and ``window`` dividing
     the full block's samples, each full block is a union of whole windows, so
     its uses are contiguous. A short block may still share a window with its
     neighbour; its rare early release costs at most a re-fetch, never data.

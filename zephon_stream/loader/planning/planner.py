@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 BlockKey = tuple[int, int]
-# NOTE: (first cursor, steps) -> (positions, streams, blocks, samples), each
+# (first cursor, steps) -> (positions, streams, blocks, samples), each
 # [steps, rows]: planning many steps per call lets the order run vectorized.
 SliceFn = Callable[[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
 
@@ -118,7 +118,7 @@ class Planner:
         if self.horizon_complete():
             return 0
         first = self._next_index + len(self._planned)
-        # NOTE: top up past the horizon by a chunk, so planning runs in
+        # Top up past the horizon by a chunk, so planning runs in
         # vectorized chunks rather than one step at a time.
         end = self._next_index + self._retention_steps + self._chunk_steps
         count = (end if self._num_steps is None else min(end, self._num_steps)) - first
@@ -156,13 +156,13 @@ class Planner:
         self._count_window()
 
     def _count_window(self) -> None:
-        # NOTE: only steps inside the retention horizon hold blocks; steps
+        # Only steps inside the retention horizon hold blocks; steps
         # planned past it (the top-up chunk) must not, or a block read again
         # next epoch would never be released.
         end = self._next_index + min(self._retention_steps, len(self._planned))
         while self._counted_until < end:
             plan = self._planned[self._counted_until - self._next_index]
-            # NOTE: a block's count is the planned steps that use it (not rows).
+            # A block's count is the planned steps that use it (not rows).
             self._refcounts.update(plan.unique_keys)
             self._unreferenced.difference_update(plan.unique_keys)
             self._counted_until += 1
@@ -213,7 +213,7 @@ class Planner:
             else:
                 del refcounts[key]
                 self._unreferenced.add(key)
-        # NOTE: a key counted again by the step entering the horizon leaves
+        # A key counted again by the step entering the horizon leaves
         # the unreferenced set here.
         self._count_window()
         if not self._unreferenced or not self.horizon_complete():

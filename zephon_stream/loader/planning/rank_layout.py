@@ -26,15 +26,15 @@ from zephon_stream.loader.blocks.streams import StreamSource, stream_shapes
 from zephon_stream.loader.planning.planner import Planner
 from zephon_stream.plan import GlobalOrder, OrderConfig, rank_positions
 
-# NOTE: positions -> (stream, block, sample): a GlobalOrder's or a
+# Positions -> (stream, block, sample): a GlobalOrder's or a
 # ScheduleOrder's ``sample_at`` (the latter knows a phase's epoch heads).
 AddressFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
-# NOTE: past this many (phase, step) pairs the lanes a rank reads are bounded
+# Past this many (phase, step) pairs the lanes a rank reads are bounded
 # by the lane count instead of being enumerated.
 _MAX_LANE_SCAN_STEPS = 8192
 _MAX_PATTERNS = 4
-# NOTE: a cap on the block look-ahead in steps: with short samples a block
+# A cap on the block look-ahead in steps: with short samples a block
 # spans tens of thousands of steps, and planning that far ahead costs memory
 # and time for nothing. Tiny steps (batch 1) may look ahead up to this many
 # tokens instead: at 10 us a step, 256 steps of 1024 tokens were 2.5 ms, less
@@ -123,7 +123,7 @@ class RankLayout:
             window_spread(window=p.window, samples_per_block=max(1, p.samples_per_block)) for p in streams if p.lanes
         )
         self.samples_per_block = max(1, min(p.samples_per_block for p in streams if p.lanes))
-        # NOTE: fetch up to one block's worth of lane steps ahead (capped), so
+        # Fetch up to one block's worth of lane steps ahead (capped), so
         # each lane's next block is decoded while it reads the current one
         # even when the consumer is fast.
         block_steps = math.ceil(self.samples_per_block * lanes / global_batch)
@@ -161,7 +161,7 @@ class RankLayout:
         phases = math.gcd(lanes, batch)
         rows = batch // self.world_size
         if period == 1:
-            # NOTE: every step has the same lane pattern; a piece of ``rows``
+            # Every step has the same lane pattern; a piece of ``rows``
             # positions touches at most ``rows`` lanes.
             return min(lanes, rows)
         if period * phases > _MAX_LANE_SCAN_STEPS:
@@ -192,16 +192,16 @@ class RankLayout:
         """This rank's ``(positions, streams, blocks, samples)`` for ``steps``
         steps from ``cursor``, each ``[steps, rows]``."""
         positions = self._positions(cursor, steps)
-        # NOTE: one call for all the steps keeps the order on its vectorized path.
+        # One call for all the steps keeps the order on its vectorized path.
         stream, block, sample = self._addresses(positions)
         return positions, stream, block, sample
 
     def _positions(self, cursor: int, steps: int) -> np.ndarray:
-        # NOTE: a rank's positions depend on the cursor only through cursor mod
+        # A rank's positions depend on the cursor only through cursor mod
         # C, up to a shift: moving the cursor by span = period * B (a multiple
         # of C) moves every position by span. So one period of rank_positions
         # per phase gives every step.
-        # NOTE: a phase's positions are rank_positions of the cursor relative
+        # A phase's positions are rank_positions of the cursor relative
         # to the phase's start, shifted by that start.
         span = self.period * self.global_batch
         cursor -= self.start_position

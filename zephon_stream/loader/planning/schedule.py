@@ -25,7 +25,7 @@ Phase = SchedulePhase
 def resolve_phases(phases: Sequence[SchedulePhase | Mapping], streams: Sequence[Stream]) -> list[SchedulePhase]:
     """The phases as ``SchedulePhase``s, with the streams' own weights where a phase gives none.
 
-    NOTE: the plan reads empty weights as equal weights; the loader reads
+    The plan reads empty weights as equal weights; the loader reads
     them as ``Stream.weight``s instead, so that a schedule that only changes
     the batch or seq_len keeps the mixture the streams were given with (and a
     one-phase schedule reads what the loader without one reads).
@@ -131,5 +131,5 @@ def build_schedule(
     if phases is None:
         return None
     order = ScheduleOrder(stream_shapes(sources), resolve_phases(phases, streams), seed=seed)
-    run_end_step(order, **ends)  # NOTE: an end it cannot reach is refused now, not at the end
+    run_end_step(order, **ends)  # An end it cannot reach is refused now, not at the end
     return order

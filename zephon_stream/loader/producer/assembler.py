@@ -22,7 +22,7 @@ import numpy as np
 from zephon_stream.loader.ring.row_documents import PackingSpec, PackingWriter
 from zephon_stream.loader.ring.shared_ring import Slot
 
-# NOTE: below this many EOS tokens per row on average, writing each document
+# Below this many EOS tokens per row on average, writing each document
 # segment's positions is cheaper than the full-array running maximum.
 _SPARSE_EOS_PER_ROW = 8
 
@@ -70,7 +70,7 @@ def positions_from_eos(inputs: np.ndarray, eos_ids: np.ndarray | int, *, out: np
     Returns:
         ``out``.
     """
-    # NOTE: flatnonzero on the whole contiguous array is far faster than a 2-D
+    # flatnonzero on the whole contiguous array is far faster than a 2-D
     # np.nonzero.
     hits = np.flatnonzero(inputs == _eos_column(eos_ids, inputs.dtype))
     return _positions_from_hits(hits, row_width=inputs.shape[1], out=out)
@@ -94,7 +94,7 @@ def _positions_from_hits(
     if seq_len < 2 or hits.size == 0:
         return out
     if hits.size <= _SPARSE_EOS_PER_ROW * rows:
-        # NOTE: a plain loop over few hits beats a dozen numpy calls on tiny
+        # A plain loop over few hits beats a dozen numpy calls on tiny
         # arrays. Flat indices come in row-major order, so a hit's document
         # runs to the next hit on the same row or to the row's end; a hit on
         # the last input token (or a label-only column) starts nothing.
@@ -152,7 +152,7 @@ class StepAssembler:
         staging, width = slot.tokens, self.seq_len + 1
         assert len(blocks) == len(samples) == len(staging)
         if self.packing.best_fit:
-            # NOTE: each block is its packed rows, [R, L + 1]: row j is sample j.
+            # Each block is its packed rows, [R, L + 1]: row j is sample j.
             for row, (rows, sample) in enumerate(zip(blocks, samples.tolist())):
                 staging[row] = rows[sample]
         else:

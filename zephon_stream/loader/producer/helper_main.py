@@ -39,7 +39,7 @@ from zephon_stream.storage.cloud_clients import warm_client_library
 
 
 def _wake_until_the_trainer_hangs_up(control: socket.socket, ring: SharedRing | None) -> None:
-    # NOTE: the trainer sends a byte when it hands a slot back to a pipeline
+    # The trainer sends a byte when it hands a slot back to a pipeline
     # waiting for one (loader/ring/free_slots.py ``hand_back``).
     while True:
         try:
@@ -52,7 +52,7 @@ def _wake_until_the_trainer_hangs_up(control: socket.socket, ring: SharedRing | 
             break
         if ring is not None:
             ring.slot_returned.set()
-    # NOTE: the trainer closed the loader or is gone; nothing here holds
+    # The trainer closed the loader or is gone; nothing here holds
     # state worth saving: the ring has no name to unlink.
     os._exit(0)
 
@@ -67,19 +67,19 @@ def serve(conn: Connection, control: socket.socket) -> None:
     def emit(item: ReadyStep | EndOfData | BaseException) -> None:
         try:
             if board is not None and type(item) is ReadyStep and not item.data_sha256:
-                # NOTE: steps come in order, the k-th in the run's k-th slot of steps.
+                # Steps come in order, the k-th in the run's k-th slot of steps.
                 assert item.index == board.count[0], (item.index, board.count[0])
                 if board.post(item.slot):
                     control.sendall(frame(WAKE))
                 return
             control.sendall(frame(encode(item)))
         except OSError:
-            os._exit(0)  # NOTE: the trainer is gone; there is no one to tell
+            os._exit(0)  # The trainer is gone; there is no one to tell
 
     ring = None
     try:
         ring = SharedRing.attach(fd=ring_fd, num_slots=spec.num_slots, layout=spec.slot_layout)
-        # NOTE: held by this (main) thread until the process ends; the
+        # Held by this (main) thread until the process ends; the
         # trainer reads it at every step to know this process lives.
         hold(ring.address() + ring.helper_lock_offset)
         if spec.post_steps:
@@ -87,7 +87,7 @@ def serve(conn: Connection, control: socket.socket) -> None:
         start_pipeline(spec, sources=spec.open_sources(), ring=ring, emit=emit)
     except BaseException as exc:  # noqa: BLE001 - reported to the trainer
         emit(exc)
-    # NOTE: the pipeline's thread reports every step; this one passes on the
+    # The pipeline's thread reports every step; this one passes on the
     # trainer's wake-ups until it closes the socket.
     _wake_until_the_trainer_hangs_up(control, ring)
 
@@ -100,12 +100,12 @@ def main(argv: list[str]) -> None:
         try:
             warm_client_library(scheme)
         except ImportError:
-            pass  # NOTE: the store that needs it says so, naming the extra to install
+            pass  # The store that needs it says so, naming the extra to install
     os.nice(nice)
     try:
         serve(Connection(control_fd), socket.socket(fileno=os.dup(control_fd)))
     except (EOFError, OSError):
-        # NOTE: the trainer went away mid-message; there is no one to tell.
+        # The trainer went away mid-message; there is no one to tell.
         os._exit(0)
 
 

@@ -33,13 +33,13 @@ from zephon_stream.loader.ring.free_slots import FreeSlots
 from zephon_stream.loader.ring.shared_ring import SharedRing, Slot
 
 _POLL_S = 0.1
-# NOTE: steps planned per producer iteration while the retention horizon fills;
+# Steps planned per producer iteration while the retention horizon fills;
 # small enough that the first batch is not delayed by planning far ahead.
 _PLAN_CHUNK_STEPS = 512
-# NOTE: the first batch waits only for a few planned steps; the rest of the
+# The first batch waits only for a few planned steps; the rest of the
 # horizon is planned while its blocks decode.
 _FIRST_PLAN_STEPS = 8
-# NOTE: the counters in the ring's header are written after each of the first
+# The counters in the ring's header are written after each of the first
 # steps, then at most every _PUBLISH_EVERY_S, and once more when the producer
 # stops: at one small row a step, writing them every step cost a fifth of
 # the producer's time. While the producer waits (for a block, or a ring ahead
@@ -127,16 +127,16 @@ class Pipeline:
         self._assembler: StepAssembler | None = None  # sized by the first step's rows
         self._cache = cache
         self._ring = ring
-        # NOTE: woken with about half the queued steps still to go; see FreeSlots.
+        # Woken with about half the queued steps still to go; see FreeSlots.
         self._free_slots = FreeSlots(ring, wake_after=max(1, prefetch_steps // 2))
         self._slots = ring.producer_slots()
         self._stats = stats
         self._seq_len = seq_len
-        # NOTE: under best fit a block is kept as its packed rows (plan/packing.py).
+        # Under best fit a block is kept as its packed rows (plan/packing.py).
         self._packed_seq_len = seq_len if ring.layout.packing.best_fit else 0
         self._hash_data = hash_data
         self._stop = threading.Event()
-        self._end_steps: int | None = None  # NOTE: set by end_at from the consumer's thread
+        self._end_steps: int | None = None  # set by end_at from the consumer's thread
         self._published_at = 0.0
         self._steps_done = 0
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, prefetch_steps))
@@ -147,11 +147,11 @@ class Pipeline:
             num_fetch_threads=num_fetch_threads,
             num_decode_threads=num_decode_threads,
         )
-        # NOTE: the stores' counts before this run (a helper's stores are
+        # The stores' counts before this run (a helper's stores are
         # opened for it: none yet).
         self._store_base = self._store_counts()
         self._first_need: dict[BlockKey, int] = {}
-        # NOTE: the producer's own references to blocks it has already waited
+        # The producer's own references to blocks it has already waited
         # for, released with the cache entry; spares a locked lookup per row.
         self._resident: dict[BlockKey, np.ndarray] = {}
         self._thread = threading.Thread(target=self._run, name="zephon-assemble", daemon=True)
@@ -199,7 +199,7 @@ class Pipeline:
         self._locate_ahead()
         for index, keys in self._planner.fetch_ahead():
             for key in keys:
-                if key in first_need:  # NOTE: issued and not released; no cache lock needed
+                if key in first_need:  # Issued and not released; no cache lock needed
                     continue
                 source = self._sources[key[0]]
                 nbytes = source.decoded_bytes(key[1], packed_seq_len=self._packed_seq_len)
@@ -245,7 +245,7 @@ class Pipeline:
         if self._assembler is None:
             self._assembler = StepAssembler(seq_len=self._seq_len, packing=self._ring.layout.packing)
         eos = self._eos_ids[plan.streams] if len(self._eos_ids) > 1 else int(self._eos_ids[0])
-        # NOTE: one thread assembles the whole step: handing half the rows to
+        # One thread assembles the whole step: handing half the rows to
         # a helper thread measured slower here (2 cores shared with decoding).
         self._assembler.assemble(blocks, plan.samples, eos, slot)
         slot.sample_positions[:] = plan.positions
@@ -270,7 +270,7 @@ class Pipeline:
             self._published_at = now
 
     def _publish_counters(self, steps: int) -> None:
-        # NOTE: often, so keep it to one read of each lock (PRODUCER_KEYS order).
+        # Often, so keep it to one read of each lock (PRODUCER_KEYS order).
         values = self._stats.values(PIPELINE_KEYS)
         stores = tuple(now - base for now, base in zip(self._store_counts(), self._store_base))
         resident, peak, forced = self._cache.counters()
@@ -281,7 +281,7 @@ class Pipeline:
         """The stores' ``(retries, throttled, throttle_waits, throttle_wait_s, errors)``, in PRODUCER_KEYS order."""
         totals = [0.0] * 5
         if not self._own_stores:
-            # NOTE: runs on threads overlap (a run started ahead, one being
+            # Runs on threads overlap (a run started ahead, one being
             # retired) over the same stores; each publishing the stores'
             # counts would count one retry in every run that saw it.
             return tuple(totals)
@@ -293,7 +293,7 @@ class Pipeline:
 
     def _put(self, item: Any) -> bool:
         if self._emit is not None:
-            # NOTE: no queue and no second thread: the ring's free slots
+            # No queue and no second thread: the ring's free slots
             # already bound how far ahead the producer runs.
             self._emit(item)
             return not self._stop.is_set()
@@ -327,7 +327,7 @@ class Pipeline:
                 if not self._thread.is_alive() and self._queue.empty():
                     raise RuntimeError("the loader's producer thread stopped without a result") from None
         if isinstance(item, BaseException):
-            self._queue.put(item)  # NOTE: keep raising on later calls, too
+            self._queue.put(item)  # Keep raising on later calls, too
             raise item
         if isinstance(item, EndOfData):
             self._queue.put(item)
@@ -340,7 +340,7 @@ class Pipeline:
         """
         self._stop.set()
         self._cache.close()
-        self._drain()  # NOTE: a producer blocked on a full queue sees the stop now, not at its next poll
+        self._drain()  # A producer blocked on a full queue sees the stop now, not at its next poll
         self._thread.join()
         self._pool.close()
         self._drain()

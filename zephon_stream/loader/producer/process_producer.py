@@ -36,7 +36,7 @@ from zephon_stream.loader.producer.reports import HelperReports
 from zephon_stream.loader.producer.spec import ProducerSpec
 from zephon_stream.loader.ring.shared_ring import SharedRing
 
-# NOTE: how long close() waits for the helper to exit on its own after the
+# How long close() waits for the helper to exit on its own after the
 # control socket closes, before it is killed.
 _EXIT_WAIT_S = 5.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
@@ -77,11 +77,11 @@ class ProcessProducer:
         self._lock_word: memoryview | None = None
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
-        # NOTE: the helper imports this very copy of zephon_stream, installed or not.
+        # The helper imports this very copy of zephon_stream, installed or not.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         try:
             self._process = subprocess.Popen(
-                # NOTE: the niceness is taken after the imports: at niceness
+                # The niceness is taken after the imports: at niceness
                 # 10 beside a trainer busy on its first steps (served by
                 # threads meanwhile) the imports took 1.2-1.7 s instead of
                 # 0.3-0.5 s. -P keeps the working directory off sys.path, so
@@ -98,7 +98,7 @@ class ProcessProducer:
             theirs.close()
         self._socket = ours
         self._pid = self._process.pid
-        self._conn = Connection(os.dup(ours.fileno()))  # NOTE: sends the spec; steps come through the reader
+        self._conn = Connection(os.dup(ours.fileno()))  # Sends the spec; steps come through the reader
         self._reports = HelperReports(ours)
 
     def ready(self) -> bool:
@@ -130,7 +130,7 @@ class ProcessProducer:
         self._reports.board, self._reports.posts = ring.board, spec.post_steps
 
     def _wake(self) -> None:
-        # NOTE: a lost wake-up only delays the helper by its bounded wait; a
+        # A lost wake-up only delays the helper by its bounded wait; a
         # helper that is gone shows at the next get().
         try:
             self._socket.send(b"w", socket.MSG_DONTWAIT)
@@ -163,7 +163,7 @@ class ProcessProducer:
         raise self._error
 
     def _gone(self) -> bool:
-        # NOTE: the helper's main thread holds its liveness lock while it
+        # The helper's main thread holds its liveness lock while it
         # lives (loader/ring/liveness.py): its pid in the lock word, read without
         # a system call. Else (not locked yet, or its holder died) the kernel
         # is asked, without reaping; _fail reaps.
@@ -172,11 +172,11 @@ class ProcessProducer:
         try:
             return os.waitid(os.P_PID, self._process.pid, _GONE_FLAGS) is not None
         except ChildProcessError:
-            return True  # NOTE: already reaped
+            return True  # Already reaped
 
     def _due(self, cursor: int | None = None) -> str:
         if cursor is None:
-            # NOTE: the step after the last taken, posted or sent.
+            # The step after the last taken, posted or sent.
             board = self._reports.board
             taken = board.taken if board is not None else 0
             cursor = self._start + (taken + self._sent_steps) * self._slot_batch
@@ -204,7 +204,7 @@ class ProcessProducer:
             raise self._error
         if self._ended:
             return EndOfData()
-        # NOTE: a dead helper raises at the next step even when steps it
+        # A dead helper raises at the next step even when steps it
         # finished before it died are still posted (its liveness lock read
         # here, else one waitid; no wait).
         lock_word = self._lock_word
@@ -239,14 +239,14 @@ class ProcessProducer:
         With ``wait=False`` the helper is left to exit on its own; a later
         ``close()`` reaps it.
         """
-        self._lock_word = self._reports.board = None  # NOTE: the ring it views is released after this
+        self._lock_word = self._reports.board = None  # The ring it views is released after this
         self._reports.posts = False
         if self._conn is not None:
             self._conn.close()
             self._socket.close()
             self._conn = None  # type: ignore[assignment]
         if not self._started and self._process.returncode is None:
-            # NOTE: a helper never given a run holds nothing but its socket;
+            # A helper never given a run holds nothing but its socket;
             # one still loading would notice the close only once its imports
             # are done (up to a second or more on a busy machine).
             self._process.kill()

@@ -21,17 +21,17 @@ import traceback
 from zephon_stream.loader.producer.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.ring.step_board import StepBoard, fence
 
-# NOTE: a message is one kind byte and its body: a step's index, cursor and
+# A message is one kind byte and its body: a step's index, cursor and
 # slot packed (and its data sha256 in hex, when the audit log wants it), the
 # end of a finite run, or a pickled error. On the socket each message follows
 # its length (``frame``).
 _STEP, _END, _ERROR = b"s", b"e", b"x"
-# NOTE: sent once, before the spec is read: the interpreter and the
+# Sent once, before the spec is read: the interpreter and the
 # pipeline's modules are loaded, so a run given now starts at once.
 READY = b"r"
-# NOTE: sent after a post the trainer waits for (loader/ring/step_board.py).
+# Sent after a post the trainer waits for (loader/ring/step_board.py).
 WAKE = b"k"
-# NOTE: the bounded sleep of a trainer waiting for a report: the first, and
+# The bounded sleep of a trainer waiting for a report: the first, and
 # the longest after doubling. A report wakes it at once.
 _SLEEP_FIRST_S = 0.002
 _SLEEP_MAX_S = 0.02
@@ -56,7 +56,7 @@ class MessageReader:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._buffer = bytearray()
-        self._at = 0  # NOTE: where the next message starts in the buffer
+        self._at = 0  # Where the next message starts in the buffer
 
     def poll(self) -> bytes | None:
         """The next message if it has arrived, else None (never waits).
@@ -78,7 +78,7 @@ class MessageReader:
             end = start + size
             if len(buffer) >= end:
                 message = bytes(buffer[start:end])
-                # NOTE: an offset, not a deletion at the front per message;
+                # An offset, not a deletion at the front per message;
                 # the buffer is emptied when all of it has been read.
                 if end == len(buffer):
                     buffer.clear()
@@ -151,12 +151,12 @@ class HelperReports:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._reader = MessageReader(sock)
-        self.board: StepBoard | None = None  # NOTE: the run's, once it starts
-        self.posts = False  # NOTE: whether the helper posts its steps on the board (else sends them)
-        # NOTE: what was received and not taken yet: an end or error that came
+        self.board: StepBoard | None = None  # The run's, once it starts
+        self.posts = False  # Whether the helper posts its steps on the board (else sends them)
+        # What was received and not taken yet: an end or error that came
         # while steps posted before it were unread, or one :meth:`sent` looked at.
         self._stashed: ReadyStep | EndOfData | BaseException | None = None
-        self._sleep_s = _SLEEP_FIRST_S  # NOTE: doubles while one wait goes on
+        self._sleep_s = _SLEEP_FIRST_S  # Doubles while one wait goes on
 
     def ready(self) -> bool:
         """Whether the helper said it is ready (never waits); its first message.
@@ -182,7 +182,7 @@ class HelperReports:
             return None
         item, self._stashed = self._stashed, None
         if board is not None and type(item) is not ReadyStep and board.posted():
-            # NOTE: the helper posts its steps before it sends what ends them
+            # The helper posts its steps before it sends what ends them
             # (the end, an error at a later step): those come first.
             self._stashed = item
             return board.take()
@@ -196,11 +196,11 @@ class HelperReports:
             EOFError: the helper closed the socket.
         """
         if not self.posts:
-            # NOTE: steps come over the socket; most often one has arrived.
+            # Steps come over the socket; most often one has arrived.
             if self._reader.fill():
                 return
         else:
-            # NOTE: say so on the board, so that a post sends a byte; the
+            # Say so on the board, so that a post sends a byte; the
             # fence keeps the flag's store before the count's load (the
             # helper fences between its count and its look at the flag).
             board = self.board
@@ -218,7 +218,7 @@ class HelperReports:
             message = self._reader.take()
             if message is None:
                 return False
-            if message != WAKE and message != READY:  # NOTE: READY when nobody asked ready() first
+            if message != WAKE and message != READY:  # READY when nobody asked ready() first
                 self._stashed = decode(message)
         return True
 

@@ -82,7 +82,7 @@ class ProducerSpec:
         return self.layout.global_batch * self.steps_per_slot
 
     def __repr__(self) -> str:
-        # NOTE: storage options may hold keys; they are never shown.
+        # Storage options may hold keys; they are never shown.
         return f"ProducerSpec(start={self.start}, num_steps={self.num_steps}, streams={len(self.streams)})"
 
     def open_sources(self) -> list[StreamSource]:
@@ -92,7 +92,7 @@ class ProducerSpec:
         if self.node_cache_root is not None:
             from zephon_stream.storage.node_cache import NodeCache
 
-            # NOTE: this process's own registration; it ends with the process.
+            # This process's own registration; it ends with the process.
             node_cache = NodeCache(self.node_cache_root)
         try:
             for index, (stream, metadata) in enumerate(zip(self.streams, self.metadata)):
@@ -124,7 +124,7 @@ def start_pipeline(
         end = None if spec.num_steps is None else spec.start + spec.num_steps * layout.global_batch
 
         def slice_slots(cursor: int, count: int) -> tuple[np.ndarray, ...]:
-            # NOTE: the planner's step is a slot's worth of consecutive steps,
+            # The planner's step is a slot's worth of consecutive steps,
             # their rows in step order. A run's last slot may hold fewer:
             # its rows past the run's end repeat its last step (their blocks
             # are in use already) and are never handed over.

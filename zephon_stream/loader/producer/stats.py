@@ -75,7 +75,7 @@ class LoaderStats:
         return out
 
 
-# NOTE: what the producer (helper process or thread) publishes in the ring's
+# What the producer (helper process or thread) publishes in the ring's
 # header after each step, in this order: its own LoaderStats counters
 # (PIPELINE_KEYS; the consumer counts steps, samples and stalls itself), then
 # the store's and the cache's.
@@ -101,7 +101,7 @@ def read_counters(area: Any) -> dict[str, Any]:
     return {key: (float(v) if key.endswith("_s") else int(v)) for key, v in zip(PRODUCER_KEYS, raw)}
 
 
-# NOTE: what a producer run publishes about its cache right now; every other
+# What a producer run publishes about its cache right now; every other
 # producer counter is a total of its run.
 CACHE_GAUGE_KEYS = ("cache_resident_bytes", "cache_peak_bytes", "cache_capacity_bytes")
 

@@ -21,7 +21,7 @@ from zephon_stream.loader.ring.shared_ring import SharedRing
 _FREE_POLL_MIN_S = 0.0002
 _FREE_POLL_FIRST_MIN_S = 0.0001
 _FREE_POLL_MAX_S = 0.002
-# NOTE: the most returned slots a waiting producer asks to be woken after (a byte of the ring's header).
+# The most returned slots a waiting producer asks to be woken after (a byte of the ring's header).
 MAX_WAKE_AFTER = 255
 
 
@@ -38,12 +38,12 @@ class FreeSlots:
     """
 
     def __init__(self, ring: SharedRing, *, wake_after: int = 1) -> None:
-        # NOTE: the ring, not a view of its flags: a view left behind would
+        # The ring, not a view of its flags: a view left behind would
         # keep the mapping (and its descriptor) open after the ring's close().
         self._ring = ring
         self._next = 0
         self._wake_after = max(1, min(MAX_WAKE_AFTER, wake_after))
-        # NOTE: when the last wait ended, and the first look of the next one:
+        # When the last wait ended, and the first look of the next one:
         # a quarter of the time between the last two waits' ends (about the
         # consumer's step while the producer is ahead), so a returned slot is
         # found within a fraction of a step.
@@ -58,7 +58,7 @@ class FreeSlots:
         returned = self._ring.returned
         index = self._next
         if returned[index]:
-            # NOTE: slots mostly come back in the order they went out; the
+            # Slots mostly come back in the order they went out; the
             # one after the last taken is the first to look at.
             returned[index] = 0
             self._next = (index + 1) % len(returned)
@@ -69,7 +69,7 @@ class FreeSlots:
             while not stop.is_set():
                 woken.clear()
                 waiting[0] = self._wake_after
-                # NOTE: a snapshot: the consumer sets flags while this reads them
+                # A snapshot: the consumer sets flags while this reads them
                 # (numpy refuses to count a changing array).
                 ready = np.flatnonzero(returned.copy())
                 if ready.size:
@@ -82,7 +82,7 @@ class FreeSlots:
                         self._first_look_s = min(_FREE_POLL_MAX_S, max(_FREE_POLL_FIRST_MIN_S, look))
                     self._waited_at = now
                     return index
-                # NOTE: the producer waits here only when it is a whole ring
+                # The producer waits here only when it is a whole ring
                 # ahead of the consumer. A wake-up costs the consumer's thread
                 # a system call and the other side's wake (10-15 us of the
                 # trainer's CPU, measured), so the consumer wakes it only
@@ -106,7 +106,7 @@ def hand_back(ring: SharedRing, slot: int) -> None:
     began to, see :class:`FreeSlots`)."""
     flags = ring.flags
     flags[slot] = 1
-    waiting = ring.num_slots  # NOTE: the producer_waiting byte follows the slots' flags
+    waiting = ring.num_slots  # The producer_waiting byte follows the slots' flags
     left = flags[waiting]
     if left:
         flags[waiting] = left - 1

@@ -20,13 +20,13 @@ from __future__ import annotations
 import ctypes
 import sys
 
-# NOTE: room for a pthread_mutex_t (40 bytes on x86-64 glibc, 48 on arm64),
+# Room for a pthread_mutex_t (40 bytes on x86-64 glibc, 48 on arm64),
 # on a cache line of its own.
 LOCK_BYTES = 64
 _MUTEX_ATTR_BYTES = 64
 _PTHREAD_PROCESS_SHARED = 1
 _PTHREAD_MUTEX_ROBUST = 1
-# NOTE: what the kernel leaves in the lock word of a robust mutex whose
+# What the kernel leaves in the lock word of a robust mutex whose
 # holder died (linux/futex.h FUTEX_OWNER_DIED).
 OWNER_DIED = 0x40000000
 

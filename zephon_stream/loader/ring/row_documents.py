@@ -36,10 +36,10 @@ IGNORE_INDEX = -100
 
 CROSS_DOCUMENT_TARGETS = ("predict", "ignore")
 PACKING_KEYS = ("segment_ids", "document_lengths", "cu_seqlens", "num_cu_seqlens", "max_seqlen")
-# NOTE: the scalars lead (int64, 8 bytes each), then the int32 arrays.
+# The scalars lead (int64, 8 bytes each), then the int32 arrays.
 _SCALAR_KEYS = ("num_cu_seqlens", "max_seqlen")
 _ALIGN = 64
-# NOTE: below this many document starts per row on average, writing each
+# Below this many document starts per row on average, writing each
 # segment's ids is cheaper than a running sum over the whole step.
 _SPARSE_STARTS_PER_ROW = 8
 
@@ -145,7 +145,7 @@ class PackingWriter:
         self._one_document = np.zeros(seq_len, np.int32)
         self._one_document[0] = seq_len
         self._count = np.arange(rows * seq_len + 1, dtype=np.int64)
-        # NOTE: per slot: (documents in the step, {row: (documents in it, first
+        # Per slot: (documents in the step, {row: (documents in it, first
         # inner start)} for the rows holding more than one), or None after a
         # dense step. A slot
         # not in here is cleared whole: another writer (an earlier run of the
@@ -184,7 +184,7 @@ class PackingWriter:
                     flat_labels[row * seq_len + col] = IGNORE_INDEX
         if outputs is None:
             return
-        # NOTE: an EOS on the last input (or on the label-only column) starts
+        # An EOS on the last input (or on the label-only column) starts
         # nothing in the row; flat hits come in row-major order.
         inner: dict[int, list[int]] = {}
         for row, col in cells:
@@ -251,7 +251,7 @@ class PackingWriter:
         num_docs = starts.size
         lengths = np.diff(np.append(starts, total))
         doc_rows = starts // seq_len
-        # NOTE: every row has a start at its first token, so a document's index
+        # Every row has a start at its first token, so a document's index
         # within its row is its index overall minus that of its row's first.
         first_of_row = np.searchsorted(starts, self._row_starts)
         cu = outputs["cu_seqlens"]

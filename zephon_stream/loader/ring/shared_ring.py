@@ -41,7 +41,7 @@ from zephon_stream.loader.ring.step_board import StepBoard, board_bytes
 
 WIDE_KEYS = ("input", "labels", "positions")
 _ALIGN = 64
-# NOTE: float64 counters written by the producer after each step; see
+# float64 counters written by the producer after each step; see
 # loader/producer/stats.py for their order.
 HEADER_COUNTERS = 32
 
@@ -173,26 +173,26 @@ class SharedRing:
         self.counters = self._array[: HEADER_COUNTERS * 8].view(np.float64)
         self.returned = self._array[HEADER_COUNTERS * 8 : HEADER_COUNTERS * 8 + num_slots]
         self.producer_waiting = self._array[HEADER_COUNTERS * 8 + num_slots : HEADER_COUNTERS * 8 + num_slots + 1]
-        # NOTE: the same bytes (every ``returned`` flag, then
+        # The same bytes (every ``returned`` flag, then
         # ``producer_waiting``) for the consumer's hand-back, once a step: a
         # memoryview's item access is a few instructions, a numpy scalar's
         # goes through numpy's type machinery.
         self.flags = memoryview(self._map)[HEADER_COUNTERS * 8 : HEADER_COUNTERS * 8 + num_slots + 1]
-        # NOTE: the helper's liveness lock (loader/ring/liveness.py) and its lock
+        # The helper's liveness lock (loader/ring/liveness.py) and its lock
         # word, which the trainer reads at every step.
         self.helper_lock_offset = _lock_offset(num_slots)
         self.helper_lock_word = memoryview(self._map)[self.helper_lock_offset : self.helper_lock_offset + 4].cast("i")
-        # NOTE: the steps a helper process finished (loader/ring/step_board.py).
+        # The steps a helper process finished (loader/ring/step_board.py).
         board = _board_offset(num_slots)
         self.board = StepBoard(memoryview(self._map)[board : board + board_bytes(num_slots)], num_slots)
-        # NOTE: set when a slot comes back while the producer waits. In one
+        # set when a slot comes back while the producer waits. In one
         # process the consumer sets it (``notify``); a helper process's ring
         # has it set by the thread that reads the consumer's wake-ups, and the
         # consumer's ``notify`` is then a byte sent to the helper.
         self.slot_returned = threading.Event()
         self.notify = self.slot_returned.set
         self._offsets = layout.offsets()
-        # NOTE: one array per slot over the mapping itself (not a slice of
+        # One array per slot over the mapping itself (not a slice of
         # another array), so that every view of a slot refers to its slab and
         # the slab's reference count tells whether anyone still holds the slot.
         self._slabs = [self._new_slab(i) for i in range(num_slots)]
@@ -255,7 +255,7 @@ class SharedRing:
     def slot_in_use(self, index: int) -> bool:
         """Whether anything outside the ring (a view, or a tensor over one)
         still refers to slot ``index``; the producer's own views do not count."""
-        # NOTE: 2 = the ring's list entry and getrefcount's argument.
+        # 2 = the ring's list entry and getrefcount's argument.
         return sys.getrefcount(self._slabs[index]) > 2
 
     def slot_range(self, index: int) -> tuple[int, int]:
@@ -285,7 +285,7 @@ class SharedRing:
         try:
             self._map.close()
         except BufferError:
-            # NOTE: a consumer still holds a batch that views the ring; the
+            # A consumer still holds a batch that views the ring; the
             # mapping goes with the last such view.
             pass
         self._map = None  # type: ignore[assignment]

@@ -38,7 +38,7 @@ import platform
 import threading
 
 _LINE = 64
-# NOTE: machines whose stores and loads are seen in program order (TSO).
+# Machines whose stores and loads are seen in program order (TSO).
 _ORDERED_MACHINES = frozenset({"x86_64", "amd64", "i386", "i686", "x86"})
 
 
@@ -75,7 +75,7 @@ class StepBoard:
         self.count = area[:8].cast("q")
         self.waiting = area[_LINE : _LINE + 8].cast("q")
         self.posts = area[2 * _LINE : 2 * _LINE + num_slots * 8].cast("q")
-        # NOTE: the trainer's side: posts it has read (only the trainer's
+        # The trainer's side: posts it has read (only the trainer's
         # thread reads the board, so this is a plain attribute).
         self.taken = 0
 
@@ -86,7 +86,7 @@ class StepBoard:
         count = self.count[0]
         self.posts[count % self.num_slots] = slot
         self.count[0] = count + 1
-        fence()  # NOTE: the count's store before the flag's load (the trainer fences the other way)
+        fence()  # The count's store before the flag's load (the trainer fences the other way)
         if self.waiting[0]:
             self.waiting[0] = 0
             return True

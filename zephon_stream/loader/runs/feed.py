@@ -41,12 +41,12 @@ from zephon_stream.loader.runs.phase_layouts import LayoutBook
 from zephon_stream.loader.runs.producer_run import ProducerRun, SteadySteps
 from zephon_stream.storage.urls import url_scheme
 
-# NOTE: how long before the cursor reaches it a run is started: long enough
+# How long before the cursor reaches it a run is started: long enough
 # for a producer to fetch and decode its first blocks (from S3 too) and fill
 # its ring; counted in the consumer's own steps, as timed.
 LEAD_S = 0.3
 _MAX_LEAD_STEPS = 4096
-_HELPER_POLL_S = 0.001  # NOTE: how often a run on threads asks whether the starting helper is ready
+_HELPER_POLL_S = 0.001  # How often a run on threads asks whether the starting helper is ready
 
 
 class BatchFeed:
@@ -88,21 +88,21 @@ class BatchFeed:
         self._prepared: tuple[SharedRing, CpuDelivery | CudaDelivery] | None = None
         self._spare_helper: ProcessProducer | None = None
         self._exiting: list[ProcessProducer] = []
-        # NOTE: runs whose producer is being stopped off the consumer's thread
+        # Runs whose producer is being stopped off the consumer's thread
         # (joining a run's threads can take tens of ms); counted and released
         # by the consumer's thread once stopped.
         self._retiring: list[tuple[threading.Thread, ProducerRun]] = []
         self._totals = RunTotals()
         self._last_get_s: float | None = None
         self._quiet = False
-        # NOTE: the short way to the next plain step, while the feed is quiet
+        # The short way to the next plain step, while the feed is quiet
         # (``SteadySteps``, loader/runs/producer_run.py).
         self.steady: SteadySteps | None = None
         self._step_s = 0.0
         self._helper_polled_s = 0.0
         if first_layout is not None:
             self.prepare(first_layout)
-        # NOTE: a helper started now loads its interpreter while the trainer
+        # A helper started now loads its interpreter while the trainer
         # builds its model; runs started before it is ready begin on threads.
         self._spare_helper = self._new_helper() if pipeline_mode == "process" else None
 
@@ -216,7 +216,7 @@ class BatchFeed:
         except Exception:
             if run.spec.steps_per_slot == 1:
                 raise
-        # NOTE: a slot of several steps failed as a whole (a corrupt block,
+        # A slot of several steps failed as a whole (a corrupt block,
         # storage that stayed down). Its steps are read again one a slot, so
         # the good ones come and the error is raised at the step that needed
         # the block, as always.
@@ -233,7 +233,7 @@ class BatchFeed:
         run started ahead or hand this one over; the run to read from."""
         now = time.perf_counter()
         if self._last_get_s is not None:
-            # NOTE: the consumer's step, smoothed; it sets how far ahead runs start.
+            # The consumer's step, smoothed; it sets how far ahead runs start.
             self._step_s = 0.8 * self._step_s + 0.2 * (now - self._last_get_s) if self._step_s else now - self._last_get_s
         self._last_get_s = now
         if self._retiring or self._exiting:
@@ -243,11 +243,11 @@ class BatchFeed:
             run = self._run
         elif (self._next is None and not run.in_helper and self._spare_helper is not None
               and now - self._helper_polled_s >= _HELPER_POLL_S):  # fmt: skip
-            # NOTE: asking a starting helper costs a failed recv (~12 us);
+            # Asking a starting helper costs a failed recv (~12 us);
             # at tiny steps, asked every step, that was half the step.
             self._helper_polled_s = now
             self._hand_over(run, position)
-        # NOTE: a run in the helper with no schedule and nothing left to
+        # A run in the helper with no schedule and nothing left to
         # settle needs no watching until the loader stops or seeks.
         self._quiet = (run.in_helper and self._next is None and self._book.schedule is None
                        and not self._retiring and not self._exiting)  # fmt: skip
@@ -260,10 +260,10 @@ class BatchFeed:
             return
         batch, slot_batch = run.layout.global_batch, run.spec.slot_batch
         ahead = position + self.lead_steps(run.layout) * batch - run.start
-        takeover = run.start + -(-ahead // slot_batch) * slot_batch  # NOTE: at a slot boundary of the run
+        takeover = run.start + -(-ahead // slot_batch) * slot_batch  # At a slot boundary of the run
         end = run.end
         if end is not None and takeover >= end:
-            return  # NOTE: this run ends first; the next run starts in the helper
+            return  # This run ends first; the next run starts in the helper
         spec = run.spec
         num_steps = None if end is None else (end - takeover) // batch
         start_step = spec.start_step + (takeover - spec.start) // batch
@@ -298,7 +298,7 @@ class BatchFeed:
             start_step=start_step,
             helper_nice=self._helper_nice,
             steps_per_slot=per_slot,
-            # NOTE: the audit log's digests travel with their steps over the socket.
+            # The audit log's digests travel with their steps over the socket.
             post_steps=board_is_safe() and not hash_data,
             node_cache_root=self._node_cache_root,
         )
@@ -322,7 +322,7 @@ class BatchFeed:
                 self._spare_helper = self._new_helper()
             return ThreadProducer(spec, sources=self._sources, ring=ring)
         helper.start(spec, ring=ring)
-        # NOTE: the next run (a phase, a seek) gets a helper loaded meanwhile.
+        # The next run (a phase, a seek) gets a helper loaded meanwhile.
         self._spare_helper = self._new_helper() if more_runs else None
         return helper
 
@@ -335,7 +335,7 @@ class BatchFeed:
             run.producer.close()
             self._end(run)
         elif isinstance(run.producer, ProcessProducer):
-            # NOTE: the helper is left to exit on its own (reaped later); the
+            # The helper is left to exit on its own (reaped later); the
             # run's steps were all taken, so its counters are final.
             run.producer.close(wait=False)
             self._exiting.append(run.producer)

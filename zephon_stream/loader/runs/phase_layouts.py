@@ -23,7 +23,7 @@ from zephon_stream.loader.ring.shared_ring import SharedRing, SlotLayout
 from zephon_stream.plan import GlobalOrder, ScheduleOrder
 from zephon_stream.plan.run_history import Skip, Stretch, continues, decode, encode, history_distance, last_stretch
 
-# NOTE: a step of few tokens costs the producer and the trainer about as much
+# A step of few tokens costs the producer and the trainer about as much
 # Python as a large one; below this many tokens a step, several consecutive
 # steps share one ring slot (one assembly, one message), up to the cap.
 SLOT_TOKENS = 16384
@@ -89,7 +89,7 @@ class LayoutBook:
 
     def _steps_per_slot(self, rows: int, seq_len: int) -> int:
         if not self.share_slots or self.device.type != "cpu" or self.packing.outputs:
-            # NOTE: cu_seqlens describes a whole step's rows, so a step with
+            # cu_seqlens describes a whole step's rows, so a step with
             # packing outputs cannot be cut out of a larger slot.
             return 1
         return max(1, min(MAX_STEPS_PER_SLOT, SLOT_TOKENS // (rows * seq_len)))
@@ -175,7 +175,7 @@ class LayoutBook:
         a schedule whose first phase this world size cannot read, refused at
         the first step).
 
-        NOTE: with a schedule the memory bound is the most any phase this
+        With a schedule the memory bound is the most any phase this
         world size can read needs; a phase it cannot read is refused on entry.
 
         Raises:
@@ -195,7 +195,7 @@ class LayoutBook:
         assert self.schedule is not None
         return [p.index for p in self.schedule.phases if p.global_batch % self.world_size == 0]
 
-    # NOTE: ``current`` is the loader's layout: without a schedule, its order
+    # ``current`` is the loader's layout: without a schedule, its order
     # is the whole order; with one, the schedule answers.
 
     def order_at(self, position: int, current: RankLayout) -> GlobalOrder:
@@ -269,7 +269,7 @@ def run_end_position(book: LayoutBook, current: RankLayout, ends: dict) -> int |
     if order is None:
         if ends["max_epochs"] is None:
             return book.position_of_step(ends["max_steps"], current)
-        # NOTE: a loader without a schedule reads the one-phase schedule of its order.
+        # A loader without a schedule reads the one-phase schedule of its order.
         order = ScheduleOrder.single(list(current.order.shapes), current.order.config, current.global_batch)
     return order.position_of_step(run_end_step(order, **ends))
 

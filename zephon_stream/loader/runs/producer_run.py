@@ -76,10 +76,10 @@ class ProducerRun:
         self.start = start
         self.end = end
         self.spec = spec
-        self.more_runs = False  # NOTE: another run follows (a helper taking this one over starts a spare)
-        # NOTE: steps delivered from a slot of several, not handed over yet.
+        self.more_runs = False  # Another run follows (a helper taking this one over starts a spare)
+        # Steps delivered from a slot of several, not handed over yet.
         self.pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]] = collections.deque()
-        # NOTE: the short way to a plain step (:class:`SteadySteps` below), where the
+        # The short way to a plain step (:class:`SteadySteps` below), where the
         # run has one: a helper that posts its steps, cached CPU tensors.
         self.steady: SteadySteps | None = None
         if isinstance(producer, ProcessProducer) and spec.post_steps and isinstance(delivery, CpuDelivery) and delivery.cached:
@@ -110,7 +110,7 @@ class ProducerRun:
         per_slot = self.spec.steps_per_slot
         if per_slot == 1:
             return self.delivery.deliver(ready.slot)
-        # NOTE: the slot holds consecutive steps, rows in step order; each is
+        # The slot holds consecutive steps, rows in step order; each is
         # handed over as views of the slot's tensors, which keep the slot
         # held until the last of them is dropped. A run's last slot may hold
         # rows past its end, which are not steps.
@@ -132,9 +132,9 @@ class ProducerRun:
 
     def release(self) -> None:
         """Release the delivery and the ring (CPU batches the consumer holds stay valid)."""
-        self.steady = None  # NOTE: it holds this run's way to deliver: a cycle that would keep the ring mapped
+        self.steady = None  # It holds this run's way to deliver: a cycle that would keep the ring mapped
         if self.delivery is not None and isinstance(self.delivery, CudaDelivery):
-            # NOTE: the consumer may still be copying host labels (views of
+            # The consumer may still be copying host labels (views of
             # the pinned ring) to the device with non_blocking=True; the ring
             # is unregistered below. (Not run on a GPU yet.)
             torch.cuda.synchronize(self.delivery.device)
@@ -175,13 +175,13 @@ class SteadySteps:
         self._steps_per_slot = steps_per_slot
         self._deliver_posted = deliver_posted
         self._reports = producer.reports
-        # NOTE: how long the last step served waited for its post.
+        # How long the last step served waited for its post.
         self.stall_s = 0.0
 
     def take(self) -> dict[str, torch.Tensor] | None:
         """The next step's tensors, or None when the step is not plain (nothing taken then)."""
         if self._lock_word[0] != self._pid:
-            return None  # NOTE: the helper may be gone; the full way asks the kernel
+            return None  # The helper may be gone; the full way asks the kernel
         pending = self._pending
         if pending:
             self.stall_s = 0.0
@@ -189,7 +189,7 @@ class SteadySteps:
         if self._delivery.done:
             return None
         held, views = self._held, self._views
-        # NOTE: slots come back in the order they went out, one a step: the
+        # Slots come back in the order they went out, one a step: the
         # oldest held goes back once the consumer dropped it. A consumer that
         # keeps an older batch fills ``held``; then a later slot may be free.
         if held and not views[held[0]].in_use():
@@ -212,7 +212,7 @@ class SteadySteps:
         slot = self._posts[taken % self._num_slots]
         slot_views = views[slot]
         if slot_views is None or slot_views.steps_per_slot != self._steps_per_slot:
-            return None  # NOTE: the slot's first time round: the full way makes its tensors
+            return None  # The slot's first time round: the full way makes its tensors
         board.taken = taken + 1
         if self._steps_per_slot != 1:
             return self._deliver_posted(slot)
@@ -230,9 +230,9 @@ class SteadySteps:
                 if self._board.posted():
                     break
                 if reports.sent():
-                    return False  # NOTE: an end or an error: the full way takes it
+                    return False  # An end or an error: the full way takes it
         except (EOFError, OSError):
-            return False  # NOTE: the helper is gone: the full way names it
+            return False  # The helper is gone: the full way names it
         reports.done_waiting()
         self.stall_s = time.perf_counter() - started
         return True
