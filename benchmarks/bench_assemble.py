@@ -68,8 +68,17 @@ def compile_fused(workdir: Path) -> ctypes.CDLL | None:
     subprocess.run([compiler, "-O3", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     lib = ctypes.CDLL(str(library))
     pointer = ctypes.c_void_p
-    lib.assemble.argtypes = [ctypes.POINTER(pointer), pointer, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
-                             pointer, pointer, pointer, pointer]
+    lib.assemble.argtypes = [
+        ctypes.POINTER(pointer),
+        pointer,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int64,
+        pointer,
+        pointer,
+        pointer,
+        pointer,
+    ]
     return lib
 
 
@@ -94,8 +103,12 @@ def main() -> None:
         root = Path(args.data_dir or tmp) / "stdlib-bytes"
         with open_store(str(root)) as store:
             blocks = [
-                decode_block(store.read_range(*manifest.block_byte_range(b)), num_tokens=manifest.block_num_tokens(b),
-                             dtype=manifest.np_dtype, where=f"block {b}")
+                decode_block(
+                    store.read_range(*manifest.block_byte_range(b)),
+                    num_tokens=manifest.block_num_tokens(b),
+                    dtype=manifest.np_dtype,
+                    where=f"block {b}",
+                )
                 for b in range(min(16, manifest.num_blocks))
             ]
         eos = manifest.tokenizer.eos_id
@@ -121,8 +134,12 @@ def main() -> None:
                     for key in WIDE_KEYS:
                         np.copyto(wide[key], source)
 
-            figures = {"seq_len": seq_len, "local_batch": rows, "steps": args.steps,
-                       "numpy_us_per_step": best_us_per_step(numpy_steps, args.steps, args.repeats)}
+            figures = {
+                "seq_len": seq_len,
+                "local_batch": rows,
+                "steps": args.steps,
+                "numpy_us_per_step": best_us_per_step(numpy_steps, args.steps, args.repeats),
+            }
             # What numpy wrote for the last step, to check the C loop against.
             expected = {key: slots[(args.steps - 1) % len(slots)].wide[key].copy() for key in WIDE_KEYS}
             figures["write_floor_us_per_step"] = best_us_per_step(write_floor, args.steps, args.repeats)
@@ -136,8 +153,15 @@ def main() -> None:
                 def fused_steps() -> None:
                     for k in range(args.steps):
                         slot = slots[k % len(slots)]
-                        lib.assemble(pointers[k], starts[k].ctypes.data, rows, seq_len, eos, slot.tokens.ctypes.data,
-                                     *(slot.wide[key].ctypes.data for key in WIDE_KEYS))
+                        lib.assemble(
+                            pointers[k],
+                            starts[k].ctypes.data,
+                            rows,
+                            seq_len,
+                            eos,
+                            slot.tokens.ctypes.data,
+                            *(slot.wide[key].ctypes.data for key in WIDE_KEYS),
+                        )
 
                 figures["fused_c_us_per_step"] = best_us_per_step(fused_steps, args.steps, args.repeats)
                 last = slots[(args.steps - 1) % len(slots)]
@@ -147,9 +171,11 @@ def main() -> None:
             ring.close()
 
     fused = figures.get("fused_c_us_per_step")
-    print(f"{rows} x {seq_len} per step: numpy {figures['numpy_us_per_step']:.1f} µs, "
-          + (f"fused C {fused:.1f} µs ({figures['numpy_us_per_step'] / fused:.2f}x), " if fused else "")
-          + f"int64 write floor {figures['write_floor_us_per_step']:.1f} µs")
+    print(
+        f"{rows} x {seq_len} per step: numpy {figures['numpy_us_per_step']:.1f} µs, "
+        + (f"fused C {fused:.1f} µs ({figures['numpy_us_per_step'] / fused:.2f}x), " if fused else "")
+        + f"int64 write floor {figures['write_floor_us_per_step']:.1f} µs"
+    )
     print(json.dumps(figures))
 
 

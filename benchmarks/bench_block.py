@@ -68,7 +68,9 @@ def main() -> None:
     baseline_s = ours_s = float("inf")
     for _ in range(args.repeats):
         baseline_s = min(baseline_s, best_of(1, lambda: [dctx.decompress(f) for f in frames]))
-        ours_s = min(ours_s, best_of(1, lambda: [decode_block(f, num_tokens=n, dtype="<u2", where="bench") for f in frames]))
+        ours_s = min(
+            ours_s, best_of(1, lambda: [decode_block(f, num_tokens=n, dtype="<u2", where="bench") for f in frames])
+        )
     with ThreadPoolExecutor(args.threads) as pool:
         threaded_s = best_of(
             args.repeats,
@@ -91,9 +93,15 @@ def main() -> None:
         "thread_speedup": ours_s / threaded_s,
     }
     print(f"baseline zstd decompress: {result['baseline_decode_mb_s']:.0f} MB/s of tokens")
-    print(f"decode_block:             {result['decode_block_mb_s']:.0f} MB/s ({result['decode_vs_baseline']:.3f}x baseline)")
-    print(f"decode_block, {args.threads} threads:  {result['threaded_decode_mb_s']:.0f} MB/s ({result['thread_speedup']:.2f}x one thread)")
-    print(f"compression {result['compression_ratio']:.2f}x, {result['bytes_per_token']:.3f} bytes/token; encode {result['encode_mb_s']:.0f} MB/s")
+    print(
+        f"decode_block:             {result['decode_block_mb_s']:.0f} MB/s ({result['decode_vs_baseline']:.3f}x baseline)"
+    )
+    print(
+        f"decode_block, {args.threads} threads:  {result['threaded_decode_mb_s']:.0f} MB/s ({result['thread_speedup']:.2f}x one thread)"
+    )
+    print(
+        f"compression {result['compression_ratio']:.2f}x, {result['bytes_per_token']:.3f} bytes/token; encode {result['encode_mb_s']:.0f} MB/s"
+    )
     print(json.dumps(result, sort_keys=True))
 
 

@@ -55,8 +55,9 @@ def pinned_copy_tokens_per_s(args: argparse.Namespace, steps: int) -> float:
 
 
 def overlap(url: str, args: argparse.Namespace) -> dict:
-    with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, device="cuda",
-                         prefetch_steps=4) as loader:
+    with StreamingLoader(
+        url, seq_len=args.seq_len, local_batch_size=args.local_batch, device="cuda", prefetch_steps=4
+    ) as loader:
         batches = iter(loader)
         next(batches)
         torch.cuda.synchronize()
@@ -84,8 +85,10 @@ def main() -> None:
         manifest = build_dataset(root, blocks_per_shard=2)
         steps = manifest.num_tokens // args.seq_len // args.local_batch - 2
         decode, _ = decode_only_tokens_per_s(manifest, root, args.repeats)
-        runs = {device: [loader_tokens_per_s(str(root), None, args, steps, device) for _ in range(args.repeats)]
-                for device in ("cpu", "cuda")}
+        runs = {
+            device: [loader_tokens_per_s(str(root), None, args, steps, device) for _ in range(args.repeats)]
+            for device in ("cpu", "cuda")
+        }
         best = {device: max(r["tokens_per_s"] for r in rs) for device, rs in runs.items()}
         copies = pinned_copy_tokens_per_s(args, steps)
         overlapped = overlap(str(root), args)
@@ -93,25 +96,33 @@ def main() -> None:
     print(f"GPU: {torch.cuda.get_device_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}")
     print(f"zstd decode only (one thread): {decode / 1e6:.0f} M tokens/s")
     print(f"loader, CPU delivery:  {best['cpu'] / 1e6:.0f} M tokens/s = {best['cpu'] / decode:.2f} x decode")
-    print(f"loader, CUDA delivery: {best['cuda'] / 1e6:.0f} M tokens/s = {best['cuda'] / best['cpu']:.2f} x CPU "
-          f"delivery (target >= 1.0), {best['cuda'] / decode:.2f} x decode (target >= 0.8)")
+    print(
+        f"loader, CUDA delivery: {best['cuda'] / 1e6:.0f} M tokens/s = {best['cuda'] / best['cpu']:.2f} x CPU "
+        f"delivery (target >= 1.0), {best['cuda'] / decode:.2f} x decode (target >= 0.8)"
+    )
     print(f"pinned copies alone:   {copies / 1e6:.0f} M tokens/s; the loader uses {best['cuda'] / copies:.3f} of it")
-    print(f"consumer stream busy: 4 batches taken in {overlapped['host_s_for_4_batches'] * 1e3:.1f} ms, copies done "
-          f"while it was busy: {overlapped['copies_done_while_consumer_busy']}")
-    print(json.dumps({
-        "gpu": torch.cuda.get_device_name(),
-        "cpu_count": os.cpu_count(),
-        "seq_len": args.seq_len,
-        "local_batch": args.local_batch,
-        "decode_only_tokens_per_s": decode,
-        "loader_cpu_tokens_per_s": best["cpu"],
-        "loader_cuda_tokens_per_s": best["cuda"],
-        "cuda_vs_cpu_delivery": best["cuda"] / best["cpu"],
-        "cuda_vs_decode": best["cuda"] / decode,
-        "pinned_copy_tokens_per_s": copies,
-        "runs": runs,
-        **overlapped,
-    }))
+    print(
+        f"consumer stream busy: 4 batches taken in {overlapped['host_s_for_4_batches'] * 1e3:.1f} ms, copies done "
+        f"while it was busy: {overlapped['copies_done_while_consumer_busy']}"
+    )
+    print(
+        json.dumps(
+            {
+                "gpu": torch.cuda.get_device_name(),
+                "cpu_count": os.cpu_count(),
+                "seq_len": args.seq_len,
+                "local_batch": args.local_batch,
+                "decode_only_tokens_per_s": decode,
+                "loader_cpu_tokens_per_s": best["cpu"],
+                "loader_cuda_tokens_per_s": best["cuda"],
+                "cuda_vs_cpu_delivery": best["cuda"] / best["cpu"],
+                "cuda_vs_decode": best["cuda"] / decode,
+                "pinned_copy_tokens_per_s": copies,
+                "runs": runs,
+                **overlapped,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

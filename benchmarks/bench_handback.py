@@ -128,13 +128,15 @@ def main() -> None:
     max_viewed = MAX_HELD_BATCHES + PENDING_RELEASE_SLOTS
     configs = {
         "before": lambda: _Before(referenced=referenced, max_viewed=max_viewed),
-        "release events (host)": lambda: SlotReturns(referenced=referenced, record_release=_Done,
-                                                     max_viewed=max_viewed),
+        "release events (host)": lambda: SlotReturns(
+            referenced=referenced, record_release=_Done, max_viewed=max_viewed
+        ),
         "clone": lambda: _Before(referenced=referenced, max_viewed=max_viewed),
-    }  # fmt: skip
+    }
     if torch.cuda.is_available():
-        configs["release events (cuda)"] = lambda: SlotReturns(referenced=referenced, record_release=_cuda_release,
-                                                               max_viewed=max_viewed)  # fmt: skip
+        configs["release events (cuda)"] = lambda: SlotReturns(
+            referenced=referenced, record_release=_cuda_release, max_viewed=max_viewed
+        )
     else:
         print("no CUDA device: release events measured with host events only (the Python bookkeeping)")
     best = {name: float("inf") for name in configs}
@@ -151,11 +153,15 @@ def main() -> None:
 
     baseline = best["before"]
     label_bytes = args.rows * args.seq_len * 8
-    print(f"labels {args.rows} x {args.seq_len} int64 ({label_bytes / 2**20:.2f} MiB), {args.steps} steps, "
-          f"best of {args.repeats}")  # fmt: skip
+    print(
+        f"labels {args.rows} x {args.seq_len} int64 ({label_bytes / 2**20:.2f} MiB), {args.steps} steps, "
+        f"best of {args.repeats}"
+    )
     for name, took in best.items():
-        print(f"  {name:24s} {took:8.2f} us/step   {took - baseline:+8.2f} us against before   "
-              f"labels viewed at {viewed[name]:.0%} of steps")  # fmt: skip
+        print(
+            f"  {name:24s} {took:8.2f} us/step   {took - baseline:+8.2f} us against before   "
+            f"labels viewed at {viewed[name]:.0%} of steps"
+        )
     figures = {
         "rows": args.rows,
         "seq_len": args.seq_len,

@@ -71,8 +71,11 @@ def paired_forms(url: str, *, seq_len: int, local_batch: int, steps: int, warm_s
     from zephon_stream import StreamingLoader
 
     common = {"seq_len": seq_len, "local_batch_size": local_batch, "seed": 7}
-    loaders = {"rows": StreamingLoader(url, **common), "rows_reshaped": StreamingLoader(url, **common),
-               "tokens": StreamingLoader(url, batch_layout="tokens", **common)}  # fmt: skip
+    loaders = {
+        "rows": StreamingLoader(url, **common),
+        "rows_reshaped": StreamingLoader(url, **common),
+        "tokens": StreamingLoader(url, batch_layout="tokens", **common),
+    }
 
     def reshaped() -> dict:
         batch = next(loaders["rows_reshaped"])
@@ -109,8 +112,11 @@ def titan_child(url: str, *, seq_len: int, local_batch: int, steps: int, warm_st
     """``ZephonDataLoader`` as the installed TorchTitan's trainer builds it: median µs in ``next()``."""
     from zephon_stream.integrations.torchtitan import TITAN, ZephonDataLoader
 
-    shape = ({"max_context_length": seq_len, "num_tokens_per_batch": local_batch * seq_len} if TITAN.flat_batches
-             else {"seq_len": seq_len, "local_batch_size": local_batch})  # fmt: skip
+    shape = (
+        {"max_context_length": seq_len, "num_tokens_per_batch": local_batch * seq_len}
+        if TITAN.flat_batches
+        else {"seq_len": seq_len, "local_batch_size": local_batch}
+    )
     config = ZephonDataLoader.Config(dataset_path=url, seed=7)
     with config.build(dp_world_size=1, dp_rank=0, tokenizer=None, **shape) as loader:
         for _ in range(warm_steps):
@@ -138,9 +144,23 @@ def unpacked(source: Path, into: str) -> Path:
 
 def run_child(args, iterations: int, *, path: list[str]) -> dict:
     """One child's figures, with ``path`` first on its ``PYTHONPATH``."""
-    command = [sys.executable, __file__, "--child", "--data-dir", args.data_dir, "--seq-len", str(args.seq_len),
-               "--local-batch", str(args.local_batch), "--steps", str(args.steps),
-               "--warm-steps", str(args.warm_steps), "--iterations", str(iterations)]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--data-dir",
+        args.data_dir,
+        "--seq-len",
+        str(args.seq_len),
+        "--local-batch",
+        str(args.local_batch),
+        "--steps",
+        str(args.steps),
+        "--warm-steps",
+        str(args.warm_steps),
+        "--iterations",
+        str(iterations),
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(REPO)])}
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -162,11 +182,20 @@ def titan_forms(args, iterations: int, main_source: Path) -> dict:
             for name in order:
                 got = run_child(args, iterations, path=paths[name])
                 results[name].append(got["median_us"])
-                print(f"  round {trial}: {name} (TorchTitan {got['titan']}, input {got['input_shape']}): "
-                      f"{got['median_us']:.1f} us", flush=True)  # fmt: skip
+                print(
+                    f"  round {trial}: {name} (TorchTitan {got['titan']}, input {got['input_shape']}): "
+                    f"{got['median_us']:.1f} us",
+                    flush=True,
+                )
     base = statistics.median(results["0.3.0"])
-    return {name: {"median_us": statistics.median(values), "rounds_us": values,
-                   "ratio_to_0.3.0": statistics.median(values) / base} for name, values in results.items()}  # fmt: skip
+    return {
+        name: {
+            "median_us": statistics.median(values),
+            "rounds_us": values,
+            "ratio_to_0.3.0": statistics.median(values) / base,
+        }
+        for name, values in results.items()
+    }
 
 
 def main() -> None:
@@ -183,29 +212,54 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         url = str(Path(args.data_dir) / "stdlib-bytes")
-        print(json.dumps(titan_child(url, seq_len=args.seq_len, local_batch=args.local_batch, steps=args.steps,
-                                     warm_steps=args.warm_steps, iterations=args.iterations)))  # fmt: skip
+        print(
+            json.dumps(
+                titan_child(
+                    url,
+                    seq_len=args.seq_len,
+                    local_batch=args.local_batch,
+                    steps=args.steps,
+                    warm_steps=args.warm_steps,
+                    iterations=args.iterations,
+                )
+            )
+        )
         return
     iterations = calibrate(args.work_ms)
-    figures: dict = {"seq_len": args.seq_len, "local_batch": args.local_batch, "steps": args.steps,
-                     "work_ms": args.work_ms, "cpu_count": os.cpu_count(),
-                     "load_average_start": os.getloadavg()}  # fmt: skip
+    figures: dict = {
+        "seq_len": args.seq_len,
+        "local_batch": args.local_batch,
+        "steps": args.steps,
+        "work_ms": args.work_ms,
+        "cpu_count": os.cpu_count(),
+        "load_average_start": os.getloadavg(),
+    }
     with tempfile.TemporaryDirectory(prefix="bench-layout-") as tmp:
         args.data_dir = args.data_dir or tmp
         url = Path(args.data_dir) / "stdlib-bytes"
         build_dataset(url, blocks_per_shard=2)
-        paired = paired_forms(str(url), seq_len=args.seq_len, local_batch=args.local_batch, steps=args.steps,
-                              warm_steps=args.warm_steps, iterations=iterations)  # fmt: skip
+        paired = paired_forms(
+            str(url),
+            seq_len=args.seq_len,
+            local_batch=args.local_batch,
+            steps=args.steps,
+            warm_steps=args.warm_steps,
+            iterations=iterations,
+        )
         figures["streaming_loader"] = paired
         for name in FORMS:
-            print(f"{args.local_batch} x {args.seq_len} {name}: next() CPU per step median "
-                  f"{paired[name]['median_us']:.1f} us, {paired[name]['ratio_to_rows']:.2f}x rows")  # fmt: skip
+            print(
+                f"{args.local_batch} x {args.seq_len} {name}: next() CPU per step median "
+                f"{paired[name]['median_us']:.1f} us, {paired[name]['ratio_to_rows']:.2f}x rows"
+            )
         if args.titan_main:
             titan = titan_forms(args, iterations, Path(args.titan_main))
             figures["zephon_data_loader"] = titan
             for name, entry in titan.items():
-                print(f"ZephonDataLoader {name}: next() CPU per step median {entry['median_us']:.1f} us, "
-                      f"{entry['ratio_to_0.3.0']:.2f}x 0.3.0's")  # fmt: skip
+                print(
+                    f"ZephonDataLoader {name}: next() CPU per step median {entry['median_us']:.1f} us, "
+                    f"{entry['ratio_to_0.3.0']:.2f}x 0.3.0's"
+                )
     figures["load_average_end"] = os.getloadavg()
     print(json.dumps(figures))
 

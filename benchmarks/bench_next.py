@@ -58,8 +58,12 @@ TARGET_US = 20.0
 def summary(samples_ns: list[int]) -> dict[str, float]:
     """Median, mean, p90 and max of ``samples_ns``, in µs."""
     us = sorted(s / 1000 for s in samples_ns)
-    return {"median_us": statistics.median(us), "mean_us": statistics.fmean(us),
-            "p90_us": us[int(0.9 * (len(us) - 1))], "max_us": us[-1]}  # fmt: skip
+    return {
+        "median_us": statistics.median(us),
+        "mean_us": statistics.fmean(us),
+        "p90_us": us[int(0.9 * (len(us) - 1))],
+        "max_us": us[-1],
+    }
 
 
 def baseline_ns(steps: int, iterations: int) -> list[int]:
@@ -78,8 +82,9 @@ def baseline_ns(steps: int, iterations: int) -> list[int]:
     return out
 
 
-def measure(url: str, *, seq_len: int, local_batch: int, pipeline: str, warm_steps: int, steps: int,
-            iterations: int) -> dict:  # fmt: skip
+def measure(
+    url: str, *, seq_len: int, local_batch: int, pipeline: str, warm_steps: int, steps: int, iterations: int
+) -> dict:
     """One loader's ``next()`` CPU per step, and its stalls."""
     with StreamingLoader(url, seq_len=seq_len, local_batch_size=local_batch, pipeline=pipeline) as loader:
         batch = None
@@ -113,8 +118,15 @@ def measure(url: str, *, seq_len: int, local_batch: int, pipeline: str, warm_ste
         del batch  # A batch kept on would be a third held: every step a copy
         paired = paired_ways(loader, steps, iterations) if pipeline == "process" else {}
     ready = summary(ready_ns) if ready_ns else {"median_us": float("nan")}
-    return {**summary(cpu_ns), "steps_waited": waited, "stall_ms_total": stall_ms, "ready_steps": len(ready_ns),
-            "ready_median_us": ready["median_us"], "helper_cpu_us_per_step": helper_us, **paired}  # fmt: skip
+    return {
+        **summary(cpu_ns),
+        "steps_waited": waited,
+        "stall_ms_total": stall_ms,
+        "ready_steps": len(ready_ns),
+        "ready_median_us": ready["median_us"],
+        "helper_cpu_us_per_step": helper_us,
+        **paired,
+    }
 
 
 def paired_ways(loader: StreamingLoader, steps: int, iterations: int) -> dict[str, float]:
@@ -145,12 +157,20 @@ def main() -> None:
     args = parser.parse_args()
     pipelines = args.pipelines.split(",")
     iterations = calibrate(args.work_ms)
-    figures: dict = {"steps": args.steps, "warm_steps": args.warm_steps, "work_ms": args.work_ms,
-                     "cpu_count": os.cpu_count(), "torch": torch.__version__, "load_average_1min_start": os.getloadavg()[0]}  # fmt: skip
+    figures: dict = {
+        "steps": args.steps,
+        "warm_steps": args.warm_steps,
+        "work_ms": args.work_ms,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "load_average_1min_start": os.getloadavg()[0],
+    }
     base = summary(baseline_ns(args.steps, iterations))
     figures["baseline_dict_of_four_tensors"] = base
-    print(f"baseline (a dict of four ready tensors, same timer): median {base['median_us']:.1f} us, "
-          f"mean {base['mean_us']:.1f} us")
+    print(
+        f"baseline (a dict of four ready tensors, same timer): median {base['median_us']:.1f} us, "
+        f"mean {base['mean_us']:.1f} us"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         top = Path(args.data_dir or tmp)
         default = str(top / "stdlib-bytes")
@@ -161,21 +181,32 @@ def main() -> None:
                   ("1x1024", default, 1024, 1)]  # fmt: skip
         for name, url, seq_len, local_batch in shapes:
             for pipeline in pipelines:
-                entry = measure(url, seq_len=seq_len, local_batch=local_batch, pipeline=pipeline,
-                                warm_steps=args.warm_steps, steps=args.steps, iterations=iterations)  # fmt: skip
+                entry = measure(
+                    url,
+                    seq_len=seq_len,
+                    local_batch=local_batch,
+                    pipeline=pipeline,
+                    warm_steps=args.warm_steps,
+                    steps=args.steps,
+                    iterations=iterations,
+                )
                 entry["ratio_to_baseline_median"] = entry["median_us"] / base["median_us"]
                 figures[f"{name}_{pipeline}"] = entry
                 target = f" (target <= {TARGET_US:g})" if pipeline == "process" else ""
                 helper = ""
                 if pipeline == "process":
-                    helper = (f"; the helper process {entry['helper_cpu_us_per_step']:.0f} us; in turn on one loader, "
-                              f"the short way {entry['paired_short_median_us']:.1f} us against the full way "
-                              f"{entry['paired_full_median_us']:.1f} us")  # fmt: skip
-                print(f"{name} {pipeline}: next() CPU per step median {entry['median_us']:.1f} us{target}, "
-                      f"mean {entry['mean_us']:.1f}, p90 {entry['p90_us']:.1f}, max {entry['max_us']:.0f} us; "
-                      f"{entry['ratio_to_baseline_median']:.1f}x the baseline; {entry['steps_waited']} of "
-                      f"{args.steps} steps waited over 1 ms; median {entry['ready_median_us']:.1f} us over the "
-                      f"{entry['ready_steps']} steps whose batch was ready{helper}")
+                    helper = (
+                        f"; the helper process {entry['helper_cpu_us_per_step']:.0f} us; in turn on one loader, "
+                        f"the short way {entry['paired_short_median_us']:.1f} us against the full way "
+                        f"{entry['paired_full_median_us']:.1f} us"
+                    )
+                print(
+                    f"{name} {pipeline}: next() CPU per step median {entry['median_us']:.1f} us{target}, "
+                    f"mean {entry['mean_us']:.1f}, p90 {entry['p90_us']:.1f}, max {entry['max_us']:.0f} us; "
+                    f"{entry['ratio_to_baseline_median']:.1f}x the baseline; {entry['steps_waited']} of "
+                    f"{args.steps} steps waited over 1 ms; median {entry['ready_median_us']:.1f} us over the "
+                    f"{entry['ready_steps']} steps whose batch was ready{helper}"
+                )
     figures["target_met"] = all(
         figures[k]["median_us"] <= TARGET_US for k in figures if k.endswith("_process") and isinstance(figures[k], dict)
     )

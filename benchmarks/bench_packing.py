@@ -65,8 +65,13 @@ from zephon_stream.reader import DatasetReader
 BLOCK_TOKENS = 2**20 + 1
 SEQ_LENS = (1024, 2048, 4096, 8192)
 WEB_MEDIAN, WEB_SIGMA = 500, 1.1
-TARGETS = {"cut_ratio_2048": 0.35, "cut_ratio_4096": 0.2, "floor_factor": 1.2, "floor_points": 1.0,
-           "helper_cpu_ratio": 1.5}  # fmt: skip
+TARGETS = {
+    "cut_ratio_2048": 0.35,
+    "cut_ratio_4096": 0.2,
+    "floor_factor": 1.2,
+    "floor_points": 1.0,
+    "helper_cpu_ratio": 1.5,
+}
 
 
 def split_at_definitions(text: str) -> list[str]:
@@ -103,7 +108,9 @@ def build_real_dataset(data_dir: Path) -> Manifest:
 def web_like_blocks(count: int, seed: int = 0) -> list[np.ndarray]:
     """Blocks of synthetic documents with web-like lengths (EOS = 0, other ids random in 1..49999)."""
     rng = np.random.default_rng(seed)
-    lengths = np.maximum(1, rng.lognormal(np.log(WEB_MEDIAN), WEB_SIGMA, size=count * BLOCK_TOKENS // 300)).astype(np.int64)
+    lengths = np.maximum(1, rng.lognormal(np.log(WEB_MEDIAN), WEB_SIGMA, size=count * BLOCK_TOKENS // 300)).astype(
+        np.int64
+    )
     ends = np.cumsum(lengths) - 1
     total = count * BLOCK_TOKENS
     tokens = rng.integers(1, 50000, size=total, dtype=np.uint32).astype(np.uint16)
@@ -152,8 +159,10 @@ def cut_figures(blocks: list[np.ndarray], eos: int, repeats: int) -> dict:
             pack_ms.append(min(times["pack"]) * 1e3)
             decode_ms.append(min(times["decode"]) * 1e3)
         out[seq_len] = {name: _shares(c) for name, c in counts.items()} | {
-            "blocks_not_conserved": mismatched, "pack_ms": statistics.median(pack_ms),
-            "decode_ms": statistics.median(decode_ms)}  # fmt: skip
+            "blocks_not_conserved": mismatched,
+            "pack_ms": statistics.median(pack_ms),
+            "decode_ms": statistics.median(decode_ms),
+        }
     return out
 
 
@@ -188,10 +197,13 @@ def loader_trial(url: str, packing: str, args: argparse.Namespace, iterations: i
         helper_us = (process_cpu_s(pid) - helper_start) / args.steps * 1e6
         stats = loader.stats()
         del batch
-    return {"first_batch_s": first_batch_s, "helper_cpu_us_per_step": helper_us,
-            "next_us_median": statistics.median(next_ns) / 1e3,
-            "pack_ms_per_block": stats["pack_s"] / max(1, stats["blocks_decoded"]) * 1e3,
-            "decode_ms_per_block": stats["decode_s"] / max(1, stats["blocks_decoded"]) * 1e3}  # fmt: skip
+    return {
+        "first_batch_s": first_batch_s,
+        "helper_cpu_us_per_step": helper_us,
+        "next_us_median": statistics.median(next_ns) / 1e3,
+        "pack_ms_per_block": stats["pack_s"] / max(1, stats["blocks_decoded"]) * 1e3,
+        "decode_ms_per_block": stats["decode_s"] / max(1, stats["blocks_decoded"]) * 1e3,
+    }
 
 
 def loader_figures(url: str, args: argparse.Namespace) -> dict:
@@ -203,8 +215,10 @@ def loader_figures(url: str, args: argparse.Namespace) -> dict:
             trials[packing].append(loader_trial(url, packing, args, iterations))
     keys = trials["concat"][0].keys()
     medians = {p: {k: statistics.median(t[k] for t in runs) for k in keys} for p, runs in trials.items()}
-    ratios = {k: statistics.median(b[k] / c[k] for b, c in zip(trials["best_fit"], trials["concat"]) if c[k])
-              for k in ("first_batch_s", "helper_cpu_us_per_step", "next_us_median")}  # fmt: skip
+    ratios = {
+        k: statistics.median(b[k] / c[k] for b, c in zip(trials["best_fit"], trials["concat"]) if c[k])
+        for k in ("first_batch_s", "helper_cpu_us_per_step", "next_us_median")
+    }
     return {"medians": medians, "ratios": ratios, "pairs": args.pairs}
 
 
@@ -230,41 +244,58 @@ def main() -> None:
         picks = np.linspace(0, manifest.num_blocks - 2, min(args.real_blocks, manifest.num_blocks - 1)).astype(int)
         real = [reader.read_block(int(b)) for b in sorted(set(picks.tolist()))]
     eos = manifest.tokenizer.eos_id
-    corpora = {"real text (stdlib cut at definitions, bytes)": cut_figures(real, eos, args.repeats),
-               "web-like (log-normal, median 500, sigma 1.1)": cut_figures(web_like_blocks(args.web_blocks), 0,
-                                                                            args.repeats),
-               "lines (stdlib, a non-blank line a document)": cut_figures(line_blocks(4, eos), eos, args.repeats)}
+    corpora = {
+        "real text (stdlib cut at definitions, bytes)": cut_figures(real, eos, args.repeats),
+        "web-like (log-normal, median 500, sigma 1.1)": cut_figures(web_like_blocks(args.web_blocks), 0, args.repeats),
+        "lines (stdlib, a non-blank line a document)": cut_figures(line_blocks(4, eos), eos, args.repeats),
+    }
     for name, figures in corpora.items():
-        print(f"\n{name}: documents cut / tokens without their beginning / floor (docs > L), % of the same blocks;"
-              f" ms to pack a block against ms to decode it")  # fmt: skip
-        print(f"{'L':>6} {'concat cut':>11} {'best_fit cut':>13} {'ratio':>6} {'concat w/o beg':>15} "
-              f"{'best_fit w/o beg':>17} {'floor':>6} {'conserved':>9} {'pack ms':>8} {'decode ms':>10}")  # fmt: skip
+        print(
+            f"\n{name}: documents cut / tokens without their beginning / floor (docs > L), % of the same blocks;"
+            f" ms to pack a block against ms to decode it"
+        )
+        print(
+            f"{'L':>6} {'concat cut':>11} {'best_fit cut':>13} {'ratio':>6} {'concat w/o beg':>15} "
+            f"{'best_fit w/o beg':>17} {'floor':>6} {'conserved':>9} {'pack ms':>8} {'decode ms':>10}"
+        )
         for seq_len, f in figures.items():
             c, b = f["concat"], f["best_fit"]
-            print(f"{seq_len:>6} {c['cut_pct']:>10.1f}% {b['cut_pct']:>12.1f}% {b['cut_pct'] / max(c['cut_pct'], 1e-9):>6.2f} "
-                  f"{c['without_beginning_pct']:>14.1f}% {b['without_beginning_pct']:>16.1f}% {c['floor_pct']:>5.1f}% "
-                  f"{'yes' if not f['blocks_not_conserved'] else 'NO':>9} {f['pack_ms']:>8.2f} {f['decode_ms']:>10.2f}")  # fmt: skip
+            print(
+                f"{seq_len:>6} {c['cut_pct']:>10.1f}% {b['cut_pct']:>12.1f}% {b['cut_pct'] / max(c['cut_pct'], 1e-9):>6.2f} "
+                f"{c['without_beginning_pct']:>14.1f}% {b['without_beginning_pct']:>16.1f}% {c['floor_pct']:>5.1f}% "
+                f"{'yes' if not f['blocks_not_conserved'] else 'NO':>9} {f['pack_ms']:>8.2f} {f['decode_ms']:>10.2f}"
+            )
     web = corpora["web-like (log-normal, median 500, sigma 1.1)"]
     checks = {
-        "cut_ratio_2048": web[2048]["best_fit"]["cut_pct"] / web[2048]["concat"]["cut_pct"] <= TARGETS["cut_ratio_2048"],
-        "cut_ratio_4096": web[4096]["best_fit"]["cut_pct"] / web[4096]["concat"]["cut_pct"] <= TARGETS["cut_ratio_4096"],
-        "within_floor": all(f["best_fit"]["cut_pct"] <= TARGETS["floor_factor"] * f["concat"]["floor_pct"]
-                            + TARGETS["floor_points"] for f in web.values()),
+        "cut_ratio_2048": web[2048]["best_fit"]["cut_pct"] / web[2048]["concat"]["cut_pct"]
+        <= TARGETS["cut_ratio_2048"],
+        "cut_ratio_4096": web[4096]["best_fit"]["cut_pct"] / web[4096]["concat"]["cut_pct"]
+        <= TARGETS["cut_ratio_4096"],
+        "within_floor": all(
+            f["best_fit"]["cut_pct"] <= TARGETS["floor_factor"] * f["concat"]["floor_pct"] + TARGETS["floor_points"]
+            for f in web.values()
+        ),
         "conserved": all(f["blocks_not_conserved"] == 0 for c in corpora.values() for f in c.values()),
-    }  # fmt: skip
+    }
     result: dict = {"cuts": {name: {str(k): v for k, v in f.items()} for name, f in corpora.items()}, "checks": checks}
     if not args.skip_loader:
         loader = loader_figures(url, args)
         result["loader"] = loader
-        print(f"\nloader, {args.rows} x {args.seq_len}, local disk, {args.pairs} pairs, medians "
-              f"(load average now {os.getloadavg()[0]:.1f})")
+        print(
+            f"\nloader, {args.rows} x {args.seq_len}, local disk, {args.pairs} pairs, medians "
+            f"(load average now {os.getloadavg()[0]:.1f})"
+        )
         for packing, m in loader["medians"].items():
-            print(f"  {packing:>8}: first batch {m['first_batch_s'] * 1e3:7.1f} ms, helper {m['helper_cpu_us_per_step']:6.0f}"
-                  f" us/step, next() {m['next_us_median']:5.1f} us, decode {m['decode_ms_per_block']:.2f} ms/block, "
-                  f"pack {m['pack_ms_per_block']:.2f} ms/block")  # fmt: skip
+            print(
+                f"  {packing:>8}: first batch {m['first_batch_s'] * 1e3:7.1f} ms, helper {m['helper_cpu_us_per_step']:6.0f}"
+                f" us/step, next() {m['next_us_median']:5.1f} us, decode {m['decode_ms_per_block']:.2f} ms/block, "
+                f"pack {m['pack_ms_per_block']:.2f} ms/block"
+            )
         r = loader["ratios"]
-        print(f"  best_fit / concat, median of pairs: helper CPU per step {r['helper_cpu_us_per_step']:.2f} "
-              f"(target <= {TARGETS['helper_cpu_ratio']}), first batch {r['first_batch_s']:.2f}, next() {r['next_us_median']:.2f}")
+        print(
+            f"  best_fit / concat, median of pairs: helper CPU per step {r['helper_cpu_us_per_step']:.2f} "
+            f"(target <= {TARGETS['helper_cpu_ratio']}), first batch {r['first_batch_s']:.2f}, next() {r['next_us_median']:.2f}"
+        )
         checks["helper_cpu"] = r["helper_cpu_us_per_step"] <= TARGETS["helper_cpu_ratio"]
     print("\ntargets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in checks.items()))
     result["load_average"] = os.getloadavg()[0]

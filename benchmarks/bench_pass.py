@@ -45,8 +45,9 @@ def litdata_pass(input_dir: str, seq_len: int, cache_dir: str) -> tuple[float, i
 
     started = time.perf_counter()
     tokens = 0
-    dataset = StreamingDataset(input_dir, item_loader=TokensLoader(block_size=seq_len + 1), shuffle=True,
-                               cache_dir=cache_dir)  # fmt: skip
+    dataset = StreamingDataset(
+        input_dir, item_loader=TokensLoader(block_size=seq_len + 1), shuffle=True, cache_dir=cache_dir
+    )
     for item in dataset:
         tokens += len(item) - 1
     return time.perf_counter() - started, tokens
@@ -66,8 +67,10 @@ def main() -> None:
         zephon_convert(corpus_files(int(args.max_bytes)), zephon)
         samples = zephon_samples(zephon, args.seq_len)
         figures["tokens"] = int(samples.shape[0] * args.seq_len)
-        readers = {"process": lambda: zephon_pass(zephon, args.seq_len, "process"),
-                   "threads": lambda: zephon_pass(zephon, args.seq_len, "threads")}  # fmt: skip
+        readers = {
+            "process": lambda: zephon_pass(zephon, args.seq_len, "process"),
+            "threads": lambda: zephon_pass(zephon, args.seq_len, "threads"),
+        }
         if not args.no_litdata:
             samples_path = str(work / "samples.npy")
             np.save(samples_path, samples)
@@ -79,13 +82,17 @@ def main() -> None:
             for name in list(readers) if trial % 2 == 0 else list(readers)[::-1]:
                 seconds, tokens = readers[name]()
                 rates[name].append(tokens / seconds)
-                print(f"trial {trial} {name}: {tokens:,} tokens in {seconds:.2f} s = {tokens / seconds / 1e6:.1f} M tok/s")
+                print(
+                    f"trial {trial} {name}: {tokens:,} tokens in {seconds:.2f} s = {tokens / seconds / 1e6:.1f} M tok/s"
+                )
         for name, values in rates.items():
             figures[f"{name}_tokens_per_s"] = statistics.median(values)
         if "litdata" in rates:
             figures["ratio_process_over_litdata"] = figures["process_tokens_per_s"] / figures["litdata_tokens_per_s"]
             figures["ratio_threads_over_litdata"] = figures["threads_tokens_per_s"] / figures["litdata_tokens_per_s"]
-            print(f"ratio zephon (process) / LitData iterator: {figures['ratio_process_over_litdata']:.2f} (target >= 0.5)")
+            print(
+                f"ratio zephon (process) / LitData iterator: {figures['ratio_process_over_litdata']:.2f} (target >= 0.5)"
+            )
     print(json.dumps(figures))
 
 

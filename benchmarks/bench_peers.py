@@ -122,7 +122,16 @@ def zephon_convert(files: list[str], out: str, storage_options: dict | None = No
     from zephon_stream import write_dataset
 
     seconds, _ = timed(
-        lambda: write_dataset(files, out, tokenizer="bytes", workers=2, blocks_per_shard=16, storage_options=storage_options, progress=False, overwrite=True)
+        lambda: write_dataset(
+            files,
+            out,
+            tokenizer="bytes",
+            workers=2,
+            blocks_per_shard=16,
+            storage_options=storage_options,
+            progress=False,
+            overwrite=True,
+        )
     )
     return seconds
 
@@ -149,7 +158,9 @@ def zephon_resume(url: str, seq_len: int, steps: int) -> dict[str, Any]:
 
     def loaders(world_size: int) -> list[Any]:
         return [
-            StreamingLoader(url, seq_len=seq_len, local_batch_size=global_batch // world_size, rank=r, world_size=world_size)
+            StreamingLoader(
+                url, seq_len=seq_len, local_batch_size=global_batch // world_size, rank=r, world_size=world_size
+            )
             for r in range(world_size)
         ]
 
@@ -192,9 +203,18 @@ def zephon_convert_tokens(flat_path: str, rows: int, out: str) -> float:
     from zephon_stream import write_dataset
 
     seconds, summary = timed(
-        lambda: write_dataset(flat_path, out, tokenizer="bytes", input_format="tokens", append_eos=True, workers=1,
-                              blocks_per_shard=16, progress=False, overwrite=True)
-    )  # fmt: skip
+        lambda: write_dataset(
+            flat_path,
+            out,
+            tokenizer="bytes",
+            input_format="tokens",
+            append_eos=True,
+            workers=1,
+            blocks_per_shard=16,
+            progress=False,
+            overwrite=True,
+        )
+    )
     assert summary.num_documents == rows and summary.num_rejected == 0, summary
     return seconds
 
@@ -248,13 +268,17 @@ def report_ratio(results: dict[str, Any], mine: str, theirs: str, label: str, ta
     results[f"{key}_range"] = [min(ratios), max(ratios)]
     results[f"{key}_trials"] = ratios
     verdict = "" if target is None else f" (target >= {target})"
-    print(f"ratio zephon/{label} conversion tokens/s, same token rows: median {results[key]:.2f}, "
-          f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} paired trials{verdict}")
+    print(
+        f"ratio zephon/{label} conversion tokens/s, same token rows: median {results[key]:.2f}, "
+        f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} paired trials{verdict}"
+    )
     # On a shared machine wall time swings with others' load; CPU seconds per run much less.
     cpu = [t / m for m, t in zip(results[f"{mine}_cpu_trials"], results[f"{theirs}_cpu_trials"])]
     results[f"{key}_cpu"] = statistics.median(cpu)
-    print(f"  CPU seconds, {label} over zephon: median {statistics.median(cpu):.2f}, range {min(cpu):.2f}-{max(cpu):.2f}; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"  CPU seconds, {label} over zephon: median {statistics.median(cpu):.2f}, range {min(cpu):.2f}-{max(cpu):.2f}; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
 
 
 # -- LitData -----------------------------------------------------------------
@@ -276,7 +300,15 @@ def litdata_convert(samples_path: str, num_samples: int, out: str) -> float:
     pieces = 16
     bounds = [(i * num_samples // pieces, (i + 1) * num_samples // pieces) for i in range(pieces)]
     seconds, _ = timed(
-        lambda: optimize(fn=_litdata_rows, inputs=bounds, output_dir=out, chunk_bytes="64MB", item_loader=TokensLoader(), num_workers=1, verbose=False)
+        lambda: optimize(
+            fn=_litdata_rows,
+            inputs=bounds,
+            output_dir=out,
+            chunk_bytes="64MB",
+            item_loader=TokensLoader(),
+            num_workers=1,
+            verbose=False,
+        )
     )
     return seconds
 
@@ -312,8 +344,14 @@ def attempt(results: dict[str, Any], key: str, fn: Callable[[], Any], quiet: boo
     return value
 
 
-def passes(args: argparse.Namespace, folders: dict[str, str], results: dict[str, Any], where: str,
-           endpoint_url: str | None = None, env: dict[str, str] | None = None) -> None:
+def passes(
+    args: argparse.Namespace,
+    folders: dict[str, str],
+    results: dict[str, Any],
+    where: str,
+    endpoint_url: str | None = None,
+    env: dict[str, str] | None = None,
+) -> None:
     """Paired read passes of every library whose dataset exists, at batch 1 and at ``--batch``;
     the peers' loaders once per ``--workers`` count (``litdata_w1``, ``mosaic_w0``, ...)."""
     for batch in (1, args.batch):
@@ -324,9 +362,16 @@ def passes(args: argparse.Namespace, folders: dict[str, str], results: dict[str,
             counts = args.workers if lib in ("litdata", "mosaic") else [0]
             for workers in counts:
                 name = f"{lib}_w{workers}" if lib in ("litdata", "mosaic") else lib
-                readers[name] = {"lib": lib, "url": url, "batch": batch, "seq_len": args.seq_len,
-                                 "min_seconds": args.min_seconds, "workers": workers, "endpoint_url": endpoint_url,
-                                 "env": env}  # fmt: skip
+                readers[name] = {
+                    "lib": lib,
+                    "url": url,
+                    "batch": batch,
+                    "seq_len": args.seq_len,
+                    "min_seconds": args.min_seconds,
+                    "workers": workers,
+                    "endpoint_url": endpoint_url,
+                    "env": env,
+                }
         paired_passes(readers, args.pass_trials, f"{where}_b{batch}", results)
 
 
@@ -336,8 +381,12 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=16, help="the batch of the second pass shape (default 16)")
     parser.add_argument("--min-seconds", type=float, default=10.0, help="steady part of each read pass (default 10)")
-    parser.add_argument("--workers", type=lambda s: [int(n) for n in s.split(",")], default=[1, 0],
-                        help="the peers' DataLoader workers, each count a reader of its own (default 1,0)")
+    parser.add_argument(
+        "--workers",
+        type=lambda s: [int(n) for n in s.split(",")],
+        default=[1, 0],
+        help="the peers' DataLoader workers, each count a reader of its own (default 1,0)",
+    )
     parser.add_argument("--pass-trials", type=int, default=3, help="paired trials of each read pass (default 3)")
     parser.add_argument("--trials", type=int, default=5, help="paired trials of the token-row conversions (default 5)")
     parser.add_argument("--convert-only", action="store_true", help="only the conversions (no reads, no resume)")
@@ -347,8 +396,14 @@ def main() -> int:
     args = parser.parse_args()
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench-peers-"))
-    results: dict[str, Any] = {"seq_len": args.seq_len, "batch": args.batch, "min_seconds": args.min_seconds,
-                               "workers": args.workers, "cpus": os.cpu_count(), "versions": versions()}  # fmt: skip
+    results: dict[str, Any] = {
+        "seq_len": args.seq_len,
+        "batch": args.batch,
+        "min_seconds": args.min_seconds,
+        "workers": args.workers,
+        "cpus": os.cpu_count(),
+        "versions": versions(),
+    }
     print(f"versions: {results['versions']}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     try:
         files = corpus_files(int(args.max_bytes))
@@ -364,7 +419,11 @@ def main() -> int:
         mosaic_fixed = str(work / "mds-fixed")
         lit_local = str(work / "litdata")
         flat_path = zephon_token_input(samples_path)
-        runs = {"zephon_tokens_convert_s": lambda: zephon_convert_tokens(flat_path, len(samples), str(work / "zephon-tokens"))}
+        runs = {
+            "zephon_tokens_convert_s": lambda: zephon_convert_tokens(
+                flat_path, len(samples), str(work / "zephon-tokens")
+            )
+        }
         try:
             import_mosaic()
         except ImportError as exc:
@@ -378,7 +437,12 @@ def main() -> int:
         paired_conversions(runs, args.trials, results)
         attempt(results, "litdata_convert_s", lambda: litdata_convert(samples_path, len(samples), lit_local))
 
-        for name, folder in (("zephon", zephon_local), ("mosaic", mosaic_local), ("mosaic_fixed", mosaic_fixed), ("litdata", lit_local)):
+        for name, folder in (
+            ("zephon", zephon_local),
+            ("mosaic", mosaic_local),
+            ("mosaic_fixed", mosaic_fixed),
+            ("litdata", lit_local),
+        ):
             if os.path.isdir(folder):
                 size = sum(f.stat().st_size for f in pathlib.Path(folder).rglob("*") if f.is_file())
                 attempt(results, f"{name}_bytes_per_token", lambda: size / results["tokens"])
@@ -387,7 +451,11 @@ def main() -> int:
             if results.get(f"{name}_convert_s"):
                 results[f"{name}_convert_tokens_per_s"] = sample_tokens / results[f"{name}_convert_s"]
                 spread = results.get(f"{name}_convert_s_trials")
-                span = f" (trials {sample_tokens / max(spread) / 1e6:.1f}-{sample_tokens / min(spread) / 1e6:.1f})" if spread else ""
+                span = (
+                    f" (trials {sample_tokens / max(spread) / 1e6:.1f}-{sample_tokens / min(spread) / 1e6:.1f})"
+                    if spread
+                    else ""
+                )
                 print(f"{name} conversion: {results[f'{name}_convert_tokens_per_s'] / 1e6:.1f} M tokens/s{span}")
         report_ratio(results, "zephon_tokens_convert_s", "mosaic_fixed_convert_s", "mosaic_fixed", 1.0)
         report_ratio(results, "zephon_tokens_convert_s", "mosaic_convert_s", "mosaic", None)

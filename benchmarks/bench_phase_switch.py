@@ -38,16 +38,15 @@ def build(out: Path, pattern: str) -> str:
 def measure(urls: list[str], pipeline: str, changed: bool) -> dict[str, float]:
     schedule = [
         Phase(start_step=0, global_batch=8, seq_len=256),
-        Phase(start_step=BOUNDARY, global_batch=16 if changed else 8, seq_len=512 if changed else 256,
-              weights=(1, 3)),
-    ]  # fmt: skip
+        Phase(start_step=BOUNDARY, global_batch=16 if changed else 8, seq_len=512 if changed else 256, weights=(1, 3)),
+    ]
     times = []
     with StreamingLoader(urls, schedule=schedule, pipeline=pipeline, num_fetch_threads=2) as loader:
         for _ in range(STEPS):
             started = time.perf_counter()
             next(loader)
             times.append(time.perf_counter() - started)
-    steady = statistics.median(times[10:BOUNDARY - 1] + times[BOUNDARY + 10 :])
+    steady = statistics.median(times[10 : BOUNDARY - 1] + times[BOUNDARY + 10 :])
     return {"first_ms": times[0] * 1e3, "boundary_ms": times[BOUNDARY] * 1e3, "steady_ms": steady * 1e3}
 
 
@@ -59,8 +58,10 @@ def main() -> None:
             for changed in (False, True):
                 name = f"{pipeline}_{'shape_changed' if changed else 'shape_kept'}"
                 figures[name] = result = measure(urls, pipeline, changed)
-                print(f"{name:24s} boundary step {result['boundary_ms']:7.1f} ms   steady step (baseline) "
-                      f"{result['steady_ms']:6.2f} ms   first step {result['first_ms']:7.1f} ms")  # fmt: skip
+                print(
+                    f"{name:24s} boundary step {result['boundary_ms']:7.1f} ms   steady step (baseline) "
+                    f"{result['steady_ms']:6.2f} ms   first step {result['first_ms']:7.1f} ms"
+                )
     print(json.dumps({"cpus": os.cpu_count(), **figures}))
 
 

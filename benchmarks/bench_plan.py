@@ -180,9 +180,7 @@ def time_schedule(world: int, steps: int, repeats: int) -> dict:
     batch = 4 * world
     base = 10_000 * batch
     baseline_order.rank_slice(base, batch, world, rank)
-    baseline = per_call_us(
-        lambda i: baseline_order.rank_slice(base + i * batch, batch, world, rank), steps, repeats
-    )
+    baseline = per_call_us(lambda i: baseline_order.rank_slice(base + i * batch, batch, world, rank), steps, repeats)
     phases = []
     for phase in order.phases:
         first = phase.start_step + 5
@@ -191,7 +189,9 @@ def time_schedule(world: int, steps: int, repeats: int) -> dict:
         length = (order.phase_end_step(phase.index) or phase.start_step + 10**6) - phase.start_step
         trials = [phase.start_step + (t * 7919) % length for t in range(1, 9)]
         cold = first_step_us(world, 6, trials, rank)
-        phases.append({"phase": phase.index, "steady_us": steady, "cold_us": cold, "steady_vs_one_phase": steady / baseline})
+        phases.append(
+            {"phase": phase.index, "steady_us": steady, "cold_us": cold, "steady_vs_one_phase": steady / baseline}
+        )
     seek = []
     for num_phases in (1, 6, 24, 96):
         start = time.process_time()
@@ -199,7 +199,9 @@ def time_schedule(world: int, steps: int, repeats: int) -> dict:
         build_s = time.process_time() - start
         last = scheduled.phases[-1].start_step + 50_000
         trials = [(t * 104_729) % last for t in range(1, 9 if num_phases < 96 else 4)]
-        seek.append({"phases": num_phases, "seek_us": first_step_us(world, num_phases, trials, rank), "build_s": build_s})
+        seek.append(
+            {"phases": num_phases, "seek_us": first_step_us(world, num_phases, trials, rank), "build_s": build_s}
+        )
     return {"world_size": world, "one_phase_us": baseline, "phases": phases, "seek": seek}
 
 
@@ -223,14 +225,17 @@ def main() -> None:
     worst = max(r["steady_us"] for r in schedule["phases"])
     print(f"W=2048 6 phases: worst steady {worst:.1f} us/step (target < 100)")
     if args.schedule_only:
-        print(json.dumps({"schedule": schedule, "schedule_worst_steady_us": worst,
-                          "load_average": os.getloadavg()[0]}, sort_keys=True))  # fmt: skip
+        print(
+            json.dumps(
+                {"schedule": schedule, "schedule_worst_steady_us": worst, "load_average": os.getloadavg()[0]},
+                sort_keys=True,
+            )
+        )
         return
 
     worlds = [time_world(w, args.blocks, args.steps, args.repeats) for w in (8, 256, 2048, 16384)]
     print(f"plan one step for one rank ({args.blocks:,} blocks, local batch 4, C = 4 W):")
-    print("| W | C | steady us/step | cold us/step | np.arange us (ratio) | "
-          "lane permutation us (ratio) |")  # fmt: skip
+    print("| W | C | steady us/step | cold us/step | np.arange us (ratio) | lane permutation us (ratio) |")
     print("|---:|---:|---:|---:|---:|---:|")
     for row in worlds:
         print(

@@ -71,13 +71,14 @@ from benchmarks.read_limiter import limiter_figures
 from benchmarks.read_measurements import first_batch_s, loader_tokens_per_s, process_cpu_s  # noqa: F401 (re-exported)
 from tools.fault_proxy import FaultProxy
 from zephon_stream import Manifest, StreamingLoader, write_dataset
-from zephon_stream.storage import copy_dataset, open_store
 from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS
+from zephon_stream.storage import copy_dataset, open_store
 from zephon_stream.storage.embedded_s3 import EmbeddedS3
 
 
-def build_dataset(out: Path, blocks_per_shard: int | None, *, copies: int = 1,
-                  block_tokens: int = DEFAULT_BLOCK_TOKENS) -> Manifest:
+def build_dataset(
+    out: Path, blocks_per_shard: int | None, *, copies: int = 1, block_tokens: int = DEFAULT_BLOCK_TOKENS
+) -> Manifest:
     """The stdlib sources, ``copies`` times over (each copy read through its own
     link to the folder, so the copies are distinct inputs)."""
     if not (out / "manifest").exists():
@@ -93,8 +94,14 @@ def build_dataset(out: Path, blocks_per_shard: int | None, *, copies: int = 1,
                 if not link.exists():
                     link.symlink_to(root)
                 files += [str(link / rel) for rel in rels]
-        write_dataset(files, str(out), tokenizer="bytes", blocks_per_shard=blocks_per_shard,
-                      block_tokens=block_tokens, progress=False)
+        write_dataset(
+            files,
+            str(out),
+            tokenizer="bytes",
+            blocks_per_shard=blocks_per_shard,
+            block_tokens=block_tokens,
+            progress=False,
+        )
     return Manifest.load(str(out))
 
 
@@ -145,8 +152,11 @@ def s3fs_range_tokens_per_s(manifest: Manifest, url: str, options: dict) -> floa
     import s3fs
 
     fs = s3fs.S3FileSystem(
-        key=options["key"], secret=options["secret"], endpoint_url=options["endpoint_url"],
-        client_kwargs=options.get("client_kwargs", {}), skip_instance_cache=True,
+        key=options["key"],
+        secret=options["secret"],
+        endpoint_url=options["endpoint_url"],
+        client_kwargs=options.get("client_kwargs", {}),
+        skip_instance_cache=True,
     )
     base = url.removeprefix("s3://")
     fs.cat_file(f"{base}/manifest")  # connect before timing
@@ -169,8 +179,14 @@ def first_step_s(url: str, args: argparse.Namespace, pipeline: str, pause_s: flo
 
 
 def latency_stalls(url: str, options: dict, args: argparse.Namespace) -> dict:
-    with StreamingLoader(url, seq_len=args.latency_seq_len, local_batch_size=args.latency_batch, storage_options=options,
-                         prefetch_steps=4, helper_nice=args.helper_nice) as loader:
+    with StreamingLoader(
+        url,
+        seq_len=args.latency_seq_len,
+        local_batch_size=args.latency_batch,
+        storage_options=options,
+        prefetch_steps=4,
+        helper_nice=args.helper_nice,
+    ) as loader:
         batches = iter(loader)
         for _ in range(args.warm_steps):
             next(batches)
@@ -204,21 +220,36 @@ def dataset_parser(doc: str) -> argparse.ArgumentParser:
 
 def main() -> None:
     parser = dataset_parser(__doc__)
-    parser.add_argument("--backend", default="local", choices=("local", *BACKENDS),
-                        help="local: the local figures (and moto's S3 section unless --local-only); any other: "
-                             "that server on loopback against local disk (benchmarks/bench_read_remote.py)")
-    parser.add_argument("--blocks-per-shard", type=int, default=None,
-                        help="default 2 for local and moto (moto copies the whole object per ranged GET), "
-                             "else the writer's default")
+    parser.add_argument(
+        "--backend",
+        default="local",
+        choices=("local", *BACKENDS),
+        help="local: the local figures (and moto's S3 section unless --local-only); any other: "
+        "that server on loopback against local disk (benchmarks/bench_read_remote.py)",
+    )
+    parser.add_argument(
+        "--blocks-per-shard",
+        type=int,
+        default=None,
+        help="default 2 for local and moto (moto copies the whole object per ranged GET), else the writer's default",
+    )
     parser.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS)
     parser.add_argument("--copies", type=int, default=1, help="copies of the stdlib sources in the dataset")
     parser.add_argument("--trials", type=int, default=2, help="paired local/server trials (--backend)")
-    parser.add_argument("--fetch-concurrency", type=int, default=8,
-                        help="raw range reads at once (the loader's num_fetch_threads default)")
+    parser.add_argument(
+        "--fetch-concurrency",
+        type=int,
+        default=8,
+        help="raw range reads at once (the loader's num_fetch_threads default)",
+    )
     parser.add_argument("--raw-passes", type=int, default=2, help="passes over the blocks of the raw range reads")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=3,
-                        help="passes over the data for the throughput figures (the first, and the steady rest)")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=3,
+        help="passes over the data for the throughput figures (the first, and the steady rest)",
+    )
     parser.add_argument("--latency-ms", type=float, default=50.0)
     parser.add_argument("--latency-seq-len", type=int, default=8192)
     parser.add_argument("--step-ms", type=float, default=25.0)
@@ -227,15 +258,22 @@ def main() -> None:
     parser.add_argument("--latency-batch", type=int, default=4)
     parser.add_argument("--helper-nice", type=int, default=10, help="the loader's helper_nice")
     parser.add_argument("--latency-only", action="store_true", help="only the stall figure under storage latency")
-    parser.add_argument("--local-only", action="store_true",
-                        help="skip every S3 figure (for a machine without moto's server)")
-    parser.add_argument("--packing", action="store_true",
-                        help="only the cost of cross_document_targets and packing_outputs in the helper")
+    parser.add_argument(
+        "--local-only", action="store_true", help="skip every S3 figure (for a machine without moto's server)"
+    )
+    parser.add_argument(
+        "--packing",
+        action="store_true",
+        help="only the cost of cross_document_targets and packing_outputs in the helper",
+    )
     parser.add_argument("--packing-trials", type=int, default=7)
     parser.add_argument("--packing-steps", type=int, default=300)
-    parser.add_argument("--limiter", action="store_true",
-                        help="only the loader with the request-rate limiter against it off, on --backend "
-                             "(seaweedfs unless given), paired (benchmarks/read_limiter.py)")
+    parser.add_argument(
+        "--limiter",
+        action="store_true",
+        help="only the loader with the request-rate limiter against it off, on --backend "
+        "(seaweedfs unless given), paired (benchmarks/read_limiter.py)",
+    )
     args = parser.parse_args()
     if args.limiter and args.backend == "local":
         args.backend = "seaweedfs"
@@ -249,14 +287,21 @@ def main() -> None:
         root = Path(args.data_dir or tmp) / name
         manifest = build_dataset(root, args.blocks_per_shard, copies=args.copies, block_tokens=args.block_tokens)
         if args.backend != "local":
-            print(f"dataset: {manifest.num_tokens} tokens, {manifest.num_blocks} blocks of {manifest.block_tokens} "
-                  f"tokens, {manifest.num_shards} shards, {manifest.compressed_bytes / 2**20:.1f} MiB compressed; "
-                  f"{args.local_batch} x {args.seq_len}")
+            print(
+                f"dataset: {manifest.num_tokens} tokens, {manifest.num_blocks} blocks of {manifest.block_tokens} "
+                f"tokens, {manifest.num_shards} shards, {manifest.compressed_bytes / 2**20:.1f} MiB compressed; "
+                f"{args.local_batch} x {args.seq_len}"
+            )
             epoch_steps = manifest.num_tokens // args.seq_len // args.local_batch - 2
             measure = limiter_figures if args.limiter else remote_figures
-            figures = {"tokens": manifest.num_tokens, "blocks": manifest.num_blocks,
-                       "block_tokens": manifest.block_tokens, "seq_len": args.seq_len, "local_batch": args.local_batch,
-                       **measure(manifest, root, args, epoch_steps)}
+            figures = {
+                "tokens": manifest.num_tokens,
+                "blocks": manifest.num_blocks,
+                "block_tokens": manifest.block_tokens,
+                "seq_len": args.seq_len,
+                "local_batch": args.local_batch,
+                **measure(manifest, root, args, epoch_steps),
+            }
             figures["load_average_1min"] = os.getloadavg()[0]
             print(json.dumps(figures))
             return
@@ -266,36 +311,55 @@ def main() -> None:
         if args.packing:
             print(json.dumps(packing_figure(str(root), args)))
             return
-        print(f"dataset: {manifest.num_tokens} tokens, {manifest.num_blocks} blocks, {manifest.num_shards} shards, "
-              f"{manifest.compressed_bytes / 2**20:.1f} MiB compressed")
+        print(
+            f"dataset: {manifest.num_tokens} tokens, {manifest.num_blocks} blocks, {manifest.num_shards} shards, "
+            f"{manifest.compressed_bytes / 2**20:.1f} MiB compressed"
+        )
         epoch_steps = manifest.num_tokens // args.seq_len // args.local_batch - 2
         decode, decode_cpu = decode_only_tokens_per_s(manifest, root, args.repeats)
         decode_write = decode_and_write_tokens_per_s(manifest, root, args, args.repeats)
         local = loader_tokens_per_s(str(root), None, args, epoch_steps, passes=args.epochs)
         local_threads = loader_tokens_per_s(str(root), None, args, epoch_steps, pipeline="threads", passes=args.epochs)
-        batch1 = loader_tokens_per_s(str(root), None, args, min(epoch_steps * args.local_batch, 4000), local_batch=1,
-                                     passes=2)
-        first_step = {f"{pipeline}_pause_{pause:g}s": statistics.median(
-            first_step_s(str(root), args, pipeline, pause) for _ in range(args.repeats))
-            for pipeline in ("process", "threads") for pause in (0.0, 1.0)}
+        batch1 = loader_tokens_per_s(
+            str(root), None, args, min(epoch_steps * args.local_batch, 4000), local_batch=1, passes=2
+        )
+        first_step = {
+            f"{pipeline}_pause_{pause:g}s": statistics.median(
+                first_step_s(str(root), args, pipeline, pause) for _ in range(args.repeats)
+            )
+            for pipeline in ("process", "threads")
+            for pause in (0.0, 1.0)
+        }
         print(f"(a) zstd decode only: {decode / 1e6:.1f} M tokens/s")
-        print(f"(floor, one thread) decode + write the int64 batch: {decode_write / 1e6:.1f} M tokens/s = "
-              f"{decode_write / decode:.2f} x (a)")
-        print(f"loader local: {local['tokens_per_s'] / 1e6:.1f} M tokens/s = {local['tokens_per_s'] / decode:.2f} x (a) "
-              f"(target >= 0.6); per CPU second (trainer + helper): {local['tokens_per_cpu_s'] / 1e6:.1f} M vs "
-              f"{decode_cpu / 1e6:.1f} M = {local['tokens_per_cpu_s'] / decode_cpu:.2f}")
-        print(f"loader local, in-process threads: {local_threads['tokens_per_s'] / 1e6:.1f} M tokens/s = "
-              f"{local_threads['tokens_per_s'] / decode:.2f} x (a)")
+        print(
+            f"(floor, one thread) decode + write the int64 batch: {decode_write / 1e6:.1f} M tokens/s = "
+            f"{decode_write / decode:.2f} x (a)"
+        )
+        print(
+            f"loader local: {local['tokens_per_s'] / 1e6:.1f} M tokens/s = {local['tokens_per_s'] / decode:.2f} x (a) "
+            f"(target >= 0.6); per CPU second (trainer + helper): {local['tokens_per_cpu_s'] / 1e6:.1f} M vs "
+            f"{decode_cpu / 1e6:.1f} M = {local['tokens_per_cpu_s'] / decode_cpu:.2f}"
+        )
+        print(
+            f"loader local, in-process threads: {local_threads['tokens_per_s'] / 1e6:.1f} M tokens/s = "
+            f"{local_threads['tokens_per_s'] / decode:.2f} x (a)"
+        )
         if args.epochs > 1:
-            print(f"loader local, epochs 2-{args.epochs} (steady): helper process "
-                  f"{local['steady_tokens_per_s'] / 1e6:.1f} M tokens/s = {local['steady_tokens_per_s'] / decode:.2f} x (a), "
-                  f"threads {local_threads['steady_tokens_per_s'] / 1e6:.1f} M = "
-                  f"{local_threads['steady_tokens_per_s'] / decode:.2f} x (a)")
-        print("first next(), local, after 0 s / 1 s of trainer set-up: " + ", ".join(
-            f"{name} {seconds * 1e3:.0f} ms" for name, seconds in first_step.items()))
-        print(f"loader local, batch 1: {batch1['tokens_per_s'] / 1e6:.1f} M tokens/s = "
-              f"{batch1['tokens_per_s'] / decode:.2f} x (a) (target >= 0.3); second pass "
-              f"{batch1['steady_tokens_per_s'] / 1e6:.1f} M = {batch1['steady_tokens_per_s'] / decode:.2f} x (a)")
+            print(
+                f"loader local, epochs 2-{args.epochs} (steady): helper process "
+                f"{local['steady_tokens_per_s'] / 1e6:.1f} M tokens/s = {local['steady_tokens_per_s'] / decode:.2f} x (a), "
+                f"threads {local_threads['steady_tokens_per_s'] / 1e6:.1f} M = "
+                f"{local_threads['steady_tokens_per_s'] / decode:.2f} x (a)"
+            )
+        print(
+            "first next(), local, after 0 s / 1 s of trainer set-up: "
+            + ", ".join(f"{name} {seconds * 1e3:.0f} ms" for name, seconds in first_step.items())
+        )
+        print(
+            f"loader local, batch 1: {batch1['tokens_per_s'] / 1e6:.1f} M tokens/s = "
+            f"{batch1['tokens_per_s'] / decode:.2f} x (a) (target >= 0.3); second pass "
+            f"{batch1['steady_tokens_per_s'] / 1e6:.1f} M = {batch1['steady_tokens_per_s'] / decode:.2f} x (a)"
+        )
         figures = {
             "tokens": manifest.num_tokens,
             "seq_len": args.seq_len,
@@ -329,9 +393,11 @@ def latency_figure(root: Path, args: argparse.Namespace) -> dict:
         copy_dataset(root, url, dst_options=options)
         with FaultProxy(upstream=server.endpoint_url, latency_s=args.latency_ms / 1000) as proxy:
             latency = latency_stalls(url, {**options, "endpoint_url": proxy.endpoint_url}, args)
-    print(f"{args.latency_ms:.0f} ms per request, {args.step_ms:.0f} ms compute per step, helper_nice "
-          f"{args.helper_nice}: stall {latency['stall_s_per_step'] * 1e3:.2f} ms/step once warm, "
-          f"{latency['stalled_steps']} of {latency['steps']} steps stalled (max {latency['max_stall_s'] * 1e3:.1f} ms)")
+    print(
+        f"{args.latency_ms:.0f} ms per request, {args.step_ms:.0f} ms compute per step, helper_nice "
+        f"{args.helper_nice}: stall {latency['stall_s_per_step'] * 1e3:.2f} ms/step once warm, "
+        f"{latency['stalled_steps']} of {latency['steps']} steps stalled (max {latency['max_stall_s'] * 1e3:.1f} ms)"
+    )
     return {"latency_ms": args.latency_ms, "step_ms": args.step_ms, "helper_nice": args.helper_nice, **latency}
 
 
@@ -358,8 +424,9 @@ def process_cpu_ns(pid: int) -> int:
 def helper_step_costs(url: str, args: argparse.Namespace, settings: dict) -> dict:
     """Helper CPU and producer assembly time per step over ``--packing-steps``
     steps after the first, the consumer taking batches as fast as they come."""
-    with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, prefetch_steps=4,
-                         **settings) as loader:
+    with StreamingLoader(
+        url, seq_len=args.seq_len, local_batch_size=args.local_batch, prefetch_steps=4, **settings
+    ) as loader:
         for _ in range(8):  # Past start-up: the pipeline's threads all running
             next(loader)
         cpu, assemble = process_cpu_ns(loader.helper_pid), loader.stats()["assemble_s"]
@@ -385,24 +452,38 @@ def assembly_step_costs(url: str, args: argparse.Namespace, repeats: int = 9) ->
 
     manifest = Manifest.load(url)
     with open_store(url) as store:
-        blocks = [decode_block(store.read_range(*manifest.block_byte_range(b)), num_tokens=manifest.block_num_tokens(b),
-                               dtype=manifest.np_dtype, where=f"block {b}") for b in range(min(8, manifest.num_blocks))]
+        blocks = [
+            decode_block(
+                store.read_range(*manifest.block_byte_range(b)),
+                num_tokens=manifest.block_num_tokens(b),
+                dtype=manifest.np_dtype,
+                where=f"block {b}",
+            )
+            for b in range(min(8, manifest.num_blocks))
+        ]
     rows, seq_len = args.local_batch, args.seq_len
     rng = np.random.default_rng(0)
     per_block = (min(len(b) for b in blocks) - 1) // seq_len
-    steps = [([blocks[i] for i in rng.integers(0, len(blocks), rows)], rng.integers(0, per_block, rows))
-             for _ in range(200)]
+    steps = [
+        ([blocks[i] for i in rng.integers(0, len(blocks), rows)], rng.integers(0, per_block, rows)) for _ in range(200)
+    ]
     eos = manifest.tokenizer.eos_id
     runs = {}
     for name, settings in PACKING_SETTINGS.items():
-        spec = PackingSpec(cross_document_targets=settings.get("cross_document_targets", "predict"),
-                           outputs=settings.get("packing_outputs", False))
-        ring = SharedRing.create(num_slots=7, layout=SlotLayout(rows=rows, seq_len=seq_len,
-                                 token_dtype=manifest.np_dtype.str, wide_keys=WIDE_KEYS, packing=spec))
+        spec = PackingSpec(
+            cross_document_targets=settings.get("cross_document_targets", "predict"),
+            outputs=settings.get("packing_outputs", False),
+        )
+        ring = SharedRing.create(
+            num_slots=7,
+            layout=SlotLayout(
+                rows=rows, seq_len=seq_len, token_dtype=manifest.np_dtype.str, wide_keys=WIDE_KEYS, packing=spec
+            ),
+        )
         runs[name] = (ring, ring.producer_slots(), StepAssembler(seq_len=seq_len, packing=spec))
     seconds = {name: [] for name in runs}
     for repeat in range(repeats):
-        for name in (list(runs) if repeat % 2 == 0 else list(runs)[::-1]):
+        for name in list(runs) if repeat % 2 == 0 else list(runs)[::-1]:
             _, slots, assembler = runs[name]
             started = time.thread_time()
             for index, (row_blocks, samples) in enumerate(steps):
@@ -411,8 +492,10 @@ def assembly_step_costs(url: str, args: argparse.Namespace, repeats: int = 9) ->
     for ring, slots, _ in runs.values():
         del slots[:]
         ring.close()
-    return {name: {"best_s_per_step": min(values), "median_s_per_step": statistics.median(values)}
-            for name, values in seconds.items()}
+    return {
+        name: {"best_s_per_step": min(values), "median_s_per_step": statistics.median(values)}
+        for name, values in seconds.items()
+    }
 
 
 def packing_figure(url: str, args: argparse.Namespace) -> dict:
@@ -423,27 +506,37 @@ def packing_figure(url: str, args: argparse.Namespace) -> dict:
     for trial in range(args.packing_trials):
         order = names if trial % 2 == 0 else names[::-1]
         trials.append({name: helper_step_costs(url, args, PACKING_SETTINGS[name]) for name in order})
-    figures: dict = {"seq_len": args.seq_len, "local_batch": args.local_batch, "steps": args.packing_steps,
-                     "trials": args.packing_trials, "cpu_count": os.cpu_count(), "assembly_cpu": assembly}
+    figures: dict = {
+        "seq_len": args.seq_len,
+        "local_batch": args.local_batch,
+        "steps": args.packing_steps,
+        "trials": args.packing_trials,
+        "cpu_count": os.cpu_count(),
+        "assembly_cpu": assembly,
+    }
     for name in names:
         for key in ("helper_cpu_s_per_step", "assemble_s_per_step"):
             figures[f"{name}_{key}_median"] = statistics.median(t[name][key] for t in trials)
             if name != "off":
                 figures[f"{name}_{key}_ratio_median"] = statistics.median(t[name][key] / t["off"][key] for t in trials)
     for name in names[1:]:
-        print(f"{name}: helper CPU {figures[f'{name}_helper_cpu_s_per_step_median'] * 1e6:.0f} us/step vs off "
-              f"{figures['off_helper_cpu_s_per_step_median'] * 1e6:.0f} (median of paired ratios "
-              f"{figures[f'{name}_helper_cpu_s_per_step_ratio_median']:.3f}); producer's assembly (wall) "
-              f"{figures[f'{name}_assemble_s_per_step_median'] * 1e6:.1f} us/step vs off "
-              f"{figures['off_assemble_s_per_step_median'] * 1e6:.1f} (median of paired ratios "
-              f"{figures[f'{name}_assemble_s_per_step_ratio_median']:.3f})")
+        print(
+            f"{name}: helper CPU {figures[f'{name}_helper_cpu_s_per_step_median'] * 1e6:.0f} us/step vs off "
+            f"{figures['off_helper_cpu_s_per_step_median'] * 1e6:.0f} (median of paired ratios "
+            f"{figures[f'{name}_helper_cpu_s_per_step_ratio_median']:.3f}); producer's assembly (wall) "
+            f"{figures[f'{name}_assemble_s_per_step_median'] * 1e6:.1f} us/step vs off "
+            f"{figures['off_assemble_s_per_step_median'] * 1e6:.1f} (median of paired ratios "
+            f"{figures[f'{name}_assemble_s_per_step_ratio_median']:.3f})"
+        )
     helper_off = figures["off_helper_cpu_s_per_step_median"]
     for name in names[1:]:
         extra = assembly[name]["best_s_per_step"] - assembly["off"]["best_s_per_step"]
         figures[f"{name}_extra_assembly_fraction_of_helper"] = extra / helper_off
-        print(f"{name}: assembly (CPU, best of 9) {assembly[name]['best_s_per_step'] * 1e6:.1f} us/step vs off "
-              f"{assembly['off']['best_s_per_step'] * 1e6:.1f}: +{extra * 1e6:.1f} us = {extra / helper_off:.1%} of "
-              f"the helper's {helper_off * 1e6:.0f} us of CPU per step (target <= 10%)")
+        print(
+            f"{name}: assembly (CPU, best of 9) {assembly[name]['best_s_per_step'] * 1e6:.1f} us/step vs off "
+            f"{assembly['off']['best_s_per_step'] * 1e6:.1f}: +{extra * 1e6:.1f} us = {extra / helper_off:.1%} of "
+            f"the helper's {helper_off * 1e6:.0f} us of CPU per step (target <= 10%)"
+        )
     figures["load_average_1min"] = os.getloadavg()[0]
     return figures
 
@@ -461,11 +554,15 @@ def s3_figures(manifest: Manifest, root: Path, args: argparse.Namespace, decode:
         remote = loader_tokens_per_s(url, options, args, epoch_steps, passes=args.epochs)
         floor = min(decode, s3fs_rate)
         print(f"(b) s3fs range reads: {s3fs_rate / 1e6:.1f} M tokens/s")
-        print(f"loader S3:    {remote['tokens_per_s'] / 1e6:.1f} M tokens/s = {remote['tokens_per_s'] / floor:.2f} x "
-              f"min(a, b) (target >= 0.8)")
+        print(
+            f"loader S3:    {remote['tokens_per_s'] / 1e6:.1f} M tokens/s = {remote['tokens_per_s'] / floor:.2f} x "
+            f"min(a, b) (target >= 0.8)"
+        )
         if args.epochs > 1:
-            print(f"loader S3, epochs 2-{args.epochs} (steady): {remote['steady_tokens_per_s'] / 1e6:.1f} M tokens/s = "
-                  f"{remote['steady_tokens_per_s'] / floor:.2f} x min(a, b)")
+            print(
+                f"loader S3, epochs 2-{args.epochs} (steady): {remote['steady_tokens_per_s'] / 1e6:.1f} M tokens/s = "
+                f"{remote['steady_tokens_per_s'] / floor:.2f} x min(a, b)"
+            )
 
         resume_at = int(0.9 * epoch_steps) * args.local_batch
         ttfb = {}
@@ -473,16 +570,20 @@ def s3_figures(manifest: Manifest, root: Path, args: argparse.Namespace, decode:
             cold = statistics.median(first_batch_s(where, opts, args, 0) for _ in range(args.repeats))
             warm = statistics.median(first_batch_s(where, opts, args, resume_at) for _ in range(args.repeats))
             ttfb[name] = {"cold_s": cold, "resume_90pct_s": warm, "ratio": warm / cold}
-            print(f"first batch {name}: cold {cold * 1e3:.0f} ms, after load_state_dict at 90% {warm * 1e3:.0f} ms, "
-                  f"ratio {warm / cold:.2f} (target <= 1.2)")
+            print(
+                f"first batch {name}: cold {cold * 1e3:.0f} ms, after load_state_dict at 90% {warm * 1e3:.0f} ms, "
+                f"ratio {warm / cold:.2f} (target <= 1.2)"
+            )
 
         with FaultProxy(upstream=server.endpoint_url, latency_s=args.latency_ms / 1000) as proxy:
             slow = {**options, "endpoint_url": proxy.endpoint_url}
             latency = latency_stalls(url, slow, args)
-        print(f"{args.latency_ms:.0f} ms per request, prefetch 4, {args.step_ms:.0f} ms compute per step: "
-              f"stall {latency['stall_s_per_step'] * 1e3:.2f} ms/step once warm, {latency['stalled_steps']} of "
-              f"{latency['steps']} steps stalled (max {latency['max_stall_s'] * 1e3:.1f} ms; "
-              f"{latency['blocks_fetched']} blocks fetched while measuring)")
+        print(
+            f"{args.latency_ms:.0f} ms per request, prefetch 4, {args.step_ms:.0f} ms compute per step: "
+            f"stall {latency['stall_s_per_step'] * 1e3:.2f} ms/step once warm, {latency['stalled_steps']} of "
+            f"{latency['steps']} steps stalled (max {latency['max_stall_s'] * 1e3:.1f} ms; "
+            f"{latency['blocks_fetched']} blocks fetched while measuring)"
+        )
     return {
         "s3fs_range_tokens_per_s": s3fs_rate,
         "loader_s3": remote,

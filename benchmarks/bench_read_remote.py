@@ -65,22 +65,36 @@ def backend_server(name: str) -> Iterator[tuple[str, dict[str, Any], Callable[[s
         with server:
             server.create_bucket(BUCKET)
             options = server.storage_options()
-            yield (f"s3://{BUCKET}/ds", options, lambda endpoint: {**options, "endpoint_url": endpoint},
-                   server.endpoint_url, getattr(server, "pid", None))
+            yield (
+                f"s3://{BUCKET}/ds",
+                options,
+                lambda endpoint: {**options, "endpoint_url": endpoint},
+                server.endpoint_url,
+                getattr(server, "pid", None),
+            )
     elif name == "gcs":
         from tools.fake_gcs import FakeGcs
 
         with FakeGcs(buckets=[BUCKET]) as server:
             options = server.storage_options()
-            yield (f"gs://{BUCKET}/ds", options, lambda endpoint: {**options, "endpoint_url": endpoint},
-                   server.endpoint_url, server.pid)
+            yield (
+                f"gs://{BUCKET}/ds",
+                options,
+                lambda endpoint: {**options, "endpoint_url": endpoint},
+                server.endpoint_url,
+                server.pid,
+            )
     elif name == "azure":
         from tools.azurite import Azurite
 
         with Azurite(containers=[BUCKET]) as server:
-            yield (f"az://{BUCKET}/ds", server.storage_options(),
-                   lambda endpoint: {"connection_string": server.connection_string(endpoint)}, server.endpoint_url,
-                   server.pid)
+            yield (
+                f"az://{BUCKET}/ds",
+                server.storage_options(),
+                lambda endpoint: {"connection_string": server.connection_string(endpoint)},
+                server.endpoint_url,
+                server.pid,
+            )
     else:
         raise ValueError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
 
@@ -96,6 +110,7 @@ def raw_range_reads(url: str, options: dict[str, Any], manifest: Manifest, concu
             with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
                 nbytes = sum(map(len, pool.map(lambda r: store.read_range(*r), ranges)))
         else:
+
             async def read_all() -> int:
                 slots = asyncio.Semaphore(concurrency)
 
@@ -158,7 +173,8 @@ def remote_figures(manifest: Manifest, root: Path, args: argparse.Namespace, epo
             runs = {}
             for name, where, opts, pid in order if trial % 2 == 0 else order[::-1]:
                 runs[name] = run_with_cpu(
-                    lambda: loader_tokens_per_s(where, opts, args, epoch_steps, passes=args.epochs), pid)  # noqa: B023
+                    lambda: loader_tokens_per_s(where, opts, args, epoch_steps, passes=args.epochs), pid
+                )  # noqa: B023
             local, remote = runs["local"], runs["remote"]
             extra_cpu_s = (remote["cpu_s"] - local["cpu_s"]) / max(1, remote["first_pass_blocks"])
             remote_floor_s = (remote["run_loader_cpu_s"] + remote["run_server_cpu_s"]) / cores
@@ -171,25 +187,31 @@ def remote_figures(manifest: Manifest, root: Path, args: argparse.Namespace, epo
                 "ratio_cpu_bound": local["run_wall_s"] / remote_floor_s if remote_floor_s else None,
             }
             trials.append(trial_figures)
-            print(f"trial {trial + 1}: loader {args.backend} first pass {remote['tokens_per_s'] / 1e6:.1f} M tok/s, "
-                  f"steady {remote.get('steady_tokens_per_s', 0) / 1e6:.1f} M; local disk first "
-                  f"{local['tokens_per_s'] / 1e6:.1f} M, steady {local.get('steady_tokens_per_s', 0) / 1e6:.1f} M; "
-                  f"ratio first {trial_figures['ratio_first']:.2f}, steady {trial_figures['ratio_steady']:.2f} "
-                  f"(target >= 0.8); {remote['fetch_ms_per_block']:.1f} ms a GET in the loader, "
-                  f"{trial_figures['extra_cpu_ms_per_block']:.1f} ms CPU a block beyond local, "
-                  f"{remote['retries']} retries")
+            print(
+                f"trial {trial + 1}: loader {args.backend} first pass {remote['tokens_per_s'] / 1e6:.1f} M tok/s, "
+                f"steady {remote.get('steady_tokens_per_s', 0) / 1e6:.1f} M; local disk first "
+                f"{local['tokens_per_s'] / 1e6:.1f} M, steady {local.get('steady_tokens_per_s', 0) / 1e6:.1f} M; "
+                f"ratio first {trial_figures['ratio_first']:.2f}, steady {trial_figures['ratio_steady']:.2f} "
+                f"(target >= 0.8); {remote['fetch_ms_per_block']:.1f} ms a GET in the loader, "
+                f"{trial_figures['extra_cpu_ms_per_block']:.1f} ms CPU a block beyond local, "
+                f"{remote['retries']} retries"
+            )
             if server_pid is not None:
-                print(f"  whole runs: local {local['run_loader_cpu_s']:.2f} s CPU in {local['run_wall_s']:.2f} s; "
-                      f"{args.backend}: loader {remote['run_loader_cpu_s']:.2f} s + server "
-                      f"{remote['run_server_cpu_s']:.2f} s CPU in {remote['run_wall_s']:.2f} s; on {cores} cores "
-                      f"the {args.backend} run takes at least {remote_floor_s:.2f} s: at best "
-                      f"{trial_figures['ratio_cpu_bound']:.2f} x local")
+                print(
+                    f"  whole runs: local {local['run_loader_cpu_s']:.2f} s CPU in {local['run_wall_s']:.2f} s; "
+                    f"{args.backend}: loader {remote['run_loader_cpu_s']:.2f} s + server "
+                    f"{remote['run_server_cpu_s']:.2f} s CPU in {remote['run_wall_s']:.2f} s; on {cores} cores "
+                    f"the {args.backend} run takes at least {remote_floor_s:.2f} s: at best "
+                    f"{trial_figures['ratio_cpu_bound']:.2f} x local"
+                )
         raw = raw_range_reads(url, options, manifest, args.fetch_concurrency, passes=args.raw_passes)
         best_local = max(t["local"].get("steady_tokens_per_s", t["local"]["tokens_per_s"]) for t in trials)
-        print(f"raw range reads of the same blocks, {raw['concurrency']} at once: {raw['tokens_per_s'] / 1e6:.1f} M tok/s "
-              f"({raw['gets_per_s']:.0f} GET/s, {raw['mb_per_s']:.0f} MB/s, client CPU {raw['client_cpu_ms_per_get']:.2f} "
-              f"ms/GET) = {raw['tokens_per_s'] / best_local:.2f} x the loader's best local rate"
-              + (": the server (with its client) is the limit" if raw["tokens_per_s"] < 0.8 * best_local else ""))
+        print(
+            f"raw range reads of the same blocks, {raw['concurrency']} at once: {raw['tokens_per_s'] / 1e6:.1f} M tok/s "
+            f"({raw['gets_per_s']:.0f} GET/s, {raw['mb_per_s']:.0f} MB/s, client CPU {raw['client_cpu_ms_per_get']:.2f} "
+            f"ms/GET) = {raw['tokens_per_s'] / best_local:.2f} x the loader's best local rate"
+            + (": the server (with its client) is the limit" if raw["tokens_per_s"] < 0.8 * best_local else "")
+        )
 
         resume_at = int(0.9 * epoch_steps) * args.local_batch
         first_batch = {}
@@ -197,23 +219,29 @@ def remote_figures(manifest: Manifest, root: Path, args: argparse.Namespace, epo
             cold = statistics.median(first_batch_s(where, opts, args, 0) for _ in range(args.repeats))
             seek = statistics.median(first_batch_s(where, opts, args, resume_at) for _ in range(args.repeats))
             first_batch[name] = {"cold_s": cold, "seek_90pct_s": seek, "ratio": seek / cold}
-            print(f"first batch {name}: cold {cold * 1e3:.0f} ms, after a seek to 90% {seek * 1e3:.0f} ms, "
-                  f"ratio {seek / cold:.2f} (target <= 1.2)")
+            print(
+                f"first batch {name}: cold {cold * 1e3:.0f} ms, after a seek to 90% {seek * 1e3:.0f} ms, "
+                f"ratio {seek / cold:.2f} (target <= 1.2)"
+            )
 
         with FaultProxy(upstream=endpoint, latency_s=args.latency_ms / 1000) as proxy:
             slow = loader_tokens_per_s(url, options_via(proxy.endpoint_url), args, epoch_steps, passes=args.epochs)
         slow_rate = slow.get("steady_tokens_per_s", slow["tokens_per_s"])
-        print(f"loader {args.backend} + {args.latency_ms:.0f} ms a request (fault proxy): first pass "
-              f"{slow['tokens_per_s'] / 1e6:.1f} M tok/s, steady {slow_rate / 1e6:.1f} M = "
-              f"{slow_rate / best_local:.2f} x the best local steady rate")
+        print(
+            f"loader {args.backend} + {args.latency_ms:.0f} ms a request (fault proxy): first pass "
+            f"{slow['tokens_per_s'] / 1e6:.1f} M tok/s, steady {slow_rate / 1e6:.1f} M = "
+            f"{slow_rate / best_local:.2f} x the best local steady rate"
+        )
 
     bounds = [t["ratio_cpu_bound"] for t in trials if t["ratio_cpu_bound"] is not None]
     if bounds and server_pid is not None:
         print(f"best ratio these {cores} cores allow with the server on them (whole runs): {spread(bounds)}")
     ratios_first = [t["ratio_first"] for t in trials]
     ratios_steady = [t["ratio_steady"] for t in trials]
-    print(f"ratio {args.backend} / local disk over {len(trials)} paired trials: first pass {spread(ratios_first)}, "
-          f"steady {spread(ratios_steady)} (target >= 0.8)")
+    print(
+        f"ratio {args.backend} / local disk over {len(trials)} paired trials: first pass {spread(ratios_first)}, "
+        f"steady {spread(ratios_steady)} (target >= 0.8)"
+    )
     if args.backend == "moto":
         print("NOTE: moto reads the whole object for every ranged GET: this figure is moto's copying, not the loader's")
     return {

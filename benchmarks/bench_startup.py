@@ -66,7 +66,10 @@ def first_batch_figures(url: str, options: dict | None, args) -> dict[str, float
 
 
 def phase_boundary(url: str, pipeline: str, steps: int, boundary: int, step_s: float) -> dict[str, float]:
-    schedule = [Phase(start_step=0, global_batch=8, seq_len=1024), Phase(start_step=boundary, global_batch=16, seq_len=512)]
+    schedule = [
+        Phase(start_step=0, global_batch=8, seq_len=1024),
+        Phase(start_step=boundary, global_batch=16, seq_len=512),
+    ]
     times = []
     with StreamingLoader(url, schedule=schedule, pipeline=pipeline) as loader:
         for _ in range(steps):
@@ -81,8 +84,10 @@ def phase_boundary(url: str, pipeline: str, steps: int, boundary: int, step_s: f
 def phase_figures(url: str, args) -> dict[str, float]:
     out = {}
     for pipeline in PIPELINES:
-        trials = [phase_boundary(url, pipeline, args.phase_steps, args.boundary, args.step_ms / 1e3)
-                  for _ in range(args.trials)]  # fmt: skip
+        trials = [
+            phase_boundary(url, pipeline, args.phase_steps, args.boundary, args.step_ms / 1e3)
+            for _ in range(args.trials)
+        ]
         for key in ("boundary_ms", "steady_ms"):
             out[f"{pipeline}_{key}"] = statistics.median(t[key] for t in trials)
     return out
@@ -95,8 +100,9 @@ def validator_rebuild(url: str, args) -> dict[str, float]:
     times = []
     for _ in range(args.trials + 1):
         started = time.perf_counter()
-        loader = ZephonEvalDataLoader(config, dp_world_size=1, dp_rank=0, seq_len=args.seq_len,
-                                      local_batch_size=args.local_batch)  # fmt: skip
+        loader = ZephonEvalDataLoader(
+            config, dp_world_size=1, dp_rank=0, seq_len=args.seq_len, local_batch_size=args.local_batch
+        )
         next(iter(loader))
         loader.close()
         times.append(time.perf_counter() - started)
@@ -122,8 +128,10 @@ def main() -> None:
         local["target_ms"] = 1.5 * local["threads_first_ms"] + 30
         local["meets_target"] = local["process_first_ms"] <= local["target_ms"]
         figures["first_batch_local"] = local
-        print(f"first batch, local: process {local['process_first_ms']:.1f} ms, threads (baseline) "
-              f"{local['threads_first_ms']:.1f} ms; target <= {local['target_ms']:.1f} ms")  # fmt: skip
+        print(
+            f"first batch, local: process {local['process_first_ms']:.1f} ms, threads (baseline) "
+            f"{local['threads_first_ms']:.1f} ms; target <= {local['target_ms']:.1f} ms"
+        )
         if not args.local_only:
             if args.s3 == "seaweedfs":
                 from tools.seaweedfs import SeaweedFS
@@ -141,18 +149,24 @@ def main() -> None:
             s3["target_ms"] = 1.5 * s3["threads_first_ms"] + 60
             s3["meets_target"] = s3["process_first_ms"] <= s3["target_ms"]
             figures[f"first_batch_s3_{args.s3}"] = s3
-            print(f"first batch, S3 ({args.s3}): process {s3['process_first_ms']:.1f} ms, threads (baseline) "
-                  f"{s3['threads_first_ms']:.1f} ms; target <= {s3['target_ms']:.1f} ms")  # fmt: skip
+            print(
+                f"first batch, S3 ({args.s3}): process {s3['process_first_ms']:.1f} ms, threads (baseline) "
+                f"{s3['threads_first_ms']:.1f} ms; target <= {s3['target_ms']:.1f} ms"
+            )
         phase = phase_figures(url, args)
         phase["target_ms"] = phase["process_steady_ms"] + 40
         phase["meets_target"] = phase["process_boundary_ms"] <= phase["target_ms"]
         figures["phase_boundary"] = phase
-        print(f"phase boundary: process {phase['process_boundary_ms']:.1f} ms (steady {phase['process_steady_ms']:.2f}),"
-              f" threads {phase['threads_boundary_ms']:.1f} ms (steady {phase['threads_steady_ms']:.2f})")  # fmt: skip
+        print(
+            f"phase boundary: process {phase['process_boundary_ms']:.1f} ms (steady {phase['process_steady_ms']:.2f}),"
+            f" threads {phase['threads_boundary_ms']:.1f} ms (steady {phase['threads_steady_ms']:.2f})"
+        )
         rebuild = validator_rebuild(url, args)
         rebuild["meets_target"] = rebuild["rebuild_ms"] <= 100
         figures["validator_rebuild_local"] = rebuild
-        print(f"validator rebuild, local: {rebuild['rebuild_ms']:.1f} ms (first build {rebuild['first_build_ms']:.1f} ms)")
+        print(
+            f"validator rebuild, local: {rebuild['rebuild_ms']:.1f} ms (first build {rebuild['first_build_ms']:.1f} ms)"
+        )
     print(json.dumps(figures))
 
 

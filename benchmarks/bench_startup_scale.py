@@ -43,26 +43,58 @@ from zephon_stream.format.manifest import ShardInfo, SourceInfo, TokenizerInfo  
 from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS  # noqa: E402
 from zephon_stream.storage import open_store  # noqa: E402
 
+
 def synthetic_manifest(*, shards: int, blocks_per_shard: int, sources: int) -> Manifest:
     """A manifest of full shards with plausible offsets and digests (no shard exists)."""
     block_tokens = DEFAULT_BLOCK_TOKENS
     frame_bytes = 600_000
-    tokenizer = TokenizerInfo(kind="bytes", name="bytes", vocab_size=257, eos_id=256, bos_id=None,
-                              fingerprint=hashlib.sha256(b"bytes").hexdigest())
+    tokenizer = TokenizerInfo(
+        kind="bytes",
+        name="bytes",
+        vocab_size=257,
+        eos_id=256,
+        bos_id=None,
+        fingerprint=hashlib.sha256(b"bytes").hexdigest(),
+    )
     infos = []
     for i in range(shards):
         offsets = tuple(range(0, (blocks_per_shard + 1) * frame_bytes, frame_bytes))
         digest = hashlib.sha256(i.to_bytes(8, "little")).hexdigest()
-        infos.append(ShardInfo(path=f"shards/{i:08d}.zst", num_tokens=blocks_per_shard * block_tokens,
-                               num_bytes=offsets[-1], sha256=digest, block_offsets=offsets,
-                               index_path=f"shards/{i:08d}.idx", index_sha256=digest, num_documents=1000))
+        infos.append(
+            ShardInfo(
+                path=f"shards/{i:08d}.zst",
+                num_tokens=blocks_per_shard * block_tokens,
+                num_bytes=offsets[-1],
+                sha256=digest,
+                block_offsets=offsets,
+                index_path=f"shards/{i:08d}.idx",
+                index_sha256=digest,
+                num_documents=1000,
+            )
+        )
     docs_per_source = shards * 1000 // sources
-    source_infos = [SourceInfo(path=f"s3://corpus/part-{i:06d}.jsonl.zst", num_records=docs_per_source,
-                               num_documents=docs_per_source, num_rejected=0) for i in range(sources)]
-    source_infos[-1] = SourceInfo(path=source_infos[-1].path, num_records=shards * 1000 - docs_per_source * (sources - 1),
-                                  num_documents=shards * 1000 - docs_per_source * (sources - 1), num_rejected=0)
-    return Manifest.create(tokenizer=tokenizer, block_tokens=block_tokens, blocks_per_shard=blocks_per_shard,
-                           shards=infos, sources=source_infos)
+    source_infos = [
+        SourceInfo(
+            path=f"s3://corpus/part-{i:06d}.jsonl.zst",
+            num_records=docs_per_source,
+            num_documents=docs_per_source,
+            num_rejected=0,
+        )
+        for i in range(sources)
+    ]
+    source_infos[-1] = SourceInfo(
+        path=source_infos[-1].path,
+        num_records=shards * 1000 - docs_per_source * (sources - 1),
+        num_documents=shards * 1000 - docs_per_source * (sources - 1),
+        num_rejected=0,
+    )
+    return Manifest.create(
+        tokenizer=tokenizer,
+        block_tokens=block_tokens,
+        blocks_per_shard=blocks_per_shard,
+        shards=infos,
+        sources=source_infos,
+    )
 
 
 WORLD_SIZE, RANK = 2048, 1000
@@ -86,16 +118,29 @@ def probe(url: str, options: dict | None) -> dict:
         f.write("5")
     rss_before = _status_kb("VmRSS")
     started = time.perf_counter()
-    with StreamingLoader(url, seq_len=2048, local_batch_size=4, rank=RANK, world_size=WORLD_SIZE,
-                         storage_options=options, pipeline="threads", node_cache=False) as loader:
+    with StreamingLoader(
+        url,
+        seq_len=2048,
+        local_batch_size=4,
+        rank=RANK,
+        world_size=WORLD_SIZE,
+        storage_options=options,
+        pipeline="threads",
+        node_cache=False,
+    ) as loader:
         state = loader.state_dict()
         plan = loader._layout.planner(start=state["position"], num_steps=None).next_step()
         source = loader._sources[0]
         source.locate([key[1] for key in plan.unique_keys])
         elapsed = time.perf_counter() - started
         counts = source.store.stats()
-    return {"first_planned_step_s": elapsed, "client_import_s": client_import_s, "bytes_read": counts["bytes_read"], "reads": counts["reads"],
-            "rss_added_mb": (_status_kb("VmHWM") - rss_before) / 1024}
+    return {
+        "first_planned_step_s": elapsed,
+        "client_import_s": client_import_s,
+        "bytes_read": counts["bytes_read"],
+        "reads": counts["reads"],
+        "rss_added_mb": (_status_kb("VmHWM") - rss_before) / 1024,
+    }
 
 
 def _status_kb(field: str) -> int:
@@ -104,8 +149,12 @@ def _status_kb(field: str) -> int:
 
 
 def fresh_probe(url: str, options: dict | None) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--probe", url, "--options", json.dumps(options)],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--probe", url, "--options", json.dumps(options)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -125,8 +174,10 @@ def main() -> None:
     manifest = synthetic_manifest(shards=shards, blocks_per_shard=64, sources=2 * shards)
     forms = {"v10": dataclasses.replace(manifest, version=(1, 0)), "v11": manifest}
     sizes = {name: {p: len(d) for p, d in m.objects().items()} for name, m in forms.items()}
-    print(f"synthetic dataset: {manifest.num_tokens / 1e12:.2f} T tokens, {manifest.num_blocks:,} blocks, "
-          f"{manifest.num_shards:,} shards, {len(manifest.sources):,} sources (built in {time.perf_counter() - started:.1f} s)")
+    print(
+        f"synthetic dataset: {manifest.num_tokens / 1e12:.2f} T tokens, {manifest.num_blocks:,} blocks, "
+        f"{manifest.num_shards:,} shards, {len(manifest.sources):,} sources (built in {time.perf_counter() - started:.1f} s)"
+    )
     for name, objects in sizes.items():
         print(f"  {name}: " + ", ".join(f"{p} {n / 1e6:.2f} MB" for p, n in objects.items()))
     with tempfile.TemporaryDirectory() as tmp, SeaweedFS(buckets=["startup"]) as server:
@@ -146,22 +197,39 @@ def main() -> None:
             for name, (url, opts) in where.items():
                 results[name].append(fresh_probe(url, opts))
     print(f"a fresh rank {RANK} of W = {WORLD_SIZE}, after the imports (median of {args.trials}):")
-    print(f"{'form and store':<16} {'first planned step':>19} {'(client import)':>16} {'read':>12} {'reads':>6} "
-          f"{'RSS added':>10}")
+    print(
+        f"{'form and store':<16} {'first planned step':>19} {'(client import)':>16} {'read':>12} {'reads':>6} "
+        f"{'RSS added':>10}"
+    )
     summary = {}
     for name, runs in results.items():
         row = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         summary[name] = row
-        print(f"{name:<16} {row['first_planned_step_s']:>17.3f} s {row['client_import_s']:>14.3f} s "
-              f"{row['bytes_read'] / 1e6:>9.3f} MB "
-              f"{row['reads']:>6.0f} {row['rss_added_mb']:>7.1f} MB")
+        print(
+            f"{name:<16} {row['first_planned_step_s']:>17.3f} s {row['client_import_s']:>14.3f} s "
+            f"{row['bytes_read'] / 1e6:>9.3f} MB "
+            f"{row['reads']:>6.0f} {row['rss_added_mb']:>7.1f} MB"
+        )
     for store in ("local", "seaweedfs"):
         old, new = summary[f"v10 {store}"], summary[f"v11 {store}"]
-        print(f"{store}: 1.1 / 1.0 time {new['first_planned_step_s'] / old['first_planned_step_s']:.3f}, "
-              f"bytes {new['bytes_read'] / old['bytes_read']:.5f}")
-    print(json.dumps({"tokens": int(shards * SHARD_TOKENS), "shards": shards, "blocks": shards * 64,
-                      "object_bytes": sizes, "trials": args.trials, "results": results, "medians": summary,
-                      "load_average_1min": os.getloadavg()[0]}))
+        print(
+            f"{store}: 1.1 / 1.0 time {new['first_planned_step_s'] / old['first_planned_step_s']:.3f}, "
+            f"bytes {new['bytes_read'] / old['bytes_read']:.5f}"
+        )
+    print(
+        json.dumps(
+            {
+                "tokens": int(shards * SHARD_TOKENS),
+                "shards": shards,
+                "blocks": shards * 64,
+                "object_bytes": sizes,
+                "trials": args.trials,
+                "results": results,
+                "medians": summary,
+                "load_average_1min": os.getloadavg()[0],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

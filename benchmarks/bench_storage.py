@@ -85,8 +85,10 @@ def main() -> None:
         mib = args.repeats * len(payload) / 2**20
         raw_mib_s, store_mib_s = mib / raw_s, mib / store_s
         overhead_ratio = store_mib_s / raw_mib_s
-        print(f"one thread, {args.chunk_kib} KiB ranges: s3fs {raw_mib_s:.0f} MiB/s, store {store_mib_s:.0f} MiB/s, "
-              f"ratio {overhead_ratio:.2f} (target >= 0.9)")
+        print(
+            f"one thread, {args.chunk_kib} KiB ranges: s3fs {raw_mib_s:.0f} MiB/s, store {store_mib_s:.0f} MiB/s, "
+            f"ratio {overhead_ratio:.2f} (target >= 0.9)"
+        )
 
         store.write_atomic("small.bin", payload[: 1 << 20])
         small = _ranges(1 << 20, 16 << 10)
@@ -97,19 +99,25 @@ def main() -> None:
             many_s = _timed(lambda: _threaded(read, small, args.threads))
             slow.close()
         speedup = one_s / many_s
-        print(f"{len(small)} reads of 16 KiB at {args.latency_ms:.0f} ms latency: 1 thread {one_s:.2f}s, "
-              f"{args.threads} threads {many_s:.2f}s, speedup {speedup:.1f}x (target >= 4)")
+        print(
+            f"{len(small)} reads of 16 KiB at {args.latency_ms:.0f} ms latency: 1 thread {one_s:.2f}s, "
+            f"{args.threads} threads {many_s:.2f}s, speedup {speedup:.1f}x (target >= 4)"
+        )
         store.close()
-    print(json.dumps({
-        "s3fs_mib_s": round(raw_mib_s, 1),
-        "store_mib_s": round(store_mib_s, 1),
-        "store_vs_s3fs": round(overhead_ratio, 3),
-        "latency_ms": args.latency_ms,
-        "threads": args.threads,
-        "one_thread_s": round(one_s, 3),
-        "threaded_s": round(many_s, 3),
-        "concurrency_speedup": round(speedup, 2),
-    }))
+    print(
+        json.dumps(
+            {
+                "s3fs_mib_s": round(raw_mib_s, 1),
+                "store_mib_s": round(store_mib_s, 1),
+                "store_vs_s3fs": round(overhead_ratio, 3),
+                "latency_ms": args.latency_ms,
+                "threads": args.threads,
+                "one_thread_s": round(one_s, 3),
+                "threaded_s": round(many_s, 3),
+                "concurrency_speedup": round(speedup, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -74,7 +74,9 @@ def titan_main_source(named: str | None) -> Path:
         return Path(named)
     found = sorted((REPO.parent / "shared" / "vendor").glob("torchtitan-main-*.tar.gz"))
     if not found:
-        sys.exit("bench_titan_main: TorchTitan main's source not found: pass --titan-main or set ZEPHON_TORCHTITAN_MAIN")
+        sys.exit(
+            "bench_titan_main: TorchTitan main's source not found: pass --titan-main or set ZEPHON_TORCHTITAN_MAIN"
+        )
     return found[-1]
 
 
@@ -89,8 +91,9 @@ def run_against_main(args: argparse.Namespace) -> None:
                 archive.extractall(unpacked, filter="data")
             folder = next(Path(unpacked).iterdir())
         path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH"), str(REPO)) if p)
-        done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--in-main"],
-                              env={**os.environ, "PYTHONPATH": path}, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, __file__, *sys.argv[1:], "--in-main"], env={**os.environ, "PYTHONPATH": path}, check=False
+        )
     sys.exit(done.returncode)
 
 
@@ -106,8 +109,11 @@ def make_corpus(work: Path, num_docs: int, seed: int) -> dict:
     tok_dir, jsonl, dataset = work / "tok", work / "corpus.jsonl", work / "dataset"
     if not (tok_dir / "tokenizer.json").exists():
         stdlib = sysconfig.get_paths()["stdlib"]
-        subprocess.run([sys.executable, str(REPO / "examples/torchtitan/make_tokenizer.py"), stdlib,
-                        "--output", str(tok_dir)], check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, str(REPO / "examples/torchtitan/make_tokenizer.py"), stdlib, "--output", str(tok_dir)],
+            check=True,
+            capture_output=True,
+        )
     tokenizer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     if not jsonl.exists():
         texts = []
@@ -133,9 +139,16 @@ def make_corpus(work: Path, num_docs: int, seed: int) -> dict:
     eos = tokenizer.token_to_id("<|endoftext|>")
     with open(jsonl, encoding="utf-8") as records:
         lengths = np.array([len(tokenizer.encode(json.loads(line)["text"]).ids) for line in records])
-    return {"tok_dir": str(tok_dir), "jsonl": str(jsonl), "dataset": str(dataset), "eos": eos,
-            "documents": int(lengths.size), "pairs": int(lengths.sum()), "median_tokens": float(np.median(lengths)),
-            "lengths": lengths}  # fmt: skip
+    return {
+        "tok_dir": str(tok_dir),
+        "jsonl": str(jsonl),
+        "dataset": str(dataset),
+        "eos": eos,
+        "documents": int(lengths.size),
+        "pairs": int(lengths.sum()),
+        "median_tokens": float(np.median(lengths)),
+        "lengths": lengths,
+    }
 
 
 # -- the pipelines, as main's trainer builds a loader -------------------------------------------
@@ -147,11 +160,15 @@ def build(name: str, corpus: dict, *, seq_len: int, tokens: int, dp: int = 1, ra
     from zephon_stream.integrations.torchtitan import ZephonDataLoader
 
     tokenizer = HuggingFaceTokenizer.Config().build(tokenizer_path=corpus["tok_dir"])
-    shape = {"dp_world_size": dp, "dp_rank": rank, "tokenizer": tokenizer, "max_context_length": seq_len,
-             "num_tokens_per_batch": tokens}  # fmt: skip
+    shape = {
+        "dp_world_size": dp,
+        "dp_rank": rank,
+        "tokenizer": tokenizer,
+        "max_context_length": seq_len,
+        "num_tokens_per_batch": tokens,
+    }
     if name.startswith("ours"):
-        config = ZephonDataLoader.Config(dataset_path=corpus["dataset"], seed=3, packing=name.split()[1],
-                                         repeat=repeat)  # fmt: skip
+        config = ZephonDataLoader.Config(dataset_path=corpus["dataset"], seed=3, packing=name.split()[1], repeat=repeat)
         return config.build(**shape)
     from torchtitan.components.data import (
         ConcatThenSplitPackingConfig,
@@ -162,10 +179,14 @@ def build(name: str, corpus: dict, *, seq_len: int, tokens: int, dp: int = 1, ra
     )
     from torchtitan.hf_datasets.text_datasets import TextProcessor
 
-    source = SingleDatasetConfig(source=IndexedJsonlSource.Config(patterns=(corpus["jsonl"],)),
-                                 processor=TextProcessor.Config(), post_filters=(lambda sample: sample is not None,))
-    packing = (ConcatThenSplitPackingConfig(dataset=source) if "concat" in name
-               else FirstFitPackingConfig(dataset=source))  # fmt: skip
+    source = SingleDatasetConfig(
+        source=IndexedJsonlSource.Config(patterns=(corpus["jsonl"],)),
+        processor=TextProcessor.Config(),
+        post_filters=(lambda sample: sample is not None,),
+    )
+    packing = (
+        ConcatThenSplitPackingConfig(dataset=source) if "concat" in name else FirstFitPackingConfig(dataset=source)
+    )
     return GrainDataLoader.Config(dataset=packing, seed=3, repeat=repeat).build(**shape)
 
 
@@ -194,16 +215,24 @@ def one_pass(name: str, corpus: dict, *, seq_len: int, tokens: int) -> dict:
                     cuts += 1
     finally:
         loader.close()
-    return {"steps": steps, "trained_pairs": trained, "trained_share": trained / corpus["pairs"],
-            "dropped_pairs": max(0, corpus["pairs"] - trained), "padding_share": padding / slots,
-            "eos_slot_share": eos_slots / slots, "cuts_per_1000_docs": 1000 * cuts / corpus["documents"]}  # fmt: skip
+    return {
+        "steps": steps,
+        "trained_pairs": trained,
+        "trained_share": trained / corpus["pairs"],
+        "dropped_pairs": max(0, corpus["pairs"] - trained),
+        "padding_share": padding / slots,
+        "eos_slot_share": eos_slots / slots,
+        "cuts_per_1000_docs": 1000 * cuts / corpus["documents"],
+    }
 
 
 def resume(name: str, corpus: dict, *, seq_len: int, rows: int, steps: int) -> str:
     """A dp-2 state after ``steps`` steps loaded at dp 3, the global batch held (6 x ``rows`` rows)."""
     global_rows = 6 * rows
-    saving = [build(name, corpus, seq_len=seq_len, tokens=global_rows // 2 * seq_len, dp=2, rank=r, repeat=True)
-              for r in range(2)]  # fmt: skip
+    saving = [
+        build(name, corpus, seq_len=seq_len, tokens=global_rows // 2 * seq_len, dp=2, rank=r, repeat=True)
+        for r in range(2)
+    ]
     try:
         for loader in saving:
             batches = iter(loader)
@@ -213,16 +242,20 @@ def resume(name: str, corpus: dict, *, seq_len: int, rows: int, steps: int) -> s
     finally:
         for loader in saving:
             loader.close()
-    resumed = [build(name, corpus, seq_len=seq_len, tokens=global_rows // 3 * seq_len, dp=3, rank=r, repeat=True)
-               for r in range(3)]  # fmt: skip
+    resumed = [
+        build(name, corpus, seq_len=seq_len, tokens=global_rows // 3 * seq_len, dp=3, rank=r, repeat=True)
+        for r in range(3)
+    ]
     try:
         try:
             for loader in resumed:
                 loader.load_state_dict(state)
         except ValueError as exc:
             return f"refused: {exc}"
-        got = [np.concatenate([next(loader)[0]["input"].numpy().reshape(-1, seq_len) for loader in resumed])
-               for _ in range(3)]  # fmt: skip
+        got = [
+            np.concatenate([next(loader)[0]["input"].numpy().reshape(-1, seq_len) for loader in resumed])
+            for _ in range(3)
+        ]
     finally:
         for loader in resumed:
             loader.close()
@@ -285,10 +318,16 @@ def main() -> None:
     tokens = args.rows * args.seq_len
     # Cuts any packing into attention segments of seq_len makes: a document of n pairs spans ceil(n / L) segments.
     corpus["floor_cuts_per_1000_docs"] = 1000 * float((np.ceil(lengths / args.seq_len) - 1).sum()) / lengths.size
-    print(f"corpus: {corpus['documents']} documents, {corpus['pairs']} pairs, median {corpus['median_tokens']:.0f} "
-          f"tokens, {100 * (lengths > args.seq_len).mean():.1f}% longer than {args.seq_len}")  # fmt: skip
-    result: dict = {"corpus": {**corpus, "share_longer_than_context": float((lengths > args.seq_len).mean())},
-                    "seq_len": args.seq_len, "tokens_per_batch": tokens, "pipelines": {}}  # fmt: skip
+    print(
+        f"corpus: {corpus['documents']} documents, {corpus['pairs']} pairs, median {corpus['median_tokens']:.0f} "
+        f"tokens, {100 * (lengths > args.seq_len).mean():.1f}% longer than {args.seq_len}"
+    )
+    result: dict = {
+        "corpus": {**corpus, "share_longer_than_context": float((lengths > args.seq_len).mean())},
+        "seq_len": args.seq_len,
+        "tokens_per_batch": tokens,
+        "pipelines": {},
+    }
     for name in PIPELINES:
         figures = one_pass(name, corpus, seq_len=args.seq_len, tokens=tokens)
         figures["resume_dp2_to_dp3"] = resume(name, corpus, seq_len=args.seq_len, rows=1, steps=args.resume_step)
@@ -299,14 +338,18 @@ def main() -> None:
     for trial in range(args.trials):
         order = PIPELINES if trial % 2 == 0 else tuple(reversed(PIPELINES))
         for name in order:
-            trials[name].append(step_cpu(name, corpus, seq_len=args.seq_len, tokens=tokens, steps=args.steps,
-                                         work=iterations))  # fmt: skip
+            trials[name].append(
+                step_cpu(name, corpus, seq_len=args.seq_len, tokens=tokens, steps=args.steps, work=iterations)
+            )
     for name in PIPELINES:
         figures = result["pipelines"][name]
         figures["next_thread_us"] = statistics.median(t["next_thread_us"] for t in trials[name])
         figures["process_ms_per_step"] = statistics.median(t["process_ms_per_step"] for t in trials[name])
-        print(f"{name}: next() {figures['next_thread_us']:.0f} us in the trainer's thread; the trainer process "
-              f"{figures['process_ms_per_step']:.1f} ms of CPU a step besides its own work", flush=True)  # fmt: skip
+        print(
+            f"{name}: next() {figures['next_thread_us']:.0f} us in the trainer's thread; the trainer process "
+            f"{figures['process_ms_per_step']:.1f} ms of CPU a step besides its own work",
+            flush=True,
+        )
     result["load_average"] = os.getloadavg()
     print(json.dumps(result))
 

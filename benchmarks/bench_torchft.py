@@ -48,8 +48,9 @@ def build(out: Path) -> str:
 
 
 def quorum_change(url: str, *, rows: int, seq_len: int, compute_s: float) -> dict[str, float]:
-    reader = ShareReader(url, group_rank=0, group_world_size=1, seq_len=seq_len, seed=0, lanes=rows * 3, window=0,
-                         loader_options={})  # fmt: skip
+    reader = ShareReader(
+        url, group_rank=0, group_world_size=1, seq_len=seq_len, seed=0, lanes=rows * 3, window=0, loader_options={}
+    )
     firsts, steadies = [], []
     cursor = 0
     try:
@@ -64,8 +65,11 @@ def quorum_change(url: str, *, rows: int, seq_len: int, compute_s: float) -> dic
                 time.sleep(compute_s)
     finally:
         reader.close()
-    return {"first_after_change_ms": 1e3 * statistics.median(firsts),
-            "steady_ms": 1e3 * statistics.median(steadies[-5:]), "rebuilds": reader.rebuilds}  # fmt: skip
+    return {
+        "first_after_change_ms": 1e3 * statistics.median(firsts),
+        "steady_ms": 1e3 * statistics.median(steadies[-5:]),
+        "rebuilds": reader.rebuilds,
+    }
 
 
 def stable_cpu(url: str, *, rows: int, seq_len: int, steps: int, compute_s: float) -> dict[str, float]:
@@ -75,9 +79,18 @@ def stable_cpu(url: str, *, rows: int, seq_len: int, steps: int, compute_s: floa
 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=100)
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=30)), load_state_dict=lambda s: None,
-                      state_dict=dict, min_replica_size=1, rank=0, world_size=1, store_addr="127.0.0.1",
-                      store_port=store.port, lighthouse_addr=lighthouse.address(), replica_id="bench")  # fmt: skip
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=30)),
+        load_state_dict=lambda s: None,
+        state_dict=dict,
+        min_replica_size=1,
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        lighthouse_addr=lighthouse.address(),
+        replica_id="bench",
+    )
     ours, plain = [], []
     try:
         config = TorchFTConfig(seq_len=seq_len, group_batch_size=rows, lanes=rows)
@@ -114,12 +127,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         url = build(Path(tmp) / "data")
         change = quorum_change(url, rows=args.rows, seq_len=args.seq_len, compute_s=args.compute_ms / 1e3)
-        print(f"first batch after a quorum change {change['first_after_change_ms']:.1f} ms, "
-              f"steady step {change['steady_ms']:.2f} ms (median of 5)")  # fmt: skip
-        cpu = stable_cpu(url, rows=args.rows, seq_len=args.seq_len, steps=args.steps,
-                         compute_s=args.compute_ms / 1e3)  # fmt: skip
-        print(f"trainer CPU in next(), stable quorum: torchft {cpu['next_cpu_us_torchft']:.0f} us, "
-              f"plain {cpu['next_cpu_us_plain']:.0f} us ({cpu['next_cpu_ratio']:.2f}x)")  # fmt: skip
+        print(
+            f"first batch after a quorum change {change['first_after_change_ms']:.1f} ms, "
+            f"steady step {change['steady_ms']:.2f} ms (median of 5)"
+        )
+        cpu = stable_cpu(url, rows=args.rows, seq_len=args.seq_len, steps=args.steps, compute_s=args.compute_ms / 1e3)
+        print(
+            f"trainer CPU in next(), stable quorum: torchft {cpu['next_cpu_us_torchft']:.0f} us, "
+            f"plain {cpu['next_cpu_us_plain']:.0f} us ({cpu['next_cpu_ratio']:.2f}x)"
+        )
     figures = {**change, **cpu, "rows": args.rows, "seq_len": args.seq_len, "compute_ms": args.compute_ms}
     print(json.dumps(figures))
 

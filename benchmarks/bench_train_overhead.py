@@ -128,8 +128,9 @@ def python_consumer(url: str, args: argparse.Namespace) -> dict:
                 # shares the machine's state of the moment.
                 trials["alone"].append(python_loop(None, args, iterations, None))
                 trials[pipeline].append(python_loop(url, args, iterations, pipeline))
-        figures[f"{work_ms:g}ms"] = entry = {"alone_ms_per_step": statistics.median(
-            t["wall_s"] for t in trials["alone"]) / args.steps * 1e3}
+        figures[f"{work_ms:g}ms"] = entry = {
+            "alone_ms_per_step": statistics.median(t["wall_s"] for t in trials["alone"]) / args.steps * 1e3
+        }
         alone_off = statistics.median(1 - t["cpu_s"] / t["wall_s"] for t in trials["alone"])
         alone_switches = statistics.median(t["involuntary_switches"] for t in trials["alone"]) / args.steps
         for index, pipeline in enumerate(PIPELINES):
@@ -149,21 +150,24 @@ def python_consumer(url: str, args: argparse.Namespace) -> dict:
                 "involuntary_switches_per_step_alone": alone_switches,
             }
             e = entry[pipeline]
-            print(f"{work_ms:g} ms of Python per step ({entry['alone_ms_per_step']:.2f} ms alone), {pipeline}: wall ratio "
-                  f"median {e['wall_ratio_median']:.3f} (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, best-of "
-                  f"{e['wall_ratio_best']:.3f}){' (target >= 0.98)' if work_ms == 5 and pipeline == 'process' else ''}; "
-                  f"trainer CPU ratio {e['trainer_cpu_ratio_median']:.3f}; trainer off CPU {e['trainer_off_cpu_share']:.1%} "
-                  f"(alone {alone_off:.1%}); involuntary switches {e['involuntary_switches_per_step']:.2f}/step "
-                  f"(alone {alone_switches:.2f})")
+            print(
+                f"{work_ms:g} ms of Python per step ({entry['alone_ms_per_step']:.2f} ms alone), {pipeline}: wall ratio "
+                f"median {e['wall_ratio_median']:.3f} (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, best-of "
+                f"{e['wall_ratio_best']:.3f}){' (target >= 0.98)' if work_ms == 5 and pipeline == 'process' else ''}; "
+                f"trainer CPU ratio {e['trainer_cpu_ratio_median']:.3f}; trainer off CPU {e['trainer_off_cpu_share']:.1%} "
+                f"(alone {alone_off:.1%}); involuntary switches {e['involuntary_switches_per_step']:.2f}/step "
+                f"(alone {alone_switches:.2f})"
+            )
     return figures
 
 
 def model_consumer(url: str, vocab_size: int, args: argparse.Namespace) -> dict:
     from zephon_stream.demo.model import ModelConfig, TinyTransformer
 
-    sizes = {"2m": ModelConfig(vocab_size=vocab_size, dim=256, num_layers=2, num_heads=4, max_seq_len=args.seq_len),
-             "100m": ModelConfig(vocab_size=vocab_size, dim=768, num_layers=14, num_heads=12,
-                                 max_seq_len=args.seq_len)}
+    sizes = {
+        "2m": ModelConfig(vocab_size=vocab_size, dim=256, num_layers=2, num_heads=4, max_seq_len=args.seq_len),
+        "100m": ModelConfig(vocab_size=vocab_size, dim=768, num_layers=14, num_heads=12, max_seq_len=args.seq_len),
+    }
     figures = {}
     for name, config in sizes.items():
         torch.manual_seed(0)
@@ -185,8 +189,12 @@ def model_consumer(url: str, vocab_size: int, args: argparse.Namespace) -> dict:
                     batch = {k: v.cuda() for k, v in next(loader).items()}
                 batches = None
             else:
-                loader = StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch,
-                                         device="cuda" if mode == "device" else None)
+                loader = StreamingLoader(
+                    url,
+                    seq_len=args.seq_len,
+                    local_batch_size=args.local_batch,
+                    device="cuda" if mode == "device" else None,
+                )
                 batches = iter(loader)
             try:
                 for index in range(args.warm_steps + args.model_steps):
@@ -215,9 +223,11 @@ def model_consumer(url: str, vocab_size: int, args: argparse.Namespace) -> dict:
             "ratio_device": best["resident"] / best["device"],
             "ratio_cpu_to": best["resident"] / best["cpu_to"],
         }
-        print(f"model {name} ({params / 1e6:.1f} M params, {tokens / best['resident'] / 1e6:.2f} M tok/s resident): "
-              f"device delivery {figures[name]['ratio_device']:.4f}x, CPU delivery + .to() "
-              f"{figures[name]['ratio_cpu_to']:.4f}x")
+        print(
+            f"model {name} ({params / 1e6:.1f} M params, {tokens / best['resident'] / 1e6:.2f} M tok/s resident): "
+            f"device delivery {figures[name]['ratio_device']:.4f}x, CPU delivery + .to() "
+            f"{figures[name]['ratio_cpu_to']:.4f}x"
+        )
         torch.cuda.empty_cache()
     return figures
 
@@ -229,8 +239,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--model-steps", type=int, default=200)
     parser.add_argument("--warm-steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int,
-                        help="trials (python consumer, default 9) or runs per mode (model consumer, default 3)")
+    parser.add_argument(
+        "--repeats", type=int, help="trials (python consumer, default 9) or runs per mode (model consumer, default 3)"
+    )
     args = parser.parse_args()
     if args.repeats is None:
         args.repeats = 9 if args.consumer == "python" else 3
@@ -240,8 +251,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.data_dir or tmp) / "stdlib-bytes"
         manifest = build_dataset(root, blocks_per_shard=2)
-        figures = {"consumer": args.consumer, "seq_len": args.seq_len, "local_batch": args.local_batch,
-                   "cpu_count": os.cpu_count(), "torch": torch.__version__}
+        figures = {
+            "consumer": args.consumer,
+            "seq_len": args.seq_len,
+            "local_batch": args.local_batch,
+            "cpu_count": os.cpu_count(),
+            "torch": torch.__version__,
+        }
         if args.consumer == "python":
             figures["python"] = python_consumer(str(root), args)
         else:

@@ -172,8 +172,10 @@ def main() -> None:
         train_bpe(texts[:TRAIN_FILES], tok_path)
         spec = f"hf:{tok_path}"
         tokenizer = load_tokenizer(spec)
-        print(f"corpus: {len(files)} files, {corpus_bytes / 1e6:.1f} MB; BPE vocab {tokenizer.vocab_size}; "
-              f"workers {args.workers}")
+        print(
+            f"corpus: {len(files)} files, {corpus_bytes / 1e6:.1f} MB; BPE vocab {tokenizer.vocab_size}; "
+            f"workers {args.workers}"
+        )
 
         base_runs, write_runs = [], []
         summary = None
@@ -183,8 +185,10 @@ def main() -> None:
             tokens, seconds = baseline(tokenizer, texts, args.workers)
             base_cpu.append(cpu_seconds() - cpu)
             base_runs.append((tokens, seconds))
-            print(f"[{rep}] tokenizer alone: {tokens:,} tokens in {seconds:.2f} s = {tokens / seconds:,.0f} tokens/s "
-                  f"(CPU {base_cpu[-1]:.2f} s)")
+            print(
+                f"[{rep}] tokenizer alone: {tokens:,} tokens in {seconds:.2f} s = {tokens / seconds:,.0f} tokens/s "
+                f"(CPU {base_cpu[-1]:.2f} s)"
+            )
             out = work / "out"
             shutil.rmtree(out, ignore_errors=True)
             cpu = cpu_seconds()
@@ -195,8 +199,10 @@ def main() -> None:
             seconds = time.perf_counter() - start
             write_cpu.append(cpu_seconds() - cpu)
             write_runs.append((summary.num_tokens, seconds))
-            print(f"[{rep}] writer:          {summary.num_tokens:,} tokens in {seconds:.2f} s = "
-                  f"{summary.num_tokens / seconds:,.0f} tokens/s (CPU {write_cpu[-1]:.2f} s)")
+            print(
+                f"[{rep}] writer:          {summary.num_tokens:,} tokens in {seconds:.2f} s = "
+                f"{summary.num_tokens / seconds:,.0f} tokens/s (CPU {write_cpu[-1]:.2f} s)"
+            )
         assert summary is not None
         manifest = Manifest.load(str(work / "out"))
         # The writer's stream holds one EOS per document on top of the ids.
@@ -212,35 +218,45 @@ def main() -> None:
         print(f"tokenizer alone (best): {base_tps:,.0f} tokens/s")
         print(f"writer (best):          {write_tps:,.0f} tokens/s")
         print(f"ratio: {ratio:.3f} (target >= {TARGET_RATIO})  {'OK' if ratio >= TARGET_RATIO else 'BELOW TARGET'}")
-        print(f"ratio of each alternating pair: {', '.join(f'{r:.3f}' for r in pair_ratios)} "
-              f"(median {statistics.median(pair_ratios):.3f})")
-        print(f"CPU seconds: tokenizer alone {min(base_cpu):.2f}, writer {min(write_cpu):.2f} "
-              f"(CPU-time ratio {cpu_ratio:.3f}); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-        print(f"compressed: {manifest.compressed_bytes:,} bytes in {manifest.num_shards} shards, "
-              f"{manifest.num_blocks} blocks; {bytes_per_token:.3f} bytes/token "
-              f"({manifest.dtype}, {corpus_bytes / manifest.num_tokens:.2f} text bytes/token)")
-        print(json.dumps({
-            "benchmark": "bench_write",
-            "workers": args.workers,
-            "corpus_files": len(files),
-            "corpus_bytes": corpus_bytes,
-            "num_tokens": manifest.num_tokens,
-            "baseline_tokens_per_s": round(base_tps),
-            "writer_tokens_per_s": round(write_tps),
-            "ratio": round(ratio, 4),
-            "target_ratio": TARGET_RATIO,
-            "meets_target": ratio >= TARGET_RATIO,
-            "pair_ratios": [round(r, 4) for r in pair_ratios],
-            "median_pair_ratio": round(statistics.median(pair_ratios), 4),
-            "cpu_ratio": round(cpu_ratio, 4),
-            "baseline_cpu_s": [round(c, 3) for c in base_cpu],
-            "writer_cpu_s": [round(c, 3) for c in write_cpu],
-            "load_average": round(os.getloadavg()[0], 2),
-            "compressed_bytes": manifest.compressed_bytes,
-            "bytes_per_token": round(bytes_per_token, 4),
-            "baseline_runs_s": [round(s, 3) for _, s in base_runs],
-            "writer_runs_s": [round(s, 3) for _, s in write_runs],
-        }))
+        print(
+            f"ratio of each alternating pair: {', '.join(f'{r:.3f}' for r in pair_ratios)} "
+            f"(median {statistics.median(pair_ratios):.3f})"
+        )
+        print(
+            f"CPU seconds: tokenizer alone {min(base_cpu):.2f}, writer {min(write_cpu):.2f} "
+            f"(CPU-time ratio {cpu_ratio:.3f}); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        )
+        print(
+            f"compressed: {manifest.compressed_bytes:,} bytes in {manifest.num_shards} shards, "
+            f"{manifest.num_blocks} blocks; {bytes_per_token:.3f} bytes/token "
+            f"({manifest.dtype}, {corpus_bytes / manifest.num_tokens:.2f} text bytes/token)"
+        )
+        print(
+            json.dumps(
+                {
+                    "benchmark": "bench_write",
+                    "workers": args.workers,
+                    "corpus_files": len(files),
+                    "corpus_bytes": corpus_bytes,
+                    "num_tokens": manifest.num_tokens,
+                    "baseline_tokens_per_s": round(base_tps),
+                    "writer_tokens_per_s": round(write_tps),
+                    "ratio": round(ratio, 4),
+                    "target_ratio": TARGET_RATIO,
+                    "meets_target": ratio >= TARGET_RATIO,
+                    "pair_ratios": [round(r, 4) for r in pair_ratios],
+                    "median_pair_ratio": round(statistics.median(pair_ratios), 4),
+                    "cpu_ratio": round(cpu_ratio, 4),
+                    "baseline_cpu_s": [round(c, 3) for c in base_cpu],
+                    "writer_cpu_s": [round(c, 3) for c in write_cpu],
+                    "load_average": round(os.getloadavg()[0], 2),
+                    "compressed_bytes": manifest.compressed_bytes,
+                    "bytes_per_token": round(bytes_per_token, 4),
+                    "baseline_runs_s": [round(s, 3) for _, s in base_runs],
+                    "writer_runs_s": [round(s, 3) for _, s in write_runs],
+                }
+            )
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -248,7 +264,6 @@ def main() -> None:
 def special(args: argparse.Namespace) -> None:
     """``--tokens`` and ``--memory``; the last line printed is one JSON object."""
     from bench_write_tokens import run_memory, run_tokens
-
     from zephon_stream.writer.tokenizers import load_tokenizer
 
     files = corpus_files(int(args.max_mb * 1e6))
@@ -257,7 +272,11 @@ def special(args: argparse.Namespace) -> None:
     try:
         train_bpe(texts[:TRAIN_FILES], work / "tokenizer.json")
         spec = f"hf:{work / 'tokenizer.json'}"
-        result = {"benchmark": "bench_write", "workers": args.workers, "corpus_bytes": sum(len(t.encode()) for t in texts)}
+        result = {
+            "benchmark": "bench_write",
+            "workers": args.workers,
+            "corpus_bytes": sum(len(t.encode()) for t in texts),
+        }
         if args.tokens:
             result["tokens"] = run_tokens(args, load_tokenizer(spec), spec, texts, work)
         if args.memory:

@@ -64,22 +64,44 @@ def synthesize_parts(root: Path, num_parts: int) -> None:
         name = part_name(index, num_parts)
         digest = hashlib.sha256(name.encode()).hexdigest()
         shard = ShardInfo(
-            path="shards/00000000.zst", num_tokens=2 * BLOCK_TOKENS + 1000 + index % 997, num_bytes=3_000_000,
-            sha256=digest, block_offsets=(0, 1_000_000, 2_000_000, 3_000_000), index_path="shards/00000000.idx",
-            index_sha256=digest, num_documents=500,
-        )  # fmt: skip
+            path="shards/00000000.zst",
+            num_tokens=2 * BLOCK_TOKENS + 1000 + index % 997,
+            num_bytes=3_000_000,
+            sha256=digest,
+            block_offsets=(0, 1_000_000, 2_000_000, 3_000_000),
+            index_path="shards/00000000.idx",
+            index_sha256=digest,
+            num_documents=500,
+        )
         rejected = {"empty": 1} if index % 100 == 0 else {}
         record = UnitRecord(
-            name=name, key=digest, shards=(shard,),
-            sources=(SourceCount(path=f"s3://corpus/train/file-{index:07d}.jsonl", num_records=500 + len(rejected),
-                                 num_documents=500, num_rejected=len(rejected)),),
-            rejected=rejected, num_tokens=shard.num_tokens, input_bytes=9_000_000,
-        )  # fmt: skip
+            name=name,
+            key=digest,
+            shards=(shard,),
+            sources=(
+                SourceCount(
+                    path=f"s3://corpus/train/file-{index:07d}.jsonl",
+                    num_records=500 + len(rejected),
+                    num_documents=500,
+                    num_rejected=len(rejected),
+                ),
+            ),
+            rejected=rejected,
+            num_tokens=shard.num_tokens,
+            input_bytes=9_000_000,
+        )
         (root / name).mkdir()
         # Plain writes, no fsync: building the fixture is not what is measured.
         (root / name / UNIT_RECORD_NAME).write_bytes(record.to_bytes())
         if rejected:
-            line = json.dumps({"source": f"s3://corpus/train/file-{index:07d}.jsonl", "record": 500, "reason": "empty", "detail": "empty text"})
+            line = json.dumps(
+                {
+                    "source": f"s3://corpus/train/file-{index:07d}.jsonl",
+                    "record": 500,
+                    "reason": "empty",
+                    "detail": "empty text",
+                }
+            )
             (root / name / "rejects.jsonl").write_bytes(line.encode() + b"\n")
 
 
@@ -97,8 +119,12 @@ def commit_child(root: str, num_parts: int, mode: str) -> None:
         shards = sum(len(r.shards) for r in iter_records(store, names))
         assert shards == num_parts
     else:
-        tokenizer = TokenizerInfo(kind="hf", name="bench", vocab_size=50_000, eos_id=0, bos_id=None, fingerprint="0" * 64)
-        manifest, totals = commit_units(store, names, tokenizer=tokenizer, block_tokens=BLOCK_TOKENS, blocks_per_shard=4)
+        tokenizer = TokenizerInfo(
+            kind="hf", name="bench", vocab_size=50_000, eos_id=0, bos_id=None, fingerprint="0" * 64
+        )
+        manifest, totals = commit_units(
+            store, names, tokenizer=tokenizer, block_tokens=BLOCK_TOKENS, blocks_per_shard=4
+        )
         assert manifest.num_shards == num_parts and totals.num_units == num_parts
     seconds = time.perf_counter() - start
     print(json.dumps({"seconds": seconds, "peak_rss_bytes": peak_rss_bytes()}))
@@ -127,17 +153,22 @@ def measure_commit(num_parts: int, work: Path) -> dict:
     for mode in ("read", "commit"):
         done = subprocess.run(
             [sys.executable, __file__, "--commit-child", str(root), str(num_parts), mode],
-            capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONPATH=_pythonpath()),
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+            env=dict(os.environ, PYTHONPATH=_pythonpath()),
+        )
         result = json.loads(done.stdout.strip().splitlines()[-1])
         out[f"{mode}_s"] = round(result["seconds"], 2)
         out[f"{mode}_peak_rss_mib"] = round(result["peak_rss_bytes"] / 2**20, 1)
     manifest_bytes = sum(p.stat().st_size for p in [root / "manifest", *(root / "index").glob("*")])
     out["manifest_and_index_bytes"] = manifest_bytes
     out["meets_target"] = out["commit_s"] < TARGET_COMMIT_S and out["commit_peak_rss_mib"] * 2**20 < TARGET_COMMIT_BYTES
-    print(f"commit of {num_parts:,} parts: {out['commit_s']:.2f} s, peak RSS {out['commit_peak_rss_mib']:.0f} MiB "
-          f"(records read alone: {out['read_s']:.2f} s, {out['read_peak_rss_mib']:.0f} MiB; "
-          f"manifest + index objects {manifest_bytes / 2**20:.1f} MiB)")  # fmt: skip
+    print(
+        f"commit of {num_parts:,} parts: {out['commit_s']:.2f} s, peak RSS {out['commit_peak_rss_mib']:.0f} MiB "
+        f"(records read alone: {out['read_s']:.2f} s, {out['read_peak_rss_mib']:.0f} MiB; "
+        f"manifest + index objects {manifest_bytes / 2**20:.1f} MiB)"
+    )
     shutil.rmtree(root, ignore_errors=True)
     return out
 
@@ -163,7 +194,11 @@ def main() -> None:
         return
     # A short folder: Ray's session lives in it, and its socket paths may not exceed 107 bytes.
     work = Path(tempfile.mkdtemp(prefix="zs-bwr-", dir="/tmp" if os.path.isdir("/tmp") else None))
-    result: dict = {"benchmark": "bench_write_ray", "load_average": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
+    result: dict = {
+        "benchmark": "bench_write_ray",
+        "load_average": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+    }
     try:
         if not args.skip_throughput:
             result.update(throughput(args, work))
@@ -202,14 +237,18 @@ def throughput(args: argparse.Namespace, work: Path) -> dict:
         workers_code = ray_cpu.check_workers_code()
         # A Ray worker's first unit imports the writer and fetches the tokenizer: paid once, reported apart.
         first = {label: runner.run(label) for label in ("ray2", "pool2")}
-        print(f"first runs (not counted): ray2 {first['ray2']['tokens_per_s']:,.0f} tokens/s, task CPU "
-              f"{first['ray2']['task_cpu_s_per_mtok']:.2f} s/M tokens; pool2 {first['pool2']['tokens_per_s']:,.0f}")  # fmt: skip
+        print(
+            f"first runs (not counted): ray2 {first['ray2']['tokens_per_s']:,.0f} tokens/s, task CPU "
+            f"{first['ray2']['task_cpu_s_per_mtok']:.2f} s/M tokens; pool2 {first['pool2']['tokens_per_s']:,.0f}"
+        )
         pool_start_s = runner.pool_start_cpu_s()
         print(f"the pool's start (2 worker processes; a run on one small file): {pool_start_s:.2f} CPU s")
         idle = ray_cpu.idle_cpu(args.idle_s)
-        print(f"idle for {args.idle_s:.0f} s: Ray's daemons {idle['daemon_cores']:.4f} cores "
-              f"({', '.join(f'{k} {v:.4f}' for k, v in idle['daemon_cores_by_name'].items())}), "
-              f"its {idle['workers']} idle workers {idle['worker_cores']:.4f} cores")  # fmt: skip
+        print(
+            f"idle for {args.idle_s:.0f} s: Ray's daemons {idle['daemon_cores']:.4f} cores "
+            f"({', '.join(f'{k} {v:.4f}' for k, v in idle['daemon_cores_by_name'].items())}), "
+            f"its {idle['workers']} idle workers {idle['worker_cores']:.4f} cores"
+        )
         for rep in range(args.repeat):
             row: dict = {"load_average": round(os.getloadavg()[0], 2)}
             if not args.pairs_only:
@@ -225,8 +264,17 @@ def throughput(args: argparse.Namespace, work: Path) -> dict:
             print(round_line(rep, row))
     finally:
         session.__exit__(None, None, None)
-    return summarize(rounds, idle=idle, first=first, corpus_bytes=corpus_bytes, files=len(files), args=args,
-                     ray_start_s=ray_start_s, pool_start_s=pool_start_s, workers_code=workers_code)  # fmt: skip
+    return summarize(
+        rounds,
+        idle=idle,
+        first=first,
+        corpus_bytes=corpus_bytes,
+        files=len(files),
+        args=args,
+        ray_start_s=ray_start_s,
+        pool_start_s=pool_start_s,
+        workers_code=workers_code,
+    )
 
 
 class WriteRuns:
@@ -246,23 +294,31 @@ class WriteRuns:
         out = self.work / label
         shutil.rmtree(out, ignore_errors=True)
         before, start = ray_cpu.snapshot(), time.perf_counter()
-        summary = write_dataset(inputs or str(self.corpus / "*.py"), str(out), tokenizer=self.spec, progress=False,
-                                **self.kwargs[label])  # fmt: skip
+        summary = write_dataset(
+            inputs or str(self.corpus / "*.py"), str(out), tokenizer=self.spec, progress=False, **self.kwargs[label]
+        )
         seconds = time.perf_counter() - start
         after = ray_cpu.snapshot()
         spent, daemons = ray_cpu.cpu_by_role(before, after), ray_cpu.daemon_cpu_by_name(before, after)
         mtok = summary.num_tokens / 1e6
-        result = {"tokens_per_s": summary.num_tokens / seconds, "seconds": seconds, "num_tokens": summary.num_tokens,
-                  "cpu_s": {k: round(v, 3) for k, v in spent.items()}}  # fmt: skip
+        result = {
+            "tokens_per_s": summary.num_tokens / seconds,
+            "seconds": seconds,
+            "num_tokens": summary.num_tokens,
+            "cpu_s": {k: round(v, 3) for k, v in spent.items()},
+        }
         if label.startswith("ray"):
             # The tasks' CPU is their worker processes' whole (Ray's own threads there included).
             task_s = spent["task"] + spent["worker_ray"]
             ray_total_s = task_s + spent["daemon"] + spent["driver"]
             result.update(
-                units=summary.num_units, task_cpu_s_per_mtok=task_s / mtok, cpu_s_per_mtok=ray_total_s / mtok,
-                daemon_cpu_s=spent["daemon"], daemons_share=spent["daemon"] / ray_total_s if ray_total_s else 0.0,
+                units=summary.num_units,
+                task_cpu_s_per_mtok=task_s / mtok,
+                cpu_s_per_mtok=ray_total_s / mtok,
+                daemon_cpu_s=spent["daemon"],
+                daemons_share=spent["daemon"] / ray_total_s if ray_total_s else 0.0,
                 daemon_cpu_s_by_name={k: round(v, 3) for k, v in daemons.items()},
-            )  # fmt: skip
+            )
         else:
             # Ray's processes idle beside the pool; their CPU is not the pool's.
             result["cpu_s"] = spent["driver"] + spent["reaped"] + spent["other"]
@@ -280,21 +336,35 @@ def tokenizer_alone(tokenizer, texts: list[str], workers: int) -> dict:
     tokens, seconds = baseline(tokenizer, texts, workers)
     spent = ray_cpu.cpu_by_role(before, ray_cpu.snapshot())
     tokens += len(texts)  # The writer adds one EOS a document
-    return {"tokens_per_s": tokens / seconds, "cpu_s_per_mtok": (spent["driver"] + spent["reaped"] + spent["other"]) / tokens * 1e6}
+    return {
+        "tokens_per_s": tokens / seconds,
+        "cpu_s_per_mtok": (spent["driver"] + spent["reaped"] + spent["other"]) / tokens * 1e6,
+    }
 
 
 def round_line(rep: int, row: dict) -> str:
     pool, ray = row["pool2"], row["ray2"]
-    return (f"[{rep}] load {row['load_average']:.1f}: pool2 {pool['tokens_per_s']:,.0f} tokens/s, "
-            f"{pool['cpu_s_per_mtok']:.2f} CPU s/M tokens ({pool['net_cpu_s_per_mtok']:.2f} less its start); ray2 {ray['tokens_per_s']:,.0f} tokens/s "
-            f"({ray['tokens_per_s'] / pool['tokens_per_s']:.3f}x), tasks {ray['task_cpu_s_per_mtok']:.2f} CPU s/M tokens "
-            f"({ray['task_cpu_s_per_mtok'] / pool['net_cpu_s_per_mtok']:.3f}x), daemons {ray['daemons_share'] * 100:.1f}% "
-            f"of Ray's CPU" + "".join(f"; {k} {row[k]['tokens_per_s']:,.0f}" for k in ("base1", "base2", "ray1") if k in row))  # fmt: skip
+    return (
+        f"[{rep}] load {row['load_average']:.1f}: pool2 {pool['tokens_per_s']:,.0f} tokens/s, "
+        f"{pool['cpu_s_per_mtok']:.2f} CPU s/M tokens ({pool['net_cpu_s_per_mtok']:.2f} less its start); ray2 {ray['tokens_per_s']:,.0f} tokens/s "
+        f"({ray['tokens_per_s'] / pool['tokens_per_s']:.3f}x), tasks {ray['task_cpu_s_per_mtok']:.2f} CPU s/M tokens "
+        f"({ray['task_cpu_s_per_mtok'] / pool['net_cpu_s_per_mtok']:.3f}x), daemons {ray['daemons_share'] * 100:.1f}% "
+        f"of Ray's CPU"
+        + "".join(f"; {k} {row[k]['tokens_per_s']:,.0f}" for k in ("base1", "base2", "ray1") if k in row)
+    )
 
 
 def summarize(
-    rounds: list[dict], *, idle: dict, first: dict, corpus_bytes: int, files: int, args, ray_start_s: float,
-    pool_start_s: float, workers_code: str,
+    rounds: list[dict],
+    *,
+    idle: dict,
+    first: dict,
+    corpus_bytes: int,
+    files: int,
+    args,
+    ray_start_s: float,
+    pool_start_s: float,
+    workers_code: str,
 ) -> dict:
     throughput_pairs = [r["ray2"]["tokens_per_s"] / r["pool2"]["tokens_per_s"] for r in rounds]
     # Against the pool's CPU less its workers' start, as Ray's is measured after its workers' first unit.
@@ -304,42 +374,68 @@ def summarize(
     model = ray_cpu.model_cores(rounds, idle, corpus_bytes, measured_cpus=RAY_CPUS)
     labels = [k for k in ("base1", "base2", "pool2", "ray1", "ray2") if k in rounds[0]]
     best = {k: max(r[k]["tokens_per_s"] for r in rounds) for k in labels}
-    med = {"throughput": statistics.median(throughput_pairs), "cpu": statistics.median(cpu_pairs), "share": statistics.median(shares)}
-    print("\n| round | load | pool, 2 workers: tokens/s, CPU s/M tokens (less its start) | Ray, 2 workers: tokens/s, "
-          "tasks' CPU s/M tokens | Ray / pool: tokens/s, tasks' CPU per token (vs the pool's whole) "
-          "| daemons' share of Ray's CPU |\n|---|---|---|---|---|---|")  # fmt: skip
+    med = {
+        "throughput": statistics.median(throughput_pairs),
+        "cpu": statistics.median(cpu_pairs),
+        "share": statistics.median(shares),
+    }
+    print(
+        "\n| round | load | pool, 2 workers: tokens/s, CPU s/M tokens (less its start) | Ray, 2 workers: tokens/s, "
+        "tasks' CPU s/M tokens | Ray / pool: tokens/s, tasks' CPU per token (vs the pool's whole) "
+        "| daemons' share of Ray's CPU |\n|---|---|---|---|---|---|"
+    )
     for i, r in enumerate(rounds):
         pool, ray = r["pool2"], r["ray2"]
-        print(f"| {i} | {r['load_average']:.1f} | {pool['tokens_per_s'] / 1e3:,.0f}k, {pool['cpu_s_per_mtok']:.2f} "
-              f"({pool['net_cpu_s_per_mtok']:.2f}) | {ray['tokens_per_s'] / 1e3:,.0f}k, {ray['task_cpu_s_per_mtok']:.2f} "
-              f"| {throughput_pairs[i]:.2f}, {cpu_pairs[i]:.2f} ({whole_pairs[i]:.2f}) | {shares[i] * 100:.1f}% |")  # fmt: skip
-    print(f"\nRay / pool at 2 workers, median of {len(rounds)} pairs: tokens/s {med['throughput']:.3f} "
-          f"({min(throughput_pairs):.2f}-{max(throughput_pairs):.2f}; target >= {TARGET_RATIO}), tasks' CPU per token "
-          f"{med['cpu']:.3f} ({min(cpu_pairs):.2f}-{max(cpu_pairs):.2f}; target <= {TARGET_CPU_RATIO}; against the "
-          f"pool's whole, its start's {pool_start_s:.2f} CPU s included: {statistics.median(whole_pairs):.3f}); daemons "
-          f"{med['share'] * 100:.1f}% of Ray's CPU; load average {os.getloadavg()[0]:.1f} now, "
-          f"{min(r['load_average'] for r in rounds):.1f}-{max(r['load_average'] for r in rounds):.1f} at the rounds' starts")  # fmt: skip
-    print(f"model (computed), a {model['cores']}-core node converting {model['unit_mib']:.0f} MiB units: Ray's daemons "
-          f"{model['daemon_cores'][0]:.3f}-{model['daemon_cores'][1]:.3f} cores, {model['daemons_share_of_node'][0] * 100:.2f}-"
-          f"{model['daemons_share_of_node'][1] * 100:.2f}% of the node")  # fmt: skip
+        print(
+            f"| {i} | {r['load_average']:.1f} | {pool['tokens_per_s'] / 1e3:,.0f}k, {pool['cpu_s_per_mtok']:.2f} "
+            f"({pool['net_cpu_s_per_mtok']:.2f}) | {ray['tokens_per_s'] / 1e3:,.0f}k, {ray['task_cpu_s_per_mtok']:.2f} "
+            f"| {throughput_pairs[i]:.2f}, {cpu_pairs[i]:.2f} ({whole_pairs[i]:.2f}) | {shares[i] * 100:.1f}% |"
+        )
+    print(
+        f"\nRay / pool at 2 workers, median of {len(rounds)} pairs: tokens/s {med['throughput']:.3f} "
+        f"({min(throughput_pairs):.2f}-{max(throughput_pairs):.2f}; target >= {TARGET_RATIO}), tasks' CPU per token "
+        f"{med['cpu']:.3f} ({min(cpu_pairs):.2f}-{max(cpu_pairs):.2f}; target <= {TARGET_CPU_RATIO}; against the "
+        f"pool's whole, its start's {pool_start_s:.2f} CPU s included: {statistics.median(whole_pairs):.3f}); daemons "
+        f"{med['share'] * 100:.1f}% of Ray's CPU; load average {os.getloadavg()[0]:.1f} now, "
+        f"{min(r['load_average'] for r in rounds):.1f}-{max(r['load_average'] for r in rounds):.1f} at the rounds' starts"
+    )
+    print(
+        f"model (computed), a {model['cores']}-core node converting {model['unit_mib']:.0f} MiB units: Ray's daemons "
+        f"{model['daemon_cores'][0]:.3f}-{model['daemon_cores'][1]:.3f} cores, {model['daemons_share_of_node'][0] * 100:.2f}-"
+        f"{model['daemons_share_of_node'][1] * 100:.2f}% of the node"
+    )
     return {
-        "corpus_files": files, "corpus_bytes": corpus_bytes, "num_tokens": rounds[0]["ray2"]["num_tokens"],
-        "unit_mb": args.unit_mb, "ray_start_s": round(ray_start_s, 2), "rounds": len(rounds),
+        "corpus_files": files,
+        "corpus_bytes": corpus_bytes,
+        "num_tokens": rounds[0]["ray2"]["num_tokens"],
+        "unit_mb": args.unit_mb,
+        "ray_start_s": round(ray_start_s, 2),
+        "rounds": len(rounds),
         "load_averages": [r["load_average"] for r in rounds],
-        "throughput_vs_pool": round(med["throughput"], 4), "throughput_vs_pool_pairs": [round(x, 4) for x in throughput_pairs],
-        "ray_task_cpu_per_token_vs_pool": round(med["cpu"], 4), "ray_task_cpu_per_token_vs_pool_pairs": [round(x, 4) for x in cpu_pairs],
-        "ray_task_cpu_per_token_vs_pool_whole": round(statistics.median(whole_pairs), 4), "pool_start_cpu_s": round(pool_start_s, 3),
-        "ray_daemons_cpu_share": round(med["share"], 5), "ray_daemons_cpu_share_runs": [round(x, 5) for x in shares],
+        "throughput_vs_pool": round(med["throughput"], 4),
+        "throughput_vs_pool_pairs": [round(x, 4) for x in throughput_pairs],
+        "ray_task_cpu_per_token_vs_pool": round(med["cpu"], 4),
+        "ray_task_cpu_per_token_vs_pool_pairs": [round(x, 4) for x in cpu_pairs],
+        "ray_task_cpu_per_token_vs_pool_whole": round(statistics.median(whole_pairs), 4),
+        "pool_start_cpu_s": round(pool_start_s, 3),
+        "ray_daemons_cpu_share": round(med["share"], 5),
+        "ray_daemons_cpu_share_runs": [round(x, 5) for x in shares],
         "daemons_idle": {k: (round(v, 5) if isinstance(v, float) else v) for k, v in idle.items()},
         "daemons_model_64_cores": model,
-        "first_runs": {k: {"tokens_per_s": round(v["tokens_per_s"]), "cpu_s_per_mtok": round(v["cpu_s_per_mtok"], 3)} for k, v in first.items()},
+        "first_runs": {
+            k: {"tokens_per_s": round(v["tokens_per_s"]), "cpu_s_per_mtok": round(v["cpu_s_per_mtok"], 3)}
+            for k, v in first.items()
+        },
         "tokens_per_s": {k: round(v) for k, v in best.items()},
         "cpu_s_per_mtok": {k: round(min(r[k]["cpu_s_per_mtok"] for r in rounds), 3) for k in labels},
         "ray_task_cpu_s_per_mtok": [round(r["ray2"]["task_cpu_s_per_mtok"], 3) for r in rounds],
-        "runs": rounds, "workers_code": workers_code,
-        "ray2_over_pool2": round(best["ray2"] / best["pool2"], 4), "target_ratio": TARGET_RATIO, "target_cpu_ratio": TARGET_CPU_RATIO,
+        "runs": rounds,
+        "workers_code": workers_code,
+        "ray2_over_pool2": round(best["ray2"] / best["pool2"], 4),
+        "target_ratio": TARGET_RATIO,
+        "target_cpu_ratio": TARGET_CPU_RATIO,
         "meets_target": med["throughput"] >= TARGET_RATIO and med["cpu"] <= TARGET_CPU_RATIO,
-    }  # fmt: skip
+    }
 
 
 if __name__ == "__main__":

@@ -61,7 +61,9 @@ def write_token_inputs(docs: list[np.ndarray], root: Path) -> dict[str, Path]:
     pointers = np.concatenate([[0], np.cumsum(lengths[:-1], dtype=np.int64) * 2]).astype("<i8")
     flat.astype("<u2").tofile(root / "mega.bin")
     header = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(docs), len(docs) + 1)
-    (root / "mega.idx").write_bytes(header + lengths.tobytes() + pointers.tobytes() + np.arange(len(docs) + 1, dtype="<i8").tobytes())
+    (root / "mega.idx").write_bytes(
+        header + lengths.tobytes() + pointers.tobytes() + np.arange(len(docs) + 1, dtype="<i8").tobytes()
+    )
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32))
     column = pa.ListArray.from_arrays(offsets, pa.array(flat))
     pq.write_table(pa.table({"input_ids": column}), root / "corpus.parquet", row_group_size=4096)
@@ -73,7 +75,9 @@ def _compress(block: np.ndarray, level: int) -> int:
 
     compressor = getattr(_local, "compressor", None)
     if compressor is None:
-        compressor = _local.compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
+        compressor = _local.compressor = zstandard.ZstdCompressor(
+            level=level, write_checksum=True, write_content_size=True
+        )
     return len(compressor.compress(block))
 
 
@@ -101,21 +105,32 @@ def run_tokens(args, tokenizer, spec: str, texts: list[str], work: Path) -> dict
     inputs = write_token_inputs(docs, work / "tokens")
     stream = np.load(inputs["npy"])
     largest = max(len(d) for d in docs)
-    print(f"token corpus: {len(stream):,} tokens in {len(docs):,} documents (largest {largest:,}); workers {args.workers}; "
-          f"{args.blocks_per_shard} blocks a shard")
+    print(
+        f"token corpus: {len(stream):,} tokens in {len(docs):,} documents (largest {largest:,}); workers {args.workers}; "
+        f"{args.blocks_per_shard} blocks a shard"
+    )
     del docs
     base_runs, write_runs, base_cpu, write_cpu = [], [], [], []
     for rep in range(args.repeat):
         cpu = cpu_seconds()
-        size, seconds = bare_compress(stream, block_tokens=DEFAULT_BLOCK_TOKENS, workers=args.workers, level=DEFAULT_ZSTD_LEVEL)
+        size, seconds = bare_compress(
+            stream, block_tokens=DEFAULT_BLOCK_TOKENS, workers=args.workers, level=DEFAULT_ZSTD_LEVEL
+        )
         base_runs.append(seconds)
         base_cpu.append(cpu_seconds() - cpu)
         cpu = cpu_seconds()
         print(f"[{rep}] bare zstd loop: {len(stream) / seconds:,.0f} tokens/s ({size:,} bytes)")
         start = time.perf_counter()
-        summary = write_dataset(str(inputs["npy"]), str(work / "out"), tokenizer=spec, input_format="tokens",
-                                workers=args.workers, blocks_per_shard=args.blocks_per_shard, progress=False,
-                                overwrite=True)  # fmt: skip
+        summary = write_dataset(
+            str(inputs["npy"]),
+            str(work / "out"),
+            tokenizer=spec,
+            input_format="tokens",
+            workers=args.workers,
+            blocks_per_shard=args.blocks_per_shard,
+            progress=False,
+            overwrite=True,
+        )
         write_runs.append(time.perf_counter() - start)
         write_cpu.append(cpu_seconds() - cpu)
         assert summary.num_tokens == len(stream) and summary.num_rejected == 0
@@ -124,32 +139,53 @@ def run_tokens(args, tokenizer, spec: str, texts: list[str], work: Path) -> dict
     kinds = {}
     for kind in ("megatron", "parquet"):
         start = time.perf_counter()
-        summary = write_dataset(str(inputs[kind]), str(work / "out"), tokenizer=spec, input_format="tokens",
-                                workers=args.workers, blocks_per_shard=args.blocks_per_shard, progress=False,
-                                overwrite=True)  # fmt: skip
+        summary = write_dataset(
+            str(inputs[kind]),
+            str(work / "out"),
+            tokenizer=spec,
+            input_format="tokens",
+            workers=args.workers,
+            blocks_per_shard=args.blocks_per_shard,
+            progress=False,
+            overwrite=True,
+        )
         kinds[kind] = len(stream) / (time.perf_counter() - start)
         assert summary.num_tokens == len(stream)
         print(f"writer ({kind}): {kinds[kind]:,.0f} tokens/s")
     base_tps, write_tps = len(stream) / min(base_runs), len(stream) / min(write_runs)
     ratio = write_tps / base_tps
     print(f"bare zstd (best): {base_tps:,.0f} tokens/s; writer .npy (best): {write_tps:,.0f} tokens/s")
-    print(f"ratio: {ratio:.3f} (target >= {TARGET_TOKENS_RATIO})  {'OK' if ratio >= TARGET_TOKENS_RATIO else 'BELOW TARGET'}")
+    print(
+        f"ratio: {ratio:.3f} (target >= {TARGET_TOKENS_RATIO})  {'OK' if ratio >= TARGET_TOKENS_RATIO else 'BELOW TARGET'}"
+    )
     pair = [b / w for b, w in zip(base_runs, write_runs)]
     # Wall time swings with other load on a shared machine; CPU time per run does not.
     cpu_ratio = min(base_cpu) / min(write_cpu)
-    print(f"CPU seconds: bare zstd {min(base_cpu):.2f}, writer {min(write_cpu):.2f} (CPU-time ratio {cpu_ratio:.3f}); "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"CPU seconds: bare zstd {min(base_cpu):.2f}, writer {min(write_cpu):.2f} (CPU-time ratio {cpu_ratio:.3f}); "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     rss = peak_rss_child(["tokens", str(inputs["npy"]), spec, str(args.workers)], work)
     print(f"writer peak RSS on {len(stream):,} tokens: {rss:.0f} MiB")
     return {
-        "tokens": len(stream), "blocks_per_shard": args.blocks_per_shard, "largest_document_tokens": largest, "baseline_tokens_per_s": round(base_tps),
-        "writer_tokens_per_s": round(write_tps), "ratio": round(ratio, 4), "target_ratio": TARGET_TOKENS_RATIO,
-        "meets_target": ratio >= TARGET_TOKENS_RATIO, "pair_ratios": [round(r, 4) for r in pair],
-        "megatron_tokens_per_s": round(kinds["megatron"]), "parquet_tokens_per_s": round(kinds["parquet"]),
-        "megatron_ratio": round(kinds["megatron"] / base_tps, 4), "parquet_ratio": round(kinds["parquet"] / base_tps, 4),
-        "writer_peak_rss_mib": round(rss, 1), "cpu_ratio": round(cpu_ratio, 4),
-        "baseline_cpu_s": [round(c, 3) for c in base_cpu], "writer_cpu_s": [round(c, 3) for c in write_cpu],
-    }  # fmt: skip
+        "tokens": len(stream),
+        "blocks_per_shard": args.blocks_per_shard,
+        "largest_document_tokens": largest,
+        "baseline_tokens_per_s": round(base_tps),
+        "writer_tokens_per_s": round(write_tps),
+        "ratio": round(ratio, 4),
+        "target_ratio": TARGET_TOKENS_RATIO,
+        "meets_target": ratio >= TARGET_TOKENS_RATIO,
+        "pair_ratios": [round(r, 4) for r in pair],
+        "megatron_tokens_per_s": round(kinds["megatron"]),
+        "parquet_tokens_per_s": round(kinds["parquet"]),
+        "megatron_ratio": round(kinds["megatron"] / base_tps, 4),
+        "parquet_ratio": round(kinds["parquet"] / base_tps, 4),
+        "writer_peak_rss_mib": round(rss, 1),
+        "cpu_ratio": round(cpu_ratio, 4),
+        "baseline_cpu_s": [round(c, 3) for c in base_cpu],
+        "writer_cpu_s": [round(c, 3) for c in write_cpu],
+    }
 
 
 def cpu_seconds() -> float:
@@ -160,8 +196,9 @@ def cpu_seconds() -> float:
 def peak_rss_child(argv: list[str], work: Path) -> float:
     """Peak RSS (MiB) of a fresh process running one write (``child_main``)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    done = subprocess.run([sys.executable, __file__, str(work / "rss-out"), *argv], env=env, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, __file__, str(work / "rss-out"), *argv], env=env, capture_output=True, text=True, timeout=900
+    )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_mib"]
@@ -194,9 +231,15 @@ def run_memory(args, spec: str, files: list[tuple[Path, str]], work: Path) -> li
                 (folder / "99999_big.py").write_text("".join(big), encoding="utf-8")
                 largest = n
             rss = peak_rss_child(["text", str(folder / "*.py"), spec, "1"], work)
-            row = {"corpus_bytes": size + (largest if big_mb else 0), "largest_document_bytes": largest, "peak_rss_mib": round(rss, 1)}
-            print(f"text write, workers 1: corpus {row['corpus_bytes'] / 1e6:.1f} MB, largest document "
-                  f"{largest / 1e6:.2f} MB: peak RSS {rss:.0f} MiB")  # fmt: skip
+            row = {
+                "corpus_bytes": size + (largest if big_mb else 0),
+                "largest_document_bytes": largest,
+                "peak_rss_mib": round(rss, 1),
+            }
+            print(
+                f"text write, workers 1: corpus {row['corpus_bytes'] / 1e6:.1f} MB, largest document "
+                f"{largest / 1e6:.2f} MB: peak RSS {rss:.0f} MiB"
+            )
             rows.append(row)
     return rows
 
@@ -207,8 +250,15 @@ def child_main(argv: list[str]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from zephon_stream import write_dataset
 
-    summary = write_dataset(source, out, tokenizer=spec, workers=int(workers), progress=False, overwrite=True,
-                            input_format="tokens" if mode == "tokens" else None)  # fmt: skip
+    summary = write_dataset(
+        source,
+        out,
+        tokenizer=spec,
+        workers=int(workers),
+        progress=False,
+        overwrite=True,
+        input_format="tokens" if mode == "tokens" else None,
+    )
     print(json.dumps({"tokens": summary.num_tokens, "peak_rss_mib": peak_rss_mib()}))
 
 

@@ -50,8 +50,15 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-FIGURES = ("first_batch_s", "steady_tokens_per_s", "step_cpu_us", "step_cpu_mean_us", "peak_rss_mib", "peak_pss_mib",
-           "load_average")  # fmt: skip
+FIGURES = (
+    "first_batch_s",
+    "steady_tokens_per_s",
+    "step_cpu_us",
+    "step_cpu_mean_us",
+    "peak_rss_mib",
+    "peak_pss_mib",
+    "load_average",
+)
 
 
 def process_tree(pid: int) -> list[int]:
@@ -97,7 +104,7 @@ class PeakMemory:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         self._sample()
         self._thread.start()
         return self
@@ -130,16 +137,28 @@ def import_mosaic() -> Any:
 def zephon_batches(args: argparse.Namespace, options: dict[str, Any] | None) -> Iterator[Any]:
     from zephon_stream import StreamingLoader
 
-    with StreamingLoader(args.url, seq_len=args.seq_len, local_batch_size=args.batch, rank=0, world_size=1, seed=0,
-                         storage_options=options) as loader:  # fmt: skip
+    with StreamingLoader(
+        args.url,
+        seq_len=args.seq_len,
+        local_batch_size=args.batch,
+        rank=0,
+        world_size=1,
+        seed=0,
+        storage_options=options,
+    ) as loader:
         yield from loader
 
 
 def litdata_batches(args: argparse.Namespace, options: dict[str, Any] | None) -> Iterator[Any]:
     from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 
-    dataset = StreamingDataset(args.url, item_loader=TokensLoader(block_size=args.seq_len + 1), shuffle=True,
-                               cache_dir=args.cache_dir, storage_options=options or {})  # fmt: skip
+    dataset = StreamingDataset(
+        args.url,
+        item_loader=TokensLoader(block_size=args.seq_len + 1),
+        shuffle=True,
+        cache_dir=args.cache_dir,
+        storage_options=options or {},
+    )
     if args.lib == "litdata_iter":
         if args.batch != 1:
             raise ValueError(f"litdata_iter reads one sample a step, not batch {args.batch}")
@@ -162,7 +181,12 @@ def mosaic_batches(args: argparse.Namespace, options: dict[str, Any] | None) -> 
         yield from loader
 
 
-READERS = {"zephon": zephon_batches, "litdata": litdata_batches, "litdata_iter": litdata_batches, "mosaic": mosaic_batches}
+READERS = {
+    "zephon": zephon_batches,
+    "litdata": litdata_batches,
+    "litdata_iter": litdata_batches,
+    "mosaic": mosaic_batches,
+}
 
 
 def import_reader(lib: str) -> None:
@@ -215,8 +239,18 @@ def measure(args: argparse.Namespace, options: dict[str, Any] | None) -> dict[st
     }
 
 
-def run_pass(lib: str, url: str, *, batch: int, seq_len: int, min_seconds: float, workers: int = 1,
-             endpoint_url: str | None = None, env: dict[str, str] | None = None, timeout_s: float = 600) -> dict[str, Any]:
+def run_pass(
+    lib: str,
+    url: str,
+    *,
+    batch: int,
+    seq_len: int,
+    min_seconds: float,
+    workers: int = 1,
+    endpoint_url: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 600,
+) -> dict[str, Any]:
     """One pass in a fresh interpreter (a fresh cache folder for a remote peer, removed after); its figures."""
     cache = tempfile.mkdtemp(prefix=f"peer-cache-{lib}-")
     command = [sys.executable, "-m", "benchmarks.peer_passes", "--lib", lib, "--url", url, "--batch", str(batch),
@@ -226,8 +260,14 @@ def run_pass(lib: str, url: str, *, batch: int, seq_len: int, min_seconds: float
         command += ["--endpoint-url", endpoint_url]
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     try:
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
-                              env={**os.environ, **(env or {}), "PYTHONPATH": path})  # fmt: skip
+        done = subprocess.run(
+            command,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env={**os.environ, **(env or {}), "PYTHONPATH": path},
+        )
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     if done.returncode != 0:
@@ -244,7 +284,7 @@ def paired_passes(readers: dict[str, dict[str, Any]], trials: int, label: str, r
     """
     names = list(readers)
     for trial in range(trials):
-        for name in names[trial % len(names):] + names[: trial % len(names)]:
+        for name in names[trial % len(names) :] + names[: trial % len(names)]:
             entry = results.setdefault(f"{label}_{name}", {"trials": []})
             if "error" in entry:
                 continue
@@ -255,11 +295,14 @@ def paired_passes(readers: dict[str, dict[str, Any]], trials: int, label: str, r
                 print(f"{label} {name}: failed ({entry['error'][:200]})", flush=True)
                 continue
             entry["trials"].append(figures)
-            print(f"{label} trial {trial} {name}: first batch {figures['first_batch_s'] * 1e3:.1f} ms, "
-                  f"{figures['steady_tokens_per_s'] / 1e6:.2f} M tokens/s over {figures['steady_s']:.1f} s, "
-                  f"trainer's thread CPU per step {figures['step_cpu_us']:.1f} µs (mean {figures['step_cpu_mean_us']:.1f}), "
-                  f"peak RSS {figures['peak_rss_mib']:.0f} MiB (PSS {figures['peak_pss_mib']:.0f}), "
-                  f"load {figures['load_average']:.1f}", flush=True)  # fmt: skip
+            print(
+                f"{label} trial {trial} {name}: first batch {figures['first_batch_s'] * 1e3:.1f} ms, "
+                f"{figures['steady_tokens_per_s'] / 1e6:.2f} M tokens/s over {figures['steady_s']:.1f} s, "
+                f"trainer's thread CPU per step {figures['step_cpu_us']:.1f} µs (mean {figures['step_cpu_mean_us']:.1f}), "
+                f"peak RSS {figures['peak_rss_mib']:.0f} MiB (PSS {figures['peak_pss_mib']:.0f}), "
+                f"load {figures['load_average']:.1f}",
+                flush=True,
+            )
     for name in names:
         entry = results[f"{label}_{name}"]
         for key in FIGURES:
@@ -273,9 +316,15 @@ def paired_passes(readers: dict[str, dict[str, Any]], trials: int, label: str, r
         if name == "zephon" or not mine or len(theirs) != len(mine):
             continue
         ratios = [m["steady_tokens_per_s"] / t["steady_tokens_per_s"] for m, t in zip(mine, theirs)]
-        results[f"{label}_ratio_zephon_over_{name}"] = {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
-        print(f"{label}: zephon/{name} steady tokens/s, median {statistics.median(ratios):.2f}, "
-              f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} paired trials", flush=True)
+        results[f"{label}_ratio_zephon_over_{name}"] = {
+            "median": statistics.median(ratios),
+            "range": [min(ratios), max(ratios)],
+        }
+        print(
+            f"{label}: zephon/{name} steady tokens/s, median {statistics.median(ratios):.2f}, "
+            f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} paired trials",
+            flush=True,
+        )
     print_pass_table(label, [(name, results[f"{label}_{name}"]) for name in names])
 
 
@@ -289,15 +338,20 @@ def print_pass_table(label: str, entries: list[tuple[str, dict[str, Any]]]) -> N
         return f"{entry[key] * scale:.{digits}f} ({low * scale:.{digits}f}-{high * scale:.{digits}f})"
 
     print(f"{label}, medians (ranges) of the trials:", flush=True)
-    print(f"  {'reader':<14} {'M tokens/s':>20} {'CPU/step in next(), µs':>24} {'mean, µs':>22} "
-          f"{'first batch, ms':>20} {'PSS, MiB':>16} {'load':>12}")  # fmt: skip
+    print(
+        f"  {'reader':<14} {'M tokens/s':>20} {'CPU/step in next(), µs':>24} {'mean, µs':>22} "
+        f"{'first batch, ms':>20} {'PSS, MiB':>16} {'load':>12}"
+    )
     for name, entry in entries:
         if "error" in entry:
             print(f"  {name:<14} failed: {entry['error'][:100]}")
             continue
-        print(f"  {name:<14} {cell(entry, 'steady_tokens_per_s', 1e-6, 2):>20} {cell(entry, 'step_cpu_us', 1, 1):>24} "
-              f"{cell(entry, 'step_cpu_mean_us', 1, 1):>22} {cell(entry, 'first_batch_s', 1e3, 1):>20} "
-              f"{cell(entry, 'peak_pss_mib', 1, 0):>16} {cell(entry, 'load_average', 1, 1):>12}", flush=True)  # fmt: skip
+        print(
+            f"  {name:<14} {cell(entry, 'steady_tokens_per_s', 1e-6, 2):>20} {cell(entry, 'step_cpu_us', 1, 1):>24} "
+            f"{cell(entry, 'step_cpu_mean_us', 1, 1):>22} {cell(entry, 'first_batch_s', 1e3, 1):>20} "
+            f"{cell(entry, 'peak_pss_mib', 1, 0):>16} {cell(entry, 'load_average', 1, 1):>12}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -315,8 +369,11 @@ def main() -> None:
     if args.endpoint_url:
         options = {"endpoint_url": args.endpoint_url}
         if args.lib == "zephon":
-            options.update(key=os.environ["AWS_ACCESS_KEY_ID"], secret=os.environ["AWS_SECRET_ACCESS_KEY"],
-                           client_kwargs={"region_name": os.environ.get("AWS_DEFAULT_REGION", "us-east-1")})  # fmt: skip
+            options.update(
+                key=os.environ["AWS_ACCESS_KEY_ID"],
+                secret=os.environ["AWS_SECRET_ACCESS_KEY"],
+                client_kwargs={"region_name": os.environ.get("AWS_DEFAULT_REGION", "us-east-1")},
+            )
     figures = measure(args, options)
     print(json.dumps(figures), flush=True)
     # The peers' loaders hold worker processes and download threads that

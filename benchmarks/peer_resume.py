@@ -92,8 +92,9 @@ def peer_resume(lib: str, data: str, seq_len: int, work: pathlib.Path, steps: in
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
                    "--module", "benchmarks.peer_resume", "--resume-worker", lib, "--data", data, "--steps", str(count), "--seq-len", str(seq_len),
                    "--out", str(out), "--state-in", state_in, "--state-out", state_out]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
         if done.returncode != 0:
             errors = [line for line in done.stdout.splitlines() + done.stderr.splitlines() if "Error" in line]
             raise RuntimeError(f"W={world_size} {name}: " + (errors[-1] if errors else f"exit {done.returncode}")[:300])

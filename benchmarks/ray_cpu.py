@@ -36,8 +36,15 @@ from dataclasses import dataclass, field
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 RAY_AGENT_TITLES = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
-RAY_DAEMON_MARKERS = ("gcs_server", "raylet", "log_monitor.py", "monitor.py", "dashboard.py", "dashboard/agent.py",
-                      "runtime_env/agent")  # fmt: skip
+RAY_DAEMON_MARKERS = (
+    "gcs_server",
+    "raylet",
+    "log_monitor.py",
+    "monitor.py",
+    "dashboard.py",
+    "dashboard/agent.py",
+    "runtime_env/agent",
+)
 
 
 @dataclass
@@ -121,13 +128,21 @@ def snapshot() -> Snapshot:
 
 def cpu_by_role(before: Snapshot, after: Snapshot) -> dict[str, float]:
     """CPU seconds each role spent between two snapshots (``vanished``: Ray processes gone since ``before``)."""
-    spent = {"driver": 0.0, "reaped": after.reaped_s - before.reaped_s, "task": 0.0, "worker_ray": 0.0,
-             "daemon": 0.0, "other": 0.0}  # fmt: skip
+    spent = {
+        "driver": 0.0,
+        "reaped": after.reaped_s - before.reaped_s,
+        "task": 0.0,
+        "worker_ray": 0.0,
+        "daemon": 0.0,
+        "other": 0.0,
+    }
     for pid, (_, roles) in after.by_pid.items():
         earlier = before.by_pid.get(pid, ("", {}))[1]
         for role, cpu_s in roles.items():
             spent[role] += cpu_s - earlier.get(role, 0.0)
-    spent["vanished"] = sum(1 for pid, (kind, _) in before.by_pid.items() if kind != "other" and pid not in after.by_pid)
+    spent["vanished"] = sum(
+        1 for pid, (kind, _) in before.by_pid.items() if kind != "other" and pid not in after.by_pid
+    )
     return spent
 
 
@@ -147,11 +162,12 @@ def idle_cpu(seconds: float) -> dict:
     after = snapshot()
     spent = cpu_by_role(before, after)
     return {
-        "seconds": seconds, "daemon_cores": spent["daemon"] / seconds,
+        "seconds": seconds,
+        "daemon_cores": spent["daemon"] / seconds,
         "daemon_cores_by_name": {k: round(v / seconds, 5) for k, v in daemon_cpu_by_name(before, after).items()},
         "worker_cores": (spent["task"] + spent["worker_ray"]) / seconds,
         "workers": sum(1 for kind, _ in after.by_pid.values() if kind == "ray_worker"),
-    }  # fmt: skip
+    }
 
 
 def model_cores(
@@ -167,7 +183,9 @@ def model_cores(
     (GCS, monitor, dashboard) stay as measured.
     """
     runs = [r["ray2"] for r in rounds]
-    per_unit = statistics.median(max(0.0, r["daemon_cpu_s"] - idle["daemon_cores"] * r["seconds"]) / r["units"] for r in runs)
+    per_unit = statistics.median(
+        max(0.0, r["daemon_cpu_s"] - idle["daemon_cores"] * r["seconds"]) / r["units"] for r in runs
+    )
     task_s_per_byte = statistics.median(r["task_cpu_s_per_mtok"] * r["num_tokens"] / 1e6 / corpus_bytes for r in runs)
     unit_cpu_s = task_s_per_byte * unit_mib * 2**20
     units_per_s = cores / unit_cpu_s
@@ -176,10 +194,15 @@ def model_cores(
     low = idle["daemon_cores"] + per_unit * units_per_s
     high = head + node * cores / measured_cpus + per_unit * units_per_s
     return {
-        "computed": True, "cores": cores, "unit_mib": unit_mib, "unit_task_cpu_s": round(unit_cpu_s, 1),
-        "units_per_s": round(units_per_s, 3), "daemon_cpu_s_per_unit": round(per_unit, 4),
-        "daemon_cores": [round(low, 4), round(high, 4)], "daemons_share_of_node": [round(low / cores, 5), round(high / cores, 5)],
-    }  # fmt: skip
+        "computed": True,
+        "cores": cores,
+        "unit_mib": unit_mib,
+        "unit_task_cpu_s": round(unit_cpu_s, 1),
+        "units_per_s": round(units_per_s, 3),
+        "daemon_cpu_s_per_unit": round(per_unit, 4),
+        "daemon_cores": [round(low, 4), round(high, 4)],
+        "daemons_share_of_node": [round(low / cores, 5), round(high / cores, 5)],
+    }
 
 
 def _package_file() -> str:
@@ -199,6 +222,8 @@ def check_workers_code() -> str:
 
     theirs, ours = ray.get(ray.remote(num_cpus=1)(_package_file).remote()), _package_file()
     if theirs != ours:
-        raise SystemExit(f"Ray's workers import {theirs}, this process {ours}: run from a folder without a zephon_stream/")
+        raise SystemExit(
+            f"Ray's workers import {theirs}, this process {ours}: run from a folder without a zephon_stream/"
+        )
     print(f"zephon_stream in the driver and Ray's workers: {ours}")
     return ours

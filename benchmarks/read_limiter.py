@@ -34,8 +34,9 @@ def limiter_figures(manifest: Manifest, root: Path, args: argparse.Namespace, ep
         copy_dataset(root, url, dst_options=options)
         variants = {"limiter": options, "off": {**options, THROTTLE_LIMITER_OPTION: False}}
         for name, opts in variants.items():
-            with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch,
-                                 storage_options=opts) as loader:  # fmt: skip
+            with StreamingLoader(
+                url, seq_len=args.seq_len, local_batch_size=args.local_batch, storage_options=opts
+            ) as loader:
                 limiter = loader._sources[0].store.limiter
                 print(f"{name}: the store's limiter is {'the node' if limiter and limiter.shared else limiter}'s")
         trials = []
@@ -47,18 +48,27 @@ def limiter_figures(manifest: Manifest, root: Path, args: argparse.Namespace, ep
                 first = statistics.median(first_batch_s(url, opts, args, 0) for _ in range(args.repeats))
                 runs[name] = {**rate, "first_batch_s": first, "load_1min": os.getloadavg()[0]}
             on, off = runs["limiter"], runs["off"]
-            ratios = {"first_pass": on["tokens_per_s"] / off["tokens_per_s"],
-                      "steady": on.get("steady_tokens_per_s", 0) / off.get("steady_tokens_per_s", 1),
-                      "first_batch": on["first_batch_s"] / off["first_batch_s"]}  # fmt: skip
+            ratios = {
+                "first_pass": on["tokens_per_s"] / off["tokens_per_s"],
+                "steady": on.get("steady_tokens_per_s", 0) / off.get("steady_tokens_per_s", 1),
+                "first_batch": on["first_batch_s"] / off["first_batch_s"],
+            }
             trials.append({"limiter": on, "off": off, "ratios": ratios})
-            print(f"trial {trial + 1}: limiter first pass {on['tokens_per_s'] / 1e6:.1f} M tok/s, steady "
-                  f"{on.get('steady_tokens_per_s', 0) / 1e6:.1f} M, first batch {on['first_batch_s'] * 1e3:.0f} ms; "
-                  f"off {off['tokens_per_s'] / 1e6:.1f} M, {off.get('steady_tokens_per_s', 0) / 1e6:.1f} M, "
-                  f"{off['first_batch_s'] * 1e3:.0f} ms; limiter / off: first pass {ratios['first_pass']:.2f}, "
-                  f"steady {ratios['steady']:.2f}, first batch {ratios['first_batch']:.2f}; load "
-                  f"{on['load_1min']:.1f}-{off['load_1min']:.1f}", flush=True)
+            print(
+                f"trial {trial + 1}: limiter first pass {on['tokens_per_s'] / 1e6:.1f} M tok/s, steady "
+                f"{on.get('steady_tokens_per_s', 0) / 1e6:.1f} M, first batch {on['first_batch_s'] * 1e3:.0f} ms; "
+                f"off {off['tokens_per_s'] / 1e6:.1f} M, {off.get('steady_tokens_per_s', 0) / 1e6:.1f} M, "
+                f"{off['first_batch_s'] * 1e3:.0f} ms; limiter / off: first pass {ratios['first_pass']:.2f}, "
+                f"steady {ratios['steady']:.2f}, first batch {ratios['first_batch']:.2f}; load "
+                f"{on['load_1min']:.1f}-{off['load_1min']:.1f}",
+                flush=True,
+            )
         del os.environ[ENV_VAR]
     summary = {key: [t["ratios"][key] for t in trials] for key in ("first_pass", "steady", "first_batch")}
     print("limiter / off over paired trials: " + ", ".join(f"{k} {spread(v)}" for k, v in summary.items()))
-    return {"backend": args.backend, "trials": trials, "ratios": summary,
-            "ratio_medians": {k: statistics.median(v) for k, v in summary.items()}}
+    return {
+        "backend": args.backend,
+        "trials": trials,
+        "ratios": summary,
+        "ratio_medians": {k: statistics.median(v) for k, v in summary.items()},
+    }

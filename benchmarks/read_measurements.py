@@ -22,23 +22,38 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def loader_tokens_per_s(url: str, options: dict | None, args: argparse.Namespace, steps: int,
-                        device: str = "cpu", pipeline: str = "process", local_batch: int | None = None,
-                        passes: int = 1) -> dict:
+def loader_tokens_per_s(
+    url: str,
+    options: dict | None,
+    args: argparse.Namespace,
+    steps: int,
+    device: str = "cpu",
+    pipeline: str = "process",
+    local_batch: int | None = None,
+    passes: int = 1,
+) -> dict:
     """``passes`` passes of ``steps`` steps each, timed from the first batch;
     with ``device="cuda"`` the clock waits for the copies to the GPU.
     ``tokens_per_s`` is the first pass; with more passes, ``steady_tokens_per_s``
     is the passes after it (the pipeline warm, the next pass's blocks already
     being fetched ahead, as in a long run). ``tokens_per_cpu_s`` counts the
     CPU of this process and of the helper process over the first pass."""
+
     def synchronize() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
     rows = local_batch or args.local_batch
     started = time.perf_counter()
-    with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=rows, storage_options=options,
-                         prefetch_steps=4, device=device, pipeline=pipeline) as loader:
+    with StreamingLoader(
+        url,
+        seq_len=args.seq_len,
+        local_batch_size=rows,
+        storage_options=options,
+        prefetch_steps=4,
+        device=device,
+        pipeline=pipeline,
+    ) as loader:
         batches = iter(loader)
         next(batches)
         synchronize()
@@ -78,7 +93,9 @@ def loader_tokens_per_s(url: str, options: dict | None, args: argparse.Namespace
 
 def first_batch_s(url: str, options: dict | None, args: argparse.Namespace, position: int) -> float:
     started = time.perf_counter()
-    with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch, storage_options=options) as loader:
+    with StreamingLoader(
+        url, seq_len=args.seq_len, local_batch_size=args.local_batch, storage_options=options
+    ) as loader:
         if position:
             loader.load_state_dict({**loader.state_dict(), "position": position})
         next(loader)

@@ -56,9 +56,7 @@ def make_order(num_blocks: int, lanes: int) -> GlobalOrder:
 
 def rank_blocks(order, start, batch, world, rank, steps):
     """(step index, block) of every sample rank ``rank`` reads over ``steps`` steps."""
-    positions = [
-        rank_positions(start + t * batch, batch, world, rank, order.lanes) for t in range(steps)
-    ]
+    positions = [rank_positions(start + t * batch, batch, world, rank, order.lanes) for t in range(steps)]
     step = np.repeat(np.arange(steps), [p.size for p in positions])
     _, block, _ = order.sample_at(np.concatenate(positions))
     return step, block
@@ -194,27 +192,37 @@ def main() -> None:
     order = make_order(args.blocks, LOCAL_BATCH * 2048)
     resizes = [resize(order, 2048, 1536, local, 256, 512) for local in (16, 4)]
 
-    print("| ranks | lanes C | dataset blocks | blocks/lane/epoch | blocks fetched per step "
-          "(cluster) | MiB per step | download amplification | peak resident blocks/rank |")
+    print(
+        "| ranks | lanes C | dataset blocks | blocks/lane/epoch | blocks fetched per step "
+        "(cluster) | MiB per step | download amplification | peak resident blocks/rank |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for job in jobs:
-        print(f"| {job['world_size']} | {job['lanes']} | {job['blocks']:,} | "
-              f"{job['blocks_per_lane']:.1f} | {job['blocks_fetched_per_step']:.1f} | "
-              f"{job['mib_fetched_per_step']:.0f} | {job['amplification']:.4f} | "
-              f"{job['peak_resident_blocks_per_rank']} |")
+        print(
+            f"| {job['world_size']} | {job['lanes']} | {job['blocks']:,} | "
+            f"{job['blocks_per_lane']:.1f} | {job['blocks_fetched_per_step']:.1f} | "
+            f"{job['mib_fetched_per_step']:.0f} | {job['amplification']:.4f} | "
+            f"{job['peak_resident_blocks_per_rank']} |"
+        )
     print()
-    print("| resize 2048 -> 1536 | global batch | re-fetches per lane (mean / max) | distinct "
-          "blocks re-fetched per lane (max) | fetches per block after | uninterrupted |")
+    print(
+        "| resize 2048 -> 1536 | global batch | re-fetches per lane (mean / max) | distinct "
+        "blocks re-fetched per lane (max) | fetches per block after | uninterrupted |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for row in resizes:
-        print(f"| local batch {row['new_local_batch']} | {row['new_global_batch']} | "
-              f"{row['refetched_per_lane_mean']:.2f} / {row['refetched_per_lane_max']} | "
-              f"{row['distinct_refetched_blocks_per_lane_max']} | "
-              f"{row['fetches_per_block_after']:.3f} | "
-              f"{row['fetches_per_block_uninterrupted']:.3f} |")
+        print(
+            f"| local batch {row['new_local_batch']} | {row['new_global_batch']} | "
+            f"{row['refetched_per_lane_mean']:.2f} / {row['refetched_per_lane_max']} | "
+            f"{row['distinct_refetched_blocks_per_lane_max']} | "
+            f"{row['fetches_per_block_after']:.3f} | "
+            f"{row['fetches_per_block_uninterrupted']:.3f} |"
+        )
     cpu_s = time.process_time() - started
-    print(f"simulated in {cpu_s:.0f} s of CPU; {args.ranks} sampled ranks x 1024 steps each, "
-          "4 ranks x 1 epoch, 256 lanes x 512 steps per resize")
+    print(
+        f"simulated in {cpu_s:.0f} s of CPU; {args.ranks} sampled ranks x 1024 steps each, "
+        "4 ranks x 1 epoch, 256 lanes x 512 steps per resize"
+    )
     print(json.dumps({"jobs": jobs, "resize": resizes, "cpu_s": cpu_s}, sort_keys=True))
 
 

@@ -37,8 +37,9 @@ class ElasticBoxJob:
         env: variables for every worker (pace, hold).
     """
 
-    def __init__(self, box: Box, data: str, *, steps: int, nnodes: str, nproc: int, timeout_s: float,
-                 env: dict[str, str]) -> None:  # fmt: skip
+    def __init__(
+        self, box: Box, data: str, *, steps: int, nnodes: str, nproc: int, timeout_s: float, env: dict[str, str]
+    ) -> None:
         self.box = box
         self.shared = box.shared
         self.events_dir = self.shared / "events"
@@ -46,13 +47,40 @@ class ElasticBoxJob:
         self.record = self.shared / "record.jsonl"
         self.steps = steps
         self.agents: dict[str, subprocess.Popen] = {}
-        self.env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
-                    "ZS_EVENTS": str(self.events_dir), **env}  # fmt: skip
-        self.torchrun = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-                         "--rdzv-id=box-job", "--max-restarts=5", "--monitor-interval=0.5"]  # fmt: skip
-        self.worker = [str(WORKER), "--data", data, "--ckpt-dir", str(self.shared / "ckpt"), "--steps", str(steps),
-                       "--ckpt-every", str(CKPT_EVERY), "--seq-len", str(SEQ_LEN), "--global-batch", str(GLOBAL_BATCH),
-                       "--record", str(self.record), "--timeout-s", str(timeout_s)]  # fmt: skip
+        self.env = {
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "OMP_NUM_THREADS": "1",
+            "GLOO_SOCKET_IFNAME": "eth0",
+            "ZS_EVENTS": str(self.events_dir),
+            **env,
+        }
+        self.torchrun = [
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d",
+            "--rdzv-id=box-job",
+            "--max-restarts=5",
+            "--monitor-interval=0.5",
+        ]
+        self.worker = [
+            str(WORKER),
+            "--data",
+            data,
+            "--ckpt-dir",
+            str(self.shared / "ckpt"),
+            "--steps",
+            str(steps),
+            "--ckpt-every",
+            str(CKPT_EVERY),
+            "--seq-len",
+            str(SEQ_LEN),
+            "--global-batch",
+            str(GLOBAL_BATCH),
+            "--record",
+            str(self.record),
+            "--timeout-s",
+            str(timeout_s),
+        ]
 
     def set_pace(self, seconds: float) -> None:
         """Make every worker wait ``seconds`` before each step from now on (the file its steps read)."""
@@ -63,14 +91,22 @@ class ElasticBoxJob:
     def command(self, host_node: int, is_host: bool) -> list[str]:
         """The torchrun line of an agent whose rendezvous store is on node ``host_node``."""
         endpoint = f"{self.box.nodes[host_node].address}:{RDZV_PORT}"
-        return [sys.executable, "-m", "torch.distributed.run", *self.torchrun, f"--rdzv-endpoint={endpoint}",
-                f"--rdzv-conf={RDZV_CONF},is_host={int(is_host)}", *self.worker]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *self.torchrun,
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-conf={RDZV_CONF},is_host={int(is_host)}",
+            *self.worker,
+        ]
 
     def launch(self, name: str, node: int, *, host_node: int = 0) -> None:
         """Start agent ``name`` on ``node``; its output goes to ``<shared>/<name>.out``."""
         with open(self.shared / f"{name}.out", "wb") as out:
-            self.agents[name] = self.box.run(node, self.command(host_node, node == host_node), env=self.env,
-                                             stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            self.agents[name] = self.box.run(
+                node, self.command(host_node, node == host_node), env=self.env, stdout=out, stderr=subprocess.STDOUT
+            )
 
     def events(self) -> list[dict[str, Any]]:
         path = self.events_dir / "events.jsonl"
@@ -124,10 +160,21 @@ def steps_after(events: list[dict], since: float, world: int) -> list[dict]:
 def reference_rows(url: str, options: dict | None, steps: int) -> list[dict[str, str]]:
     """Each global step's rows (position -> digest of its tokens) as one uninterrupted rank reads them."""
     rows = []
-    with StreamingLoader(url, seq_len=SEQ_LEN, local_batch_size=GLOBAL_BATCH, seed=0, storage_options=options,
-                         pipeline="threads", node_cache=False) as loader:  # fmt: skip
+    with StreamingLoader(
+        url,
+        seq_len=SEQ_LEN,
+        local_batch_size=GLOBAL_BATCH,
+        seed=0,
+        storage_options=options,
+        pipeline="threads",
+        node_cache=False,
+    ) as loader:
         for _ in range(steps):
             batch = next(loader)
-            rows.append({str(int(p)): hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16]
-                         for p, row in zip(batch["sample_positions"], batch["input"])})  # fmt: skip
+            rows.append(
+                {
+                    str(int(p)): hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16]
+                    for p, row in zip(batch["sample_positions"], batch["input"])
+                }
+            )
     return rows

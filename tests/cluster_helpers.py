@@ -41,7 +41,10 @@ def connect(box: Box, node: int, address: str, timeout_s: float = 1.5) -> tuple[
 def box_traces(name: str) -> list[str]:
     """What of box ``name`` the machine still holds: namespaces, links, its registry entry."""
     found = [f"netns {ns}" for ns in box_network.box_netns(name)]
-    found += [f"link {line.split()[0]}" for line in box_network.ip("-br", "link").splitlines()
-              if line.split()[0].startswith(name)]  # fmt: skip
+    found += [
+        f"link {line.split()[0]}"
+        for line in box_network.ip("-br", "link").splitlines()
+        if line.split()[0].startswith(name)
+    ]
     found += [f"registry {name}" for entry in box_network.registered() if entry == name]
     return found

@@ -172,9 +172,7 @@ def small_bpe_dataset(
 ) -> WrittenDataset:
     """The same 40 files written with the BPE fixture tokenizer (uint16 tokens),
     block_tokens 4097 and 4 blocks a shard."""
-    return write_small_dataset(
-        stdlib_corpus, tmp_path_factory.mktemp("small_bpe_dataset"), f"hf:{bpe_tokenizer_json}"
-    )
+    return write_small_dataset(stdlib_corpus, tmp_path_factory.mktemp("small_bpe_dataset"), f"hf:{bpe_tokenizer_json}")
 
 
 @pytest.fixture(scope="session")
@@ -192,8 +190,18 @@ def definitions_dataset(
     jsonl = out.parent / f"{out.name}.jsonl"
     jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     summary = write_dataset(
-        str(jsonl), str(out), tokenizer=f"hf:{bpe_tokenizer_json}", block_tokens=SMALL_BLOCK_TOKENS,
-        blocks_per_shard=SMALL_BLOCKS_PER_SHARD, progress=False,
-    )  # fmt: skip
-    return WrittenDataset(url=str(out), manifest=Manifest.load(str(out)), sources=(jsonl,), texts=texts,
-                          tokenizer=f"hf:{bpe_tokenizer_json}", summary=summary)  # fmt: skip
+        str(jsonl),
+        str(out),
+        tokenizer=f"hf:{bpe_tokenizer_json}",
+        block_tokens=SMALL_BLOCK_TOKENS,
+        blocks_per_shard=SMALL_BLOCKS_PER_SHARD,
+        progress=False,
+    )
+    return WrittenDataset(
+        url=str(out),
+        manifest=Manifest.load(str(out)),
+        sources=(jsonl,),
+        texts=texts,
+        tokenizer=f"hf:{bpe_tokenizer_json}",
+        summary=summary,
+    )

@@ -159,21 +159,28 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     children, own = state["children"], state["own"]
     notes, failures = [], []
     if own_left:
-        notes.append(f"note: the processes that ran the tests left {len(own_left)} entries in their temp folder "
-                     f"({own}, now removed): {', '.join(own_left[:20])}")  # fmt: skip
+        notes.append(
+            f"note: the processes that ran the tests left {len(own_left)} entries in their temp folder "
+            f"({own}, now removed): {', '.join(own_left[:20])}"
+        )
     if left:
-        failures.append(f"the suite's child processes left {len(left)} entries in their temp folder "
-                        f"(TMPDIR={children}, now removed): {', '.join(left[:20])}")  # fmt: skip
+        failures.append(
+            f"the suite's child processes left {len(left)} entries in their temp folder "
+            f"(TMPDIR={children}, now removed): {', '.join(left[:20])}"
+        )
     leaked = sorted(_node_cache_entries() - state["node_cache"])
     if leaked:
         holders = _node_cache_holders({os.getpid()})
         if holders:
-            notes.append(f"note: the node cache's folder {_node_cache_folder()} is held open by processes outside "
-                         f"this session (pids {', '.join(map(str, holders[:10]))}): its {len(leaked)} new entries "
-                         "may be theirs; not checked")  # fmt: skip
+            notes.append(
+                f"note: the node cache's folder {_node_cache_folder()} is held open by processes outside "
+                f"this session (pids {', '.join(map(str, holders[:10]))}): its {len(leaked)} new entries "
+                "may be theirs; not checked"
+            )
         else:
-            failures.append(f"the suite left {len(leaked)} entries in the node cache's folder: "
-                            f"{', '.join(leaked[:20])}")  # fmt: skip
+            failures.append(
+                f"the suite left {len(leaked)} entries in the node cache's folder: {', '.join(leaked[:20])}"
+            )
     if failures:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     lines = [(line, {"yellow": True}) for line in notes] + [(line, {"red": True, "bold": True}) for line in failures]

@@ -78,9 +78,7 @@ def run_step_hashes(loaders: Sequence, steps: int) -> list[str]:
     for _ in range(steps):
         batches = [next(it) for it in iterators]
         hashes.append(
-            union_sha256(
-                (b["sample_positions"].numpy(), b["input"].numpy(), b["labels"].numpy()) for b in batches
-            )
+            union_sha256((b["sample_positions"].numpy(), b["input"].numpy(), b["labels"].numpy()) for b in batches)
         )
     return hashes
 

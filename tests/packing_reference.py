@@ -99,9 +99,12 @@ def mask_from_segment_ids(segment_ids: torch.Tensor) -> torch.Tensor:
 
 def mask_from_document_lengths(lengths: torch.Tensor) -> torch.Tensor:
     rows, seq_len = lengths.shape
-    segments = torch.stack([
-        torch.repeat_interleave(torch.arange(seq_len), lengths[row].long(), output_size=seq_len) for row in range(rows)
-    ])  # fmt: skip
+    segments = torch.stack(
+        [
+            torch.repeat_interleave(torch.arange(seq_len), lengths[row].long(), output_size=seq_len)
+            for row in range(rows)
+        ]
+    )
     return mask_from_segment_ids(segments)
 
 
@@ -140,7 +143,9 @@ def check_attention(batch: dict, inputs: np.ndarray, eos: np.ndarray, seed: int)
     count = int(batch["num_cu_seqlens"])
     torch.testing.assert_close(masked_attention(q, k, v, mask_from_segment_ids(segment_ids)), want)
     torch.testing.assert_close(masked_attention(q, k, v, mask_from_document_lengths(lengths)), want)
-    torch.testing.assert_close(masked_attention(q, k, v, mask_from_positions(torch.as_tensor(np.asarray(batch["positions"])))), want)
+    torch.testing.assert_close(
+        masked_attention(q, k, v, mask_from_positions(torch.as_tensor(np.asarray(batch["positions"])))), want
+    )
     torch.testing.assert_close(thd_attention(q, k, v, cu[:count]), want)
     torch.testing.assert_close(thd_attention(q, k, v, cu), want)
     assert int(batch["max_seqlen"]) == int(torch.diff(cu[:count]).max())

@@ -43,7 +43,10 @@ def test_a_zephon_pass_reports_its_first_batch_steady_rate_and_memory(small_data
     rate = figures["steady_batches"] * 4 * 256 / figures["steady_s"]
     assert figures["steady_tokens_per_s"] == pytest.approx(rate)
     # The helper process reads; the trainer's thread pays at most the wall time of a step.
-    assert 0 < figures["step_cpu_us"] and 0 < figures["step_cpu_mean_us"] * 1e-6 <= figures["steady_s"] / figures["steady_batches"]
+    assert (
+        figures["step_cpu_us"] > 0
+        and 0 < figures["step_cpu_mean_us"] * 1e-6 <= figures["steady_s"] / figures["steady_batches"]
+    )
     # The interpreter holds torch: far above 50 MiB; the helper's pages are counted in the PSS too.
     assert 50 < figures["peak_pss_mib"] <= figures["peak_rss_mib"]
 

@@ -17,8 +17,7 @@ from benchmarks.storm_figures import model
 
 
 def ranks_of_one_node(url: str, ranks: list[int], cache: Path) -> dict[int, dict]:
-    job = {"url": url, "options": None, "seq_len": 512, "local_batch": 2, "world_size": 4,
-           "node_cache": str(cache)}  # fmt: skip
+    job = {"url": url, "options": None, "seq_len": 512, "local_batch": 2, "world_size": 4, "node_cache": str(cache)}
     go, out = threading.Event(), {}
     threads = [threading.Thread(target=run_rank, args=(r, job, go, out)) for r in ranks]
     for thread in threads:
@@ -54,8 +53,10 @@ def test_storm_model_scales_the_measured_requests_per_rank_and_node():
 
 
 def test_storm_policy_takes_retry_policy_fields():
-    assert parse_policy(["throttle_max_backoff_s=5", "max_attempts=3"]) == {"throttle_max_backoff_s": 5.0,
-                                                                           "max_attempts": 3}
+    assert parse_policy(["throttle_max_backoff_s=5", "max_attempts=3"]) == {
+        "throttle_max_backoff_s": 5.0,
+        "max_attempts": 3,
+    }
     # The baseline storm's default: today's backoff, before the node's limiter.
     assert parse_policy(["throttle_limiter=0"]) == {"throttle_limiter": False}
 

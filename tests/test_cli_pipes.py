@@ -47,8 +47,12 @@ def test_which_text_into_head_ends_quietly(small_dataset) -> None:
     line = " ".join(f"'{a}'" for a in [*COMMAND, *_which_args(small_dataset.url)])
     done = subprocess.run(
         ["bash", "-c", f"set -o pipefail; {line} | head -1"],
-        capture_output=True, text=True, env=_env(), timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+        check=False,
+    )
     assert done.stdout.startswith("step 0 (from 0; "), done.stdout
     assert done.stdout.count("\n") == 1
     assert done.stderr == "", done.stderr

@@ -52,8 +52,10 @@ def test_nodes_have_their_own_hostname_tmp_and_shm_and_share_one_folder_and_the_
         assert connect(box, 0, box.nodes[1].address)[0] == "refused"  # Reached; no one listens on port 9
         assert box.check_output(1, [sys.executable, "-c", PUT_AND_GET]) == "node1\n"
         clients = {(r.client, r.method) for r in box.store.requests() if r.key == "data/box-check/node1"}
-        assert ("198.18." in box.nodes[1].address) and clients >= {(box.nodes[1].address, "PUT"),
-                                                                  (box.nodes[1].address, "GET")}  # fmt: skip
+        assert ("198.18." in box.nodes[1].address) and clients >= {
+            (box.nodes[1].address, "PUT"),
+            (box.nodes[1].address, "GET"),
+        }
 
 
 @needs_box
@@ -84,8 +86,10 @@ def test_a_cut_link_loses_packets_both_ways_and_a_lost_store_route_loses_the_sto
 @needs_box
 def test_a_node_killed_whole_loses_every_process_and_boots_again_empty() -> None:
     with Box(2, store=False) as box:
-        ignores_sigterm = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                           "open('/tmp/was-here', 'w'); time.sleep(600)")
+        ignores_sigterm = (
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "open('/tmp/was-here', 'w'); time.sleep(600)"
+        )
         stubborn = box.run(1, [sys.executable, "-c", ignores_sigterm])
         child = box.run(1, ["sh", "-c", "sleep 600 & wait"])
         deadline = time.monotonic() + 20
@@ -107,8 +111,9 @@ def test_two_boxes_at_once_get_names_and_subnets_of_their_own_and_leave_nothing(
     with Box(1, store=False) as first, Box(1, store=False) as second:
         assert first.name != second.name and first.bridge_address != second.bridge_address
         names = [first.name, second.name]
-        assert all(len(n) <= 15 for box in (first, second) for n in (box.names.bridge, box.nodes[0].netns,
-                                                                       box.nodes[0].veth))  # fmt: skip
+        assert all(
+            len(n) <= 15 for box in (first, second) for n in (box.names.bridge, box.nodes[0].netns, box.nodes[0].veth)
+        )
         roots = [first.root, second.root]
     assert [box_traces(name) for name in names] == [[], []]
     assert not any(root.exists() for root in roots)
@@ -127,8 +132,13 @@ time.sleep(600)
 
 @needs_box
 def test_everything_of_a_box_goes_when_the_process_that_made_it_is_sigkilled() -> None:
-    owner = subprocess.Popen([sys.executable, "-c", KEEPS_A_BOX], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    owner = subprocess.Popen(
+        [sys.executable, "-c", KEEPS_A_BOX],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         made = json.loads(owner.stdout.readline())
         assert box_traces(made["name"]) != [] and all(alive(pid) for pid in made["node_pids"])
@@ -151,8 +161,22 @@ def test_everything_of_a_box_goes_when_the_process_that_made_it_is_sigkilled() -
 def test_the_command_line_says_in_one_line_why_it_cannot_make_a_box_without_root() -> None:
     if os.geteuid() != 0 or BOX_UNAVAILABLE is not None:
         pytest.skip(f"needs root to drop it: {BOX_UNAVAILABLE or 'not root'}")
-    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-                           str(ROOT / "tools" / "cluster_box.py"), "up", "--nodes", "1"],
-                          capture_output=True, text=True, cwd="/", timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            str(ROOT / "tools" / "cluster_box.py"),
+            "up",
+            "--nodes",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=60,
+    )
     assert done.returncode == 1
     assert done.stderr.splitlines() == ["a box needs root (network namespaces, bridges, mounts): run as root"]

@@ -61,11 +61,16 @@ def _retries(job: ElasticBoxJob, host: str) -> int:
 def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_uninterrupted_run(stdlib_corpus):
     times: dict[str, float] = {}
     with Box(3) as box:
-        write_dataset([str(p) for p in stdlib_corpus.files[:40]], "s3://data/ds", tokenizer="bytes",
-                      block_tokens=257, blocks_per_shard=64, storage_options=box.store.direct_options(),
-                      progress=False)  # fmt: skip
-        job = ElasticBoxJob(box, "s3://data/ds", steps=STEPS, nnodes="2:3", nproc=2, timeout_s=TIMEOUT_S,
-                            env=ENV)  # fmt: skip
+        write_dataset(
+            [str(p) for p in stdlib_corpus.files[:40]],
+            "s3://data/ds",
+            tokenizer="bytes",
+            block_tokens=257,
+            blocks_per_shard=64,
+            storage_options=box.store.direct_options(),
+            progress=False,
+        )
+        job = ElasticBoxJob(box, "s3://data/ds", steps=STEPS, nnodes="2:3", nproc=2, timeout_s=TIMEOUT_S, env=ENV)
         job.set_pace(PACE_S)
         started = time.time()
         for node in range(3):
@@ -91,8 +96,10 @@ def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_un
         # What node 1 asked for while lost reaches the store once the route is back, when TCP sends it
         # again (its backoff doubles: 12.6 s after the first try for a 10 s loss), unless a timeout ended it.
         node1 = box.nodes[1].address
-        answered = job.wait_for(lambda ev: [r for r in box.store.requests() if r.client == node1 and r.when > back],
-                                "node 1's requests after the route is back")  # fmt: skip
+        answered = job.wait_for(
+            lambda ev: [r for r in box.store.requests() if r.client == node1 and r.when > back],
+            "node 1's requests after the route is back",
+        )
         times["route_back_to_answered_s"] = answered[0].when - back
         job.wait_for(lambda ev: [e for e in steps_after(ev, back, 6) if e["step"] >= 4], "steps after the store")
         events = job.events()
@@ -105,8 +112,10 @@ def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_un
         # 2. node 2's link is cut: the others time out in their collective and go on at 2 nodes
         cut = time.time()
         box.cut(2)
-        failed = job.wait_for(lambda ev: [e for e in ev if e["event"] == "failed" and e["time"] > cut
-                                          and e["host"] != "node2"], "a survivor's failure")  # fmt: skip
+        failed = job.wait_for(
+            lambda ev: [e for e in ev if e["event"] == "failed" and e["time"] > cut and e["host"] != "node2"],
+            "a survivor's failure",
+        )
         times["cut_detected_s"] = min(e["time"] for e in failed) - cut
         resumed = job.wait_for(lambda ev: steps_after(ev, cut, 4), "a step at 4 ranks after the cut")
         times["cut_to_4_ranks_s"] = resumed[0]["time"] - cut
@@ -153,10 +162,19 @@ def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_un
         leftovers = {n: box.leftovers(n) for n in (1, 2)}
         reference = reference_rows("s3://data/ds", box.store.direct_options(), STEPS)
     rounds = _rounds(events)
-    gets = {host: sum(r.client == address and r.key == "data/ds/manifest" for r in requests)
-            for host, address in addresses.items()}  # fmt: skip
-    print(json.dumps({**{k: round(v, 1) for k, v in times.items()}, "manifest_gets": gets,
-                      "rounds": {host: len(r) for host, r in rounds.items()}}))
+    gets = {
+        host: sum(r.client == address and r.key == "data/ds/manifest" for r in requests)
+        for host, address in addresses.items()
+    }
+    print(
+        json.dumps(
+            {
+                **{k: round(v, 1) for k, v in times.items()},
+                "manifest_gets": gets,
+                "rounds": {host: len(r) for host, r in rounds.items()},
+            }
+        )
+    )
 
     # every step trained, each time with the uninterrupted run's rows
     assert {r["step"] for r in records} == set(range(STEPS))
@@ -170,8 +188,11 @@ def test_a_job_across_three_nodes_loses_and_regains_nodes_with_the_data_of_an_un
         for r in requests:
             if r.client == address and r.method == "GET" and r.status in (200, 206) and "/shards/" not in r.key:
                 reads[(r.key, r.byte_range)] = reads.get((r.key, r.byte_range), 0) + 1
-        opened = [(round(e["time"] - started, 1), e["rank"], e["round"]) for e in events
-                  if e["event"] == "opened" and e["host"] == host]  # fmt: skip
+        opened = [
+            (round(e["time"] - started, 1), e["rank"], e["round"])
+            for e in events
+            if e["event"] == "opened" and e["host"] == host
+        ]
         assert reads.get(("data/ds/manifest", "")) == len(rounds[host]), (host, reads, opened)
         assert max(reads.values()) == len(rounds[host]), (host, reads)
     # torchrun leaves its torchelastic_* folder and torch its torchinductor_<user> cache in /tmp (the

@@ -25,13 +25,22 @@ from zephon_stream.storage.copy import copy_dataset
 READER = Path(__file__).parent / "dist_cluster" / "node_reader.py"
 RANKS_PER_NODE = 2
 LAUNCHERS = [
-    lambda local, rank, world: {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NODEID": "0",
-                                "SLURM_LOCALID": str(local), "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(world),
-                                "SLURM_STEP_TASKS_PER_NODE": f"{RANKS_PER_NODE}(x2)"},
-    lambda local, rank, world: {"OMPI_COMM_WORLD_LOCAL_SIZE": str(RANKS_PER_NODE),
-                                "OMPI_COMM_WORLD_LOCAL_RANK": str(local), "OMPI_COMM_WORLD_RANK": str(rank)},
+    lambda local, rank, world: {
+        "SLURM_JOB_ID": "7",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_LOCALID": str(local),
+        "SLURM_PROCID": str(rank),
+        "SLURM_NTASKS": str(world),
+        "SLURM_STEP_TASKS_PER_NODE": f"{RANKS_PER_NODE}(x2)",
+    },
+    lambda local, rank, world: {
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(RANKS_PER_NODE),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(local),
+        "OMPI_COMM_WORLD_RANK": str(rank),
+    },
     lambda local, rank, world: {},
-]  # fmt: skip
+]
 
 
 @needs_box
@@ -46,8 +55,16 @@ def test_ranks_started_by_srun_or_mpirun_read_the_metadata_once_a_node(small_dat
             for local in range(RANKS_PER_NODE):
                 rank = node * RANKS_PER_NODE + local
                 argv = [sys.executable, str(READER), "s3://data/ds", str(rank), str(world), str(out)]
-                procs.append(box.run(node, argv, env=launcher(local, rank, world), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True))  # fmt: skip
+                procs.append(
+                    box.run(
+                        node,
+                        argv,
+                        env=launcher(local, rank, world),
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
+                )
         outputs = [proc.communicate(timeout=180)[0] for proc in procs]
         assert [proc.returncode for proc in procs] == [0] * world, outputs
         got = {r["rank"]: r for r in (json.loads(p.read_text()) for p in out.glob("rank*.json"))}
@@ -68,7 +85,15 @@ def test_ranks_started_by_srun_or_mpirun_read_the_metadata_once_a_node(small_dat
     assert metadata[nodes[2]] == dict.fromkeys(metadata[nodes[0]], RANKS_PER_NODE)
     assert leftovers == [[], [], []]
     for rank in range(world):
-        with StreamingLoader(small_dataset.url, seq_len=32, local_batch_size=2, rank=rank, world_size=world,
-                             seed=0, pipeline="threads", node_cache=False) as alone:  # fmt: skip
+        with StreamingLoader(
+            small_dataset.url,
+            seq_len=32,
+            local_batch_size=2,
+            rank=rank,
+            world_size=world,
+            seed=0,
+            pipeline="threads",
+            node_cache=False,
+        ) as alone:
             batch = next(alone)
         assert got[rank]["sha256"] == hashlib.sha256(batch["input"].numpy().tobytes()).hexdigest()

@@ -29,10 +29,15 @@ from zephon_stream.storage import open_store
 
 RAY_PORT = 6379
 # A node that answers no health check for period x threshold is dead (Ray's defaults: 3 s x 5).
-HEALTH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
-          "RAY_health_check_failure_threshold": "3",
-          "RAY_grpc_client_keepalive_time_ms": "1000", "RAY_grpc_client_keepalive_timeout_ms": "2000",
-          "RAY_grpc_keepalive_time_ms": "1000", "RAY_grpc_keepalive_timeout_ms": "2000"}  # fmt: skip
+HEALTH = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+    "RAY_grpc_client_keepalive_time_ms": "1000",
+    "RAY_grpc_client_keepalive_timeout_ms": "2000",
+    "RAY_grpc_keepalive_time_ms": "1000",
+    "RAY_grpc_keepalive_timeout_ms": "2000",
+}
 READY = """
 import sys, time, ray
 ray.init(address=sys.argv[1], log_to_driver=False)
@@ -49,8 +54,14 @@ def _ray_env(box: Box) -> dict[str, str]:
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
     # A cluster across addresses: the loopback-only switch the session's own head sets must not be off here.
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_worker_niceness": "0", **HEALTH}  # fmt: skip
+    return {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+        "RAY_worker_niceness": "0",
+        **HEALTH,
+    }
 
 
 def _start_cluster(box: Box) -> str:
@@ -61,8 +72,13 @@ def _start_cluster(box: Box) -> str:
         if node.index == 0:
             role = ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
         with open(box.shared / f"ray-{node.hostname}.log", "wb") as log:
-            box.run(node.index, ["ray", "start", *role, f"--node-ip-address={node.address}", *common],
-                    env=_ray_env(box), stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+            box.run(
+                node.index,
+                ["ray", "start", *role, f"--node-ip-address={node.address}", *common],
+                env=_ray_env(box),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         if node.index == 0:
             time.sleep(2)  # The workers retry their connection to the head, but more slowly than it starts
     box.check_output(0, [sys.executable, "-c", READY, head, str(len(box.nodes))], env=_ray_env(box), timeout_s=180)
@@ -70,10 +86,29 @@ def _start_cluster(box: Box) -> str:
 
 
 def _convert(box: Box, head: str, inputs: list[str], output: str, tokenizer: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "zephon_stream", "write", *inputs, "-o", output, "--tokenizer", tokenizer,
-               "--engine", "ray", "--ray-address", head, "--unit-bytes", str(RAY_UNIT_BYTES),
-               "--block-tokens", str(RAY_BLOCK_TOKENS), "--blocks-per-shard", str(RAY_BLOCKS_PER_SHARD), "--json",
-               "--no-progress"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "zephon_stream",
+        "write",
+        *inputs,
+        "-o",
+        output,
+        "--tokenizer",
+        tokenizer,
+        "--engine",
+        "ray",
+        "--ray-address",
+        head,
+        "--unit-bytes",
+        str(RAY_UNIT_BYTES),
+        "--block-tokens",
+        str(RAY_BLOCK_TOKENS),
+        "--blocks-per-shard",
+        str(RAY_BLOCKS_PER_SHARD),
+        "--json",
+        "--no-progress",
+    ]
     return box.run(0, command, env=_ray_env(box), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -121,8 +156,11 @@ def test_a_conversion_on_three_nodes_loses_one_mid_run_and_writes_the_same_bytes
         cut_run = _convert(box, head, inputs, "s3://data/out", f"hf:{tokenizer}")
 
         def node2_reads() -> set[str]:
-            return {r.key for r in box.store.requests() if r.client == node2 and r.method == "GET"
-                    and "/corpus/" in r.key and r.when > began}  # fmt: skip
+            return {
+                r.key
+                for r in box.store.requests()
+                if r.client == node2 and r.method == "GET" and "/corpus/" in r.key and r.when > began
+            }
 
         # mid-unit: node 2 runs a conversion task and has read its inputs
         while not (_converting(box, 2) and node2_reads()):
@@ -137,8 +175,15 @@ def test_a_conversion_on_three_nodes_loses_one_mid_run_and_writes_the_same_bytes
         requests = box.store.requests()
         whole_objects = _objects("s3://data/whole", options)
         cut_objects = _objects("s3://data/out", options)
-        write_dataset(inputs, "s3://data/pool", tokenizer=f"hf:{bpe_tokenizer_json}", block_tokens=RAY_BLOCK_TOKENS,
-                      blocks_per_shard=RAY_BLOCKS_PER_SHARD, storage_options=options, progress=False)  # fmt: skip
+        write_dataset(
+            inputs,
+            "s3://data/pool",
+            tokenizer=f"hf:{bpe_tokenizer_json}",
+            block_tokens=RAY_BLOCK_TOKENS,
+            blocks_per_shard=RAY_BLOCKS_PER_SHARD,
+            storage_options=options,
+            progress=False,
+        )
         pool = dataset_contents("s3://data/pool", options)
         converted = dataset_contents("s3://data/out", options)
     print(json.dumps({**{k: round(v, 1) for k, v in times.items()}, "units": summary["num_units"]}))

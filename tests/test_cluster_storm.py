@@ -20,8 +20,26 @@ from cluster_helpers import needs_box
 @pytest.mark.slow
 @needs_box
 def test_four_nodes_meet_a_throttling_store_and_get_their_unthrottled_first_batches(capsys) -> None:
-    code = main(["--nodes", "4", "--ranks", "12", "--rate", "20", "--tokens-m", "0.5", "--seq-len", "512",
-                 "--local-batch", "2", "--warmup", "0", "--kinds", "node,no limit"])  # fmt: skip
+    code = main(
+        [
+            "--nodes",
+            "4",
+            "--ranks",
+            "12",
+            "--rate",
+            "20",
+            "--tokens-m",
+            "0.5",
+            "--seq-len",
+            "512",
+            "--local-batch",
+            "2",
+            "--warmup",
+            "0",
+            "--kinds",
+            "node,no limit",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     summary = json.loads(out.strip().splitlines()[-1])

@@ -45,7 +45,9 @@ def test_streaming_loader_says_what_the_place_is_and_what_a_dataset_is(places, k
 
 
 @pytest.mark.parametrize("kind", list(SAYS))
-@pytest.mark.parametrize("command", [["inspect"], ["verify"], ["which", "--step", "0", "--seq-len", "8", "--global-batch", "1"]])
+@pytest.mark.parametrize(
+    "command", [["inspect"], ["verify"], ["which", "--step", "0", "--seq-len", "8", "--global-batch", "1"]]
+)
 def test_each_command_that_opens_a_dataset_says_what_the_place_is(places, kind, command, capsys):
     url = places[kind]
     args = [command[0], url, *command[1:]]

@@ -62,7 +62,9 @@ def test_report_flags_a_step_whose_data_differ_and_a_step_never_run():
         **kwargs,
     )
     assert ok.all_match and "OK: all 8 steps" in ok.text()
-    assert "after the checkpoint of steps 0 to 3 (1 later steps lost with the kill), resumed at W=3 at step 4" in ok.text()
+    assert (
+        "after the checkpoint of steps 0 to 3 (1 later steps lost with the kill), resumed at W=3 at step 4" in ok.text()
+    )
     # Step 4 of the interrupted run was lost with the kill; only the resumed run's step 4 counts.
     lost_differs = report.build(
         reference=_events(1, range(8), good),
@@ -168,12 +170,15 @@ def test_the_demo_packing_reaches_every_workers_loader(small_dataset, tmp_path, 
             assert loader.state_dict()["packing"] == packing and loader.local_batch_size == 2
         finally:
             loader.close()
-    assert DemoConfig().packing == "concat" and "--packing concat" in " ".join(worker_args(DemoConfig(), "u", vocab_size=1))
+    assert DemoConfig().packing == "concat" and "--packing concat" in " ".join(
+        worker_args(DemoConfig(), "u", vocab_size=1)
+    )
     with pytest.raises(ConfigError, match="--packing must be one of concat, best_fit, got 'first_fit'"):
         DemoConfig(packing="first_fit").checked()
     # The demo's printed `which` line carries the packing, and `which` takes it as printed.
-    command = report.which_command([small_dataset.url], step=3, world_size=1, seed=0, seq_len=64, global_batch=4,
-                                   packing="best_fit")  # fmt: skip
+    command = report.which_command(
+        [small_dataset.url], step=3, world_size=1, seed=0, seq_len=64, global_batch=4, packing="best_fit"
+    )
     assert command.endswith("--seed 0 --packing best_fit --world-size 1 --text")
     assert main(shlex.split(command)[1:]) == 0
     assert ", packing best_fit\n" in capsys.readouterr().out
@@ -186,8 +191,9 @@ def test_the_demo_packing_reaches_every_workers_loader(small_dataset, tmp_path, 
 
 def which_batch_hash(urls: list[str], step: int, schedule: Path, capsys) -> str:
     """The demo's hash of global step ``step``, from ``zephon-stream which --step`` alone."""
-    return which_args_hash(["which", *urls, "--step", str(step), "--schedule", str(schedule), "--world-size", "1"],
-                           capsys)  # fmt: skip
+    return which_args_hash(
+        ["which", *urls, "--step", str(step), "--schedule", str(schedule), "--world-size", "1"], capsys
+    )
 
 
 def which_args_hash(args: list[str], capsys) -> str:
@@ -213,8 +219,9 @@ def which_args_hash(args: list[str], capsys) -> str:
 @pytest.mark.slow
 def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(stdlib_corpus, tmp_path, capsys):
     store = tmp_path / "store"
-    done, output = run_demo(stdlib_corpus, tmp_path, "--schedule", "--steps", "10", "--kill-after", "6",
-                            "--store", str(store))  # fmt: skip
+    done, output = run_demo(
+        stdlib_corpus, tmp_path, "--schedule", "--steps", "10", "--kill-after", "6", "--store", str(store)
+    )
     assert done.returncode == 0, output
     assert "OK: all 10 steps read exactly the reference's data" in done.stdout, output
     assert "match  phase" in done.stdout, output
@@ -243,14 +250,24 @@ def test_demo_schedule_resizes_inside_the_anneal_and_reads_the_reference_data(st
 def test_the_demo_which_line_carries_the_demo_settings(small_dataset, capsys):
     """With --store the demo prints this line; `which` takes it as printed."""
     config = DemoConfig()
-    command = report.which_command([small_dataset.url], step=config.kill_step, world_size=config.world_sizes[1],
-                                   seed=config.seed, seq_len=config.seq_len, global_batch=config.global_batch)  # fmt: skip
-    assert command == (f"zephon-stream which {shlex.quote(small_dataset.url)} --step 20 --seq-len 128 "
-                       "--global-batch 12 --seed 0 --world-size 1 --text")  # fmt: skip
+    command = report.which_command(
+        [small_dataset.url],
+        step=config.kill_step,
+        world_size=config.world_sizes[1],
+        seed=config.seed,
+        seq_len=config.seq_len,
+        global_batch=config.global_batch,
+    )
+    assert command == (
+        f"zephon-stream which {shlex.quote(small_dataset.url)} --step 20 --seq-len 128 "
+        "--global-batch 12 --seed 0 --world-size 1 --text"
+    )
     from zephon_stream.cli import main
 
     assert main(shlex.split(command)[1:]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("step 20 (from 0; TorchTitan train step 21 without accumulation): positions [240, 252), "
-                              "seq_len 128, lanes 12, seed 0\n")  # fmt: skip
+    assert printed.startswith(
+        "step 20 (from 0; TorchTitan train step 21 without accumulation): positions [240, 252), "
+        "seq_len 128, lanes 12, seed 0\n"
+    )
     assert printed.count(" rank 0: ") == 12

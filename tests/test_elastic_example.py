@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from test_torchelastic import descendants
 from tools.reliability.common import child_env
 from zephon_stream import StreamingLoader
@@ -45,8 +46,13 @@ def _torchrun(tmp_path: Path, data: str, nproc: int, steps: int, record: Path) -
     ]  # fmt: skip
     # The recipe's variable (docs/ELASTIC.md); TMPDIR and the node cache
     # in the test's folder, so nothing is left elsewhere.
-    env = child_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "TMPDIR": str(tmp_path),
-                     "ZEPHON_NODE_CACHE": str(tmp_path / "node-cache")})  # fmt: skip
+    env = child_env(
+        {
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "TMPDIR": str(tmp_path),
+            "ZEPHON_NODE_CACHE": str(tmp_path / "node-cache"),
+        }
+    )
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=180)
@@ -91,7 +97,9 @@ def test_the_example_goes_on_from_the_newest_complete_checkpoint_at_any_world_si
     with StreamingLoader(data, seq_len=SEQ_LEN, local_batch_size=GLOBAL_BATCH, seed=0, pipeline="threads") as loader:
         for step in range(16):
             batch = next(loader)
-            expected = {str(int(p)): hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16]
-                        for p, row in zip(batch["sample_positions"], batch["input"])}  # fmt: skip
+            expected = {
+                str(int(p)): hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16]
+                for p, row in zip(batch["sample_positions"], batch["input"])
+            }
             assert trained[step]["rows"] == expected, step
             assert sorted(map(int, expected)) == list(range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH))

@@ -56,8 +56,9 @@ def run_demo_store(port: int) -> tuple[str, str]:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, "-c", code, str(port)], capture_output=True, text=True, timeout=180,
-                          env=env, cwd=REPO)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(port)], capture_output=True, text=True, timeout=180, env=env, cwd=REPO
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout, done.stderr
 

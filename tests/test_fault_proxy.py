@@ -45,7 +45,9 @@ def run_proxy_script(upstream: str, path: str, args: list[str], requests: int) -
     port = free_ports(1)[0]
     process = subprocess.Popen(
         [sys.executable, str(REPO / "tools" / "fault_proxy.py"), "--upstream", upstream, "--port", str(port), *args],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     try:
         assert "fault proxy" in process.stdout.readline()
@@ -73,7 +75,8 @@ def test_proxy_forwards_range_requests_and_headers_faithfully(s3_bucket, fault_p
     assert proxied[2] == direct[2] == payload[1000:2000]
     volatile = {"date", "x-amzn-requestid", "connection", "server"}
     assert {k: v for k, v in proxied[1].items() if k not in volatile} == {
-        k: v for k, v in direct[1].items() if k not in volatile}
+        k: v for k, v in direct[1].items() if k not in volatile
+    }
     assert proxied[1]["content-range"] == f"bytes 1000-1999/{len(payload)}"
     head = _get(proxy.endpoint_url, path, method="HEAD")
     assert head[0] == 200 and head[1]["content-length"] == str(len(payload)) and head[2] == b""
@@ -140,8 +143,11 @@ def test_reset_drops_the_connection(fault_proxy, stored):
 
 def test_latency_stall_and_slow_body_delay_but_deliver(fault_proxy, stored):
     path, payload = stored
-    for kwargs, minimum_s in (({"latency_s": 0.05}, 0.05), ({"rates": {"stall": 1.0}, "stall_s": 0.3}, 0.3),
-                              ({"rates": {"slow_body": 1.0}, "slow_body_s": 0.3}, 0.25)):
+    for kwargs, minimum_s in (
+        ({"latency_s": 0.05}, 0.05),
+        ({"rates": {"stall": 1.0}, "stall_s": 0.3}, 0.3),
+        ({"rates": {"slow_body": 1.0}, "slow_body_s": 0.3}, 0.25),
+    ):
         proxy = fault_proxy(**kwargs)
         started = time.monotonic()
         status, _, body = _get(proxy.endpoint_url, path)
@@ -199,8 +205,13 @@ def test_embedded_s3_in_a_subprocess_serves_other_processes():
             "s.write_atomic('hello', b'from a child')\n"
             "print(s.read('hello').decode())\n"
         )
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, **server.env()})
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **server.env()},
+        )
         assert result.stdout.strip() == "from a child", result.stderr
         with open_store("s3://sub-bucket/x", server.storage_options()) as store:
             assert store.read("hello") == b"from a child"
@@ -208,15 +219,21 @@ def test_embedded_s3_in_a_subprocess_serves_other_processes():
 
 
 def test_s3_server_script_prints_its_endpoint_and_creates_buckets():
-    process = subprocess.Popen([sys.executable, str(REPO / "tools" / "s3_server.py"), "--bucket", "made-by-script"],
-                               stdout=subprocess.PIPE, text=True, cwd=REPO)
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "tools" / "s3_server.py"), "--bucket", "made-by-script"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         first = process.stdout.readline()
         assert "S3 server on http://127.0.0.1:" in first
-        env = dict(line.removeprefix("export ").strip().split("=", 1) for line in
-                   (process.stdout.readline() for _ in range(5)))
-        with open_store("s3://made-by-script/x", {"endpoint_url": env["AWS_ENDPOINT_URL"], "key": "k",
-                                                  "secret": "s"}) as store:
+        env = dict(
+            line.removeprefix("export ").strip().split("=", 1) for line in (process.stdout.readline() for _ in range(5))
+        )
+        with open_store(
+            "s3://made-by-script/x", {"endpoint_url": env["AWS_ENDPOINT_URL"], "key": "k", "secret": "s"}
+        ) as store:
             store.write_atomic("ok", b"1")
             assert store.list() == ["ok"]
     finally:
@@ -269,7 +286,9 @@ def test_rate_limit_refills_at_its_rate():
     assert limiter.timeline() == [(0, 3, 2), (1, 1, 1)]
     assert parse_rate_limit("100:250") == (100.0, 250.0) and parse_rate_limit("5") == (5.0, None)
     assert request_prefix("/download/storage/v1/b/bkt/o/ds%2Fshards%2Fa.zst?alt=media", 1) == "bkt/ds"
-    assert request_prefix("/bkt/ds/shards/a.zst", 2) == "bkt/ds/shards" and request_prefix("/bkt?list-type=2", 1) == "bkt"
+    assert (
+        request_prefix("/bkt/ds/shards/a.zst", 2) == "bkt/ds/shards" and request_prefix("/bkt?list-type=2", 1) == "bkt"
+    )
 
 
 def fault_kind_counts(counts):

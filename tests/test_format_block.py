@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import zstandard
 
+from test_format_dataset import stdlib_documents
 from zephon_stream.errors import CorruptBlockError, TruncatedObjectError
 from zephon_stream.format.block import decode_block, encode_block, frame_end
-from test_format_dataset import stdlib_documents
 
 WHERE = "shard shards/00000003.zst block 7 (bytes 123..456)"
 
@@ -83,7 +83,9 @@ def test_trailing_bytes_after_the_frame_are_refused() -> None:
 def test_declared_size_other_than_the_manifest_count_is_refused() -> None:
     tokens = real_tokens("<u2")
     frame = encode_block(tokens)
-    with pytest.raises(CorruptBlockError, match=f"declared content size {tokens.nbytes} bytes, expected {tokens.nbytes - 2}"):
+    with pytest.raises(
+        CorruptBlockError, match=f"declared content size {tokens.nbytes} bytes, expected {tokens.nbytes - 2}"
+    ):
         decode_block(frame, num_tokens=len(tokens) - 1, dtype="<u2", where=WHERE)
     with pytest.raises(CorruptBlockError, match="declared content size"):
         decode_block(frame, num_tokens=len(tokens), dtype="<u4", where=WHERE)
@@ -150,8 +152,11 @@ FUZZ_FRAME = encode_block(FUZZ_TOKENS)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.integers(0, len(FUZZ_FRAME) - 1), st.integers(0, 255)), min_size=1, max_size=4),
-       st.integers(0, len(FUZZ_FRAME) + 8), st.binary(max_size=8))
+@given(
+    st.lists(st.tuples(st.integers(0, len(FUZZ_FRAME) - 1), st.integers(0, 255)), min_size=1, max_size=4),
+    st.integers(0, len(FUZZ_FRAME) + 8),
+    st.binary(max_size=8),
+)
 def test_fuzz_mutated_frames_raise_only_block_errors(edits, cut: int, tail: bytes) -> None:
     data = bytearray(FUZZ_FRAME)
     for at, value in edits:

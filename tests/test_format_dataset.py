@@ -12,7 +12,6 @@ import sysconfig
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from zephon_stream.format.block import decode_block, encode_block
 from zephon_stream.format.docindex import DocIndex
@@ -105,7 +104,11 @@ def make_dataset(
         for name in names
     ]
     manifest = Manifest.create(
-        tokenizer=tokenizer, block_tokens=block_tokens, blocks_per_shard=blocks_per_shard, shards=shards, sources=sources,
+        tokenizer=tokenizer,
+        block_tokens=block_tokens,
+        blocks_per_shard=blocks_per_shard,
+        shards=shards,
+        sources=sources,
         **({} if version is None else {"version": version}),
     )
     (root / REJECTS_NAME).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects))
@@ -132,9 +135,7 @@ def test_dataset_blocks_concatenate_to_the_token_stream(tmp_path: Path) -> None:
         path, start, end = manifest.block_byte_range(block_id)
         frame = (tmp_path / path).read_bytes()[start:end]
         pieces.append(
-            decode_block(
-                frame, num_tokens=manifest.block_num_tokens(block_id), dtype=manifest.np_dtype, where=path
-            )
+            decode_block(frame, num_tokens=manifest.block_num_tokens(block_id), dtype=manifest.np_dtype, where=path)
         )
         assert manifest.token_offset_of_block(block_id) == sum(len(p) for p in pieces[:-1])
     assert np.array_equal(np.concatenate(pieces), expected)
@@ -156,6 +157,8 @@ def test_manifest_file_round_trips_and_is_byte_identical_when_rewritten(tmp_path
     second = make_dataset(tmp_path / "b", byte_docs())
     data = (tmp_path / "a" / MANIFEST_NAME).read_bytes()
     assert data == (tmp_path / "b" / MANIFEST_NAME).read_bytes()
-    assert Manifest.from_bytes(data, where="a", read=lambda path: (tmp_path / "a" / path).read_bytes()) == first == second
+    assert (
+        Manifest.from_bytes(data, where="a", read=lambda path: (tmp_path / "a" / path).read_bytes()) == first == second
+    )
     for shard in first.shards:
         assert (tmp_path / "a" / shard.path).read_bytes() == (tmp_path / "b" / shard.path).read_bytes()

@@ -8,14 +8,16 @@ import msgpack
 import numpy as np
 import pytest
 
+from test_format_dataset import byte_docs, make_dataset
 from zephon_stream.errors import FormatError
 from zephon_stream.format.docindex import DocIndex, DocumentLocator
 from zephon_stream.format.spec import index_name
-from test_format_dataset import byte_docs, make_dataset
 
 
 def test_docindex_round_trip() -> None:
-    index = DocIndex.build(doc_starts=[0, 17, 400], doc_source=[0, 1, 1], doc_record=[5, 0, 2**40], sources=["a.txt", "b.jsonl"])
+    index = DocIndex.build(
+        doc_starts=[0, 17, 400], doc_source=[0, 1, 1], doc_record=[5, 0, 2**40], sources=["a.txt", "b.jsonl"]
+    )
     data = index.to_bytes()
     back = DocIndex.from_bytes(data, where="shards/00000000.idx", shard_num_tokens=1000)
     assert back.num_documents == 3
@@ -70,7 +72,9 @@ def test_malformed_docindex_is_a_format_error(junk: bytes) -> None:
 def _locator(root: Path, manifest) -> DocumentLocator:
     def load(shard: int) -> DocIndex:
         info = manifest.shards[shard]
-        return DocIndex.from_bytes((root / info.index_path).read_bytes(), where=info.index_path, shard_num_tokens=info.num_tokens)
+        return DocIndex.from_bytes(
+            (root / info.index_path).read_bytes(), where=info.index_path, shard_num_tokens=info.num_tokens
+        )
 
     return DocumentLocator([s.num_tokens for s in manifest.shards], load)
 
@@ -88,7 +92,9 @@ def test_lookup_finds_every_document_with_its_tokens(tmp_path: Path) -> None:
 def test_lookup_walks_back_to_a_document_started_in_an_earlier_shard(tmp_path: Path) -> None:
     # One long document spans several shards: the later shards' sidecars are empty.
     names = [("long.py", np.append(np.arange(5000) % 256, 256)), ("short.py", np.array([65, 66, 256]))]
-    manifest = make_dataset(tmp_path, [(n, t.astype(np.uint16)) for n, t in names], block_tokens=600, blocks_per_shard=2)
+    manifest = make_dataset(
+        tmp_path, [(n, t.astype(np.uint16)) for n, t in names], block_tokens=600, blocks_per_shard=2
+    )
     assert manifest.num_shards == 5
     assert DocIndex.from_bytes((tmp_path / index_name(2)).read_bytes(), where="x").num_documents == 0
     locator = _locator(tmp_path, manifest)
@@ -112,12 +118,17 @@ def test_lookup_range_outside_the_dataset_is_an_index_error(tmp_path: Path) -> N
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-VALID_INDEX = DocIndex.build(doc_starts=[0, 9, 40], doc_source=[0, 1, 0], doc_record=[0, 3, 1], sources=["a", "b"]).to_bytes()
+VALID_INDEX = DocIndex.build(
+    doc_starts=[0, 9, 40], doc_source=[0, 1, 0], doc_record=[0, 3, 1], sources=["a", "b"]
+).to_bytes()
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.integers(0, len(VALID_INDEX) - 1), st.integers(0, 255)), max_size=6),
-       st.integers(0, len(VALID_INDEX)), st.binary(max_size=64))
+@given(
+    st.lists(st.tuples(st.integers(0, len(VALID_INDEX) - 1), st.integers(0, 255)), max_size=6),
+    st.integers(0, len(VALID_INDEX)),
+    st.binary(max_size=64),
+)
 def test_fuzz_docindex_only_raises_format_errors(edits, cut: int, junk: bytes) -> None:
     data = bytearray(VALID_INDEX)
     for at, value in edits:

@@ -27,21 +27,35 @@ FIXTURE = DATA / "format-1.0"
 EXPECTED = json.loads((DATA / "format-1.0-expected.json").read_text())
 
 
-def batch_digests(url: str, *, world: int, rank: int, steps: int = 12, state: dict | None = None,
-                  **kwargs) -> tuple[list[str], dict]:
+def batch_digests(
+    url: str, *, world: int, rank: int, steps: int = 12, state: dict | None = None, **kwargs
+) -> tuple[list[str], dict]:
     """sha256 of each batch as the fixture's expected.json records them, and the state after."""
     batch = kwargs.pop("local_batch_size", EXPECTED["local_batch_size"])
-    with StreamingLoader(url, seq_len=EXPECTED["seq_len"], local_batch_size=batch, rank=rank,
-                         world_size=world, seed=EXPECTED["seed"], pipeline=kwargs.pop("pipeline", "threads"),
-                         node_cache=False, **kwargs) as loader:
+    with StreamingLoader(
+        url,
+        seq_len=EXPECTED["seq_len"],
+        local_batch_size=batch,
+        rank=rank,
+        world_size=world,
+        seed=EXPECTED["seed"],
+        pipeline=kwargs.pop("pipeline", "threads"),
+        node_cache=False,
+        **kwargs,
+    ) as loader:
         if state is not None:
             loader.load_state_dict(state)
         it = iter(loader)
         out = []
         for _ in range(steps):
             b = next(it)
-            out.append(hashlib.sha256(b["input"].numpy().tobytes() + b["labels"].numpy().tobytes()
-                                      + b["sample_positions"].numpy().tobytes()).hexdigest())
+            out.append(
+                hashlib.sha256(
+                    b["input"].numpy().tobytes()
+                    + b["labels"].numpy().tobytes()
+                    + b["sample_positions"].numpy().tobytes()
+                ).hexdigest()
+            )
         return out, loader.state_dict()
 
 
@@ -49,8 +63,14 @@ def write_like_the_fixture(root: Path) -> Manifest:
     """The fixture's inputs written again by today's writer: two launcher parts, merged."""
     files = sorted(str(p.relative_to(DATA.parent.parent)) for p in (DATA / "format-1.0-inputs").iterdir())
     for rank, share in enumerate([files[:3], files[3:]]):
-        zephon_stream.write_dataset(share, str(root / f"part-{rank:05d}-of-00002"), tokenizer="bytes",
-                                    block_tokens=1025, blocks_per_shard=4, progress=False)
+        zephon_stream.write_dataset(
+            share,
+            str(root / f"part-{rank:05d}-of-00002"),
+            tokenizer="bytes",
+            block_tokens=1025,
+            blocks_per_shard=4,
+            progress=False,
+        )
     return merge_parts([], str(root))
 
 
@@ -85,7 +105,9 @@ def test_the_writer_writes_1_1_with_the_same_fingerprint_and_batches(tmp_path: P
     assert batch_digests(str(tmp_path / "ds"), world=3, rank=2, pipeline="process")[0] == EXPECTED["sha256"]["3"]["2"]
 
 
-def test_reindex_keeps_shards_and_fingerprint_and_a_1_0_checkpoint_resumes_at_another_world_size(reindexed: Path) -> None:
+def test_reindex_keeps_shards_and_fingerprint_and_a_1_0_checkpoint_resumes_at_another_world_size(
+    reindexed: Path,
+) -> None:
     for path in FIXTURE.rglob("*"):
         if path.is_file() and path != FIXTURE / "manifest":
             assert (reindexed / path.relative_to(FIXTURE)).read_bytes() == path.read_bytes(), path
@@ -107,8 +129,12 @@ def test_inspect_and_which_answer_as_they_did_for_1_0(reindexed: Path, capsys) -
     want = json.loads((DATA / "format-1.0-inspect.json").read_text())
     assert got.pop("version") == "1.1" and want.pop("version") == "1.0"
     assert {k: v for k, v in got.items() if k != "url"} == {k: v for k, v in want.items() if k != "url"}
-    assert main(["which", str(reindexed), "--step", "3", "--seq-len", "64", "--global-batch", "4", "--seed", "7",
-                 "--json"]) == 0
+    assert (
+        main(
+            ["which", str(reindexed), "--step", "3", "--seq-len", "64", "--global-batch", "4", "--seed", "7", "--json"]
+        )
+        == 0
+    )
     got = capsys.readouterr().out.replace(str(reindexed), "DATASET")
     want = (DATA / "format-1.0-which.json").read_text().replace("/work/main/tests/data/format-1.0", "DATASET")
     assert json.loads(got) == json.loads(want)
@@ -119,8 +145,16 @@ def test_a_loader_starts_without_shards_or_whole_index_objects(reindexed: Path) 
     shutil.rmtree(reindexed / "part-00000-of-00002")
     shutil.rmtree(reindexed / "part-00001-of-00002")
     header = msgpack.unpackb((reindexed / "manifest").read_bytes())
-    with StreamingLoader(str(reindexed), seq_len=64, local_batch_size=2, rank=1, world_size=3, seed=7,
-                         pipeline="threads", node_cache=False) as loader:
+    with StreamingLoader(
+        str(reindexed),
+        seq_len=64,
+        local_batch_size=2,
+        rank=1,
+        world_size=3,
+        seed=7,
+        pipeline="threads",
+        node_cache=False,
+    ) as loader:
         state = loader.state_dict()
         assert state["position"] == 0
         source = loader._sources[0]
@@ -142,15 +176,17 @@ def test_a_corrupt_index_page_is_refused_naming_object_and_bytes_only_where_read
     root = tmp_path / "ds"
     files = sorted(str(p.relative_to(DATA.parent.parent)) for p in (DATA / "format-1.0-inputs").iterdir())
     # 17-token blocks: 883 blocks, seven pages of frame records (146 a page).
-    manifest = zephon_stream.write_dataset(files, str(root), tokenizer="bytes", block_tokens=17,
-                                           blocks_per_shard=64, progress=False)
+    manifest = zephon_stream.write_dataset(
+        files, str(root), tokenizer="bytes", block_tokens=17, blocks_per_shard=64, progress=False
+    )
     assert manifest.num_blocks > 5 * 146
     header = msgpack.unpackb((root / "manifest").read_bytes())
     blocks = header["index"]["blocks"]
     pages = blocks["page_bytes"]
     # One step: what it touches is what is fetched (no read-ahead past the end).
-    loader_kwargs = dict(seq_len=16, local_batch_size=2, rank=0, world_size=1, seed=3, max_steps=1, pipeline="threads",
-                         node_cache=False)
+    loader_kwargs = dict(
+        seq_len=16, local_batch_size=2, rank=0, world_size=1, seed=3, max_steps=1, pipeline="threads", node_cache=False
+    )
     with StreamingLoader(str(root), **loader_kwargs) as loader:
         reference = next(iter(loader))["input"].clone()
         touched = {key[2] for key in loader._sources[0].metadata._pages if key[0] == blocks["path"] and key[1]}
@@ -164,8 +200,11 @@ def test_a_corrupt_index_page_is_refused_naming_object_and_bytes_only_where_read
     page = touched.pop()
     _flip(root / blocks["path"], page * pages + 3)
     with StreamingLoader(str(root), **loader_kwargs) as loader:
-        with pytest.raises(IndexObjectError, match=rf"{blocks['path']}: column 'frames' page {page} "
-                                                    rf"\(bytes \[{page * pages}, \d+\)\): digest mismatch"):
+        with pytest.raises(
+            IndexObjectError,
+            match=rf"{blocks['path']}: column 'frames' page {page} "
+            rf"\(bytes \[{page * pages}, \d+\)\): digest mismatch",
+        ):
             next(iter(loader))
 
 
@@ -173,8 +212,16 @@ def test_a_truncated_index_object_is_refused_naming_the_range(reindexed: Path) -
     header = msgpack.unpackb((reindexed / "manifest").read_bytes())
     shards = reindexed / header["index"]["shards"]["path"]
     shards.write_bytes(shards.read_bytes()[:100])
-    with StreamingLoader(str(reindexed), seq_len=64, local_batch_size=2, rank=0, world_size=1, seed=7,
-                         pipeline="threads", node_cache=False) as loader:
+    with StreamingLoader(
+        str(reindexed),
+        seq_len=64,
+        local_batch_size=2,
+        rank=0,
+        world_size=1,
+        seed=7,
+        pipeline="threads",
+        node_cache=False,
+    ) as loader:
         with pytest.raises(Exception, match=rf"{header['index']['shards']['path']}.*(truncated|bytes \[)") as info:
             next(iter(loader))
     assert "shards-" in str(info.value)
@@ -185,9 +232,12 @@ def test_a_header_whose_shape_disagrees_with_its_totals_is_refused_at_open(reind
     header = msgpack.unpackb((reindexed / "manifest").read_bytes())
     header["num_tokens"] += 1
     (reindexed / "manifest").write_bytes(msgpack.packb(header, use_bin_type=True))
-    with pytest.raises(ManifestError, match="num_tokens: declared 15010, but the blocks and their short_blocks hold 15009"):
-        StreamingLoader(str(reindexed), seq_len=64, local_batch_size=2, rank=0, world_size=1, pipeline="threads",
-                        node_cache=False)
+    with pytest.raises(
+        ManifestError, match="num_tokens: declared 15010, but the blocks and their short_blocks hold 15009"
+    ):
+        StreamingLoader(
+            str(reindexed), seq_len=64, local_batch_size=2, rank=0, world_size=1, pipeline="threads", node_cache=False
+        )
 
 
 def test_the_worked_example_in_1_1(tmp_path: Path) -> None:

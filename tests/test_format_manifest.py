@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zephon_stream.errors import FormatError, ManifestError, ObjectMissingError, PathEscapeError, VersionError
-from zephon_stream.format.manifest import Manifest, ShardInfo, SourceInfo, TokenizerInfo, compute_fingerprint
 from test_format_dataset import BYTES_TOKENIZER, byte_docs, make_dataset
+from zephon_stream.errors import FormatError, ManifestError, ObjectMissingError, PathEscapeError, VersionError
+from zephon_stream.format.manifest import Manifest, ShardInfo, SourceInfo, compute_fingerprint
 
 
 def shard(index: int, num_tokens: int, block_tokens: int, *, frame_bytes: int = 100) -> ShardInfo:
@@ -35,11 +35,14 @@ def merged_manifest() -> Manifest:
     """Two parts merged: each part's last shard (and its last block) is short."""
     bt = 10
     shards = [shard(0, 30, bt), shard(1, 25, bt), shard(2, 30, bt), shard(3, 7, bt)]
-    sources = [SourceInfo(path="part0.jsonl", num_records=5, num_documents=4, num_rejected=1),
-               SourceInfo(path="s3://in/part1.jsonl", num_records=4, num_documents=4, num_rejected=0)]
+    sources = [
+        SourceInfo(path="part0.jsonl", num_records=5, num_documents=4, num_rejected=1),
+        SourceInfo(path="s3://in/part1.jsonl", num_records=4, num_documents=4, num_rejected=0),
+    ]
     # The codec of format 1.0, every entry inline (1.1's is in test_format_index.py).
-    return Manifest.create(tokenizer=BYTES_TOKENIZER, block_tokens=bt, blocks_per_shard=3, shards=shards, sources=sources,
-                           version=(1, 0))
+    return Manifest.create(
+        tokenizer=BYTES_TOKENIZER, block_tokens=bt, blocks_per_shard=3, shards=shards, sources=sources, version=(1, 0)
+    )
 
 
 def raw(manifest: Manifest) -> dict:
@@ -53,8 +56,21 @@ def test_round_trip_and_canonical_bytes() -> None:
     assert back == manifest
     assert back.to_bytes() == data
     assert list(msgpack.unpackb(data)) == [
-        "format", "version", "dtype", "tokenizer", "block_tokens", "blocks_per_shard", "num_tokens", "num_blocks",
-        "num_documents", "num_rejected", "compressed_bytes", "shards", "sources", "rejects_path", "fingerprint",
+        "format",
+        "version",
+        "dtype",
+        "tokenizer",
+        "block_tokens",
+        "blocks_per_shard",
+        "num_tokens",
+        "num_blocks",
+        "num_documents",
+        "num_rejected",
+        "compressed_bytes",
+        "shards",
+        "sources",
+        "rejects_path",
+        "fingerprint",
     ]
 
 
@@ -82,7 +98,7 @@ def test_block_arithmetic_with_short_shards_from_a_merge() -> None:
     assert m.block_num_tokens(5) == 5
     assert m.token_offset_of_block(6) == 55
     assert m.token_offset_of_block(9) == 85
-    assert "shard shards/00000003.zst block 0 (bytes 0..100)" == m.block_where(9)
+    assert m.block_where(9) == "shard shards/00000003.zst block 0 (bytes 0..100)"
     with pytest.raises(IndexError):
         m.block_location(m.num_blocks)
     with pytest.raises(ValueError):
@@ -107,8 +123,15 @@ def test_fingerprint_follows_the_documented_rule() -> None:
     text = "zephon-stream dataset fingerprint\nformat_major=1\ndtype=uint16\ntokenizer=bytes-v1\nblock_tokens=10\n"
     text += "".join(f"shard={s.num_tokens} {s.sha256}\n" for s in m.shards)
     assert m.fingerprint == hashlib.sha256(text.encode()).hexdigest()
-    assert compute_fingerprint(dtype="uint16", tokenizer_fingerprint="bytes-v1", block_tokens=10,
-                               shards=[(s.num_tokens, s.sha256) for s in m.shards]) == m.fingerprint
+    assert (
+        compute_fingerprint(
+            dtype="uint16",
+            tokenizer_fingerprint="bytes-v1",
+            block_tokens=10,
+            shards=[(s.num_tokens, s.sha256) for s in m.shards],
+        )
+        == m.fingerprint
+    )
 
 
 def test_fingerprint_changes_with_content() -> None:
@@ -120,7 +143,9 @@ def test_fingerprint_changes_with_content() -> None:
     assert fp != compute_fingerprint(**{**base, "shards": [(5, "a" * 64), (1, "a" * 64)]})
 
 
-@pytest.mark.parametrize("path", ["../x", "shards/../../x", "/abs/x", "s3://b/x", "file:x", "C:/x", "a\\b", "a//b", "a/./b", "", "x/"])
+@pytest.mark.parametrize(
+    "path", ["../x", "shards/../../x", "/abs/x", "s3://b/x", "file:x", "C:/x", "a\\b", "a//b", "a/./b", "", "x/"]
+)
 def test_escaping_shard_path_is_refused_naming_path_and_manifest(path: str) -> None:
     obj = raw(merged_manifest())
     obj["shards"][1]["path"] = path
@@ -154,7 +179,10 @@ def test_higher_minor_version_is_accepted_and_unknown_keys_ignored() -> None:
     assert m.version == (1, 7) and m.num_tokens == 92
 
 
-@pytest.mark.parametrize("junk", [b"", b"\xc1", b"\x93\x01\x02", b"\xdf\xff\xff\xff\xff", b"\x81\x01\x02", b"{json: 1}", b"\x80" + b"\x00" * 5])
+@pytest.mark.parametrize(
+    "junk",
+    [b"", b"\xc1", b"\x93\x01\x02", b"\xdf\xff\xff\xff\xff", b"\x81\x01\x02", b"{json: 1}", b"\x80" + b"\x00" * 5],
+)
 def test_malformed_msgpack_is_a_manifest_error(junk: bytes) -> None:
     with pytest.raises(ManifestError, match="manifest at x"):
         Manifest.from_bytes(junk, where="manifest at x")
@@ -165,7 +193,10 @@ def test_malformed_msgpack_is_a_manifest_error(junk: bytes) -> None:
     [
         (lambda o: o.update(format="other"), "field 'format' is 'other'"),
         (lambda o: o.update(num_tokens=93), "num_tokens: declared 93, but the sum over shards is 92"),
-        (lambda o: o.update(num_blocks=10**18), "num_blocks: declared 1000000000000000000, but the sum over shards is 10"),
+        (
+            lambda o: o.update(num_blocks=10**18),
+            "num_blocks: declared 1000000000000000000, but the sum over shards is 10",
+        ),
         (lambda o: o.update(num_documents=7), "num_documents: declared 7"),
         (lambda o: o.update(num_rejected=0), "num_rejected: declared 0, but the sum over sources is 1"),
         (lambda o: o.update(compressed_bytes=1), "compressed_bytes: declared 1"),
@@ -175,10 +206,19 @@ def test_malformed_msgpack_is_a_manifest_error(junk: bytes) -> None:
         (lambda o: o.update(block_tokens=-5), "block_tokens.*outside"),
         (lambda o: o.update(blocks_per_shard=True), "expected an integer, got bool"),
         (lambda o: o.update(fingerprint="0" * 64), "fingerprint: declared 0000"),
-        (lambda o: o["shards"][0].update(block_offsets=[0, 100, 100, 300]), r"block_offsets\[2\]: 100 does not increase"),
-        (lambda o: o["shards"][0].update(block_offsets=[0, 100, 300]), "has 3 entries, but 30 tokens in blocks of 10 make 3 blocks"),
+        (
+            lambda o: o["shards"][0].update(block_offsets=[0, 100, 100, 300]),
+            r"block_offsets\[2\]: 100 does not increase",
+        ),
+        (
+            lambda o: o["shards"][0].update(block_offsets=[0, 100, 300]),
+            "has 3 entries, but 30 tokens in blocks of 10 make 3 blocks",
+        ),
         (lambda o: o["shards"][0].update(block_offsets=[5, 100, 200, 300]), r"block_offsets\[0\]: is 5, expected 0"),
-        (lambda o: o["shards"][0].update(block_offsets=[0, 100, 200, 299]), r"block_offsets\[-1\]: is 299, expected num_bytes 300"),
+        (
+            lambda o: o["shards"][0].update(block_offsets=[0, 100, 200, 299]),
+            r"block_offsets\[-1\]: is 299, expected num_bytes 300",
+        ),
         (lambda o: o["shards"][0].update(num_tokens=40), "4 blocks.*more than blocks_per_shard 3|has 4 entries"),
         (lambda o: o["shards"][0].update(sha256="XYZ"), "expected 64 lowercase hex digits"),
         (lambda o: o["shards"][1].update(path="shards/00000000.zst"), "is also used by shards"),
@@ -205,8 +245,13 @@ def test_constructing_an_inconsistent_manifest_is_refused() -> None:
 
 
 def test_empty_dataset_is_valid() -> None:
-    m = Manifest.create(tokenizer=BYTES_TOKENIZER, block_tokens=10, blocks_per_shard=2, shards=[],
-                        sources=[SourceInfo(path="empty.txt", num_records=1, num_documents=0, num_rejected=1)])
+    m = Manifest.create(
+        tokenizer=BYTES_TOKENIZER,
+        block_tokens=10,
+        blocks_per_shard=2,
+        shards=[],
+        sources=[SourceInfo(path="empty.txt", num_records=1, num_documents=0, num_rejected=1)],
+    )
     objects = m.objects()
     assert Manifest.from_bytes(objects["manifest"], where="m", read=objects.__getitem__).num_blocks == 0
     assert m.block_token_counts().tolist() == []
@@ -236,8 +281,10 @@ VALID = merged_manifest().to_bytes()
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)), min_size=1, max_size=8),
-       st.integers(0, len(VALID)))
+@given(
+    st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)), min_size=1, max_size=8),
+    st.integers(0, len(VALID)),
+)
 def test_fuzz_mutated_manifests_only_raise_format_errors(edits: list[tuple[int, int]], cut: int) -> None:
     data = bytearray(VALID)
     for at, value in edits:
@@ -250,7 +297,12 @@ def test_fuzz_mutated_manifests_only_raise_format_errors(edits: list[tuple[int, 
 
 
 json_like = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=10) | st.binary(max_size=10),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=10)
+    | st.binary(max_size=10),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=20,
 )
@@ -285,14 +337,36 @@ def with_first_entry_changed(good: Manifest, entries: str, field: str, value) ->
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("path", "../x"), ("path", "a//b"), ("path", "s3:x"), ("path", ""), ("path", 7), ("path", "a/./b"),
-        ("path", "x" * 5000), ("path", "shards/00000001.zst"), ("path", "rejects.jsonl"), ("index_path", "/abs"),
-        ("num_tokens", 0), ("num_tokens", True), ("num_tokens", 2**64), ("num_tokens", 30.0), ("num_tokens", 40),
-        ("num_bytes", 299), ("num_bytes", -1), ("num_documents", -1), ("num_documents", False),
-        ("sha256", "XYZ"), ("sha256", "A" * 64), ("index_sha256", None),
-        ("block_offsets", (0, 100, 100, 300)), ("block_offsets", (5, 100, 200, 300)), ("block_offsets", (0, 100, 300)),
-        ("block_offsets", (0, 100, 200.0, 300)), ("block_offsets", (0, 100, True, 300)), ("block_offsets", [0, 100, 200, 300]),
-        ("block_offsets", (0, 200, 100, 300)), ("block_offsets", (0, 100, 200, 2**64)),
+        ("path", "../x"),
+        ("path", "a//b"),
+        ("path", "s3:x"),
+        ("path", ""),
+        ("path", 7),
+        ("path", "a/./b"),
+        ("path", "x" * 5000),
+        ("path", "shards/00000001.zst"),
+        ("path", "rejects.jsonl"),
+        ("index_path", "/abs"),
+        ("num_tokens", 0),
+        ("num_tokens", True),
+        ("num_tokens", 2**64),
+        ("num_tokens", 30.0),
+        ("num_tokens", 40),
+        ("num_bytes", 299),
+        ("num_bytes", -1),
+        ("num_documents", -1),
+        ("num_documents", False),
+        ("sha256", "XYZ"),
+        ("sha256", "A" * 64),
+        ("index_sha256", None),
+        ("block_offsets", (0, 100, 100, 300)),
+        ("block_offsets", (5, 100, 200, 300)),
+        ("block_offsets", (0, 100, 300)),
+        ("block_offsets", (0, 100, 200.0, 300)),
+        ("block_offsets", (0, 100, True, 300)),
+        ("block_offsets", [0, 100, 200, 300]),
+        ("block_offsets", (0, 200, 100, 300)),
+        ("block_offsets", (0, 100, 200, 2**64)),
     ],
 )
 def test_bulk_shard_checks_refuse_what_the_per_shard_checks_refuse(field: str, value) -> None:
@@ -308,7 +382,14 @@ def test_bulk_shard_checks_refuse_what_the_per_shard_checks_refuse(field: str, v
 
 @pytest.mark.parametrize(
     "field, value",
-    [("path", ""), ("path", 3), ("num_records", 9), ("num_records", -1), ("num_documents", True), ("num_rejected", 1.0)],
+    [
+        ("path", ""),
+        ("path", 3),
+        ("num_records", 9),
+        ("num_records", -1),
+        ("num_documents", True),
+        ("num_rejected", 1.0),
+    ],
 )
 def test_bulk_source_checks_refuse_what_the_per_source_checks_refuse(field: str, value) -> None:
     from zephon_stream.format import validation

@@ -9,11 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zephon_stream.errors import TokenizerError, ConfigError, CorruptBlockError, FormatError, ObjectMissingError, TruncatedObjectError
+from test_format_dataset import byte_docs, make_dataset, stdlib_documents
+from zephon_stream.errors import (
+    ConfigError,
+    CorruptBlockError,
+    FormatError,
+    ObjectMissingError,
+    TokenizerError,
+    TruncatedObjectError,
+)
 from zephon_stream.format.manifest import Manifest
 from zephon_stream.reader import DatasetReader, read_block
 from zephon_stream.storage import open_store
-from test_format_dataset import byte_docs, make_dataset, stdlib_documents
 
 
 @pytest.fixture
@@ -38,7 +45,13 @@ def test_read_tokens_across_blocks_and_shards(dataset) -> None:
     root, manifest, docs = dataset
     stream = np.concatenate([t for _, t in docs])
     with DatasetReader.open(str(root)) as reader:
-        for start, end in [(0, 1), (850, 2750), (2699, 2701), (0, manifest.num_tokens), (manifest.num_tokens, manifest.num_tokens)]:
+        for start, end in [
+            (0, 1),
+            (850, 2750),
+            (2699, 2701),
+            (0, manifest.num_tokens),
+            (manifest.num_tokens, manifest.num_tokens),
+        ]:
             assert np.array_equal(reader.read_tokens(start, end), stream[start:end])
         with pytest.raises(IndexError):
             reader.read_tokens(0, manifest.num_tokens + 1)
@@ -75,7 +88,10 @@ def test_dataset_tokenizer_decodes_document_text(tmp_path: Path) -> None:
 
 def test_wrong_tokenizer_identity_is_refused_when_decoding(dataset) -> None:
     root, _, _ = dataset
-    with DatasetReader.open(str(root)) as reader, pytest.raises(TokenizerError, match="not the one the dataset was written with"):
+    with (
+        DatasetReader.open(str(root)) as reader,
+        pytest.raises(TokenizerError, match="not the one the dataset was written with"),
+    ):
         reader.decode_text(reader.read_block(0)[:10])
 
 

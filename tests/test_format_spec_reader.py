@@ -46,12 +46,21 @@ def spec_entries(root: Path, manifest: dict) -> tuple[list[dict], list[dict]]:
     shards = []
     for i in range(manifest["num_shards"]):
         rows = frames[frames["shard"] == i]
-        assert rows["block"].tolist() == list(range(len(rows))) and int(table["first_block"][i]) == int(np.flatnonzero(frames["shard"] == i)[0])
-        shards.append({"path": table["path"][i].decode(), "index_path": table["index_path"][i].decode(),
-                       "num_tokens": int(table["num_tokens"][i]), "num_bytes": int(table["num_bytes"][i]),
-                       "num_documents": int(table["num_documents"][i]), "sha256": bytes(table["sha256"][i]).hex(),
-                       "index_sha256": bytes(table["index_sha256"][i]).hex(),
-                       "block_offsets": [int(rows["start"][0]), *map(int, rows["end"])]})
+        assert rows["block"].tolist() == list(range(len(rows))) and int(table["first_block"][i]) == int(
+            np.flatnonzero(frames["shard"] == i)[0]
+        )
+        shards.append(
+            {
+                "path": table["path"][i].decode(),
+                "index_path": table["index_path"][i].decode(),
+                "num_tokens": int(table["num_tokens"][i]),
+                "num_bytes": int(table["num_bytes"][i]),
+                "num_documents": int(table["num_documents"][i]),
+                "sha256": bytes(table["sha256"][i]).hex(),
+                "index_sha256": bytes(table["index_sha256"][i]).hex(),
+                "block_offsets": [int(rows["start"][0]), *map(int, rows["end"])],
+            }
+        )
     short = manifest["short_blocks"]
     sizes = np.full(manifest["num_blocks"], manifest["block_tokens"])
     sizes[np.frombuffer(short["ids"], "<u8").astype(np.int64)] = np.frombuffer(short["counts"], "<u4")
@@ -95,7 +104,9 @@ def spec_read(root: Path) -> tuple[dict, np.ndarray, list[tuple[int, str, int]]]
         source = np.frombuffer(index["doc_source"], "<u4")
         record = np.frombuffer(index["doc_record"], "<u8")
         assert len(starts) == index["num_documents"] == shard["num_documents"]
-        documents += [(shard_base + int(s), index["sources"][int(i)], int(r)) for s, i, r in zip(starts, source, record)]
+        documents += [
+            (shard_base + int(s), index["sources"][int(i)], int(r)) for s, i, r in zip(starts, source, record)
+        ]
         shard_base += shard["num_tokens"]
         fingerprint_text += f"shard={shard['num_tokens']} {shard['sha256']}\n"
     assert hashlib.sha256(fingerprint_text.encode()).hexdigest() == manifest["fingerprint"]

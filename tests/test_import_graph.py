@@ -192,7 +192,10 @@ def test_the_graph_reader_sees_lazy_relative_and_type_checking_imports(tmp_path,
     groups = strongly_connected(graph)
     assert groups == [["zephon_stream.sub.a", "zephon_stream.sub.b", "zephon_stream.sub.c"]]
     assert shortest_cycle(graph, groups[0]) == [
-        "zephon_stream.sub.a", "zephon_stream.sub.b", "zephon_stream.sub.c", "zephon_stream.sub.a",
+        "zephon_stream.sub.a",
+        "zephon_stream.sub.b",
+        "zephon_stream.sub.c",
+        "zephon_stream.sub.a",
     ]
     assert describe(graph, shortest_cycle(graph, groups[0])).startswith(
         "zephon_stream.sub.a -> zephon_stream.sub.b (zephon_stream/sub/a.py:2)"
@@ -265,7 +268,9 @@ def test_every_loader_module_lives_in_a_stage_with_a_docstring():
         assert ast.get_docstring(tree), f"{init.relative_to(REPO)}: say the stage's job and where a batch goes next"
         # A stage's __init__ runs whenever any of its modules is imported
         # (the helper process's too), so it imports nothing.
-        assert all(isinstance(node, ast.Expr) for node in tree.body), f"{init.relative_to(REPO)} imports or defines something"
+        assert all(isinstance(node, ast.Expr) for node in tree.body), (
+            f"{init.relative_to(REPO)} imports or defines something"
+        )
 
 
 def test_the_stage_check_names_the_file_and_line_of_an_import_against_the_order(tmp_path, monkeypatch):
@@ -315,7 +320,12 @@ def test_the_helper_process_imports_no_torch():
         print("ok")
         """
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"

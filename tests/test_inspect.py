@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zephon_stream.cli import main
 from test_format_dataset import byte_docs, make_dataset
+from zephon_stream.cli import main
 
 
 def test_inspect_json_has_the_documented_fields(tmp_path: Path, capsys) -> None:
@@ -80,10 +80,26 @@ def test_inspect_json_keys_stay_stable(tmp_path: Path, capsys) -> None:
     assert main(["inspect", str(tmp_path), "--json", "--shards"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert set(summary) == {
-        "url", "format", "version", "num_shards", "num_blocks", "num_tokens", "num_documents", "num_rejected",
-        "num_sources", "compressed_bytes", "raw_bytes", "compression_ratio", "bytes_per_token", "dtype",
-        "block_tokens", "blocks_per_shard", "fingerprint", "tokenizer", "shards",
-    }  # fmt: skip
+        "url",
+        "format",
+        "version",
+        "num_shards",
+        "num_blocks",
+        "num_tokens",
+        "num_documents",
+        "num_rejected",
+        "num_sources",
+        "compressed_bytes",
+        "raw_bytes",
+        "compression_ratio",
+        "bytes_per_token",
+        "dtype",
+        "block_tokens",
+        "blocks_per_shard",
+        "fingerprint",
+        "tokenizer",
+        "shards",
+    }
     assert set(summary["tokenizer"]) == {"kind", "name", "vocab_size", "eos_id", "bos_id", "fingerprint"}
     assert set(summary["shards"][0]) == {"path", "num_tokens", "num_blocks", "num_bytes", "num_documents", "sha256"}
 
@@ -100,7 +116,9 @@ def test_inspect_refuses_an_escaping_manifest(tmp_path: Path, capsys) -> None:
     assert "'../x'" in err and "manifest" in err
 
 
-def test_inspect_over_s3_with_storage_options_never_prints_the_secret(tmp_path: Path, s3_bucket, s3_url, capsys) -> None:
+def test_inspect_over_s3_with_storage_options_never_prints_the_secret(
+    tmp_path: Path, s3_bucket, s3_url, capsys
+) -> None:
     from zephon_stream.storage import open_store
 
     manifest = make_dataset(tmp_path, byte_docs(4))
@@ -109,15 +127,37 @@ def test_inspect_over_s3_with_storage_options_never_prints_the_secret(tmp_path: 
     store = open_store(url, opts)
     for path in sorted(p for p in tmp_path.rglob("*") if p.is_file()):
         store.write_atomic(path.relative_to(tmp_path).as_posix(), path.read_bytes())
-    args = ["inspect", url, "--json", "--storage-option", f"key={opts['key']}", "--storage-option", f"secret={opts['secret']}",
-            "--storage-option", f"endpoint_url={opts['endpoint_url']}"]
+    args = [
+        "inspect",
+        url,
+        "--json",
+        "--storage-option",
+        f"key={opts['key']}",
+        "--storage-option",
+        f"secret={opts['secret']}",
+        "--storage-option",
+        f"endpoint_url={opts['endpoint_url']}",
+    ]
     assert main(args) == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     assert summary["fingerprint"] == manifest.fingerprint and summary["num_tokens"] == manifest.num_tokens
     assert opts["secret"] not in captured.out + captured.err
     # A missing dataset under the same options: the error names the URL, not the secret.
-    assert main(["inspect", s3_url("nothing-here"), "--storage-option", f"secret={opts['secret']}",
-                 "--storage-option", f"key={opts['key']}", "--storage-option", f"endpoint_url={opts['endpoint_url']}"]) == 1
+    assert (
+        main(
+            [
+                "inspect",
+                s3_url("nothing-here"),
+                "--storage-option",
+                f"secret={opts['secret']}",
+                "--storage-option",
+                f"key={opts['key']}",
+                "--storage-option",
+                f"endpoint_url={opts['endpoint_url']}",
+            ]
+        )
+        == 1
+    )
     captured = capsys.readouterr()
     assert "no committed dataset" in captured.err and opts["secret"] not in captured.err

@@ -81,8 +81,10 @@ def test_inspect_packing_report_prints_both_packings_side_by_side(definitions_da
         assert header.split() == list(PACKINGS)
         assert inside.split()[-2:] == [f"{windows['documents']:,}", f"{best['documents']:,}"]
         assert cut.split()[-2:] == [f"{windows['documents_cut_share']:.1%}", f"{best['documents_cut_share']:.1%}"]
-        assert (f"seq_len {seq_len}: best_fit cuts {best['documents_cut_share']:.1%} of the documents inside a "
-                f"block, concat {windows['documents_cut_share']:.1%}") in out  # fmt: skip
+        assert (
+            f"seq_len {seq_len}: best_fit cuts {best['documents_cut_share']:.1%} of the documents inside a "
+            f"block, concat {windows['documents_cut_share']:.1%}"
+        ) in out
 
 
 def test_inspect_packing_report_json_adds_one_key(definitions_dataset, capsys):
@@ -114,8 +116,10 @@ def test_inspect_packing_report_refuses_what_it_cannot_count(definitions_dataset
     assert captured.out == "" and f"zephon-stream inspect: error: {message}" in captured.err
 
 
-@pytest.mark.parametrize(("args", "message"), [(["--blocks", "0"], "--blocks: must be >= 1 (got 0)"),
-                                               (["--seq-len", "0"], "--seq-len: must be >= 1 (got 0)")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--blocks", "0"], "--blocks: must be >= 1 (got 0)"), (["--seq-len", "0"], "--seq-len: must be >= 1 (got 0)")],
+)
 def test_inspect_packing_report_at_no_row_length_or_no_block_is_a_usage_error(
     definitions_dataset, capsys, args, message
 ):

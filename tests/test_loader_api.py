@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from loader_reference import DirectReader, reference_positions, resume_points, run_step_hashes, steps_until_the_helper_serves
+from loader_reference import (
+    DirectReader,
+    reference_positions,
+    resume_points,
+    run_step_hashes,
+    steps_until_the_helper_serves,
+)
 from zephon_stream import Stream, StreamingLoader
 from zephon_stream.errors import ConfigError, CorruptBlockError, ObjectMissingError, StateMismatchError
 
@@ -57,8 +63,9 @@ def test_ranks_driven_from_one_process_cover_the_single_rank_run(small_dataset):
     with loader_for(small_dataset.url, local_batch_size=12) as single:
         expected = run_step_hashes([single], 30)
     for world in (2, 3, 4):
-        loaders = [loader_for(small_dataset.url, local_batch_size=12 // world, world_size=world, rank=r)
-                   for r in range(world)]
+        loaders = [
+            loader_for(small_dataset.url, local_batch_size=12 // world, world_size=world, rank=r) for r in range(world)
+        ]
         try:
             assert run_step_hashes(loaders, 30) == expected, f"world size {world}"
         finally:
@@ -168,8 +175,18 @@ def test_one_stream_given_as_a_dict_a_pair_a_path_or_url_weight_reads_that_datas
     # number is named as a Stream or a path object, which are never split.
     named = shutil.copytree(url, tmp_path / "run:v2")
     numbered = shutil.copytree(url, tmp_path / "run:3")
-    for streams in ([{"url": url}], [(url, 2)], [f"{url}:2"], {"url": url, "weight": 1.5}, (url, 2), f"{url}:2",
-                    str(named), [named], Stream(str(numbered)), numbered):  # fmt: skip
+    for streams in (
+        [{"url": url}],
+        [(url, 2)],
+        [f"{url}:2"],
+        {"url": url, "weight": 1.5},
+        (url, 2),
+        f"{url}:2",
+        str(named),
+        [named],
+        Stream(str(numbered)),
+        numbered,
+    ):
         with StreamingLoader(streams, seq_len=128, local_batch_size=4, pipeline="threads") as loader:
             assert torch.equal(next(loader)["input"], want), streams
 
@@ -186,8 +203,10 @@ def test_url_weight_strings_split_only_at_a_numeric_suffix_after_the_last_colon(
     assert as_streams(["gs://b/web:3", "/data/run:v2"]) == [Stream("gs://b/web", 3.0), Stream("/data/run:v2")]
 
 
-@pytest.mark.parametrize("streams", [[object()], 42, None, [b"./out/ds"], [("./out/ds", "2")], [["./out/ds", 2, 3]],
-                                     {"./out/ds", "./out/web"}])  # fmt: skip
+@pytest.mark.parametrize(
+    "streams",
+    [[object()], 42, None, [b"./out/ds"], [("./out/ds", "2")], [["./out/ds", 2, 3]], {"./out/ds", "./out/web"}],
+)
 def test_a_stream_in_no_accepted_form_is_a_type_error_naming_the_forms(streams):
     forms = r"is no stream; give a dataset URL or path .*a Stream, a dict of a Stream's fields .*a \(url, weight\) pair"
     with pytest.raises(TypeError, match=forms + ", or a list of these") as raised:
@@ -196,8 +215,11 @@ def test_a_stream_in_no_accepted_form_is_a_type_error_naming_the_forms(streams):
 
 
 def test_a_stream_dict_with_other_keys_or_a_bad_weight_is_refused_naming_it():
-    with pytest.raises(ConfigError, match=r"stream 0: a dict of a Stream's fields needs 'url' and may hold "
-                                          r"\['url', 'weight'\] \(got keys \['path', 'weight'\]\)"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"stream 0: a dict of a Stream's fields needs 'url' and may hold "
+        r"\['url', 'weight'\] \(got keys \['path', 'weight'\]\)",
+    ):
         StreamingLoader([{"path": "./out/ds", "weight": 2}], seq_len=128, local_batch_size=4)
     with pytest.raises(ConfigError, match=r"weight must be a finite number > 0 \(got inf\)"):
         StreamingLoader([("./out/ds", float("inf"))], seq_len=128, local_batch_size=4)
@@ -238,8 +260,9 @@ def test_a_global_batch_over_an_epoch_names_local_batch_size_and_world_size_or_t
     )
     assert said is not None and 0 < int(said.group(1)) < 1024, str(info.value)
     with pytest.raises(ConfigError, match=r"per epoch, fewer than its 2048 lanes; lower the lanes or seq_len$"):
-        StreamingLoader(small_dataset.url, seq_len=512, local_batch_size=16, rank=0, world_size=8, lanes=2048,
-                        pipeline="threads")  # fmt: skip
+        StreamingLoader(
+            small_dataset.url, seq_len=512, local_batch_size=16, rank=0, world_size=8, lanes=2048, pipeline="threads"
+        )
 
 
 def process_alive(pid):

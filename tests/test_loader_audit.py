@@ -12,8 +12,16 @@ from zephon_stream.loader.front.audit import AuditLog, addresses_sha256, first_d
 def write_log(path, fingerprints, *, world_size=1, start=0):
     log = AuditLog(str(path), header={"seq_len": 8, "global_batch": 4})
     for step, fp in enumerate(fingerprints, start):
-        log.append({"step": step, "cursor": 4 * step, "addresses_sha256": fp, "data_sha256": f"d{fp}",
-                    "world_size": world_size, "local_batch_size": 4 // world_size})
+        log.append(
+            {
+                "step": step,
+                "cursor": 4 * step,
+                "addresses_sha256": fp,
+                "data_sha256": f"d{fp}",
+                "world_size": world_size,
+                "local_batch_size": 4 // world_size,
+            }
+        )
     log.close()
 
 
@@ -29,7 +37,9 @@ def test_address_fingerprint_ignores_row_order_but_not_addresses():
 def test_diff_log_names_the_first_diverging_step(tmp_path, capsys):
     write_log(tmp_path / "a.jsonl", ["x0", "x1", "x2", "x3"])
     write_log(tmp_path / "b.jsonl", ["x0", "x1", "y2", "y3"], world_size=2)
-    divergence, _ = first_divergence(read_audit_log(str(tmp_path / "a.jsonl")), read_audit_log(str(tmp_path / "b.jsonl")))
+    divergence, _ = first_divergence(
+        read_audit_log(str(tmp_path / "a.jsonl")), read_audit_log(str(tmp_path / "b.jsonl"))
+    )
     assert divergence is not None and (divergence.step, divergence.field) == (2, "addresses_sha256")
     assert cli_main(["diff-log", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 1
     assert "diverged at step 2" in capsys.readouterr().out
@@ -46,8 +56,17 @@ def test_diff_log_accepts_logs_that_agree_up_to_the_shorter_and_a_resumed_log(tm
 
 
 def test_diff_log_compares_rank0_data_only_at_the_same_world_size(tmp_path):
-    a = [{"kind": "step", "step": 0, "cursor": 0, "addresses_sha256": "f", "data_sha256": "d1",
-          "world_size": 2, "local_batch_size": 2}]
+    a = [
+        {
+            "kind": "step",
+            "step": 0,
+            "cursor": 0,
+            "addresses_sha256": "f",
+            "data_sha256": "d1",
+            "world_size": 2,
+            "local_batch_size": 2,
+        }
+    ]
     b = [dict(a[0], data_sha256="d2")]
     c = [dict(a[0], data_sha256="d2", world_size=1, local_batch_size=4)]
     assert first_divergence(a, b)[0].field == "data_sha256"
@@ -68,8 +87,18 @@ def test_loader_audit_logs_agree_across_world_sizes_and_name_a_divergence(small_
     from zephon_stream import StreamingLoader
 
     def run(path, *, world, seed=0, steps=8, resume_at=None):
-        loaders = [StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8 // world, world_size=world,
-                                   rank=r, seed=seed, audit_log=str(path)) for r in range(world)]
+        loaders = [
+            StreamingLoader(
+                small_dataset.url,
+                seq_len=256,
+                local_batch_size=8 // world,
+                world_size=world,
+                rank=r,
+                seed=seed,
+                audit_log=str(path),
+            )
+            for r in range(world)
+        ]
         try:
             if resume_at is not None:
                 for loader in loaders:

@@ -38,8 +38,10 @@ def loader_for(url, **kwargs):
 
 
 def ranks(url, world_size, **kwargs):
-    return [loader_for(url, local_batch_size=GLOBAL_BATCH // world_size, world_size=world_size, rank=r, **kwargs)
-            for r in range(world_size)]  # fmt: skip
+    return [
+        loader_for(url, local_batch_size=GLOBAL_BATCH // world_size, world_size=world_size, rank=r, **kwargs)
+        for r in range(world_size)
+    ]
 
 
 def close_all(loaders):
@@ -64,10 +66,28 @@ def test_the_worked_case_of_the_packing_docs_reads_as_written(tmp_path):
     ids = tmp_path / "documents.jsonl"
     ids.write_text("".join(f'{{"input_ids": {doc}}}\n' for doc in ([e], [e], [a, e], [b, c, d, e])))
     url = str(tmp_path / "ds")
-    assert main(["write", str(ids), "--input-format", "tokens", "--tokenizer", "bytes", "--block-tokens", "7",
-                 "--output", url, "--no-progress"]) == 0  # fmt: skip
-    want = {"concat": ([[e, e], [a, e], [b, c]], [[e, a], [e, b], [c, d]]),
-            "best_fit": ([[a, e], [b, c], [e, e]], [[e, b], [c, d], [e, a]])}  # fmt: skip
+    assert (
+        main(
+            [
+                "write",
+                str(ids),
+                "--input-format",
+                "tokens",
+                "--tokenizer",
+                "bytes",
+                "--block-tokens",
+                "7",
+                "--output",
+                url,
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    want = {
+        "concat": ([[e, e], [a, e], [b, c]], [[e, a], [e, b], [c, d]]),
+        "best_fit": ([[a, e], [b, c], [e, e]], [[e, b], [c, d], [e, a]]),
+    }
     for packing, (inputs, labels) in want.items():
         options = {"seq_len": 2, "local_batch_size": 3, "lanes": 3, "packing": packing, "packing_outputs": True}
         with StreamingLoader(url, **options) as loader:
@@ -83,8 +103,9 @@ def test_every_row_is_its_blocks_best_fit_row_with_labels_positions_and_document
     definitions_dataset, reader, pipeline, targets
 ):
     eos = definitions_dataset.manifest.tokenizer.eos_id
-    with loader_for(definitions_dataset.url, pipeline=pipeline, cross_document_targets=targets,
-                    packing_outputs=True) as loader:  # fmt: skip
+    with loader_for(
+        definitions_dataset.url, pipeline=pipeline, cross_document_targets=targets, packing_outputs=True
+    ) as loader:
         for step, batch in zip(range(40), loader):
             piece = loader.order.rank_slice(step * 8, 8, 1, 0)
             inputs = batch["input"].numpy()
@@ -121,7 +142,11 @@ def test_an_epoch_of_best_fit_rows_takes_every_input_token_of_the_windows_once(d
                     )
         by_packing[packing] = {block: np.concatenate(pairs, axis=1) for block, pairs in rows.items()}
     counts = definitions_dataset.manifest.block_token_counts()
-    whole = [block for block, pairs in by_packing["concat"].items() if pairs.shape[1] == (counts[block] - 1) // SEQ_LEN * SEQ_LEN]
+    whole = [
+        block
+        for block, pairs in by_packing["concat"].items()
+        if pairs.shape[1] == (counts[block] - 1) // SEQ_LEN * SEQ_LEN
+    ]
     assert by_packing["concat"].keys() == by_packing["best_fit"].keys() and len(whole) >= len(counts) - 2
     for block in whole:
         windows = by_packing["concat"][block]
@@ -168,15 +193,17 @@ def test_a_mixture_packs_each_stream_with_its_own_eos(definitions_dataset, small
             piece = loader.order.rank_slice(step * 8, 8, 1, 0)
             assert set(piece.stream.tolist()) == {0, 1}
             for row in range(8):
-                tokens = reader.sample(int(piece.stream[row]), int(piece.block[row]), int(piece.sample[row]), SEQ_LEN,
-                                       "best_fit")  # fmt: skip
+                tokens = reader.sample(
+                    int(piece.stream[row]), int(piece.block[row]), int(piece.sample[row]), SEQ_LEN, "best_fit"
+                )
                 np.testing.assert_array_equal(batch["input"][row].numpy(), tokens[:-1])
 
 
 def test_a_schedule_that_changes_seq_len_packs_each_phase_at_its_own_and_resumes_exactly(definitions_dataset, reader):
     schedule = [Phase(start_step=0, global_batch=12, seq_len=128), Phase(start_step=5, global_batch=6, seq_len=512)]
-    with StreamingLoader(definitions_dataset.url, schedule=schedule, packing="best_fit", pipeline="threads",
-                         num_fetch_threads=2) as loader:  # fmt: skip
+    with StreamingLoader(
+        definitions_dataset.url, schedule=schedule, packing="best_fit", pipeline="threads", num_fetch_threads=2
+    ) as loader:
         order = loader.schedule
         expected = []
         for step in range(12):
@@ -186,8 +213,9 @@ def test_a_schedule_that_changes_seq_len_packs_each_phase_at_its_own_and_resumes
                 tokens = reader.sample(0, int(piece.block[row]), int(piece.sample[row]), piece.seq_len, "best_fit")
                 np.testing.assert_array_equal(batch["input"][row].numpy(), tokens[:-1])
             expected.append(batch["input"].numpy().copy())
-    with StreamingLoader(definitions_dataset.url, schedule=schedule, packing="best_fit", pipeline="threads",
-                         num_fetch_threads=2) as first:  # fmt: skip
+    with StreamingLoader(
+        definitions_dataset.url, schedule=schedule, packing="best_fit", pipeline="threads", num_fetch_threads=2
+    ) as first:
         for _ in range(7):
             next(first)
         state = first.state_dict()
@@ -195,14 +223,19 @@ def test_a_schedule_that_changes_seq_len_packs_each_phase_at_its_own_and_resumes
     with StreamingLoader(definitions_dataset.url, schedule=schedule, pipeline="threads") as windows:
         with pytest.raises(StateMismatchError, match="packing .*checkpoint has 'best_fit', this loader has 'concat'"):
             windows.load_state_dict(state)
-    resumed = [StreamingLoader(definitions_dataset.url, schedule=schedule, packing="best_fit", world_size=3, rank=r,
-                               num_fetch_threads=2) for r in range(3)]  # fmt: skip
+    resumed = [
+        StreamingLoader(
+            definitions_dataset.url, schedule=schedule, packing="best_fit", world_size=3, rank=r, num_fetch_threads=2
+        )
+        for r in range(3)
+    ]
     try:
         for loader in resumed:
             loader.load_state_dict(state)
         for step in range(7, 12):
-            np.testing.assert_array_equal(np.concatenate([next(loader)["input"].numpy() for loader in resumed]),
-                                          expected[step])  # fmt: skip
+            np.testing.assert_array_equal(
+                np.concatenate([next(loader)["input"].numpy() for loader in resumed]), expected[step]
+            )
     finally:
         close_all(resumed)
 
@@ -227,8 +260,11 @@ def test_a_checkpoint_of_the_other_packing_is_refused_naming_both(definitions_da
         next(windows)
         state = windows.state_dict()
     with loader_for(definitions_dataset.url, pipeline="threads") as best_fit:
-        with pytest.raises(StateMismatchError, match=r"packing \(how rows are filled\): checkpoint has 'concat', "
-                                                     r"this loader has 'best_fit'"):  # fmt: skip
+        with pytest.raises(
+            StateMismatchError,
+            match=r"packing \(how rows are filled\): checkpoint has 'concat', "
+            r"this loader has 'best_fit'",
+        ):
             best_fit.load_state_dict(state)
         # A state saved before the packing was recorded is concat's.
         older = {key: value for key, value in state.items() if key != "packing"}

@@ -18,8 +18,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 def test_cuda_batches_equal_cpu_batches_and_come_from_a_pinned_ring(small_dataset):
-    with StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8) as cpu, \
-            StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8, device="cuda") as gpu:
+    with (
+        StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8) as cpu,
+        StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8, device="cuda") as gpu,
+    ):
         delivery = gpu.delivery
         assert delivery.slots_pinned()
         assert delivery.copy_stream != torch.cuda.current_stream()
@@ -51,8 +53,7 @@ def test_copies_overlap_compute_on_the_consumer_stream(small_dataset):
 
 @pytest.mark.parametrize("pipeline", ["process", "threads"])
 def test_ids_cross_at_their_stored_width_and_close_unregisters_the_ring(small_dataset, pipeline):
-    with StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8, device="cuda",
-                         pipeline=pipeline) as gpu:
+    with StreamingLoader(small_dataset.url, seq_len=256, local_batch_size=8, device="cuda", pipeline=pipeline) as gpu:
         layout = gpu.ring.layout
         # uint16 ids of 8 rows of 257 tokens, the EOS ids and positions:
         # about a quarter of the int64 input, labels and positions.
@@ -77,8 +78,10 @@ def test_host_labels_stay_on_the_cpu_and_equal_the_device_rows(small_dataset):
 
 def test_the_tokens_layout_on_cuda_equals_cpus_with_host_labels_kept_on_the_cpu(small_dataset):
     settings = {"seq_len": 256, "local_batch_size": 8, "batch_layout": "tokens"}
-    with StreamingLoader(small_dataset.url, **settings) as cpu, \
-            StreamingLoader(small_dataset.url, device="cuda", host_labels=True, **settings) as gpu:
+    with (
+        StreamingLoader(small_dataset.url, **settings) as cpu,
+        StreamingLoader(small_dataset.url, device="cuda", host_labels=True, **settings) as gpu,
+    ):
         for _ in range(10):
             want, got = next(cpu), next(gpu)
             assert got["input"].is_cuda and got["labels"].device.type == "cpu" and got["labels"].is_pinned()
@@ -92,11 +95,15 @@ def test_a_schedule_on_cuda_reads_what_cpu_reads_across_shape_changes(small_data
     from zephon_stream import Phase
 
     urls = [small_dataset.url, small_bpe_dataset.url]
-    schedule = [Phase(start_step=0, global_batch=8, seq_len=256),
-                Phase(start_step=3, global_batch=16, seq_len=128, weights=(1, 3)),
-                Phase(start_step=6, global_batch=4, seq_len=512, weights=(0, 1))]  # fmt: skip
-    with StreamingLoader(urls, schedule=schedule) as cpu, \
-            StreamingLoader(urls, schedule=schedule, device="cuda", host_labels=True) as gpu:
+    schedule = [
+        Phase(start_step=0, global_batch=8, seq_len=256),
+        Phase(start_step=3, global_batch=16, seq_len=128, weights=(1, 3)),
+        Phase(start_step=6, global_batch=4, seq_len=512, weights=(0, 1)),
+    ]
+    with (
+        StreamingLoader(urls, schedule=schedule) as cpu,
+        StreamingLoader(urls, schedule=schedule, device="cuda", host_labels=True) as gpu,
+    ):
         kept = []
         for _ in range(9):
             want, got = next(cpu), next(gpu)

@@ -105,8 +105,9 @@ MAX_VIEWED = MAX_HELD_BATCHES + PENDING_RELEASE_SLOTS
 
 
 def labels_ring(num_slots: int) -> SharedRing:
-    return SharedRing.create(num_slots=num_slots, layout=SlotLayout(rows=2, seq_len=8, token_dtype="<u2",
-                                                                    wide_keys=("labels",)))  # fmt: skip
+    return SharedRing.create(
+        num_slots=num_slots, layout=SlotLayout(rows=2, seq_len=8, token_dtype="<u2", wide_keys=("labels",))
+    )
 
 
 def returns_for(ring: SharedRing, consumer: Consumer) -> SlotReturns:

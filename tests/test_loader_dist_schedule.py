@@ -14,7 +14,6 @@ import pytest
 
 from loader_reference import run_step_hashes
 from test_loader_dist import torchrun
-
 from zephon_stream import StreamingLoader
 from zephon_stream.loader.front.audit import union_sha256
 from zephon_stream.storage import copy_dataset
@@ -32,9 +31,7 @@ STEPS = 5  # two of the second phase, three of the third
 def union_hashes(out: Path, tag: str, world: int) -> list[str]:
     parts = [np.load(out / f"{tag}_rank{r}.npz") for r in range(world)]
     steps = int(parts[0]["steps"])
-    return [
-        union_sha256((p[f"positions_{k}"], p[f"input_{k}"], p[f"labels_{k}"]) for p in parts) for k in range(steps)
-    ]
+    return [union_sha256((p[f"positions_{k}"], p[f"input_{k}"], p[f"labels_{k}"]) for p in parts) for k in range(steps)]
 
 
 @pytest.mark.slow
@@ -47,8 +44,12 @@ def test_a_scheduled_run_killed_in_its_second_phase_resumes_at_3_ranks_bit_ident
         copy_dataset(src, dst, dst_options=s3_bucket.storage_options)
     with StreamingLoader([small_dataset.url, small_bpe_dataset.url], schedule=SCHEDULE, pipeline="threads") as single:
         expected = run_step_hashes([single], SAVE_STEP + STEPS)
-    env = {**os.environ, **s3_bucket.env, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        **s3_bucket.env,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
     common = ["--data", *urls, "--schedule", json.dumps(SCHEDULE), "--save-step", str(SAVE_STEP),
               "--steps", str(STEPS), "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path)]  # fmt: skip
     torchrun(4, ["--mode", "save", *common], env, worker=WORKER)

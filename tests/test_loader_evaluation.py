@@ -22,8 +22,9 @@ SEQ_LEN = 512
 def test_each_sample_is_read_once_per_pass_and_padding_is_masked(small_dataset, small_bpe_dataset, world_size):
     urls = [small_dataset.url, small_bpe_dataset.url]
     reader = DirectReader(urls)
-    loaders = [EvalLoader(urls, seq_len=SEQ_LEN, local_batch_size=5, rank=r, world_size=world_size)
-               for r in range(world_size)]  # fmt: skip
+    loaders = [
+        EvalLoader(urls, seq_len=SEQ_LEN, local_batch_size=5, rank=r, world_size=world_size) for r in range(world_size)
+    ]
     try:
         order, total = loaders[0].order, loaders[0].num_samples
         assert total % (5 * world_size), "the fixture should leave a padded last step"
@@ -36,8 +37,9 @@ def test_each_sample_is_read_once_per_pass_and_padding_is_masked(small_dataset, 
                 np.testing.assert_array_equal(batch["sample_positions"].numpy(), piece.indices)
                 np.testing.assert_array_equal(batch["mask"].numpy(), piece.valid)
                 for row in range(5):
-                    tokens = reader.sample(int(piece.stream[row]), int(piece.block[row]), int(piece.sample[row]),
-                                           SEQ_LEN)  # fmt: skip
+                    tokens = reader.sample(
+                        int(piece.stream[row]), int(piece.block[row]), int(piece.sample[row]), SEQ_LEN
+                    )
                     np.testing.assert_array_equal(batch["input"][row].numpy(), tokens[:-1])
                     if piece.valid[row]:
                         np.testing.assert_array_equal(batch["labels"][row].numpy(), tokens[1:])
@@ -61,8 +63,10 @@ def test_bad_sizes_are_refused(small_dataset):
 def test_a_rebuild_reuses_the_parsed_manifest_unless_the_dataset_was_written_again(stdlib_corpus, tmp_path):
     url = str(tmp_path / "heldout")
     first = write_small_dataset(stdlib_corpus, tmp_path / "heldout", "bytes", num_files=10)
-    with EvalLoader(url, seq_len=SEQ_LEN, local_batch_size=2) as one, EvalLoader(url, seq_len=SEQ_LEN,
-                                                                                   local_batch_size=2) as two:
+    with (
+        EvalLoader(url, seq_len=SEQ_LEN, local_batch_size=2) as one,
+        EvalLoader(url, seq_len=SEQ_LEN, local_batch_size=2) as two,
+    ):
         # What a validator's rebuild reads again is parsed and validated once.
         assert one.manifests[0][1].parsed is two.manifests[0][1].parsed
         assert one.manifests[0][1].fingerprint == first.manifest.fingerprint

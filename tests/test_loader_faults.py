@@ -8,8 +8,8 @@ import threading
 import time
 
 import pytest
-from loader_reference import run_step_hashes
 
+from loader_reference import run_step_hashes
 from tools.reliability.common import open_fds
 from zephon_stream import StreamingLoader
 from zephon_stream.storage import copy_dataset, open_store
@@ -26,8 +26,9 @@ def test_an_endpoint_outage_mid_run_is_survived_with_the_same_data(small_dataset
         expected = run_step_hashes([local], STEPS)
     proxy = fault_proxy()
     options = s3_bucket.options_via(proxy.endpoint_url)
-    with StreamingLoader(url, seq_len=SEQ_LEN, local_batch_size=8, storage_options=options, prefetch_steps=2,
-                         num_fetch_threads=2) as loader:
+    with StreamingLoader(
+        url, seq_len=SEQ_LEN, local_batch_size=8, storage_options=options, prefetch_steps=2, num_fetch_threads=2
+    ) as loader:
         got = run_step_hashes([loader], 5)
         outage = threading.Thread(target=proxy.outage, args=(2.0,))
         outage.start()
@@ -68,8 +69,9 @@ def test_close_on_s3_leaves_no_thread_or_socket(small_dataset, s3_bucket, pipeli
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    loader = StreamingLoader(url, seq_len=SEQ_LEN, local_batch_size=8, storage_options=s3_bucket.storage_options,
-                             pipeline=pipeline)
+    loader = StreamingLoader(
+        url, seq_len=SEQ_LEN, local_batch_size=8, storage_options=s3_bucket.storage_options, pipeline=pipeline
+    )
     for _ in zip(range(20), loader):
         pass
     reading.set()

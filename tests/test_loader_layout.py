@@ -58,8 +58,7 @@ def test_the_layouts_are_named_and_another_is_refused_naming_it(small_dataset):
 # 128 rows of 128 tokens fill a ring slot (one step a slot); 4 rows share a slot with 15 more steps.
 @pytest.mark.parametrize("local_batch_size", [128, 4])
 @pytest.mark.parametrize("pipeline", ["process", "threads"])
-def test_tokens_batches_are_the_rows_batches_flattened_and_views_of_the_ring(small_dataset, pipeline,
-                                                                             local_batch_size):  # fmt: skip
+def test_tokens_batches_are_the_rows_batches_flattened_and_views_of_the_ring(small_dataset, pipeline, local_batch_size):
     settings = {"seq_len": 128, "local_batch_size": local_batch_size, "seed": 3}
     with StreamingLoader(small_dataset.url, pipeline=pipeline, batch_layout="tokens", **settings) as loader:
         assert loader.batch_layout == "tokens"
@@ -81,14 +80,14 @@ def test_tokens_batches_are_the_rows_batches_flattened_and_views_of_the_ring(sma
 def test_the_1d_views_are_made_once_per_slot_and_handed_over_again(small_dataset, local_batch_size):
     # A view made per step would be a new tensor object each time the
     # slot comes round; the slot's own (cached) tensors are handed over instead.
-    with StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=local_batch_size, pipeline="threads",
-                         batch_layout="tokens") as loader:  # fmt: skip
+    with StreamingLoader(
+        small_dataset.url, seq_len=128, local_batch_size=local_batch_size, pipeline="threads", batch_layout="tokens"
+    ) as loader:
         for _ in range(3 * 16 * 8):
             batch = next(loader)
             delivery = loader.delivery
             slot_tensors = [views for views in delivery.views if views is not None]
-            cached = {id(t) for views in slot_tensors
-                      for part in [views.whole, *views.steps] for t in part.values()}  # fmt: skip
+            cached = {id(t) for views in slot_tensors for part in [views.whole, *views.steps] for t in part.values()}
             assert all(id(tensor) in cached for tensor in batch.values())
             del batch
         for views in slot_tensors:
@@ -137,8 +136,10 @@ def test_a_state_resumes_in_either_layout_and_the_state_does_not_record_it(small
         for _ in range(37):
             next(rows)
         assert rows.state_dict() == state
-    with StreamingLoader(small_dataset.url, batch_layout="tokens", **settings) as tokens, \
-         StreamingLoader(small_dataset.url, **settings) as rows:  # fmt: skip
+    with (
+        StreamingLoader(small_dataset.url, batch_layout="tokens", **settings) as tokens,
+        StreamingLoader(small_dataset.url, **settings) as rows,
+    ):
         tokens.load_state_dict(state)
         rows.load_state_dict(state)
         for _ in range(20):
@@ -148,8 +149,10 @@ def test_a_state_resumes_in_either_layout_and_the_state_does_not_record_it(small
 def test_a_schedule_changes_the_1d_length_at_its_phase_boundary(small_dataset):
     phases = [Phase(start_step=0, global_batch=4, seq_len=128), Phase(start_step=5, global_batch=3, seq_len=256)]
     settings = {"schedule": phases, "seed": 4, "pipeline": "threads"}
-    with StreamingLoader(small_dataset.url, batch_layout="tokens", **settings) as tokens, \
-         StreamingLoader(small_dataset.url, **settings) as rows:  # fmt: skip
+    with (
+        StreamingLoader(small_dataset.url, batch_layout="tokens", **settings) as tokens,
+        StreamingLoader(small_dataset.url, **settings) as rows,
+    ):
         sizes = []
         for _ in range(10):
             batch = next(tokens)
@@ -159,10 +162,18 @@ def test_a_schedule_changes_the_1d_length_at_its_phase_boundary(small_dataset):
 
 
 def test_packing_outputs_keep_their_rows_under_the_tokens_layout(small_dataset):
-    settings = {"seq_len": 128, "local_batch_size": 4, "seed": 1, "pipeline": "threads", "packing_outputs": True,
-                "cross_document_targets": "ignore"}  # fmt: skip
-    with StreamingLoader(small_dataset.url, batch_layout="tokens", **settings) as tokens, \
-         StreamingLoader(small_dataset.url, **settings) as rows:  # fmt: skip
+    settings = {
+        "seq_len": 128,
+        "local_batch_size": 4,
+        "seed": 1,
+        "pipeline": "threads",
+        "packing_outputs": True,
+        "cross_document_targets": "ignore",
+    }
+    with (
+        StreamingLoader(small_dataset.url, batch_layout="tokens", **settings) as tokens,
+        StreamingLoader(small_dataset.url, **settings) as rows,
+    ):
         for _ in range(8):
             batch = next(tokens)
             assert batch["segment_ids"].shape == (4, 128) and batch["cu_seqlens"].dim() == 1

@@ -22,8 +22,14 @@ BLOCK_TOKENS = 2**17 + 1  # 256 KiB decoded per block
 @pytest.fixture(scope="module")
 def big_block_dataset(stdlib_corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("big_blocks")
-    write_dataset([str(p) for p in stdlib_corpus.files], str(out), tokenizer="bytes",
-                  block_tokens=BLOCK_TOKENS, blocks_per_shard=4, progress=False)
+    write_dataset(
+        [str(p) for p in stdlib_corpus.files],
+        str(out),
+        tokenizer="bytes",
+        block_tokens=BLOCK_TOKENS,
+        blocks_per_shard=4,
+        progress=False,
+    )
     return str(out)
 
 
@@ -31,9 +37,23 @@ def big_block_dataset(stdlib_corpus, tmp_path_factory):
 @pytest.mark.parametrize("pipeline", ["process", "threads"])
 def test_peak_rss_stays_within_the_memory_bound_plus_a_constant(big_block_dataset, pipeline):
     result = subprocess.run(
-        [sys.executable, str(PROBE), "--data", big_block_dataset, "--seq-len", "1024", "--local-batch", "4",
-         "--steps", "600", "--pipeline", pipeline],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(PROBE),
+            "--data",
+            big_block_dataset,
+            "--seq-len",
+            "1024",
+            "--local-batch",
+            "4",
+            "--steps",
+            "600",
+            "--pipeline",
+            pipeline,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])

@@ -20,8 +20,9 @@ ROWS = 4
 
 def row_eos(loader, step: int, eos_ids: list[int]) -> np.ndarray:
     """The EOS id of each row of this rank's batch at ``step`` (from its stream)."""
-    piece = loader.order.rank_slice(step * loader.global_batch_size, loader.global_batch_size, loader.world_size,
-                                    loader.rank)  # fmt: skip
+    piece = loader.order.rank_slice(
+        step * loader.global_batch_size, loader.global_batch_size, loader.world_size, loader.rank
+    )
     return np.array(eos_ids, np.int64)[piece.stream]
 
 
@@ -35,9 +36,12 @@ def mixture(small_dataset, small_bpe_dataset):
 def test_outputs_come_through_the_pipeline_and_agree_with_the_plain_batch(small_dataset, small_bpe_dataset, pipeline):
     streams, eos_ids = mixture(small_dataset, small_bpe_dataset)
     common = dict(seq_len=SEQ_LEN, local_batch_size=ROWS, world_size=2, rank=1, seed=4, num_fetch_threads=2)
-    with StreamingLoader(streams, pipeline=pipeline, **common) as plain, \
-            StreamingLoader(streams, pipeline=pipeline, cross_document_targets="ignore", packing_outputs=True,
-                            **common) as packed:  # fmt: skip
+    with (
+        StreamingLoader(streams, pipeline=pipeline, **common) as plain,
+        StreamingLoader(
+            streams, pipeline=pipeline, cross_document_targets="ignore", packing_outputs=True, **common
+        ) as packed,
+    ):
         kept = []
         documents = 0
         for step in range(12):
@@ -91,8 +95,10 @@ def test_a_checkpoint_resumes_under_either_setting_at_the_same_samples(small_bpe
 def test_the_valid_token_count_drops_by_the_input_eos_tokens(small_bpe_dataset):
     eos = small_bpe_dataset.manifest.tokenizer.eos_id
     common = dict(seq_len=SEQ_LEN, local_batch_size=ROWS, num_fetch_threads=2, pipeline="threads")
-    with StreamingLoader(small_bpe_dataset.url, **common) as predict, \
-            StreamingLoader(small_bpe_dataset.url, cross_document_targets="ignore", **common) as ignore:  # fmt: skip
+    with (
+        StreamingLoader(small_bpe_dataset.url, **common) as predict,
+        StreamingLoader(small_bpe_dataset.url, cross_document_targets="ignore", **common) as ignore,
+    ):
         for _ in range(6):
             a, b = next(predict), next(ignore)
             assert int((a["labels"] != IGNORE_INDEX).sum()) == ROWS * SEQ_LEN
@@ -103,9 +109,12 @@ def test_the_valid_token_count_drops_by_the_input_eos_tokens(small_bpe_dataset):
 def test_eval_padding_rows_are_one_segment_nothing_else_attends_to(small_dataset, small_bpe_dataset, targets):
     streams, eos_ids = mixture(small_dataset, small_bpe_dataset)
     urls = [s.url for s in streams]
-    with EvalLoader(urls, seq_len=SEQ_LEN, local_batch_size=7) as plain, \
-            EvalLoader(urls, seq_len=SEQ_LEN, local_batch_size=7, cross_document_targets=targets,
-                       packing_outputs=True) as packed:  # fmt: skip
+    with (
+        EvalLoader(urls, seq_len=SEQ_LEN, local_batch_size=7) as plain,
+        EvalLoader(
+            urls, seq_len=SEQ_LEN, local_batch_size=7, cross_document_targets=targets, packing_outputs=True
+        ) as packed,
+    ):
         order = packed.order
         assert packed.num_samples % 7, "the last step must be padded"
         padded_steps = 0
@@ -117,8 +126,13 @@ def test_eval_padding_rows_are_one_segment_nothing_else_attends_to(small_dataset
             assert torch.equal(got["input"], want["input"])
             # The reference sees a padding row as a row without EOS: one document.
             seen_eos = np.where(valid, eos, -1)
-            check_outputs(got, inputs, np.where(valid[:, None], want["labels"].numpy(), IGNORE_INDEX), seen_eos,
-                          ignore=targets == "ignore")
+            check_outputs(
+                got,
+                inputs,
+                np.where(valid[:, None], want["labels"].numpy(), IGNORE_INDEX),
+                seen_eos,
+                ignore=targets == "ignore",
+            )
             if not valid.all():
                 padded_steps += 1
                 assert (got["positions"][~got["mask"]] == torch.arange(SEQ_LEN)).all()
@@ -131,10 +145,17 @@ def test_eval_padding_rows_are_one_segment_nothing_else_attends_to(small_dataset
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("host_labels", [False, True])
 def test_cuda_delivery_gives_the_cpu_outputs_with_host_scalars(small_bpe_dataset, host_labels):
-    common = dict(seq_len=SEQ_LEN, local_batch_size=ROWS, num_fetch_threads=2, cross_document_targets="ignore",
-                  packing_outputs=True)  # fmt: skip
-    with StreamingLoader(small_bpe_dataset.url, **common) as cpu, \
-            StreamingLoader(small_bpe_dataset.url, device="cuda", host_labels=host_labels, **common) as gpu:  # fmt: skip
+    common = dict(
+        seq_len=SEQ_LEN,
+        local_batch_size=ROWS,
+        num_fetch_threads=2,
+        cross_document_targets="ignore",
+        packing_outputs=True,
+    )
+    with (
+        StreamingLoader(small_bpe_dataset.url, **common) as cpu,
+        StreamingLoader(small_bpe_dataset.url, device="cuda", host_labels=host_labels, **common) as gpu,
+    ):
         for _ in range(8):
             want, got = next(cpu), next(gpu)
             assert set(got) == set(want)

@@ -84,8 +84,18 @@ def shm_entries() -> set[str]:
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_the_helper_process_reads_what_the_in_process_pipeline_reads(small_dataset, world_size):
     def loaders(pipeline):
-        return [StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=6 // world_size * 2,
-                                world_size=world_size, rank=r, seed=4, pipeline=pipeline) for r in range(world_size)]
+        return [
+            StreamingLoader(
+                small_dataset.url,
+                seq_len=128,
+                local_batch_size=6 // world_size * 2,
+                world_size=world_size,
+                rank=r,
+                seed=4,
+                pipeline=pipeline,
+            )
+            for r in range(world_size)
+        ]
 
     hashes = {}
     for pipeline in ("threads", "process"):
@@ -115,8 +125,9 @@ def test_narrow_rows_widened_by_torch_equal_the_host_assembly(token_dtype, unsig
     block[rng.choice(block.size, 40, replace=False)] = 29  # EOS of odd rows
     block[seq_len - 1] = 17  # EOS as a row's last input token starts nothing inside it
     eos = np.array([17, 29, 17, 29, 17])
-    ring = SharedRing.create(num_slots=1, layout=SlotLayout(rows=rows, seq_len=seq_len, token_dtype=token_dtype,
-                                                            wide_keys=WIDE_KEYS))
+    ring = SharedRing.create(
+        num_slots=1, layout=SlotLayout(rows=rows, seq_len=seq_len, token_dtype=token_dtype, wide_keys=WIDE_KEYS)
+    )
     slot = ring.slot(0)
     StepAssembler(seq_len=seq_len).assemble([block] * rows, np.array([0, 3, 7, 1, 0]), eos, slot)
     slot.sample_positions[:] = np.arange(100, 100 + rows)
@@ -148,7 +159,9 @@ def test_a_killed_helper_raises_at_the_next_step_naming_it(small_dataset):
     assert wait_gone(pid)
     assert lock_word[0] & OWNER_DIED, "the kernel marks the lock of the killed helper"
     step = taken + 3
-    with pytest.raises(HelperProcessError, match=rf"helper process \(pid {pid}\) was killed by SIGKILL while step {step} "):
+    with pytest.raises(
+        HelperProcessError, match=rf"helper process \(pid {pid}\) was killed by SIGKILL while step {step} "
+    ):
         next(loader)
     with pytest.raises(HelperProcessError):  # And at every later step
         next(loader)
@@ -161,7 +174,8 @@ def test_a_killed_helper_raises_at_the_next_step_naming_it(small_dataset):
 def test_a_killed_trainer_takes_its_helper_with_it(small_dataset, tmp_path):
     shm = shm_entries()
     script = tmp_path / "trainer.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, time
         from zephon_stream import StreamingLoader
         loader = StreamingLoader({small_dataset.url!r}, seq_len=128, local_batch_size=4)
@@ -170,7 +184,8 @@ def test_a_killed_trainer_takes_its_helper_with_it(small_dataset, tmp_path):
             time.sleep(0.02)
         print(loader.helper_pid, flush=True)
         time.sleep(120)
-    """))
+    """)
+    )
     trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         helper = int(trainer.stdout.readline())

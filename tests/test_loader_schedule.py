@@ -11,8 +11,8 @@ import signal
 import time
 
 import numpy as np
-import torch
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -201,7 +201,9 @@ def test_a_changed_begun_phase_is_refused_naming_phase_and_field(urls):
     changed = list(THREE_PHASES)
     changed[1] = Phase(start_step=4, global_batch=12, seq_len=64, weights=(1, 3))
     with StreamingLoader(urls, schedule=changed, pipeline="threads") as loader:
-        with pytest.raises(StateMismatchError, match=r"phase 1 \(start step 4\): seq_len: checkpoint has 128, this loader has 64"):
+        with pytest.raises(
+            StateMismatchError, match=r"phase 1 \(start step 4\): seq_len: checkpoint has 128, this loader has 64"
+        ):
             loader.load_state_dict(state)
 
 
@@ -220,7 +222,9 @@ def test_a_phase_added_or_edited_before_it_begins_is_accepted(urls):
 def test_a_world_size_that_does_not_divide_a_phase_batch_is_refused_naming_it(urls):
     loaders = open_loaders(urls, THREE_PHASES, 8)
     try:
-        with pytest.raises(ConfigError, match=r"phase 1 \(start step 4\): global_batch 12 does not divide into world_size 8"):
+        with pytest.raises(
+            ConfigError, match=r"phase 1 \(start step 4\): global_batch 12 does not divide into world_size 8"
+        ):
             run_step_hashes(loaders, 5)
     finally:
         close_all(loaders)
@@ -255,12 +259,15 @@ def test_a_run_of_n_epochs_stops_where_the_plan_says_the_epochs_end(urls):
 
 def test_a_new_dataset_joins_as_a_stream_at_a_future_phase(urls):
     # The recipe for a dataset that grows (docs/STREAMING.md).
-    with StreamingLoader(urls[:1], schedule=[Phase(start_step=0, global_batch=8, seq_len=128)],
-                         pipeline="threads") as old:  # fmt: skip
+    with StreamingLoader(
+        urls[:1], schedule=[Phase(start_step=0, global_batch=8, seq_len=128)], pipeline="threads"
+    ) as old:
         run_step_hashes([old], 5)
         state = old.state_dict()
-    grown = [Phase(start_step=0, global_batch=8, seq_len=128, weights=(1, 0)),
-             Phase(start_step=8, global_batch=8, seq_len=128, weights=(1, 1))]  # fmt: skip
+    grown = [
+        Phase(start_step=0, global_batch=8, seq_len=128, weights=(1, 0)),
+        Phase(start_step=8, global_batch=8, seq_len=128, weights=(1, 1)),
+    ]
     with StreamingLoader(urls, schedule=grown, pipeline="threads") as full:
         expected = run_step_hashes([full], 12)
     with StreamingLoader(urls, schedule=grown, pipeline="threads") as resumed:
@@ -291,8 +298,17 @@ def test_a_batch_kept_across_a_boundary_stays_valid_after_its_ring_is_replaced(u
             assert torch.equal(kept[key], copy[key])
 
 
-FETCH_TOTALS = ("bytes_fetched", "blocks_fetched", "blocks_decoded", "cache_misses", "fetch_s", "decode_s",
-                "assemble_s", "steps", "samples")  # fmt: skip
+FETCH_TOTALS = (
+    "bytes_fetched",
+    "blocks_fetched",
+    "blocks_decoded",
+    "cache_misses",
+    "fetch_s",
+    "decode_s",
+    "assemble_s",
+    "steps",
+    "samples",
+)
 
 
 @pytest.mark.parametrize("pipeline", ["process", "threads"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from loader_reference import run_step_hashes
@@ -19,8 +18,12 @@ SEQ_LEN = 256
 
 def ranks(url, world_size, global_batch, **kwargs):
     kwargs.setdefault("num_fetch_threads", 2)
-    return [StreamingLoader(url, seq_len=SEQ_LEN, local_batch_size=global_batch // world_size, world_size=world_size,
-                            rank=r, **kwargs) for r in range(world_size)]  # fmt: skip
+    return [
+        StreamingLoader(
+            url, seq_len=SEQ_LEN, local_batch_size=global_batch // world_size, world_size=world_size, rank=r, **kwargs
+        )
+        for r in range(world_size)
+    ]
 
 
 def close_all(loaders):

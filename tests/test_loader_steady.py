@@ -10,8 +10,8 @@ import time
 
 import pytest
 import torch
-from loader_reference import steps_until_the_helper_serves
 
+from loader_reference import steps_until_the_helper_serves
 from zephon_stream import StreamingLoader
 from zephon_stream.loader.front.audit import union_sha256
 from zephon_stream.loader.producer.pipeline import EndOfData
@@ -23,8 +23,7 @@ from zephon_stream.loader.runs.producer_run import SteadySteps
 
 
 def small_ring(num_slots: int) -> SharedRing:
-    return SharedRing.create(num_slots=num_slots, layout=SlotLayout(rows=1, seq_len=8, token_dtype="<u2",
-                                                                    wide_keys=()))  # fmt: skip
+    return SharedRing.create(num_slots=num_slots, layout=SlotLayout(rows=1, seq_len=8, token_dtype="<u2", wide_keys=()))
 
 
 def test_posts_come_in_order_around_the_ring_and_a_waiting_trainer_is_woken_once():
@@ -120,13 +119,20 @@ def read_to_the_end(loader: StreamingLoader) -> list[str]:
 
 
 @pytest.mark.parametrize("local_batch_size", [4, 1], ids=["a_slot_a_step", "16_steps_a_slot"])
-def test_the_short_way_posts_and_the_socket_hand_over_the_same_steps_to_the_end(small_dataset, local_batch_size,
-                                                                                  monkeypatch):  # fmt: skip
+def test_the_short_way_posts_and_the_socket_hand_over_the_same_steps_to_the_end(
+    small_dataset, local_batch_size, monkeypatch
+):
     steps = 600
 
     def loader(pipeline: str) -> StreamingLoader:
-        return StreamingLoader(small_dataset.url, seq_len=128, local_batch_size=local_batch_size, seed=5,
-                               max_steps=steps, pipeline=pipeline)  # fmt: skip
+        return StreamingLoader(
+            small_dataset.url,
+            seq_len=128,
+            local_batch_size=local_batch_size,
+            seed=5,
+            max_steps=steps,
+            pipeline=pipeline,
+        )
 
     with loader("threads") as reference:
         expected = read_to_the_end(reference)
@@ -164,8 +170,9 @@ def test_a_step_the_short_way_waited_for_counts_its_stall(small_dataset, monkeyp
     assert after["steps"] - before["steps"] == 300
 
 
-def test_a_consumer_that_keeps_one_batch_still_takes_the_short_way_and_the_batch_stays_whole(small_dataset,
-                                                                                             monkeypatch):  # fmt: skip
+def test_a_consumer_that_keeps_one_batch_still_takes_the_short_way_and_the_batch_stays_whole(
+    small_dataset, monkeypatch
+):
     served = ShortWaySteps()
     # 16 x 1024 tokens fill a slot: one step a slot, each handed back on its own.
     with StreamingLoader(small_dataset.url, seq_len=1024, local_batch_size=16) as loader:

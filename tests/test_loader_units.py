@@ -111,8 +111,16 @@ def test_pool_fetches_exact_ranges_and_decodes_into_the_cache(tmp_path):
         for i, block in enumerate(blocks):
             cache.try_reserve(i, block.nbytes)
             pool.submit(
-                BlockJob(key=i, store=store, path="shard.zst", start=offsets[i], end=offsets[i + 1],
-                         num_tokens=len(block), dtype=np.dtype("<u2"), where=f"shard.zst block {i}")
+                BlockJob(
+                    key=i,
+                    store=store,
+                    path="shard.zst",
+                    start=offsets[i],
+                    end=offsets[i + 1],
+                    num_tokens=len(block),
+                    dtype=np.dtype("<u2"),
+                    where=f"shard.zst block {i}",
+                )
             )
         for i, block in enumerate(blocks):
             np.testing.assert_array_equal(cache.get(i, timeout_s=10), block)
@@ -133,8 +141,18 @@ def test_pool_reports_a_corrupt_block_by_name_and_stops_its_threads(tmp_path):
     pool = FetchDecodePool(cache=cache, stats=LoaderStats(), num_fetch_threads=3, num_decode_threads=2)
     for i, block in enumerate(blocks):
         cache.try_reserve(i, block.nbytes)
-        pool.submit(BlockJob(key=i, store=store, path="shard.zst", start=offsets[i], end=offsets[i + 1],
-                             num_tokens=500, dtype=np.dtype("<u2"), where=f"shard shard.zst block {i}"))
+        pool.submit(
+            BlockJob(
+                key=i,
+                store=store,
+                path="shard.zst",
+                start=offsets[i],
+                end=offsets[i + 1],
+                num_tokens=500,
+                dtype=np.dtype("<u2"),
+                where=f"shard shard.zst block {i}",
+            )
+        )
     np.testing.assert_array_equal(cache.get(0, timeout_s=10), blocks[0])
     with pytest.raises(CorruptBlockError, match="shard shard.zst block 1"):
         cache.get(1, timeout_s=10)
@@ -189,8 +207,9 @@ def test_step_assembler_equals_row_gather_and_positions(density, per_row_eos):
     samples = np.array([0, 3, 1, 0, 3, 2])
     eos = np.array([7, 9, 7, 9, 7, 9]) if per_row_eos else 7
     assembler = StepAssembler(seq_len=seq_len)
-    ring = SharedRing.create(num_slots=2, layout=SlotLayout(rows=rows, seq_len=seq_len, token_dtype="<u4",
-                                                            wide_keys=WIDE_KEYS))
+    ring = SharedRing.create(
+        num_slots=2, layout=SlotLayout(rows=rows, seq_len=seq_len, token_dtype="<u4", wide_keys=WIDE_KEYS)
+    )
     for index in range(2):  # The second pass reuses the scratch buffers
         assembler.assemble(row_blocks, samples, eos, ring.slot(index))
     slot = ring.slot(1)
@@ -244,8 +263,19 @@ def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, 
         return tuple(np.stack([p[i] for p in parts]) for i in range(4))
 
     steps = 200
-    planner = Planner(slice_fn=slice_fn, start=0, global_batch=batch, num_steps=steps, fetch_steps=fetch,
-                      retention_steps=retention_steps(spread=window_spread(window=window, samples_per_block=spb), lanes=lanes, global_batch=batch, fetch_steps=fetch))
+    planner = Planner(
+        slice_fn=slice_fn,
+        start=0,
+        global_batch=batch,
+        num_steps=steps,
+        fetch_steps=fetch,
+        retention_steps=retention_steps(
+            spread=window_spread(window=window, samples_per_block=spb),
+            lanes=lanes,
+            global_batch=batch,
+            fetch_steps=fetch,
+        ),
+    )
     all_keys = [list(zip(*(a.tolist() for a in slice_one(i * batch)[1:3]))) for i in range(steps)]
     released_at = {}
     resident = set()
@@ -264,8 +294,13 @@ def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, 
     for key, index in released_at.items():
         assert all(key not in keys for keys in all_keys[index:]), f"{key} released at step {index} but used later"
     lanes_read = len({p % lanes for i in range(steps) for p in slice_one(i * batch)[0].tolist()})
-    bound = lanes_read * blocks_per_lane(spread=window_spread(window=window, samples_per_block=spb), samples_per_block=spb, lanes=lanes, global_batch=batch,
-                                         fetch_steps=fetch)
+    bound = lanes_read * blocks_per_lane(
+        spread=window_spread(window=window, samples_per_block=spb),
+        samples_per_block=spb,
+        lanes=lanes,
+        global_batch=batch,
+        fetch_steps=fetch,
+    )
     assert peak <= bound
 
 
@@ -273,9 +308,16 @@ def test_planner_releases_a_block_only_when_no_later_step_uses_it(lanes, batch, 
 
 
 def test_memory_bound_refuses_a_config_over_the_cap_and_says_what_to_change():
-    bound = compute_memory_bound(lanes_read=8, blocks_per_lane=3, block_bytes=2 << 20, max_compressed_block_bytes=1 << 20,
-                                 num_fetch_threads=4, num_decode_threads=2, ring_bytes=7 << 20,
-                                 helper_bytes=96 << 20)
+    bound = compute_memory_bound(
+        lanes_read=8,
+        blocks_per_lane=3,
+        block_bytes=2 << 20,
+        max_compressed_block_bytes=1 << 20,
+        num_fetch_threads=4,
+        num_decode_threads=2,
+        ring_bytes=7 << 20,
+        helper_bytes=96 << 20,
+    )
     assert bound.total_bytes == 24 * (2 << 20) + 8 * (1 << 20) + (7 << 20) + (96 << 20)
     check_memory(bound, bound.total_bytes)
     with pytest.raises(ConfigError, match="max_memory_bytes=1000.*prefetch_steps"):
@@ -330,7 +372,9 @@ def test_message_reader_takes_framed_messages_however_they_arrive():
         theirs.sendall(b"".join(frame(m) for m in steps))  # Three messages, one recv
         assert [decode(_read(reader, ours)) for _ in steps] == [decode(m) for m in steps]
         whole = frame(big) + frame(encode(EndOfData()))
-        sender = threading.Thread(target=lambda: [theirs.sendall(whole[i : i + 7001]) for i in range(0, len(whole), 7001)])
+        sender = threading.Thread(
+            target=lambda: [theirs.sendall(whole[i : i + 7001]) for i in range(0, len(whole), 7001)]
+        )
         sender.start()
         assert str(decode(_read(reader, ours))).startswith("x" * 1000)
         assert isinstance(decode(_read(reader, ours)), EndOfData)

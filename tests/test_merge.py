@@ -27,7 +27,15 @@ from zephon_stream.writer.merge import merge_parts
 BLOCK_TOKENS = 4097
 BLOCKS_PER_SHARD = 4
 NUM_FILES = 30
-_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN")
+_LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_ARRAY_TASK_COUNT",
+    "SLURM_ARRAY_TASK_MIN",
+)
 
 
 def token_stream(url: str, storage_options: dict | None = None) -> np.ndarray:
@@ -41,7 +49,9 @@ def documents(url: str, storage_options: dict | None = None) -> list[tuple[int, 
     found = []
     with open_store(url, storage_options) as store:
         for i, shard in enumerate(manifest.shards):
-            index = DocIndex.from_bytes(store.read(shard.index_path), where=shard.index_path, shard_num_tokens=shard.num_tokens)
+            index = DocIndex.from_bytes(
+                store.read(shard.index_path), where=shard.index_path, shard_num_tokens=shard.num_tokens
+            )
             base = int(manifest.shard_token_offsets[i])
             for start, source, record in zip(index.doc_starts, index.doc_source, index.doc_record):
                 found.append((base + int(start), index.sources[int(source)], int(record)))
@@ -102,9 +112,14 @@ def _write_parts(files: list[str], out: Path, world_size: int, tokenizer: str = 
     for rank in range(world_size):
         url = f"{out}/{part_name(rank, world_size)}"
         write_dataset(
-            rank_share(files, rank, world_size), url, tokenizer=tokenizer, block_tokens=BLOCK_TOKENS,
-            blocks_per_shard=BLOCKS_PER_SHARD, progress=False, **options,
-        )  # fmt: skip
+            rank_share(files, rank, world_size),
+            url,
+            tokenizer=tokenizer,
+            block_tokens=BLOCK_TOKENS,
+            blocks_per_shard=BLOCKS_PER_SHARD,
+            progress=False,
+            **options,
+        )
         urls.append(url)
     return urls
 
@@ -138,8 +153,15 @@ def test_merge_on_s3_matches_one_process(stdlib_corpus, bpe_tokenizer_json, s3_u
     files = [str(p) for p in stdlib_corpus.files[:NUM_FILES]]
     tokenizer = f"hf:{bpe_tokenizer_json}"
     single = s3_url("single")
-    write_dataset(files, single, tokenizer=tokenizer, block_tokens=BLOCK_TOKENS, blocks_per_shard=BLOCKS_PER_SHARD,
-                  storage_options=s3_options, progress=False)  # fmt: skip
+    write_dataset(
+        files,
+        single,
+        tokenizer=tokenizer,
+        block_tokens=BLOCK_TOKENS,
+        blocks_per_shard=BLOCKS_PER_SHARD,
+        storage_options=s3_options,
+        progress=False,
+    )
     out = s3_url("merged")
     parts = _write_parts(files, out, 3, tokenizer=tokenizer, storage_options=s3_options)
     merged = merge_parts(parts, out, storage_options=s3_options)
@@ -149,17 +171,31 @@ def test_merge_on_s3_matches_one_process(stdlib_corpus, bpe_tokenizer_json, s3_u
     with open_store(out, s3_options) as store:
         new = sorted(p for p in store.list() if not p.startswith("part-"))
         assert [p for p in new if not p.startswith("index/")] == ["manifest", "rejects.jsonl"]
-        assert sorted(p.split("-")[0] for p in new if p.startswith("index/")) == ["index/blocks", "index/shards", "index/sources"]
+        assert sorted(p.split("-")[0] for p in new if p.startswith("index/")) == [
+            "index/blocks",
+            "index/shards",
+            "index/sources",
+        ]
 
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zephon_stream", *args], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "zephon_stream", *args], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
 def test_three_cli_ranks_and_merge_decode_like_one_process(stdlib_corpus, tmp_path):
     pattern = stdlib_corpus.glob
-    common = ["--tokenizer", "bytes", "--block-tokens", str(BLOCK_TOKENS), "--blocks-per-shard", str(BLOCKS_PER_SHARD), "--no-progress"]
+    common = [
+        "--tokenizer",
+        "bytes",
+        "--block-tokens",
+        str(BLOCK_TOKENS),
+        "--blocks-per-shard",
+        str(BLOCKS_PER_SHARD),
+        "--no-progress",
+    ]
     base_env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
 
     single = tmp_path / "single"
@@ -207,11 +243,18 @@ def test_merged_dataset_streams_the_samples_of_every_part(stdlib_corpus, tmp_pat
     manifest = merge_parts([], str(tmp_path))
     samples_per_block = (manifest.block_token_counts() - 1) // seq_len
     # Every part ends in a short block, so the merged dataset has short blocks mid-stream.
-    short_inside = {int(manifest.shard_first_block[i + 1]) - 1 for i, s in enumerate(manifest.shards[:-1]) if s.num_tokens % BLOCK_TOKENS}
+    short_inside = {
+        int(manifest.shard_first_block[i + 1]) - 1
+        for i, s in enumerate(manifest.shards[:-1])
+        if s.num_tokens % BLOCK_TOKENS
+    }
     assert short_inside
 
     seen = set()
-    with StreamingLoader(str(tmp_path), seq_len=seq_len, local_batch_size=batch, rank=0, world_size=1) as loader, DatasetReader.open(str(tmp_path)) as reader:
+    with (
+        StreamingLoader(str(tmp_path), seq_len=seq_len, local_batch_size=batch, rank=0, world_size=1) as loader,
+        DatasetReader.open(str(tmp_path)) as reader,
+    ):
         steps = int(samples_per_block.sum()) // loader.lanes * loader.lanes // batch
         for step, got in zip(range(steps), loader):
             _, blocks, samples = loader.order.sample_at(np.arange(step * batch, (step + 1) * batch))

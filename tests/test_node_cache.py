@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures_stores import new_bucket
 
+from fixtures_stores import new_bucket
 from tools.fault_proxy import FaultProxy
 from tools.reliability.common import step_hashes
 from zephon_stream import StreamingLoader
@@ -280,8 +280,14 @@ def test_past_max_bytes_get_returns_the_fetched_bytes_without_storing_them(tmp_p
         assert cache.get(KEYS[0], lambda: payload(KEYS[0])) == payload(KEYS[0])
         assert cache.get(KEYS[1], lambda: payload(KEYS[1])) == payload(KEYS[1])
         assert cache.get(KEYS[1], lambda: payload(KEYS[1])) == payload(KEYS[1])
-        assert cache.stats() == {"hits": 0, "fetches": 3, "waits": 0, "bytes": len(payload(KEYS[0])),
-                                 "not_stored": 2, "dropped": 0}  # fmt: skip
+        assert cache.stats() == {
+            "hits": 0,
+            "fetches": 3,
+            "waits": 0,
+            "bytes": len(payload(KEYS[0])),
+            "not_stored": 2,
+            "dropped": 0,
+        }
 
 
 def test_keys_are_validated_and_odd_or_long_keys_become_hashed_file_names():
@@ -336,8 +342,9 @@ def test_the_folders_and_files_the_cache_makes_are_private_to_this_user(tmp_path
     assert not os.path.exists(root)
 
 
-def test_two_ranks_of_a_node_read_the_metadata_once_and_deliver_what_they_deliver_alone(tmp_path, seaweedfs_server,
-                                                                                        small_dataset):
+def test_two_ranks_of_a_node_read_the_metadata_once_and_deliver_what_they_deliver_alone(
+    tmp_path, seaweedfs_server, small_dataset
+):
     """Rank 1 opening after rank 0 on the same node makes no metadata request of its own, and both deliver the
     batches each delivers without the cache."""
     env = new_bucket("seaweedfs", seaweedfs_server)
@@ -351,11 +358,13 @@ def test_two_ranks_of_a_node_read_the_metadata_once_and_deliver_what_they_delive
             with StreamingLoader(url, storage_options=options, rank=rank, node_cache=False, **settings) as loader:
                 alone.append(step_hashes(loader, 6))
         before = proxy.counts()["requests"]
-        with StreamingLoader(url, storage_options=options, rank=0, node_cache=str(tmp_path / "nc"),
-                             **settings) as first:  # fmt: skip
+        with StreamingLoader(
+            url, storage_options=options, rank=0, node_cache=str(tmp_path / "nc"), **settings
+        ) as first:
             first_requests = proxy.counts()["requests"] - before
-            with StreamingLoader(url, storage_options=options, rank=1, node_cache=str(tmp_path / "nc"),
-                                 **settings) as second:  # fmt: skip
+            with StreamingLoader(
+                url, storage_options=options, rank=1, node_cache=str(tmp_path / "nc"), **settings
+            ) as second:
                 second_requests = proxy.counts()["requests"] - before - first_requests
                 shared = [step_hashes(first, 6), step_hashes(second, 6)]
     assert first_requests > 0, "rank 0 read nothing from the store while opening; the test proves nothing"

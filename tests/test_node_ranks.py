@@ -26,10 +26,17 @@ LAUNCHED = {
     "MVAPICH2": {"MV2_COMM_WORLD_LOCAL_SIZE": "4", "MV2_COMM_WORLD_LOCAL_RANK": "1"},
     "Cray PMI": {"PMI_LOCAL_SIZE": "4", "PMI_LOCAL_RANK": "1", "PMI_RANK": "5", "PMI_SIZE": "12"},
     "PALS": {"PALS_LOCAL_SIZE": "4", "PALS_LOCAL_RANKID": "1", "PALS_RANKID": "5"},
-    "Slurm": {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "1", "SLURM_PROCID": "5",
-              "SLURM_NODEID": "1", "SLURM_NTASKS": "12", "SLURM_STEP_TASKS_PER_NODE": "4(x3)",
-              "SLURM_TASKS_PER_NODE": "4(x3)"},
-}  # fmt: skip
+    "Slurm": {
+        "SLURM_JOB_ID": "77",
+        "SLURM_STEP_ID": "0",
+        "SLURM_LOCALID": "1",
+        "SLURM_PROCID": "5",
+        "SLURM_NODEID": "1",
+        "SLURM_NTASKS": "12",
+        "SLURM_STEP_TASKS_PER_NODE": "4(x3)",
+        "SLURM_TASKS_PER_NODE": "4(x3)",
+    },
+}
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHED))
@@ -48,8 +55,12 @@ def test_without_a_launcher_or_with_one_rank_a_node_nothing_is_shared() -> None:
 
 
 def test_slurm_reads_this_node_s_place_in_the_step_s_tasks_per_node() -> None:
-    env = {"SLURM_STEP_ID": "3", "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "3(x2),1",
-           "SLURM_TASKS_PER_NODE": "8(x3)"}  # fmt: skip
+    env = {
+        "SLURM_STEP_ID": "3",
+        "SLURM_NODEID": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "3(x2),1",
+        "SLURM_TASKS_PER_NODE": "8(x3)",
+    }
     assert node_ranks(env).count == 1  # The step's own layout, not the allocation's
     assert node_ranks({**env, "SLURM_NODEID": "1"}).count == 3
     assert node_ranks({"SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "2,6"}).count == 6
@@ -61,8 +72,12 @@ def test_a_launcher_inside_another_is_counted_by_the_one_that_started_the_ranks(
     # One srun task a node, each running torchrun with 8 ranks; mpirun inside a Slurm allocation.
     torchrun_under_srun = {**LAUNCHED["Slurm"], "SLURM_STEP_TASKS_PER_NODE": "1(x3)", "LOCAL_WORLD_SIZE": "8"}
     assert node_ranks(torchrun_under_srun)[:2] == (8, "torchrun")
-    mpirun_in_allocation = {"SLURM_JOB_ID": "77", "SLURM_TASKS_PER_NODE": "16(x2)", "SLURM_NODEID": "0",
-                            "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}  # fmt: skip
+    mpirun_in_allocation = {
+        "SLURM_JOB_ID": "77",
+        "SLURM_TASKS_PER_NODE": "16(x2)",
+        "SLURM_NODEID": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+    }
     assert node_ranks(mpirun_in_allocation)[:2] == (4, "Open MPI")
     assert node_cache_root({**LAUNCHED["Slurm"], "ZEPHON_NODE_CACHE": "/somewhere"}) == "/somewhere"
 
@@ -73,10 +88,12 @@ def test_a_launcher_inside_another_is_counted_by_the_one_that_started_the_ranks(
         ({"LOCAL_WORLD_SIZE": "eight"}, "LOCAL_WORLD_SIZE='eight': not an integer"),
         ({"OMPI_COMM_WORLD_LOCAL_SIZE": "0"}, "OMPI_COMM_WORLD_LOCAL_SIZE='0': a node runs at least one rank"),
         ({"SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "4(x)"}, "SLURM_STEP_TASKS_PER_NODE='4(x)'"),
-        ({"SLURM_STEP_ID": "0", "SLURM_NODEID": "3", "SLURM_STEP_TASKS_PER_NODE": "4(x2)"},
-         "SLURM_NODEID=3 is not a place in SLURM_STEP_TASKS_PER_NODE='4(x2)' (2 nodes)"),
+        (
+            {"SLURM_STEP_ID": "0", "SLURM_NODEID": "3", "SLURM_STEP_TASKS_PER_NODE": "4(x2)"},
+            "SLURM_NODEID=3 is not a place in SLURM_STEP_TASKS_PER_NODE='4(x2)' (2 nodes)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_launcher_variable_that_is_not_a_count_is_refused_by_name(env: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
         node_cache_root(env)

@@ -18,8 +18,14 @@ from zephon_stream import StreamingLoader
 from zephon_stream.errors import ObjectMissingError, StorageError
 from zephon_stream.storage import RetryPolicy, copy_dataset, open_store
 
-FAST_RETRY = RetryPolicy(max_attempts=8, initial_backoff_s=0.01, max_backoff_s=0.1, timeout_s=20,
-                         throttle_initial_backoff_s=0.01, throttle_max_backoff_s=0.1)
+FAST_RETRY = RetryPolicy(
+    max_attempts=8,
+    initial_backoff_s=0.01,
+    max_backoff_s=0.1,
+    timeout_s=20,
+    throttle_initial_backoff_s=0.01,
+    throttle_max_backoff_s=0.1,
+)
 OBJECT = bytes(range(256)) * 2048
 RANGE_BYTES = 20_000
 NUM_READS = 16
@@ -47,8 +53,10 @@ def test_transient_answers_are_retried_by_the_policy_and_counted(object_store):
     with open_store(url, object_store.storage_options) as store:
         store.write_atomic("obj", OBJECT)
     for kind in TRANSIENT[object_store.backend]:
-        with FaultProxy(upstream=object_store.server.endpoint_url, rates={kind: 0.3}, seed=5) as proxy, \
-                open_store(url, object_store.options_via(proxy.endpoint_url), retry=FAST_RETRY) as store:  # fmt: skip
+        with (
+            FaultProxy(upstream=object_store.server.endpoint_url, rates={kind: 0.3}, seed=5) as proxy,
+            open_store(url, object_store.options_via(proxy.endpoint_url), retry=FAST_RETRY) as store,
+        ):
             got = read_ranges(store)
             injected = proxy.counts()[kind]
             requests = proxy.counts()["requests"]
@@ -70,8 +78,10 @@ def test_loader_through_mixed_faults_reads_the_clean_batches(object_store, small
     with StreamingLoader(small_dataset.url, **settings) as local:
         expected = step_hashes(local, 30)
     rates = {"error_503": 0.08, "error_500": 0.08, "reset": 0.08}
-    with FaultProxy(upstream=object_store.server.endpoint_url, rates=rates, seed=9) as proxy, \
-            StreamingLoader(url, storage_options=object_store.options_via(proxy.endpoint_url), **settings) as loader:  # fmt: skip
+    with (
+        FaultProxy(upstream=object_store.server.endpoint_url, rates=rates, seed=9) as proxy,
+        StreamingLoader(url, storage_options=object_store.options_via(proxy.endpoint_url), **settings) as loader,
+    ):
         got = step_hashes(loader, 30)
         retries = loader.stats()["retries"]
         injected = sum(proxy.counts()[kind] for kind in rates)
@@ -121,8 +131,10 @@ def test_permanent_errors_fail_at_once_and_name_the_object(object_store):
     with open_store(url, object_store.storage_options) as store:
         store.write_atomic("obj", OBJECT)
         _fails_fast(store, lambda s: s.read("absent"), f"{url}/absent", ObjectMissingError)
-    with FaultProxy(upstream=object_store.server.endpoint_url, rates={"error_403": 1.0}) as proxy, \
-            open_store(url, object_store.options_via(proxy.endpoint_url)) as store:  # fmt: skip
+    with (
+        FaultProxy(upstream=object_store.server.endpoint_url, rates={"error_403": 1.0}) as proxy,
+        open_store(url, object_store.options_via(proxy.endpoint_url)) as store,
+    ):
         error = _fails_fast(store, lambda s: s.read_range("obj", 0, 10), f"{url}/obj")
         assert "not retryable" in str(error)
 

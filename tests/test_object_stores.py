@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader_reference import run_step_hashes
 from fixtures_corpus import SMALL_BLOCK_TOKENS, SMALL_BLOCKS_PER_SHARD, SMALL_DATASET_FILES
+from loader_reference import run_step_hashes
 from tools.reliability import crash
 from tools.reliability.common import committed_objects, step_hashes
 from zephon_stream import Manifest, StreamingLoader, write_dataset
@@ -35,13 +35,16 @@ def local_objects(root: str) -> dict[str, bytes]:
 
 def normalized(samples: list[dict]) -> list[dict]:
     """``which`` samples without the dataset URL, each source by file name only."""
-    return [{**s, "dataset": None, "documents": [{**d, "source": d["source"].rsplit("/", 1)[-1]} for d in s["documents"]]}
-            for s in samples]  # fmt: skip
+    return [
+        {**s, "dataset": None, "documents": [{**d, "source": d["source"].rsplit("/", 1)[-1]} for d in s["documents"]]}
+        for s in samples
+    ]
 
 
 def stream(url: str, storage_options: dict | None, steps: int = STEPS) -> list[str]:
-    with StreamingLoader(url, seq_len=SEQ_LEN, local_batch_size=BATCH, seed=3,
-                         storage_options=storage_options) as loader:  # fmt: skip
+    with StreamingLoader(
+        url, seq_len=SEQ_LEN, local_batch_size=BATCH, seed=3, storage_options=storage_options
+    ) as loader:
         return step_hashes(loader, steps)
 
 
@@ -117,7 +120,9 @@ def test_shard_over_the_multipart_threshold_is_uploaded_in_parts_and_reads_back_
     assert head["ETag"].strip('"').endswith("-3"), head["ETag"]
     assert committed_objects(url, options) == local_objects(str(local))
     with DatasetReader.open(url, options) as remote, DatasetReader.open(str(local)) as disk:
-        np.testing.assert_array_equal(remote.read_tokens(0, manifest.num_tokens), disk.read_tokens(0, manifest.num_tokens))
+        np.testing.assert_array_equal(
+            remote.read_tokens(0, manifest.num_tokens), disk.read_tokens(0, manifest.num_tokens)
+        )
 
 
 @pytest.mark.parametrize("object_store", ["seaweedfs"], indirect=True)
@@ -128,8 +133,15 @@ def test_distributed_write_and_merge_match_one_local_process(object_store, small
     parts = []
     for rank in range(3):
         part = f"{out}/{part_name(rank, 3)}"
-        write_dataset(rank_share(files, rank, 3), part, tokenizer="bytes", block_tokens=SMALL_BLOCK_TOKENS,
-                      blocks_per_shard=SMALL_BLOCKS_PER_SHARD, storage_options=options, progress=False)  # fmt: skip
+        write_dataset(
+            rank_share(files, rank, 3),
+            part,
+            tokenizer="bytes",
+            block_tokens=SMALL_BLOCK_TOKENS,
+            blocks_per_shard=SMALL_BLOCKS_PER_SHARD,
+            storage_options=options,
+            progress=False,
+        )
         parts.append(part)
     merged = merge_parts(parts, out, storage_options=options)
     assert merged.num_tokens == small_dataset.manifest.num_tokens
@@ -143,8 +155,9 @@ def test_distributed_write_and_merge_match_one_local_process(object_store, small
 @pytest.mark.slow
 @pytest.mark.torchrun
 @pytest.mark.parametrize("object_store", ["seaweedfs"], indirect=True)
-def test_torchrun_job_killed_resumes_at_another_world_size_on_the_store(object_store, small_dataset, tmp_path,
-                                                                       monkeypatch):  # fmt: skip
+def test_torchrun_job_killed_resumes_at_another_world_size_on_the_store(
+    object_store, small_dataset, tmp_path, monkeypatch
+):
     """A torchrun job checkpointing with DCP, reading from the store, is SIGKILLed
     and resumed at another world size; every step before and after equals the
     single-process run, which equals the run on local disk."""
@@ -155,11 +168,22 @@ def test_torchrun_job_killed_resumes_at_another_world_size_on_the_store(object_s
     for name, value in object_store.env.items():
         monkeypatch.setenv(name, value)
     total_steps, resume_steps, seq_len, batch, seed = 10, 4, 256, 12, 11
-    with StreamingLoader(url, seq_len=seq_len, local_batch_size=batch, seed=seed) as remote, \
-            StreamingLoader(small_dataset.url, seq_len=seq_len, local_batch_size=batch, seed=seed) as local:  # fmt: skip
+    with (
+        StreamingLoader(url, seq_len=seq_len, local_batch_size=batch, seed=seed) as remote,
+        StreamingLoader(small_dataset.url, seq_len=seq_len, local_batch_size=batch, seed=seed) as local,
+    ):
         assert step_hashes(remote, total_steps + resume_steps) == step_hashes(local, total_steps + resume_steps)
-    result = crash.loader_kill_resume(data=url, work=tmp_path, runs=1, seed=seed, total_steps=total_steps,
-                                      resume_steps=resume_steps, worlds=(1, 2), global_batch=batch, seq_len=seq_len)
+    result = crash.loader_kill_resume(
+        data=url,
+        work=tmp_path,
+        runs=1,
+        seed=seed,
+        total_steps=total_steps,
+        resume_steps=resume_steps,
+        worlds=(1, 2),
+        global_batch=batch,
+        seq_len=seq_len,
+    )
     assert [(r["from_world"] != r["to_world"]) for r in result["resumed"]] == [True]
     assert result["steps_checked"] >= resume_steps
 
@@ -175,9 +199,19 @@ def test_state_saved_at_2_ranks_resumes_at_3_ranks_on_the_store(object_store, sm
     seq_len, batch, seed, saved_at, after = 256, 12, 5, 5, 4
 
     def ranks(data: str, world: int, storage_options: dict | None) -> list[StreamingLoader]:
-        return [StreamingLoader(data, seq_len=seq_len, local_batch_size=batch // world, seed=seed, rank=r,
-                                world_size=world, storage_options=storage_options, pipeline="threads")
-                for r in range(world)]  # fmt: skip
+        return [
+            StreamingLoader(
+                data,
+                seq_len=seq_len,
+                local_batch_size=batch // world,
+                seed=seed,
+                rank=r,
+                world_size=world,
+                storage_options=storage_options,
+                pipeline="threads",
+            )
+            for r in range(world)
+        ]
 
     def run(loaders: list[StreamingLoader], steps: int) -> list[str]:
         try:

@@ -37,10 +37,13 @@ class Harness:
 
     def __init__(self, *, rows: int, seq_len: int, spec: PackingSpec) -> None:
         self.rows, self.seq_len, self.spec = rows, seq_len, spec
-        self.host = SharedRing.create(num_slots=2, layout=SlotLayout(
-            rows=rows, seq_len=seq_len, token_dtype="<u2", wide_keys=WIDE_KEYS, packing=spec))  # fmt: skip
-        self.device = SharedRing.create(num_slots=2, layout=SlotLayout(
-            rows=rows, seq_len=seq_len, token_dtype="<u2", wide_keys=(), packing=spec))  # fmt: skip
+        self.host = SharedRing.create(
+            num_slots=2,
+            layout=SlotLayout(rows=rows, seq_len=seq_len, token_dtype="<u2", wide_keys=WIDE_KEYS, packing=spec),
+        )
+        self.device = SharedRing.create(
+            num_slots=2, layout=SlotLayout(rows=rows, seq_len=seq_len, token_dtype="<u2", wide_keys=(), packing=spec)
+        )
         self.host_assembler = StepAssembler(seq_len=seq_len, packing=spec)
         self.device_assembler = StepAssembler(seq_len=seq_len, packing=spec)
 
@@ -135,8 +138,9 @@ def test_the_named_cases_each_occur_and_pass():
     assert inputs[0, 0] != eos[0] and a[0] != EOS_IDS[0], "row 0 starts inside the stream's first document"
     assert (~is_eos[1]).all() and (~is_eos[2][:-1]).all(), "the 20-token document spans rows 1 and 2"
     assert is_eos[4, -1], "row 4 ends on an EOS"
-    assert (inputs == EOS_IDS[1])[0].any() and not is_eos[0][inputs[0] == EOS_IDS[1]].any(), \
+    assert (inputs == EOS_IDS[1])[0].any() and not is_eos[0][inputs[0] == EOS_IDS[1]].any(), (
         "stream 1's EOS id is an ordinary token in stream 0's rows"
+    )
     spec = PackingSpec(cross_document_targets="ignore", outputs=True)
     harness = Harness(rows=len(choices), seq_len=seq_len, spec=spec)
     try:
@@ -167,8 +171,10 @@ def test_predict_keeps_the_shifted_window_and_ignore_masks_only_input_eos():
                 assert (tokens[:, 1:] == 0).sum() > masked.sum() - 1, "an EOS as a target is still trained"
             np.testing.assert_array_equal(device["labels"].numpy(), labels)
             assert "segment_ids" not in host and "cu_seqlens" not in device
-            assert harness.host.layout.device_bytes == SlotLayout(rows=2, seq_len=seq_len, token_dtype="<u2",
-                                                                   wide_keys=()).device_bytes
+            assert (
+                harness.host.layout.device_bytes
+                == SlotLayout(rows=2, seq_len=seq_len, token_dtype="<u2", wide_keys=()).device_bytes
+            )
         finally:
             harness.close()
 
@@ -193,8 +199,9 @@ def test_rows_dense_with_documents_take_the_running_sum_and_agree():
     try:
         sparse, sparse_eos = windows_of([short, long], [(1, 0), (1, 32), (1, 40)], seq_len)
         # Into one slot, so each step clears what the step before left, either way.
-        for step, (rows_of, eos_of) in enumerate([(windows, eos), (sparse, sparse_eos), (windows, eos),
-                                                  (sparse, sparse_eos)]):
+        for step, (rows_of, eos_of) in enumerate(
+            [(windows, eos), (sparse, sparse_eos), (windows, eos), (sparse, sparse_eos)]
+        ):
             check_step(harness, rows_of, eos_of, slot=0, seed=step)
     finally:
         harness.close()

@@ -37,8 +37,9 @@ def run_steps(order, position, local_batch, world_size, steps):
             piece = order.rank_slice(position, global_batch, world_size, rank)
             assert piece.positions.size == local_batch
             seen += piece.positions.tolist()
-            for p, s, b, j in zip(piece.positions.tolist(), piece.stream.tolist(),
-                                  piece.block.tolist(), piece.sample.tolist()):  # fmt: skip
+            for p, s, b, j in zip(
+                piece.positions.tolist(), piece.stream.tolist(), piece.block.tolist(), piece.sample.tolist()
+            ):
                 read[p] = (s, b, j)
         assert sorted(seen) == list(range(position, position + global_batch))
         position += global_batch
@@ -66,8 +67,9 @@ def test_resume_on_another_world_size_reads_the_uninterrupted_order(
     sizes, seq_len, lanes, seed, world, local, steps, window
 ):
     shapes = make_shapes(sizes)
-    config = OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes, window=window,
-                         weights=tuple(range(1, len(sizes) + 1)))  # fmt: skip
+    config = OrderConfig(
+        seed=seed, seq_len=seq_len, lanes=lanes, window=window, weights=tuple(range(1, len(sizes) + 1))
+    )
     try:
         before = GlobalOrder(shapes, config)
     except ConfigError:
@@ -173,8 +175,7 @@ def test_resume_checklist(where):
     used = order.streams[0].samples_read_per_epoch
     batch = 4
     total_steps = 2 * used // batch
-    step = {"start": 0, "mid-epoch": used // batch // 2 + 1, "epoch boundary": used // batch,
-            "end": total_steps}[where]  # fmt: skip
+    step = {"start": 0, "mid-epoch": used // batch // 2 + 1, "epoch boundary": used // batch, "end": total_steps}[where]
     saved = order.state(step * batch).to_dict()
     initial = order.state(0).to_dict()
     assert saved.keys() == initial.keys()

@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_stream.errors import ConfigError
-from zephon_stream.plan import StreamShape
-from zephon_stream.plan import EvalOrder
+from zephon_stream.plan import EvalOrder, StreamShape
 
 
 def all_samples(shapes: list[StreamShape], seq_len: int) -> list[tuple[int, int, int]]:

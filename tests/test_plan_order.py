@@ -10,10 +10,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from test_plan_permutation import spec_permute  # the permutation spec, transcribed
 from zephon_stream.errors import ConfigError
 from zephon_stream.plan import GlobalOrder, OrderConfig, StreamShape, lane_map, split_lanes
-
-from test_plan_permutation import spec_permute  # the permutation spec, transcribed
 
 
 def shape_of(name: str, block_tokens: int, counts: list[int]) -> StreamShape:
@@ -49,8 +48,9 @@ def test_compact_shape_matches_counts_and_is_size_independent():
     assert shape.short_ids.tolist() == [5, 10] and shape.short_counts.tolist() == [10, 2]
     assert shape.block_token_counts(np.arange(11)).tolist() == counts
     assert shape.num_tokens == sum(counts)
-    huge = StreamShape(fingerprint="h", block_tokens=2**20 + 1, num_blocks=10**12,
-                       short_ids=[10**12 - 1], short_counts=[5])  # fmt: skip
+    huge = StreamShape(
+        fingerprint="h", block_tokens=2**20 + 1, num_blocks=10**12, short_ids=[10**12 - 1], short_counts=[5]
+    )
     assert huge.short_ids.nbytes == 8 and huge.num_full_blocks == 10**12 - 1
 
 
@@ -62,14 +62,16 @@ def test_shape_rejects_impossible_counts():
 
 
 @settings(max_examples=60, deadline=None)
-@given(shape=stream_shapes(), seq_len=st.integers(1, 40), lanes=st.integers(1, 9),
-       seed=st.integers(0, 2**64 - 1), window=st.integers(0, 6))  # fmt: skip
-def test_each_epoch_reads_every_sample_once_minus_a_remainder_below_lanes(
-    shape, seq_len, lanes, seed, window
-):
+@given(
+    shape=stream_shapes(),
+    seq_len=st.integers(1, 40),
+    lanes=st.integers(1, 9),
+    seed=st.integers(0, 2**64 - 1),
+    window=st.integers(0, 6),
+)
+def test_each_epoch_reads_every_sample_once_minus_a_remainder_below_lanes(shape, seq_len, lanes, seed, window):
     try:
-        order = GlobalOrder([shape], OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes,
-                                                 window=window))  # fmt: skip
+        order = GlobalOrder([shape], OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes, window=window))
     except ConfigError:
         assume(False)
     plan = order.streams[0]
@@ -92,7 +94,7 @@ def test_short_blocks_come_after_the_permuted_full_blocks():
     first_use = list(dict.fromkeys(block.tolist()))
     short = shape.short_ids.tolist()
     assert short == [4, 14]
-    assert first_use[-len(short):] == short
+    assert first_use[-len(short) :] == short
     assert sorted(first_use[: -len(short)]) == sorted(set(range(15)) - set(short))
     assert first_use[: -len(short)] != sorted(first_use[: -len(short)])
 
@@ -126,13 +128,17 @@ def test_each_lane_has_one_block_in_use_at_a_time(lanes):
 
 
 @settings(max_examples=40, deadline=None)
-@given(shapes=st.lists(stream_shapes(), min_size=1, max_size=3), seq_len=st.integers(1, 16),
-       lanes=st.integers(1, 12), seed=st.integers(0, 1000), data=st.data())  # fmt: skip
+@given(
+    shapes=st.lists(stream_shapes(), min_size=1, max_size=3),
+    seq_len=st.integers(1, 16),
+    lanes=st.integers(1, 12),
+    seed=st.integers(0, 1000),
+    data=st.data(),
+)
 def test_small_and_vectorized_paths_agree(shapes, seq_len, lanes, seed, data):
     weights = tuple(data.draw(st.integers(1, 5)) for _ in shapes)
     try:
-        order = GlobalOrder(shapes, OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes,
-                                                weights=weights))  # fmt: skip
+        order = GlobalOrder(shapes, OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes, weights=weights))
     except ConfigError:
         assume(False)
     positions = np.array(data.draw(st.lists(st.integers(0, 10**6), min_size=65, max_size=200)))
@@ -155,8 +161,11 @@ def test_mixture_errors_name_the_stream_and_numbers():
     with pytest.raises(ConfigError, match=r"stream 1: weight 1 of 100 gets no lane out of 8"):
         split_lanes(("99", "1"), 8)
     shapes = [shape_of("big", 65, [65] * 40), shape_of("tiny", 65, [65])]
-    with pytest.raises(ConfigError, match=r"stream 1 \(tiny\): 2 samples of seq_len 32 per "
-                       r"epoch, fewer than its 4 lanes"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"stream 1 \(tiny\): 2 samples of seq_len 32 per "
+        r"epoch, fewer than its 4 lanes",
+    ):
         GlobalOrder(shapes, OrderConfig(seq_len=32, lanes=8))
     with pytest.raises(ConfigError, match="2 streams but 1 weights"):
         GlobalOrder(shapes, OrderConfig(seq_len=32, lanes=2, weights=(1,)))
@@ -166,11 +175,17 @@ def test_too_few_samples_for_default_lanes_names_what_the_user_set():
     shapes = [shape_of("big", 65, [65] * 40), shape_of("tiny", 65, [65])]
     said = "the global batch of 8 (local_batch_size 4 x world size 2), ...; lower local_batch_size or seq_len"
     # Every lane is the stream's: the lanes are not named, the global batch is.
-    with pytest.raises(ConfigError, match=r"^stream 0 \(tiny\): 2 samples of seq_len 32 per epoch, fewer than the "
-                       r"global batch of 8 \(local_batch_size 4 x world size 2\), \.\.\.; lower local_batch_size or seq_len$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^stream 0 \(tiny\): 2 samples of seq_len 32 per epoch, fewer than the "
+        r"global batch of 8 \(local_batch_size 4 x world size 2\), \.\.\.; lower local_batch_size or seq_len$",
+    ):
         GlobalOrder(shapes[1:], OrderConfig(seq_len=32, lanes=8), lanes_default=said)
-    with pytest.raises(ConfigError, match=r"^stream 1 \(tiny\): 2 samples of seq_len 32 per epoch, fewer than its "
-                       r"share, 4 lanes, of the global batch of 8 \(local_batch_size 4"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^stream 1 \(tiny\): 2 samples of seq_len 32 per epoch, fewer than its "
+        r"share, 4 lanes, of the global batch of 8 \(local_batch_size 4",
+    ):
         GlobalOrder(shapes, OrderConfig(seq_len=32, lanes=8), lanes_default=said)
     # A stream with no sample at all keeps its own reason.
     empty = StreamShape.from_counts("fp-empty", 65, [], name="./empty")
@@ -183,8 +198,11 @@ def test_a_stream_without_samples_is_named_by_its_url_with_the_reason():
     with pytest.raises(ConfigError, match=r"^stream 0 \(s3://b/empty\): the dataset holds no tokens"):
         GlobalOrder([empty], OrderConfig(seq_len=32, lanes=2))
     short = StreamShape.from_counts("fp-short", 65, [20, 10], name="./short")
-    with pytest.raises(ConfigError, match=r"^stream 1 \(\./short\): its longest block holds 20 tokens, fewer than "
-                       r"the 33 a sample of seq_len 32 needs; use a seq_len of at most 19$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^stream 1 \(\./short\): its longest block holds 20 tokens, fewer than "
+        r"the 33 a sample of seq_len 32 needs; use a seq_len of at most 19$",
+    ):
         GlobalOrder([shape_of("big", 65, [65] * 40), short], OrderConfig(seq_len=32, lanes=4))
     single = StreamShape.from_counts("fp-one", 65, [1], name="./one")
     assert single.no_samples_reason(1) == "every block holds a single token, and a sample needs two at least"
@@ -192,8 +210,12 @@ def test_a_stream_without_samples_is_named_by_its_url_with_the_reason():
 
 
 @settings(max_examples=40, deadline=None)
-@given(weights=st.lists(st.integers(1, 9), min_size=2, max_size=4), lanes=st.integers(4, 40),
-       start=st.integers(0, 500), batch=st.integers(1, 90))  # fmt: skip
+@given(
+    weights=st.lists(st.integers(1, 9), min_size=2, max_size=4),
+    lanes=st.integers(4, 40),
+    start=st.integers(0, 500),
+    batch=st.integers(1, 90),
+)
 def test_mixture_proportions_per_global_batch(weights, lanes, start, batch):
     shapes = [shape_of(f"s{i}", 65, [65] * 200) for i in range(len(weights))]
     try:
@@ -218,8 +240,7 @@ def test_each_stream_rolls_over_its_epochs_independently():
     tiny = shape_of("tiny", 65, [65] * 3 + [40])  # 7 samples
     order = GlobalOrder([big, tiny], OrderConfig(seq_len=32, lanes=4, weights=(3, 1), seed=2))
     big_plan, tiny_plan = order.streams
-    assert (big_plan.lanes, big_plan.lane_length, tiny_plan.lanes, tiny_plan.lane_length) == (
-        3, 32, 1, 7)  # fmt: skip
+    assert (big_plan.lanes, big_plan.lane_length, tiny_plan.lanes, tiny_plan.lane_length) == (3, 32, 1, 7)
     positions = np.arange(4 * 32)  # exactly one epoch of the big stream
     stream, block, sample = order.sample_at(positions)
     big_read = list(zip(block[stream == 0].tolist(), sample[stream == 0].tolist()))
@@ -255,12 +276,9 @@ def spec_order(shapes, seq_len, lanes, seed, window, weights, positions):
     values = [Fraction(w) for w in weights]
     quotas = [lanes * v / sum(values) for v in values]
     counts = [int(q) for q in quotas]
-    for s in sorted(range(len(values)), key=lambda s: (-(quotas[s] - counts[s]), s))[
-        : lanes - sum(counts)
-    ]:
+    for s in sorted(range(len(values)), key=lambda s: (-(quotas[s] - counts[s]), s))[: lanes - sum(counts)]:
         counts[s] += 1
-    places = sorted((Fraction(2 * j + 1, 2 * counts[s]), s, j)
-                    for s in range(len(counts)) for j in range(counts[s]))  # fmt: skip
+    places = sorted((Fraction(2 * j + 1, 2 * counts[s]), s, j) for s in range(len(counts)) for j in range(counts[s]))
     out = []
     for p in positions:
         c, q = p % lanes, p // lanes
@@ -286,14 +304,20 @@ def spec_order(shapes, seq_len, lanes, seed, window, weights, positions):
 
 
 @settings(max_examples=25, deadline=None)
-@given(shapes=st.lists(stream_shapes(), min_size=1, max_size=3), seq_len=st.integers(1, 16),
-       lanes=st.integers(1, 10), seed=st.integers(0, 2**64 - 1), window=st.integers(0, 7),
-       data=st.data())  # fmt: skip
+@given(
+    shapes=st.lists(stream_shapes(), min_size=1, max_size=3),
+    seq_len=st.integers(1, 16),
+    lanes=st.integers(1, 10),
+    seed=st.integers(0, 2**64 - 1),
+    window=st.integers(0, 7),
+    data=st.data(),
+)
 def test_order_matches_the_spec_read_literally(shapes, seq_len, lanes, seed, window, data):
     weights = tuple(str(data.draw(st.integers(1, 4))) for _ in shapes)
     try:
-        order = GlobalOrder(shapes, OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes,
-                                                window=window, weights=weights))  # fmt: skip
+        order = GlobalOrder(
+            shapes, OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes, window=window, weights=weights)
+        )
     except ConfigError:
         assume(False)
     positions = data.draw(st.lists(st.integers(0, 5000), min_size=1, max_size=80))

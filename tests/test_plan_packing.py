@@ -94,7 +94,7 @@ def check_rows(tokens: np.ndarray, rows: BlockRows, eos: int) -> None:
         assert pieces and sum(count for _, count in pieces) == length  # nothing padded
         open_ends = []
         for k, (start, count) in enumerate(pieces):
-            assert count >= 1 and 0 <= start and start + count <= region
+            assert count >= 1 and start >= 0 and start + count <= region
             seen[start : start + count] += 1
             if tokens[start + count - 1] != eos:
                 open_ends.append(k)
@@ -291,8 +291,15 @@ def test_cut_counts_count_both_packings_alike():
     windows = cut_counts(tokens, window_rows(tokens.size, 4), e)
     best = cut_counts(tokens, best_fit_rows(tokens, 4, e), e)
     # windows [0,4) [4,8) [8,12): [4,10) is cut (floor) and read from 8 without its start
-    assert windows == CutCounts(documents=4, documents_cut=1, tokens=12, tokens_without_beginning=2,
-                                floor=1, edge_documents=2, edge_documents_cut=0)  # fmt: skip
+    assert windows == CutCounts(
+        documents=4,
+        documents_cut=1,
+        tokens=12,
+        tokens_without_beginning=2,
+        floor=1,
+        edge_documents=2,
+        edge_documents_cut=0,
+    )
     assert best == windows
     assert windows + best == CutCounts(8, 2, 24, 4, 2, 4, 0)
     assert sum([windows, best], CutCounts()) == windows + best

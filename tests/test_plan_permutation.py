@@ -148,7 +148,9 @@ def test_vectorized_keys_and_domains_per_element():
 def test_domains_of_one_width_encrypted_together_equal_each_on_its_own(data, bits):
     # Permute encrypts domains of one Feistel width in one pass; each
     # value must still walk the cycle of its own domain.
-    sizes = data.draw(st.lists(st.integers(max(1, 2 ** (bits - 1) + 1) if bits > 2 else 1, 2**bits), min_size=2, max_size=12))
+    sizes = data.draw(
+        st.lists(st.integers(max(1, 2 ** (bits - 1) + 1) if bits > 2 else 1, 2**bits), min_size=2, max_size=12)
+    )
     n = np.array(sizes, dtype=np.int64)
     x = np.array([data.draw(st.integers(0, size - 1)) for size in sizes], dtype=np.int64)
     keys = derive_key(TAG_WINDOW, bits, np.arange(n.size), 2)

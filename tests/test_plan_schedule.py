@@ -37,9 +37,10 @@ def schedules(draw, *, seq_len_changes: bool = True):
         seq_len = draw(st.sampled_from([4, 8, 16])) if seq_len_changes or not phases else phases[0].seq_len
         window = draw(st.sampled_from([0, 0, 3]))
         phases.append(
-            SchedulePhase(start_step=step, global_batch=batch, seq_len=seq_len, lanes=lanes,
-                          window=window, weights=tuple(weights))
-        )  # fmt: skip
+            SchedulePhase(
+                start_step=step, global_batch=batch, seq_len=seq_len, lanes=lanes, window=window, weights=tuple(weights)
+            )
+        )
         step += draw(st.integers(1, 30))
     try:
         order = ScheduleOrder(make_shapes(sizes, short), phases, seed=draw(st.integers(0, 2**64 - 1)))
@@ -139,7 +140,9 @@ def test_each_stream_reads_its_epochs_with_no_repeat_and_only_the_documented_dro
                 continue
             keys = block[sel] * 10_000 + sample[sel]
             assert np.unique(keys).size == keys.size, f"stream {s} epoch {e} repeats a sample"
-            finished = e < current.epoch or (e == current.epoch and current.rest is None and not current.samples_in_epoch)
+            finished = e < current.epoch or (
+                e == current.epoch and current.rest is None and not current.samples_in_epoch
+            )
             if finished:
                 total = order.shapes[s].stream_samples(int(seq_len[sel][0]))
                 assert keys.size == total - drops[e], (s, e, keys.size, total, drops[e])
@@ -192,10 +195,20 @@ def test_a_seq_len_change_rereads_or_skips_at_most_one_block_per_lane():
     epoch = order.epoch_at(positions)
     seq_len = np.where(positions < boundary, 8, 16)
     first = epoch == 0
-    before = token_spans(block[first & (positions < boundary)], sample[first & (positions < boundary)], seq_len[first & (positions < boundary)])
-    after = token_spans(block[first & (positions >= boundary)], sample[first & (positions >= boundary)], seq_len[first & (positions >= boundary)])
+    before = token_spans(
+        block[first & (positions < boundary)],
+        sample[first & (positions < boundary)],
+        seq_len[first & (positions < boundary)],
+    )
+    after = token_spans(
+        block[first & (positions >= boundary)],
+        sample[first & (positions >= boundary)],
+        seq_len[first & (positions >= boundary)],
+    )
     reread = [b for b in after if b in before]
-    skipped = [b for b, spans in before.items() if b not in after and sum(hi - lo for lo, hi in spans) < 64 and len(spans) < 8]
+    skipped = [
+        b for b, spans in before.items() if b not in after and sum(hi - lo for lo, hi in spans) < 64 and len(spans) < 8
+    ]
     assert set(before) | set(after) == set(range(40)), "every block of the epoch is read"
     assert len(reread) <= lanes and len(skipped) <= lanes
     for b in after:
@@ -204,9 +217,14 @@ def test_a_seq_len_change_rereads_or_skips_at_most_one_block_per_lane():
 
 
 @settings(max_examples=30, deadline=None)
-@given(sizes=st.lists(st.integers(3, 20), min_size=1, max_size=3), seq_len=st.sampled_from([4, 8, 16]),
-       lanes=st.integers(1, 9), window=st.sampled_from([0, 1, 5]), seed=st.integers(0, 2**64 - 1),
-       start=st.integers(0, 5000))  # fmt: skip
+@given(
+    sizes=st.lists(st.integers(3, 20), min_size=1, max_size=3),
+    seq_len=st.sampled_from([4, 8, 16]),
+    lanes=st.integers(1, 9),
+    window=st.sampled_from([0, 1, 5]),
+    seed=st.integers(0, 2**64 - 1),
+    start=st.integers(0, 5000),
+)
 def test_any_one_phase_schedule_is_the_global_order(sizes, seq_len, lanes, window, seed, start):
     shapes = make_shapes(sizes, short=[1] * len(sizes))
     config = OrderConfig(seed=seed, seq_len=seq_len, lanes=max(lanes, len(sizes)), window=window)
@@ -254,7 +272,10 @@ def test_a_stream_added_later_starts_at_its_position_zero_and_a_removed_one_resu
     _, ab, aj = alone.sample_at(np.arange(8))
     assert sorted(first_of_1) == sorted(zip(ab.tolist(), aj.tolist()))
     # stream 0 is absent in phase 2 and keeps its progress
-    assert order.carries(order.phases[2].start_position)[0].samples == order.carries(order.phases[3].start_position)[0].samples
+    assert (
+        order.carries(order.phases[2].start_position)[0].samples
+        == order.carries(order.phases[3].start_position)[0].samples
+    )
     assert order.phases[3].streams[0].carry.samples == 20 + 8
 
 
@@ -294,13 +315,21 @@ def test_bad_schedules_are_refused_with_the_phase_named():
     with pytest.raises(ConfigError, match="phase 1: start_step 0 is not after phase 0's start_step 0"):
         ScheduleOrder(shapes, [SchedulePhase(start_step=0, global_batch=4, seq_len=8)] * 2)
     with pytest.raises(ConfigError, match=r"phase 1 \(start step 5\): seq_len must be >= 1, got 0"):
-        ScheduleOrder(shapes, [SchedulePhase(start_step=0, global_batch=4, seq_len=8),
-                               SchedulePhase(start_step=5, global_batch=4, seq_len=0)])  # fmt: skip
+        ScheduleOrder(
+            shapes,
+            [
+                SchedulePhase(start_step=0, global_batch=4, seq_len=8),
+                SchedulePhase(start_step=5, global_batch=4, seq_len=0),
+            ],
+        )
     samples = shapes[0].stream_samples(8)
     first = SchedulePhase(start_step=0, global_batch=4, seq_len=8)
-    with pytest.raises(ConfigError, match=rf"phase 1 \(start step 5\): stream 0 \(.*\): {samples} samples of seq_len 8 "
-                       rf"per epoch, fewer than the phase's global batch of {samples + 1}, which gives its lanes when "
-                       r"it sets none; lower its global_batch or seq_len$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=rf"phase 1 \(start step 5\): stream 0 \(.*\): {samples} samples of seq_len 8 "
+        rf"per epoch, fewer than the phase's global batch of {samples + 1}, which gives its lanes when "
+        r"it sets none; lower its global_batch or seq_len$",
+    ):
         ScheduleOrder(shapes, [first, SchedulePhase(start_step=5, global_batch=samples + 1, seq_len=8)])
     with pytest.raises(ConfigError, match=rf"fewer than its {samples + 1} lanes; lower the lanes or seq_len$"):
         ScheduleOrder(shapes, [first, SchedulePhase(start_step=5, global_batch=4, seq_len=8, lanes=samples + 1)])
@@ -323,8 +352,10 @@ GOLDEN_STEPS = {
 
 
 def golden_schedule() -> ScheduleOrder:
-    shapes = [StreamShape.from_counts("golden-a", 65, [65] * 10 + [20]),
-              StreamShape.from_counts("golden-b", 65, [65] * 7)]  # fmt: skip
+    shapes = [
+        StreamShape.from_counts("golden-a", 65, [65] * 10 + [20]),
+        StreamShape.from_counts("golden-b", 65, [65] * 7),
+    ]
     phases = [
         SchedulePhase(start_step=0, global_batch=4, seq_len=8, lanes=4, weights=(1, 0)),
         SchedulePhase(start_step=3, global_batch=6, seq_len=8, lanes=6, weights=(1, 1)),
@@ -356,7 +387,9 @@ def test_rank_steps_across_boundaries_give_one_piece_per_phase():
         for k in range(piece.positions.shape[0]):
             one = order.rank_slice(piece.first_step + k, 2, 1)
             assert np.array_equal(one.positions, piece.positions[k]) and np.array_equal(one.sample, piece.sample[k])
-    with pytest.raises(ConfigError, match=r"phase 1 \(start step 3\): world size 4 does not divide the global micro-batch 6"):
+    with pytest.raises(
+        ConfigError, match=r"phase 1 \(start step 3\): world size 4 does not divide the global micro-batch 6"
+    ):
         order.rank_steps(2, 2, 4, 0)
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from test_plan_schedule import schedules
 
+from test_plan_schedule import schedules
 from zephon_stream.errors import ConfigError, StateMismatchError, VersionError
 from zephon_stream.plan import (
     GlobalOrder,
@@ -73,8 +73,12 @@ def test_a_changed_phase_that_has_begun_is_refused_naming_phase_field_and_values
         saved.validate(ScheduleOrder(SHAPES, phases(**{"1_seq_len": 32, "1_weights": (1, 1, 1)}), seed=3))
     message = str(info.value)
     assert "phase 1 (start step 20): seq_len: checkpoint has 16, this loader has 32" in message
-    assert "phase 1 (start step 20): weights: checkpoint has ['1', '2', '1'], this loader has ['1', '1', '1']" in message
-    with pytest.raises(StateMismatchError, match=r"phase 0 \(start step 0\): global_batch: checkpoint has 8, this loader has 16"):
+    assert (
+        "phase 1 (start step 20): weights: checkpoint has ['1', '2', '1'], this loader has ['1', '1', '1']" in message
+    )
+    with pytest.raises(
+        StateMismatchError, match=r"phase 0 \(start step 0\): global_batch: checkpoint has 8, this loader has 16"
+    ):
         saved.validate(ScheduleOrder(SHAPES, phases(**{"0_global_batch": 16}), seed=3))
     with pytest.raises(StateMismatchError, match="phase 1 .*: start_step: checkpoint has 20, this loader has 25"):
         saved.validate(ScheduleOrder(SHAPES, phases(**{"1_start_step": 25}), seed=3))
@@ -103,9 +107,13 @@ def test_future_phases_may_be_added_or_edited_and_streams_appended():
 def test_the_last_phase_batch_may_change_on_resume_unless_a_later_phase_starts_from_it():
     one = ScheduleOrder(SHAPES[:2], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8)], seed=3)
     saved = ScheduleState.from_dict(one.state(8 * 12).to_dict())
-    saved.validate(ScheduleOrder(SHAPES[:2], [SchedulePhase(start_step=0, global_batch=16, seq_len=16, lanes=8)], seed=3))
-    later = [SchedulePhase(start_step=0, global_batch=16, seq_len=16, lanes=8),
-             SchedulePhase(start_step=100, global_batch=16, seq_len=8, lanes=8)]  # fmt: skip
+    saved.validate(
+        ScheduleOrder(SHAPES[:2], [SchedulePhase(start_step=0, global_batch=16, seq_len=16, lanes=8)], seed=3)
+    )
+    later = [
+        SchedulePhase(start_step=0, global_batch=16, seq_len=16, lanes=8),
+        SchedulePhase(start_step=100, global_batch=16, seq_len=8, lanes=8),
+    ]
     with pytest.raises(StateMismatchError, match="global_batch: checkpoint has 8, this loader has 16"):
         saved.validate(ScheduleOrder(SHAPES[:2], later, seed=3))
 
@@ -117,11 +125,17 @@ def test_a_version_1_state_loads_as_a_one_phase_schedule():
     assert state.version == 1 and state.position == 1234 and state.step is None
     assert state.phases[0]["global_batch"] is None and state.phases[0]["lane_counts"] == [6, 2]
     state.validate(ScheduleOrder.single(SHAPES[:2], config, global_batch=16))
-    future = [SchedulePhase(start_step=0, global_batch=16, seq_len=16, lanes=8, weights=(0.7, "3/10")),
-              SchedulePhase(start_step=500, global_batch=16, seq_len=32, lanes=8)]  # fmt: skip
+    future = [
+        SchedulePhase(start_step=0, global_batch=16, seq_len=16, lanes=8, weights=(0.7, "3/10")),
+        SchedulePhase(start_step=500, global_batch=16, seq_len=32, lanes=8),
+    ]
     state.validate(ScheduleOrder(SHAPES[:2], future, seed=7))
-    with pytest.raises(StateMismatchError, match=r"phase 0 \(start step 0\): lanes: checkpoint has 8, this loader has 4"):
-        state.validate(ScheduleOrder.single(SHAPES[:2], OrderConfig(seed=7, seq_len=16, lanes=4, weights=(0.7, "3/10")), 16))
+    with pytest.raises(
+        StateMismatchError, match=r"phase 0 \(start step 0\): lanes: checkpoint has 8, this loader has 4"
+    ):
+        state.validate(
+            ScheduleOrder.single(SHAPES[:2], OrderConfig(seed=7, seq_len=16, lanes=4, weights=(0.7, "3/10")), 16)
+        )
     assert ScheduleState.from_dict(state.to_dict()).version == 2
 
 
@@ -172,26 +186,37 @@ def test_a_resume_may_edit_only_phases_not_begun_and_reads_the_same_until_them(o
     for a, b in zip(order.sample_at(positions), resumed.sample_at(positions)):
         assert np.array_equal(a, b)
     later = ScheduleState.from_dict(order.state(cut + 1).to_dict())
-    with pytest.raises(StateMismatchError, match=f"phase {k} \\(start step {specs[k].start_step}\\): seq_len: checkpoint has"):
+    with pytest.raises(
+        StateMismatchError, match=f"phase {k} \\(start step {specs[k].start_step}\\): seq_len: checkpoint has"
+    ):
         later.validate(resumed)
 
 
 def test_the_same_weights_in_other_units_resume_and_a_damaged_stream_list_is_named():
-    order = ScheduleOrder(SHAPES[:3], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8,
-                                                     weights=(5, 2, 1))], seed=3)  # fmt: skip
+    order = ScheduleOrder(
+        SHAPES[:3], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8, weights=(5, 2, 1))], seed=3
+    )
     state = order.state(40).to_dict()
-    tenfold = ScheduleOrder(SHAPES[:3], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8,
-                                                       weights=(10, 4, 2))], seed=3)  # fmt: skip
+    tenfold = ScheduleOrder(
+        SHAPES[:3], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8, weights=(10, 4, 2))], seed=3
+    )
     ScheduleState.from_dict(state).validate(tenfold)  # 10:4:2 splits the lanes as 5:2:1
-    with pytest.raises(StateMismatchError, match=r"phase 0: weights has 3 entries for the 2 streams of its "
-                                                 r"fingerprints: the state is damaged or was edited"):  # fmt: skip
+    with pytest.raises(
+        StateMismatchError,
+        match=r"phase 0: weights has 3 entries for the 2 streams of its "
+        r"fingerprints: the state is damaged or was edited",
+    ):
         ScheduleState.from_dict({**state, "fingerprints": state["fingerprints"][:2]})
     # A stream appended since the checkpoint shows as weight 0 in a begun phase, and the message says so.
-    shorter = ScheduleOrder(SHAPES[:2], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8,
-                                                       weights=(1, 1))], seed=3)  # fmt: skip
-    grown = ScheduleOrder(SHAPES[:3], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8,
-                                                     weights=(1, 1, 1))], seed=3)  # fmt: skip
+    shorter = ScheduleOrder(
+        SHAPES[:2], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8, weights=(1, 1))], seed=3
+    )
+    grown = ScheduleOrder(
+        SHAPES[:3], [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8, weights=(1, 1, 1))], seed=3
+    )
     with pytest.raises(StateMismatchError) as info:
         ScheduleState.from_dict(shorter.state(40).to_dict()).validate(grown)
-    assert "weights: checkpoint has ['1', '1', '0'] (with 0 for the 1 streams added since), this loader has " \
-           "['1', '1', '1']" in str(info.value)
+    assert (
+        "weights: checkpoint has ['1', '1', '0'] (with 0 for the 1 streams added since), this loader has "
+        "['1', '1', '1']" in str(info.value)
+    )

@@ -21,10 +21,18 @@ def test_state_is_plain_values_that_round_trip_through_json():
     data = state.to_dict()
     assert json.loads(json.dumps(data)) == data
     assert data == {
-        "version": 1, "position": 1234, "seed": 7, "seq_len": 16, "lanes": 8, "window": 0,
-        "weights": ["7/10", "3/10"], "lane_counts": [6, 2], "fingerprints": ["fp-a", "fp-b"], "packing": "concat",
+        "version": 1,
+        "position": 1234,
+        "seed": 7,
+        "seq_len": 16,
+        "lanes": 8,
+        "window": 0,
+        "weights": ["7/10", "3/10"],
+        "lane_counts": [6, 2],
+        "fingerprints": ["fp-a", "fp-b"],
+        "packing": "concat",
         "history": [],
-    }  # fmt: skip
+    }
     assert LoaderState.from_dict(data) == state
     # A state written before the packing was recorded read windows.
     assert LoaderState.from_dict({k: v for k, v in data.items() if k not in ("packing", "history")}) == state
@@ -40,8 +48,10 @@ def test_validate_names_every_mismatch_with_both_values():
     with pytest.raises(StateMismatchError) as info:
         saved.validate(other)
     message = str(info.value)
-    assert "dataset fingerprints (a different dataset): checkpoint has ['fp-a', 'fp-b'], " \
+    assert (
+        "dataset fingerprints (a different dataset): checkpoint has ['fp-a', 'fp-b'], "
         "this loader has ['fp-a', 'fp-z']" in message
+    )
     assert "seed: checkpoint has 7, this loader has 8" in message
     assert "seq_len: checkpoint has 16, this loader has 32" in message
     assert "lanes:" not in message.replace("lanes per stream", "")
@@ -90,12 +100,15 @@ def test_order_config_errors_are_config_errors():
 
 
 def test_a_scheduled_state_into_a_loader_without_a_schedule_says_what_to_pass():
-    from zephon_stream.plan import SchedulePhase, ScheduleOrder
+    from zephon_stream.plan import ScheduleOrder, SchedulePhase
 
     shapes = [StreamShape.from_counts(fp, 65, [65] * 30 + [12]) for fp in ("fp-a", "fp-b")]
     scheduled = ScheduleOrder(shapes, [SchedulePhase(start_step=0, global_batch=8, seq_len=16, lanes=8)], seed=7)
-    with pytest.raises(StateMismatchError, match=r"version 2 is a scheduled loader's .* build it with the "
-                                                 r"schedule the checkpoint was saved with"):  # fmt: skip
+    with pytest.raises(
+        StateMismatchError,
+        match=r"version 2 is a scheduled loader's .* build it with the "
+        r"schedule the checkpoint was saved with",
+    ):
         LoaderState.from_dict(scheduled.state(16).to_dict())
     with pytest.raises(VersionError, match=r"version 7 is not supported"):
         LoaderState.from_dict({**order_for().state(0).to_dict(), "version": 7})
@@ -106,5 +119,7 @@ def test_weights_in_other_units_are_the_same_mixture():
     ten = order_for(weights=(10, 4))
     assert five.lane_counts == ten.lane_counts
     five.state(40).validate(ten.state(0))
-    with pytest.raises(StateMismatchError, match=r"stream weights: checkpoint has \['5', '2'\], this loader has \['2', '5'\]"):
+    with pytest.raises(
+        StateMismatchError, match=r"stream weights: checkpoint has \['5', '2'\], this loader has \['2', '5'\]"
+    ):
         five.state(40).validate(order_for(weights=(2, 5)).state(0))

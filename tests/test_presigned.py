@@ -45,9 +45,11 @@ def expected() -> list[bytes]:
 
 def test_ranged_reads_are_gets_on_a_presigned_url(object_store, caplog):
     url = written(object_store)
-    with FaultProxy(upstream=object_store.server.endpoint_url) as proxy, \
-            open_store(url, object_store.options_via(proxy.endpoint_url)) as store, \
-            caplog.at_level(logging.WARNING, logger="zephon_stream.storage"):  # fmt: skip
+    with (
+        FaultProxy(upstream=object_store.server.endpoint_url) as proxy,
+        open_store(url, object_store.options_via(proxy.endpoint_url)) as store,
+        caplog.at_level(logging.WARNING, logger="zephon_stream.storage"),
+    ):
         got = read_all(store)
         loop = store.event_loop()
         got_async = asyncio.run_coroutine_threadsafe(store.read_range_async("obj", 5, 70_005), loop).result(30)
@@ -60,9 +62,11 @@ def test_ranged_reads_are_gets_on_a_presigned_url(object_store, caplog):
 
 def test_a_refused_url_is_signed_again_and_presigned_reads_go_on(object_store, caplog):
     url = written(object_store)
-    with FaultProxy(upstream=object_store.server.endpoint_url, refuse_presigned=1) as proxy, \
-            open_store(url, object_store.options_via(proxy.endpoint_url)) as store, \
-            caplog.at_level(logging.WARNING, logger="zephon_stream.storage"):  # fmt: skip
+    with (
+        FaultProxy(upstream=object_store.server.endpoint_url, refuse_presigned=1) as proxy,
+        open_store(url, object_store.options_via(proxy.endpoint_url)) as store,
+        caplog.at_level(logging.WARNING, logger="zephon_stream.storage"),
+    ):
         got = read_all(store)
         counts, stats = proxy.counts(), store.stats()
     assert got == expected()
@@ -74,9 +78,11 @@ def test_a_refused_url_is_signed_again_and_presigned_reads_go_on(object_store, c
 
 def test_a_store_that_refuses_presigned_urls_is_read_through_its_client_library(object_store, caplog):
     url = written(object_store)
-    with FaultProxy(upstream=object_store.server.endpoint_url, refuse_presigned=10**9) as proxy, \
-            open_store(url, object_store.options_via(proxy.endpoint_url)) as store, \
-            caplog.at_level(logging.WARNING, logger="zephon_stream.storage"):  # fmt: skip
+    with (
+        FaultProxy(upstream=object_store.server.endpoint_url, refuse_presigned=10**9) as proxy,
+        open_store(url, object_store.options_via(proxy.endpoint_url)) as store,
+        caplog.at_level(logging.WARNING, logger="zephon_stream.storage"),
+    ):
         got = read_all(store)
         counts = proxy.counts()
     assert got == expected()

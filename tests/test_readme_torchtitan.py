@@ -53,9 +53,13 @@ def test_the_readme_torchtitan_job_config_builds_trainer_config_with_the_zephon_
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run(
         [sys.executable, "-c", prelude + readme_torchtitan_block() + CHECK],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
         env={**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp_path)},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "Trainer.Config ./out/ds"
 
@@ -69,8 +73,11 @@ def test_the_readme_twin_checks_the_jobs_data_side_here(small_bpe_dataset, bpe_t
     from fixtures_corpus import EOS_TOKEN
     from zephon_stream.integrations.torchtitan import TITAN
 
-    (command,) = [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```$", readme_torchtitan_section(),
-                                                   flags=re.S | re.M) if not lang]  # fmt: skip
+    (command,) = [
+        body
+        for lang, body in re.findall(r"^```(\w*)\n(.*?)^```$", readme_torchtitan_section(), flags=re.S | re.M)
+        if not lang
+    ]
     # The README's ./out/ds-bpe and ./out/tok: the fixtures' BPE dataset and tokenizer, in a folder of the test's.
     (tmp_path / "out" / "tok").mkdir(parents=True)
     shutil.copy(bpe_tokenizer_json, tmp_path / "out" / "tok" / "tokenizer.json")
@@ -80,9 +87,15 @@ def test_the_readme_twin_checks_the_jobs_data_side_here(small_bpe_dataset, bpe_t
     assert argv[:2] == ["python", "examples/torchtitan/check_job.py"]
     path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
     (tmp_path / "tmp").mkdir()
-    done = subprocess.run([sys.executable, str(ROOT / argv[1]), *argv[2:]], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp_path / "tmp")})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / argv[1]), *argv[2:]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp_path / "tmp")},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     assert lines[0].startswith(f"TorchTitan {TITAN.name}: dataloader.build(")

@@ -27,8 +27,9 @@ def test_killed_writer_reruns_to_identical_bytes_and_leaves_no_worker_behind(sma
 @pytest.mark.slow
 @pytest.mark.torchrun
 def test_killed_loader_job_resumes_at_another_world_size_bit_identically(small_dataset, tmp_path):
-    result = crash.loader_kill_resume(data=small_dataset.url, work=tmp_path, runs=2, seed=11, total_steps=16,
-                                      resume_steps=4, worlds=(1, 2, 3))
+    result = crash.loader_kill_resume(
+        data=small_dataset.url, work=tmp_path, runs=2, seed=11, total_steps=16, resume_steps=4, worlds=(1, 2, 3)
+    )
     assert len(result["resumed"]) == 2
     assert all(r["from_world"] != r["to_world"] for r in result["resumed"])
     assert result["steps_checked"] >= 2 * 4

@@ -31,8 +31,9 @@ TRIES = {
 
 @pytest.fixture(scope="module")
 def outcomes(small_dataset, tmp_path_factory):
-    return hostile.run_cases(dataset=Path(small_dataset.url), work=tmp_path_factory.mktemp("hostile"), tries=TRIES,
-                             seed=5, timeout_s=240)
+    return hostile.run_cases(
+        dataset=Path(small_dataset.url), work=tmp_path_factory.mktemp("hostile"), tries=TRIES, seed=5, timeout_s=240
+    )
 
 
 @pytest.mark.slow

@@ -12,8 +12,13 @@ from tools.reliability import secrets
 
 @pytest.mark.slow
 def test_no_secret_in_any_output_of_a_write_load_and_fault_run(small_dataset, s3_bucket, tmp_path):
-    result = secrets.secrets_run(endpoint_url=s3_bucket.endpoint_url, bucket=s3_bucket.bucket,
-                                 inputs=list(small_dataset.sources[:6]), work=tmp_path, steps=20)
+    result = secrets.secrets_run(
+        endpoint_url=s3_bucket.endpoint_url,
+        bucket=s3_bucket.bucket,
+        inputs=list(small_dataset.sources[:6]),
+        work=tmp_path,
+        steps=20,
+    )
     assert result["leaks"] == []
     assert result["errors_seen"] >= 4
     assert result["outputs_searched"] > 20

@@ -100,8 +100,13 @@ def test_a_sigkilled_session_leaves_no_server_and_no_folder(tmp_path):
     record_path = tmp_path / "record.json"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "fixtures_stores", "-p", "fixtures_ray", "-p", "no:cacheprovider",
                "--basetemp", str(tmp_path / "basetemp"), "test_inner.py"]  # fmt: skip
-    session = subprocess.Popen(command, cwd=tmp_path, env=_inner_env(tmp_path, ZS_RECORD=str(record_path)),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    session = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=_inner_env(tmp_path, ZS_RECORD=str(record_path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 180
         while not record_path.exists():
@@ -177,7 +182,9 @@ def test_a_guarded_command_stops_when_its_starter_is_killed_and_its_folder_goes(
 def test_the_sweep_takes_folders_whose_owner_is_gone_and_nothing_else(tmp_path):
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
     finished.wait()
-    dead, live, unmarked, other = (tmp_path / name for name in ("zs-seaweedfs-dead", "zs-ray-live", "zs-azurite-x", "keep-dead"))
+    dead, live, unmarked, other = (
+        tmp_path / name for name in ("zs-seaweedfs-dead", "zs-ray-live", "zs-azurite-x", "keep-dead")
+    )
     for folder in (dead, live, unmarked, other):
         folder.mkdir()
         (folder / "data").write_text("x")

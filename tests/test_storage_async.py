@@ -17,8 +17,9 @@ from zephon_stream.storage import RetryPolicy, open_store
 # Per-attempt timeouts far above any delay the proxy injects (0.2 s):
 # a client timeout fired by a busy machine rather than by a fault is a retry
 # the proxy never caused, and the counts below are compared exactly.
-FAST_RETRY = RetryPolicy(max_attempts=30, initial_backoff_s=0.005, max_backoff_s=0.05, timeout_s=120,
-                         connect_timeout_s=60, read_timeout_s=60)
+FAST_RETRY = RetryPolicy(
+    max_attempts=30, initial_backoff_s=0.005, max_backoff_s=0.05, timeout_s=120, connect_timeout_s=60, read_timeout_s=60
+)
 MIXED_20 = {"error_500": 0.05, "error_503": 0.05, "reset": 0.04, "truncate": 0.04, "stall": 0.01, "slow_body": 0.01}
 # The kinds a client sees fail; stalls and slow bodies only delay.
 FAILING = ("error_500", "error_503", "reset", "truncate")
@@ -29,7 +30,9 @@ def run_on_loop(store, coroutine, timeout_s=60):
 
 
 async def read_all(store, path, size, chunk):
-    parts = await asyncio.gather(*(store.read_range_async(path, i, min(i + chunk, size)) for i in range(0, size, chunk)))
+    parts = await asyncio.gather(
+        *(store.read_range_async(path, i, min(i + chunk, size)) for i in range(0, size, chunk))
+    )
     return b"".join(parts)
 
 
@@ -124,8 +127,15 @@ def test_close_cuts_short_a_read_waiting_to_retry(s3_bucket, fault_proxy, blob, 
 
 @pytest.mark.parametrize(
     "value",
-    ["Tue, 01 Dec 2026 10:00:00 GMT", "2026-12-01T10:00:00.000Z", "2026-12-01T10:00:00Z", "2026-12-01T10:00:00",
-     "1700000000", 1700000000, "2026-12-01T10:00:00+02:00"],
+    [
+        "Tue, 01 Dec 2026 10:00:00 GMT",
+        "2026-12-01T10:00:00.000Z",
+        "2026-12-01T10:00:00Z",
+        "2026-12-01T10:00:00",
+        "1700000000",
+        1700000000,
+        "2026-12-01T10:00:00+02:00",
+    ],
 )
 def test_s3_timestamps_parse_as_botocore_parses_them(value) -> None:
     from botocore.utils import parse_timestamp as botocore_parse_timestamp

@@ -17,7 +17,19 @@ from zephon_stream.storage import LocalStore, RetryPolicy, Store, open_store
 FAST_RETRY = RetryPolicy(max_attempts=30, initial_backoff_s=0.005, max_backoff_s=0.05, timeout_s=60, read_timeout_s=5)
 FAULT_RATES = {"error_500": 0.05, "error_503": 0.05, "reset": 0.04, "truncate": 0.04, "slow_body": 0.02}
 
-BAD_PATHS = ["", "/etc/passwd", "../x", "a/../../x", "a/./b", "a//b", "s3://other/x", "file:///etc/x", "C:/x", "a\\b", "a/.."]
+BAD_PATHS = [
+    "",
+    "/etc/passwd",
+    "../x",
+    "a/../../x",
+    "a/./b",
+    "a//b",
+    "s3://other/x",
+    "file:///etc/x",
+    "C:/x",
+    "a\\b",
+    "a/..",
+]
 
 
 @pytest.fixture(params=["local", "s3", "s3_faulty"])
@@ -114,8 +126,11 @@ def test_exists_size_and_delete(make_store):
 
 def test_missing_object_raises_object_missing_naming_it(make_store):
     store = make_store()
-    for call in (lambda: store.read("shards/gone.zst"), lambda: store.read_range("shards/gone.zst", 0, 10),
-                 lambda: store.size("shards/gone.zst")):
+    for call in (
+        lambda: store.read("shards/gone.zst"),
+        lambda: store.read_range("shards/gone.zst", 0, 10),
+        lambda: store.size("shards/gone.zst"),
+    ):
         with pytest.raises(ObjectMissingError, match="shards/gone.zst"):
             call()
     assert store.stats()["errors"] == 3
@@ -124,8 +139,14 @@ def test_missing_object_raises_object_missing_naming_it(make_store):
 def test_paths_escaping_the_root_are_refused(make_store):
     store = make_store()
     for bad in BAD_PATHS:
-        for call in (lambda: store.read(bad), lambda: store.read_range(bad, 0, 1), lambda: store.write_atomic(bad, b"x"),
-                     lambda: store.exists(bad), lambda: store.size(bad), lambda: store.delete(bad)):
+        for call in (
+            lambda: store.read(bad),
+            lambda: store.read_range(bad, 0, 1),
+            lambda: store.write_atomic(bad, b"x"),
+            lambda: store.exists(bad),
+            lambda: store.size(bad),
+            lambda: store.delete(bad),
+        ):
             with pytest.raises(PathEscapeError, match="escapes"):
                 call()
     with pytest.raises(PathEscapeError):
@@ -168,7 +189,11 @@ def test_stats_count_reads_writes_and_bytes(make_store):
     store.read_range("b", 5, 15)
     stats = store.stats()
     assert {k: stats[k] for k in ("reads", "bytes_read", "writes", "bytes_written")} == {
-        "reads": 2, "bytes_read": 20, "writes": 2, "bytes_written": 30}
+        "reads": 2,
+        "bytes_read": 20,
+        "writes": 2,
+        "bytes_written": 30,
+    }
 
 
 def test_store_survives_pickling_and_reconnects(make_store):

@@ -18,8 +18,9 @@ from zephon_stream.storage import RetryPolicy, expand_inputs, open_input, open_s
 # Per-attempt timeouts far above any delay the proxy injects (0.2 s):
 # a client timeout fired by a busy machine rather than by a fault is a retry
 # the proxy never caused, and the counts below are compared exactly.
-FAST_RETRY = RetryPolicy(max_attempts=30, initial_backoff_s=0.005, max_backoff_s=0.05, timeout_s=120,
-                         connect_timeout_s=60, read_timeout_s=60)
+FAST_RETRY = RetryPolicy(
+    max_attempts=30, initial_backoff_s=0.005, max_backoff_s=0.05, timeout_s=120, connect_timeout_s=60, read_timeout_s=60
+)
 MIXED_20 = {"error_500": 0.05, "error_503": 0.05, "reset": 0.04, "truncate": 0.04, "stall": 0.01, "slow_body": 0.01}
 # The kinds a client sees fail; stalls and slow bodies only delay.
 FAILING = ("error_500", "error_503", "reset", "truncate")

@@ -32,8 +32,17 @@ def no_aws_credentials(monkeypatch, tmp_path):
 
 
 def assert_names_what_to_set(message: str) -> None:
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_ENDPOINT_URL",
-                 "storage_options=", "'key'", "'secret'", "'endpoint_url'", "--storage-option"):  # fmt: skip
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_PROFILE",
+        "AWS_ENDPOINT_URL",
+        "storage_options=",
+        "'key'",
+        "'secret'",
+        "'endpoint_url'",
+        "--storage-option",
+    ):
         assert name in message, (name, message)
 
 
@@ -68,8 +77,13 @@ def test_azure_without_credentials_names_the_variables_and_options_to_set(monkey
     with open_store("az://container/ds", {}, retry=QUICK) as store, pytest.raises(StorageError) as info:
         store.read("manifest")
     message = str(info.value)
-    for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
-                 "'connection_string'", "--storage-option connection_string="):  # fmt: skip
+    for name in (
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "AZURE_STORAGE_ACCOUNT_NAME",
+        "AZURE_STORAGE_ACCOUNT_KEY",
+        "'connection_string'",
+        "--storage-option connection_string=",
+    ):
         assert name in message, (name, message)
 
 
@@ -115,7 +129,10 @@ def test_the_command_line_says_once_it_is_retrying_and_fails_with_one_message():
     code = "import sys; from zephon_stream.cli import main; sys.exit(main())"
     result = subprocess.run(
         [sys.executable, "-c", code, "inspect", "s3://bucket/ds", "--storage-option", f"endpoint_url={endpoint}"],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode != 0

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from fixtures_stores import new_bucket
-
 from tools.fault_proxy import FaultProxy
 from tools.reliability.common import step_hashes
 from zephon_stream import StreamingLoader

@@ -20,9 +20,16 @@ from zephon_stream.storage import RetryPolicy, copy_dataset, open_store
 
 # Per-attempt timeouts far above any delay here: on a busy machine a
 # client timeout is a retry the proxy did not cause, and counts are compared exactly.
-RETRY = RetryPolicy(max_attempts=30, initial_backoff_s=0.005, max_backoff_s=0.05, timeout_s=120,
-                    connect_timeout_s=60, read_timeout_s=60, throttle_initial_backoff_s=0.005,
-                    throttle_max_backoff_s=0.05)
+RETRY = RetryPolicy(
+    max_attempts=30,
+    initial_backoff_s=0.005,
+    max_backoff_s=0.05,
+    timeout_s=120,
+    connect_timeout_s=60,
+    read_timeout_s=60,
+    throttle_initial_backoff_s=0.005,
+    throttle_max_backoff_s=0.05,
+)
 OBJECT = bytes(range(256)) * 2048
 RANGE_BYTES = 20_000
 NUM_READS = 24
@@ -55,8 +62,10 @@ def test_each_failed_range_read_is_one_counted_retry(object_store, path):
     with open_store(url, object_store.storage_options) as store:
         store.write_atomic("obj", OBJECT)
     rates = RANGE_FAULTS[object_store.backend]
-    with FaultProxy(upstream=object_store.server.endpoint_url, rates=rates, seed=7) as proxy, \
-            open_store(url, object_store.options_via(proxy.endpoint_url), retry=RETRY) as store:  # fmt: skip
+    with (
+        FaultProxy(upstream=object_store.server.endpoint_url, rates=rates, seed=7) as proxy,
+        open_store(url, object_store.options_via(proxy.endpoint_url), retry=RETRY) as store,
+    ):
         if path == "thread":
             got = [store.read_range("obj", start, end) for start, end in ranges()]
         else:
@@ -83,8 +92,9 @@ def remote_dataset(object_store, small_dataset):
 @pytest.mark.parametrize("pipeline", ["threads", "process"])
 def test_retries_while_a_loader_opens_a_dataset_are_counted_once_each(object_store, remote_dataset, pipeline):
     url, expected = remote_dataset
-    with FaultProxy(upstream=object_store.server.endpoint_url, rates=MANIFEST_FAULTS, seed=9,
-                    fault_paths=("manifest",)) as proxy:  # fmt: skip
+    with FaultProxy(
+        upstream=object_store.server.endpoint_url, rates=MANIFEST_FAULTS, seed=9, fault_paths=("manifest",)
+    ) as proxy:
         options = object_store.options_via(proxy.endpoint_url)
         with StreamingLoader(url, storage_options=options, pipeline=pipeline, **SETTINGS) as loader:
             opened = loader.stats()["retries"]
@@ -122,8 +132,7 @@ def counted_when_settled(loader, proxy, kinds, *, deadline_s=120.0) -> tuple[int
 def test_retries_while_a_loader_streams_are_counted_once_each(object_store, remote_dataset, pipeline):
     url, expected = remote_dataset
     rates = RANGE_FAULTS[object_store.backend]
-    with FaultProxy(upstream=object_store.server.endpoint_url, rates=rates, seed=4,
-                    fault_paths=("shards/",)) as proxy:  # fmt: skip
+    with FaultProxy(upstream=object_store.server.endpoint_url, rates=rates, seed=4, fault_paths=("shards/",)) as proxy:
         options = object_store.options_via(proxy.endpoint_url)
         with StreamingLoader(url, storage_options=options, pipeline=pipeline, **SETTINGS) as loader:
             got = step_hashes(loader, 20)
@@ -146,9 +155,12 @@ def test_a_manifest_that_keeps_failing_reaches_the_store_once_per_counted_attemp
     with open_store(url, object_store.storage_options) as store:
         store.write_atomic("manifest", OBJECT)
     policy = dataclasses.replace(RETRY, max_attempts=4)
-    with FaultProxy(upstream=object_store.server.endpoint_url, rates={"error_503": 1.0}, seed=3,
-                    fault_paths=("manifest",)) as proxy, \
-            open_store(url, object_store.options_via(proxy.endpoint_url), retry=policy) as store:  # fmt: skip
+    with (
+        FaultProxy(
+            upstream=object_store.server.endpoint_url, rates={"error_503": 1.0}, seed=3, fault_paths=("manifest",)
+        ) as proxy,
+        open_store(url, object_store.options_via(proxy.endpoint_url), retry=policy) as store,
+    ):
         calls = {
             "read": lambda: store.read("manifest"),
             "read_range": lambda: store.read_range("manifest", 10, 1000),
@@ -180,8 +192,14 @@ def report_dataset(stdlib_corpus, tmp_path_factory):
     from zephon_stream import write_dataset
 
     out = tmp_path_factory.mktemp("every_nth") / "ds"
-    write_dataset([str(p) for p in stdlib_corpus.files], str(out), tokenizer="bytes", block_tokens=16385,
-                  blocks_per_shard=4, progress=False)  # fmt: skip
+    write_dataset(
+        [str(p) for p in stdlib_corpus.files],
+        str(out),
+        tokenizer="bytes",
+        block_tokens=16385,
+        blocks_per_shard=4,
+        progress=False,
+    )
     with StreamingLoader(str(out), **EVERY_NTH_SETTINGS) as local:
         return str(out), step_hashes(local, EVERY_NTH_STEPS + MORE_STEPS)
 

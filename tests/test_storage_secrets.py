@@ -47,6 +47,7 @@ def test_secrets_never_appear_in_any_output(s3_bucket, fault_proxy, caplog, caps
         with pytest.raises(ZephonError) as info:
             call()
         seen += [str(info.value), repr(info.value)]
+
     # A failure whose own text carries the secret is scrubbed before it is raised or logged.
     def leaky() -> None:
         raise ConnectionResetError(f"reset while sending {SECRET} and {ENV_SECRET}")
@@ -100,19 +101,25 @@ def _service_account_info(token_uri: str) -> dict[str, str]:
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    return {"type": "service_account", "project_id": "zephon-test", "private_key_id": "zephonPrivateKeyIdLeak55",
-            "private_key": pem.decode(), "client_email": "leak-check@zephon-test.iam.gserviceaccount.com",
-            "client_id": "1234", "token_uri": token_uri}  # fmt: skip
+    return {
+        "type": "service_account",
+        "project_id": "zephon-test",
+        "private_key_id": "zephonPrivateKeyIdLeak55",
+        "private_key": pem.decode(),
+        "client_email": "leak-check@zephon-test.iam.gserviceaccount.com",
+        "client_id": "1234",
+        "token_uri": token_uri,
+    }
 
 
 def _cloud_credentials(object_store, endpoint_url: str) -> tuple[list[dict], tuple[str, ...]]:
     """Option sets carrying each kind of credential the backend takes, and the raw secrets in them."""
     if object_store.backend == "gcs":
-        from tools.server_process import free_ports
-
         # The token endpoint is a closed loopback port: refreshing the
         # service account's token fails, and that failure is searched too.
         from google.oauth2.credentials import Credentials
+
+        from tools.server_process import free_ports
 
         info = _service_account_info(f"http://127.0.0.1:{free_ports(1)[0]}/token")
         # An access token as a bare string makes gcsfs check it at
@@ -128,9 +135,13 @@ def _cloud_credentials(object_store, endpoint_url: str) -> tuple[list[dict], tup
 
     from tools.azurite import ACCOUNT_KEY, ACCOUNT_NAME
 
-    sas = generate_account_sas(ACCOUNT_NAME, ACCOUNT_KEY, ResourceTypes(service=True, container=True, object=True),
-                               AccountSasPermissions(read=True, write=True, list=True),
-                               expiry=datetime.now(timezone.utc) + timedelta(hours=1))  # fmt: skip
+    sas = generate_account_sas(
+        ACCOUNT_NAME,
+        ACCOUNT_KEY,
+        ResourceTypes(service=True, container=True, object=True),
+        AccountSasPermissions(read=True, write=True, list=True),
+        expiry=datetime.now(timezone.utc) + timedelta(hours=1),
+    )
     signature = dict(part.split("=", 1) for part in sas.split("&"))["sig"]
     with_sas = f"BlobEndpoint={endpoint_url}/{ACCOUNT_NAME};SharedAccessSignature={sas}"
     with_key = object_store.server.connection_string(endpoint_url)
@@ -138,15 +149,15 @@ def _cloud_credentials(object_store, endpoint_url: str) -> tuple[list[dict], tup
 
 
 @pytest.mark.parametrize("object_store", ["gcs", "azure"], indirect=True)
-def test_cloud_credentials_never_appear_in_any_output(object_store, small_dataset, tmp_path, caplog, capsys,
-                                                      monkeypatch):  # fmt: skip
+def test_cloud_credentials_never_appear_in_any_output(
+    object_store, small_dataset, tmp_path, caplog, capsys, monkeypatch
+):
     """GCS access tokens and service-account keys, Azure account keys, SAS
     signatures and connection strings: not in reprs, errors, logs, progress,
     the audit log, the loader's state or stats."""
+    from tools.fault_proxy import FaultProxy
     from zephon_stream import StreamingLoader, write_dataset
     from zephon_stream.cli import main
-
-    from tools.fault_proxy import FaultProxy
 
     caplog.set_level(logging.DEBUG)
     seen: list[str] = []
@@ -174,8 +185,15 @@ def test_cloud_credentials_never_appear_in_any_output(object_store, small_datase
     inputs = [str(p) for p in small_dataset.sources[:4]]
     assert main(["write", *inputs, "--output", url, "--tokenizer", "bytes", "--block-tokens", "4097",
                  "--blocks-per-shard", "2", *option_args]) == 0  # fmt: skip
-    summary = write_dataset(inputs, f"{url}-2", tokenizer="bytes", block_tokens=4097, blocks_per_shard=2,
-                            storage_options=working, progress=True)  # fmt: skip
+    summary = write_dataset(
+        inputs,
+        f"{url}-2",
+        tokenizer="bytes",
+        block_tokens=4097,
+        blocks_per_shard=2,
+        storage_options=working,
+        progress=True,
+    )
     seen += [repr(summary), summary.table()]
     audit = tmp_path / "audit.jsonl"
     with StreamingLoader(url, seq_len=64, local_batch_size=4, storage_options=working, audit_log=str(audit)) as loader:

@@ -16,8 +16,8 @@ import statistics
 import time
 
 import pytest
-from fixtures_stores import new_bucket
 
+from fixtures_stores import new_bucket
 from tools.fault_proxy import FaultProxy
 from tools.reliability.common import step_hashes
 from zephon_stream import StreamingLoader
@@ -30,8 +30,15 @@ OBJECT = bytes(range(256)) * 512
 NUM_READS = 30
 # A short throttle base so that the tests wait seconds, not minutes; the
 # per-attempt timeouts far above any wait, so that no retry but throttling's happens.
-RETRY = RetryPolicy(max_attempts=30, timeout_s=120, connect_timeout_s=60, read_timeout_s=60,
-                    throttle_initial_backoff_s=0.05, throttle_max_backoff_s=2.0, throttle_timeout_s=120)
+RETRY = RetryPolicy(
+    max_attempts=30,
+    timeout_s=120,
+    connect_timeout_s=60,
+    read_timeout_s=60,
+    throttle_initial_backoff_s=0.05,
+    throttle_max_backoff_s=2.0,
+    throttle_timeout_s=120,
+)
 SETTINGS = {"seq_len": 256, "local_batch_size": 12, "seed": 2}
 
 
@@ -80,8 +87,10 @@ def stored(object_store):
 def test_throttled_reads_are_waited_out_counted_apart_and_said_once_naming_the_store(stored, caplog):
     object_store, url = stored
     style = STYLE[object_store.backend]
-    with FaultProxy(upstream=object_store.server.endpoint_url, rate_limit=20, burst=4, throttle_style=style) as proxy, \
-            open_store(url, object_store.options_via(proxy.endpoint_url), retry=RETRY) as store:  # fmt: skip
+    with (
+        FaultProxy(upstream=object_store.server.endpoint_url, rate_limit=20, burst=4, throttle_style=style) as proxy,
+        open_store(url, object_store.options_via(proxy.endpoint_url), retry=RETRY) as store,
+    ):
         with caplog.at_level(logging.INFO, logger="zephon_stream.storage"):
             got = asyncio.run_coroutine_threadsafe(read_concurrently(store), store.event_loop()).result(timeout=300)
         stats = store.stats()
@@ -107,8 +116,11 @@ def test_many_readers_throttled_at_once_retry_at_a_rate_near_the_limit(seaweedfs
         store.write_atomic("obj", OBJECT)
     rate, readers = 20.0, 60
     policy = dataclasses.replace(RETRY, throttle_limiter=limiter)
-    with FaultProxy(upstream=seaweedfs_server.endpoint_url, rate_limit=rate, burst=1) as proxy, \
-            open_store(url, env.options_via(proxy.endpoint_url), retry=policy) as store:  # fmt: skip
+    with (
+        FaultProxy(upstream=seaweedfs_server.endpoint_url, rate_limit=rate, burst=1) as proxy,
+        open_store(url, env.options_via(proxy.endpoint_url), retry=policy) as store,
+    ):
+
         async def read_all():
             return await asyncio.gather(*(store.read_range_async("obj", i, i + 100) for i in range(readers)))
 
@@ -140,12 +152,23 @@ def test_many_readers_throttled_at_once_retry_at_a_rate_near_the_limit(seaweedfs
 
 def test_a_store_that_keeps_throttling_fails_after_its_deadline_naming_the_store_and_the_way_out(stored):
     object_store, url = stored
-    policy = RetryPolicy(throttle_initial_backoff_s=0.05, throttle_max_backoff_s=0.3, throttle_timeout_s=2.0,
-                         connect_timeout_s=60, read_timeout_s=60)
+    policy = RetryPolicy(
+        throttle_initial_backoff_s=0.05,
+        throttle_max_backoff_s=0.3,
+        throttle_timeout_s=2.0,
+        connect_timeout_s=60,
+        read_timeout_s=60,
+    )
     # A burst under one token serves nothing: every request is throttled.
-    with FaultProxy(upstream=object_store.server.endpoint_url, rate_limit=0.0, burst=0.0,
-                    throttle_style=STYLE[object_store.backend]) as proxy, \
-            open_store(url, object_store.options_via(proxy.endpoint_url), retry=policy) as store:  # fmt: skip
+    with (
+        FaultProxy(
+            upstream=object_store.server.endpoint_url,
+            rate_limit=0.0,
+            burst=0.0,
+            throttle_style=STYLE[object_store.backend],
+        ) as proxy,
+        open_store(url, object_store.options_via(proxy.endpoint_url), retry=policy) as store,
+    ):
         started = time.monotonic()
         with pytest.raises(StorageError) as caught:
             store.read_range("obj", 0, 10)
@@ -158,8 +181,9 @@ def test_a_store_that_keeps_throttling_fails_after_its_deadline_naming_the_store
     assert stats["retries"] == 0
 
 
-def test_a_loader_starting_against_a_throttling_store_is_exact_and_counts_every_throttled_answer(seaweedfs_server,
-                                                                                                small_dataset):
+def test_a_loader_starting_against_a_throttling_store_is_exact_and_counts_every_throttled_answer(
+    seaweedfs_server, small_dataset
+):
     env = new_bucket("seaweedfs", seaweedfs_server)
     url = env.url("ds")
     copy_dataset(small_dataset.url, url, dst_options=env.storage_options)

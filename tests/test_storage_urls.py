@@ -27,8 +27,16 @@ from zephon_stream.storage import (
 
 def test_parse_storage_options_converts_values_and_nests_dotted_keys():
     options = parse_storage_options(
-        ["endpoint_url=http://127.0.0.1:9000", "anon=false", "max_concurrency=16", "default_block_size=1.5",
-         "client_kwargs.region_name=eu-west-1", "client_kwargs.verify=no", "token=none", "key=a=b"]
+        [
+            "endpoint_url=http://127.0.0.1:9000",
+            "anon=false",
+            "max_concurrency=16",
+            "default_block_size=1.5",
+            "client_kwargs.region_name=eu-west-1",
+            "client_kwargs.verify=no",
+            "token=none",
+            "key=a=b",
+        ]
     )
     assert options == {
         "endpoint_url": "http://127.0.0.1:9000",
@@ -150,8 +158,9 @@ def test_storage_never_imports_torch():
         "import zephon_stream.storage, zephon_stream.storage.embedded_s3\n"
         "print('ok')"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**os.environ})
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ}
+    )
     assert result.stdout.strip() == "ok", result.stderr
 
 

@@ -20,7 +20,11 @@ SCRIPTS = {
     "fake_gcs.py": ["--bucket", "zs-script"],
     "azurite.py": ["--container", "zs-script"],
 }
-PROBES = {"seaweedfs.py": "/zs-script", "fake_gcs.py": "/storage/v1/b/zs-script", "azurite.py": "/devstoreaccount1?comp=list"}
+PROBES = {
+    "seaweedfs.py": "/zs-script",
+    "fake_gcs.py": "/storage/v1/b/zs-script",
+    "azurite.py": "/devstoreaccount1?comp=list",
+}
 
 
 def http_status(url: str) -> int:
@@ -33,8 +37,13 @@ def http_status(url: str) -> int:
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_launcher_script_serves_until_sigterm_and_removes_its_data(script):
-    process = subprocess.Popen([sys.executable, str(REPO / "tools" / script), *SCRIPTS[script]],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "tools" / script), *SCRIPTS[script]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         first = process.stdout.readline()
         match = re.search(r"on (http://127\.0\.0\.1:\d+), pid (\d+), data in (\S+)", first)

@@ -79,8 +79,20 @@ def start_inner_session(
     path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "TMPDIR": str(machine), "PYTHONPATH": path, **(env or {})}
     env.pop("TIKTOKEN_CACHE_DIR", None)
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "fixtures_tmp", "-p", "no:cacheprovider",
-            "--basetemp", str(tmp_path / "basetemp"), *options, "test_inner.py"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "fixtures_tmp",
+        "-p",
+        "no:cacheprovider",
+        "--basetemp",
+        str(tmp_path / "basetemp"),
+        *options,
+        "test_inner.py",
+    ]
     process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return process, machine
 
@@ -172,8 +184,10 @@ def test_what_the_test_processes_leave_is_named_on_a_line_of_its_own_and_what_ot
 def test_a_node_cache_held_by_a_process_outside_the_session_is_not_its_leak(tmp_path):
     flags, root = tmp_path / "flags", tmp_path / "node-cache"
     flags.mkdir()
-    peer = subprocess.Popen([sys.executable, "-c", NODE_CACHE_PEER, str(flags), str(root)],
-                            env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})  # fmt: skip
+    peer = subprocess.Popen(
+        [sys.executable, "-c", NODE_CACHE_PEER, str(flags), str(root)],
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+    )
     try:
         process, _ = start_inner_session(tmp_path, WAITS, env={"ZS_FLAGS": str(flags), "ZEPHON_NODE_CACHE": str(root)})
         code, output = finish(process)

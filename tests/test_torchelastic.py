@@ -83,17 +83,43 @@ class ElasticJob:
         # caches) inside the test's folder instead of /tmp, and the node cache
         # that agents killed leave behind goes with it instead of /dev/shm.
         self.env = child_env({"TMPDIR": str(tmp), "ZEPHON_NODE_CACHE": str(root / "node-cache")})
-        self.worker_args = [str(WORKER), "--data", data, "--events", str(self.events_path),
-                            "--ckpt-dir", str(root / "ckpt"), "--steps", str(STEPS), "--ckpt-every", str(CKPT_EVERY),
-                            "--hold-after", str(HOLD_AFTER), "--seq-len", str(SEQ_LEN),
-                            "--global-batch", str(GLOBAL_BATCH), "--seed", str(SEED), "--vocab-size", str(vocab_size)]
+        self.worker_args = [
+            str(WORKER),
+            "--data",
+            data,
+            "--events",
+            str(self.events_path),
+            "--ckpt-dir",
+            str(root / "ckpt"),
+            "--steps",
+            str(STEPS),
+            "--ckpt-every",
+            str(CKPT_EVERY),
+            "--hold-after",
+            str(HOLD_AFTER),
+            "--seq-len",
+            str(SEQ_LEN),
+            "--global-batch",
+            str(GLOBAL_BATCH),
+            "--seed",
+            str(SEED),
+            "--vocab-size",
+            str(vocab_size),
+        ]
 
     def launch(self, name: str, torchrun_args: list[str], env: dict[str, str] | None = None) -> None:
-        command = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, "--monitor-interval=0.5",
-                   *self.worker_args]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *torchrun_args,
+            "--monitor-interval=0.5",
+            *self.worker_args,
+        ]
         with open(self.root / f"{name}.out", "wb") as out:
-            self.agents[name] = subprocess.Popen(command, env={**self.env, **(env or {})}, stdout=out,
-                                                 stderr=subprocess.STDOUT, start_new_session=True)
+            self.agents[name] = subprocess.Popen(
+                command, env={**self.env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def events(self) -> list[dict[str, Any]]:
         if not self.events_path.exists():
@@ -175,14 +201,18 @@ def check_run(events: list[dict[str, Any]], reference: list[str]) -> list[dict[s
     starts, newest = [], 0
     for event in events:
         if event["event"] == "start":
-            assert event["start_step"] == newest, f"a group started at step {event['start_step']}, newest checkpoint {newest}"
+            assert event["start_step"] == newest, (
+                f"a group started at step {event['start_step']}, newest checkpoint {newest}"
+            )
             starts.append(event)
         elif event["event"] == "checkpoint":
             newest = event["steps_done"]
         elif event["event"] == "step":
             step = event["step"]
             assert event["positions"] == list(range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)), event
-            assert event["hash"] == reference[step], f"step {step} at W={event['world_size']} differs from the reference"
+            assert event["hash"] == reference[step], (
+                f"step {step} at W={event['world_size']} differs from the reference"
+            )
     assert sorted({e["step"] for e in events if e["event"] == "step"}) == list(range(STEPS))
     assert events[-1]["event"] == "done"
     return starts
@@ -214,8 +244,15 @@ def test_max_restarts_restarts_a_killed_worker_from_the_newest_checkpoint_bit_id
 
 
 def elastic_agent_args(port: int, *, host: bool) -> list[str]:
-    return ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-            "--rdzv-id=elastic-test", f"--rdzv-conf={RDZV_CONF},is_host={int(host)}", "--max-restarts=3"]
+    return [
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=elastic-test",
+        f"--rdzv-conf={RDZV_CONF},is_host={int(host)}",
+        "--max-restarts=3",
+    ]
 
 
 @pytest.mark.slow
@@ -270,4 +307,3 @@ def test_with_the_store_outside_the_agents_losing_rank_0s_agent_leaves_the_other
     starts = check_run(elastic_job.events(), reference)
     assert (starts[-1]["world_size"], starts[-1]["start_step"]) == (1, 8), starts
     del store
-

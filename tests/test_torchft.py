@@ -36,8 +36,12 @@ STEPS = 20
 
 def check_tokens(run, dataset: str, *, lanes: int, loader: int = 0, packing: str = "concat") -> int:
     """Every row any group was handed is the row one plain rank reads at its position."""
-    rows = [(p, d) for recs in run.records.values() for rec in recs
-            for p, d in zip(rec["positions"][loader], rec["digests"][loader])]  # fmt: skip
+    rows = [
+        (p, d)
+        for recs in run.records.values()
+        for rec in recs
+        for p, d in zip(rec["positions"][loader], rec["digests"][loader])
+    ]
     top = max(p for p, _ in rows) + 1
     reference = reference_digests(dataset, seq_len=16, lanes=lanes, positions=top, packing=packing)
     wrong = [(p, d) for p, d in rows if p >= 0 and reference[p] != d]
@@ -74,10 +78,22 @@ def test_per_replica_batches_lose_and_repeat_no_sample_through_kill_heal_leave_a
     small_dataset, tmp_path
 ):
     # A second loader in the same groups reads rows of whole documents (best fit).
-    loaders = [{"policy": "per_replica", "group_batch": GROUP_BATCH},
-               {"policy": "per_replica", "group_batch": GROUP_BATCH, "packing": "best_fit"}]  # fmt: skip
-    run = run_groups(tmp_path, dataset=small_dataset.url, groups=3, group_world_size=1, async_quorum=True,
-                     loaders=loaders, steps=STEPS, lanes=12, events=EVENTS, restart={1: "g0r0.step"})  # fmt: skip
+    loaders = [
+        {"policy": "per_replica", "group_batch": GROUP_BATCH},
+        {"policy": "per_replica", "group_batch": GROUP_BATCH, "packing": "best_fit"},
+    ]
+    run = run_groups(
+        tmp_path,
+        dataset=small_dataset.url,
+        groups=3,
+        group_world_size=1,
+        async_quorum=True,
+        loaders=loaders,
+        steps=STEPS,
+        lanes=12,
+        events=EVENTS,
+        restart={1: "g0r0.step"},
+    )
     counts = run.counts("ours")
     per_step = check_no_sample_lost_or_repeated(counts[0])
     # Each committed step trained whole group batches (a share counts or is owed whole).
@@ -119,16 +135,26 @@ def test_sync_quorum_per_replica_exact_and_fixed_global_steps_equal_the_failure_
 
 
 def test_demo_command_offers_the_torchft_run():
-    done = subprocess.run([sys.executable, "-m", "zephon_stream", "demo", "--help"], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "zephon_stream", "demo", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0 and "--torchft" in done.stdout
 
 
 def test_groups_of_two_ranks_lose_and_repeat_no_sample_through_kill_heal_and_failed_commit(small_dataset, tmp_path):
     events = {0: {"hold_at": [HOLD, "g1r1.life2.ready"], "fail_at": FAIL}, 1: {"kill_at": KILL}}
-    run = run_groups(tmp_path, dataset=small_dataset.url, groups=2, group_world_size=2, async_quorum=True,
-                     loaders=[{"policy": "per_replica", "group_batch": GROUP_BATCH}], steps=STEPS, lanes=12,
-                     events=events, restart={1: "g0r0.step"})  # fmt: skip
+    run = run_groups(
+        tmp_path,
+        dataset=small_dataset.url,
+        groups=2,
+        group_world_size=2,
+        async_quorum=True,
+        loaders=[{"policy": "per_replica", "group_batch": GROUP_BATCH}],
+        steps=STEPS,
+        lanes=12,
+        events=events,
+        restart={1: "g0r0.step"},
+    )
     counts = run.counts("ours")
     per_step = check_no_sample_lost_or_repeated(counts[0])
     assert all(len(p) % GROUP_BATCH == 0 and p for p in per_step.values()), per_step

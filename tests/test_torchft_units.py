@@ -92,11 +92,21 @@ def manager_factory():
     def make(*, async_quorum: bool = True):
         lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=100, heartbeat_timeout_ms=1000)
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), load_state_dict=lambda s: None,
-                          state_dict=dict, min_replica_size=1, use_async_quorum=async_quorum,
-                          timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=20), rank=0, world_size=1,
-                          store_addr="127.0.0.1", store_port=store.port, lighthouse_addr=lighthouse.address(),
-                          replica_id="solo")  # fmt: skip
+        manager = Manager(
+            pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+            load_state_dict=lambda s: None,
+            state_dict=dict,
+            min_replica_size=1,
+            use_async_quorum=async_quorum,
+            timeout=timedelta(seconds=10),
+            quorum_timeout=timedelta(seconds=20),
+            rank=0,
+            world_size=1,
+            store_addr="127.0.0.1",
+            store_port=store.port,
+            lighthouse_addr=lighthouse.address(),
+            replica_id="solo",
+        )
         made.append((manager, store, lighthouse))
         return manager
 
@@ -108,8 +118,12 @@ def manager_factory():
 
 def make_loader(dataset, manager, packing="concat", **config):
     config = {"seq_len": 16, "group_batch_size": 4, "lanes": 8, **config}
-    return TorchFTLoader(dataset.url, manager=manager, config=TorchFTConfig(**config),
-                         loader_options={"pipeline": "threads", "packing": packing})  # fmt: skip
+    return TorchFTLoader(
+        dataset.url,
+        manager=manager,
+        config=TorchFTConfig(**config),
+        loader_options={"pipeline": "threads", "packing": packing},
+    )
 
 
 def test_next_before_the_quorum_or_twice_in_one_quorum_is_an_error_naming_the_fix(small_dataset, manager_factory):
@@ -119,7 +133,9 @@ def test_next_before_the_quorum_or_twice_in_one_quorum_is_an_error_naming_the_fi
             next(loader)
         manager.start_quorum()
         next(loader)
-        with pytest.raises(TorchFTOrderError, match=r"2 times in one quorum \(step 0, microbatches=1\).*manager.start_quorum\(\)"):
+        with pytest.raises(
+            TorchFTOrderError, match=r"2 times in one quorum \(step 0, microbatches=1\).*manager.start_quorum\(\)"
+        ):
             next(loader)
 
 
@@ -152,11 +168,16 @@ def test_config_errors_name_the_fix(small_dataset, manager_factory):
     with pytest.raises(ConfigError, match=r"fixed_global needs torchft's synchronous quorum.*use_async_quorum=False"):
         make_loader(small_dataset, manager, policy="fixed_global", group_batch_size=None, global_batch_size=8)
     with pytest.raises(ConfigError, match=r"loader_options may not set \['schedule'\]"):
-        TorchFTLoader(small_dataset.url, manager=manager, config=TorchFTConfig(seq_len=16, group_batch_size=4),
-                      loader_options={"schedule": []})  # fmt: skip
+        TorchFTLoader(
+            small_dataset.url,
+            manager=manager,
+            config=TorchFTConfig(seq_len=16, group_batch_size=4),
+            loader_options={"schedule": []},
+        )
     with pytest.raises(ConfigError, match=r"group_batch_size.*group_world_size 3 divides \(got 4\)"):
-        TorchFTLoader(small_dataset.url, manager=manager, config=TorchFTConfig(seq_len=16, group_batch_size=4),
-                      group_world_size=3)  # fmt: skip
+        TorchFTLoader(
+            small_dataset.url, manager=manager, config=TorchFTConfig(seq_len=16, group_batch_size=4), group_world_size=3
+        )
 
 
 def test_a_checkpointed_state_resumes_with_the_managers_step_at_the_next_rows(small_dataset, manager_factory):
@@ -186,7 +207,10 @@ def test_microbatches_split_each_step_and_a_step_cut_short_is_an_error(small_dat
         manager.should_commit()
         manager.start_quorum()
         assert sorted(next(loader)["sample_positions"].tolist() + next(loader)["sample_positions"].tolist()) == [
-            4, 5, 6, 7
+            4,
+            5,
+            6,
+            7,
         ]
         manager.should_commit()
         manager.start_quorum()
@@ -238,8 +262,12 @@ def test_a_share_cut_from_a_whole_step_keeps_either_batch_layout():
 
     rows, seq_len = 5, 4
     ids = torch.arange(rows * seq_len).view(rows, seq_len)
-    step = {"input": ids, "labels": ids + 100, "positions": torch.arange(seq_len).repeat(rows, 1),
-            "sample_positions": torch.arange(rows) + 40}  # fmt: skip
+    step = {
+        "input": ids,
+        "labels": ids + 100,
+        "positions": torch.arange(seq_len).repeat(rows, 1),
+        "sample_positions": torch.arange(rows) + 40,
+    }
     flat = {key: tensor.reshape(-1) if key != "sample_positions" else tensor for key, tensor in step.items()}
     for start, stop in ((0, 3), (3, 5)):
         by_rows = cut_and_pad(step, start=start, stop=stop, rows=3)
@@ -253,14 +281,18 @@ def test_a_share_cut_from_a_whole_step_keeps_either_batch_layout():
     assert by_tokens["input"].untyped_storage().data_ptr() != flat["input"].untyped_storage().data_ptr()
 
 
-def test_the_tokens_layout_hands_each_microbatch_over_1d_with_the_rows_of_the_rows_layout(small_dataset,
-                                                                                          manager_factory):  # fmt: skip
+def test_the_tokens_layout_hands_each_microbatch_over_1d_with_the_rows_of_the_rows_layout(
+    small_dataset, manager_factory
+):
     served = {}
     for layout in ("rows", "tokens"):
         manager = manager_factory()
-        with TorchFTLoader(small_dataset.url, manager=manager,
-                           config=TorchFTConfig(seq_len=16, group_batch_size=4, lanes=8, microbatches=2),
-                           loader_options={"pipeline": "threads", "batch_layout": layout}) as loader:  # fmt: skip
+        with TorchFTLoader(
+            small_dataset.url,
+            manager=manager,
+            config=TorchFTConfig(seq_len=16, group_batch_size=4, lanes=8, microbatches=2),
+            loader_options={"pipeline": "threads", "batch_layout": layout},
+        ) as loader:
             served[layout] = []
             for _ in range(3):
                 manager.start_quorum()

@@ -40,7 +40,6 @@ from zephon_stream.integrations.torchtitan import (  # noqa: E402
     parse_stream_spec,
 )
 
-
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = REPO / "tests" / "dist_titan"
 EOS_TOKEN = "<|endoftext|>"
@@ -129,8 +128,13 @@ def test_the_streaming_loader_hands_over_the_installed_titans_form_itself(small_
         assert inner.batch_layout == TITAN.batch_layout == ("tokens" if TITAN.flat_batches else "rows")
         for _ in range(40):
             input_dict, labels = next(loader)
-            cached = {id(tensor) for views in inner.delivery.views if views is not None
-                      for part in (views.whole, *views.steps) for tensor in part.values()}  # fmt: skip
+            cached = {
+                id(tensor)
+                for views in inner.delivery.views
+                if views is not None
+                for part in (views.whole, *views.steps)
+                for tensor in part.values()
+            }
             assert {id(input_dict["input"]), id(input_dict["positions"]), id(labels)} <= cached
             assert input_dict["input"].dim() == (1 if TITAN.flat_batches else 2)
             del input_dict, labels
@@ -169,14 +173,17 @@ def reference_hashes(config: ZephonDataLoader.Config, *, seq_len: int, global_ba
 
 def resumed_hashes(config, state, *, dp: int, seq_len: int, local_batch_size: int, steps: range) -> list[str]:
     """Step hashes of ``dp`` ranks that load ``state`` and read ``steps`` (they start at ``steps[0]``)."""
-    resumed = [build(config, dp_world_size=dp, dp_rank=r, seq_len=seq_len, local_batch_size=local_batch_size)
-               for r in range(dp)]  # fmt: skip
+    resumed = [
+        build(config, dp_world_size=dp, dp_rank=r, seq_len=seq_len, local_batch_size=local_batch_size)
+        for r in range(dp)
+    ]
     try:
         for loader in resumed:
             loader.load_state_dict(state)
         iters = [iter(loader) for loader in resumed]
-        return [_hash_rows([row for loader, it in zip(resumed, iters) for row in rows_of(loader, *next(it))])
-                for _ in steps]  # fmt: skip
+        return [
+            _hash_rows([row for loader, it in zip(resumed, iters) for row in rows_of(loader, *next(it))]) for _ in steps
+        ]
     finally:
         for loader in resumed:
             loader.close()
@@ -201,8 +208,9 @@ def test_best_fit_batches_resume_at_another_dp_degree_and_refuse_a_windows_check
 
     config = ZephonDataLoader.Config(dataset_path=definitions_dataset.url, seed=11, packing="best_fit")
     expected = reference_hashes(config, seq_len=128, global_batch=6, num_steps=5)
-    assert expected != reference_hashes(dataclasses.replace(config, packing="concat"), seq_len=128, global_batch=6,
-                                        num_steps=5)  # fmt: skip
+    assert expected != reference_hashes(
+        dataclasses.replace(config, packing="concat"), seq_len=128, global_batch=6, num_steps=5
+    )
     reader = DirectReader([definitions_dataset.url])
     saving = [build(config, dp_world_size=3, dp_rank=r, seq_len=128, local_batch_size=2) for r in range(3)]
     for loader in saving:
@@ -227,8 +235,9 @@ def test_best_fit_batches_resume_at_another_dp_degree_and_refuse_a_windows_check
 
 
 def test_skip_steps_skips_the_data_of_train_steps_once_at_any_dp_degree(small_bpe_dataset):
-    config = ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=11, skip_steps=["3:2"],
-                                     gradient_accumulation_steps=2)  # fmt: skip
+    config = ZephonDataLoader.Config(
+        dataset_path=small_bpe_dataset.url, seed=11, skip_steps=["3:2"], gradient_accumulation_steps=2
+    )
     with build(config, seq_len=32, local_batch_size=6) as loader:
         steps = []
         for _ in range(6):
@@ -255,12 +264,14 @@ def test_load_state_dict_refuses_a_per_rank_titan_state(small_bpe_dataset):
 
 
 def test_load_state_dict_refuses_another_seed_naming_both(small_bpe_dataset):
-    with build(ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=1), seq_len=32,
-               local_batch_size=2) as loader:
+    with build(
+        ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=1), seq_len=32, local_batch_size=2
+    ) as loader:
         take(loader, 1)
         state = loader.state_dict()
-    with build(ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=2), seq_len=32,
-               local_batch_size=2) as other:
+    with build(
+        ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=2), seq_len=32, local_batch_size=2
+    ) as other:
         with pytest.raises(StateMismatchError, match="seed") as info:
             other.load_state_dict(state)
     assert "1" in str(info.value) and "2" in str(info.value)
@@ -326,8 +337,14 @@ def test_mixture_from_weighted_stream_specs(small_bpe_dataset, stdlib_corpus, bp
     from zephon_stream import write_dataset
 
     other = tmp_path / "other"
-    write_dataset([str(p) for p in stdlib_corpus.files[40:60]], str(other), tokenizer=f"hf:{bpe_tokenizer_json}",
-                  block_tokens=4097, blocks_per_shard=4, progress=False)
+    write_dataset(
+        [str(p) for p in stdlib_corpus.files[40:60]],
+        str(other),
+        tokenizer=f"hf:{bpe_tokenizer_json}",
+        block_tokens=4097,
+        blocks_per_shard=4,
+        progress=False,
+    )
     config = ZephonDataLoader.Config(streams=[f"{small_bpe_dataset.url}:3", f"{other}:1"], seed=2)
     with build(config, seq_len=32, local_batch_size=8) as loader:
         take(loader, 4)
@@ -377,8 +394,11 @@ def test_one_pass_as_torchtitans_validator_asks_for_it(small_bpe_dataset):
 
 
 def test_config_repr_and_logged_dict_hide_storage_secrets():
-    options = {"key": "AKIAEXAMPLE1234", "secret": "hunter2-secret",
-               "client_kwargs": {"endpoint_url": "http://s3:9000"}}
+    options = {
+        "key": "AKIAEXAMPLE1234",
+        "secret": "hunter2-secret",
+        "client_kwargs": {"endpoint_url": "http://s3:9000"},
+    }
     config = ZephonDataLoader.Config(dataset_path="s3://b/d", storage_options=options)
     # TorchTitan's trainer logs json.dumps(config.to_dict()) and saves it.
     for text in (repr(config), json.dumps(config.to_dict())):
@@ -418,8 +438,14 @@ def test_torchtitan_config_manager_parses_the_loader_config(tmp_path, monkeypatc
     parse = job_config_parser(
         tmp_path, monkeypatch, "zephon_job_config", 'ZephonDataLoader.Config(dataset_path="s3://bucket/web")'
     )
-    config = parse("--dataloader.seed", "9", "--dataloader.dataset_path", "None",
-                   "--dataloader.streams", "s3://bucket/web:0.7,s3://bucket/code:0.3")  # fmt: skip
+    config = parse(
+        "--dataloader.seed",
+        "9",
+        "--dataloader.dataset_path",
+        "None",
+        "--dataloader.streams",
+        "s3://bucket/web:0.7,s3://bucket/code:0.3",
+    )
     loader_config = config.dataloader
     assert isinstance(loader_config, ZephonDataLoader.Config)
     assert loader_config.dataset_path is None
@@ -452,8 +478,11 @@ def test_only_the_integration_seam_imports_torchtitan():
     importers = [
         path.relative_to(REPO).as_posix()
         for path in sorted((REPO / "zephon_stream").rglob("*.py"))
-        if re.search(r"^\s*(from|import)\s+torchtitan\b|import_module\(\s*[\"']torchtitan|\bimport_module\(name\)",
-                     path.read_text(encoding="utf-8"), re.MULTILINE)  # fmt: skip
+        if re.search(
+            r"^\s*(from|import)\s+torchtitan\b|import_module\(\s*[\"']torchtitan|\bimport_module\(name\)",
+            path.read_text(encoding="utf-8"),
+            re.MULTILINE,
+        )
     ]
     assert importers == ["zephon_stream/integrations/torchtitan/api.py"]
     askers = [
@@ -466,9 +495,16 @@ def test_only_the_integration_seam_imports_torchtitan():
     for path in sorted((REPO / "zephon_stream" / "integrations").rglob("*.py")):
         if path.name != "api.py":
             text = path.read_text(encoding="utf-8")
-            for name in ("components.dataloader", "components.data.loader", "num_pp_microbatches",
-                         "num_pipeline_parallel_microbatches", "config.infinite", "config.repeat",
-                         "self.infinite", "self.repeat"):
+            for name in (
+                "components.dataloader",
+                "components.data.loader",
+                "num_pp_microbatches",
+                "num_pipeline_parallel_microbatches",
+                "config.infinite",
+                "config.repeat",
+                "self.infinite",
+                "self.repeat",
+            ):
                 assert name not in text, f"{path.relative_to(REPO)} names {name}: ask api.TITAN instead"
 
 
@@ -487,8 +523,15 @@ def test_the_api_found_is_the_installed_torchtitans():
 
 
 def torchrun(script: str, nproc: int, *args: str, env: dict[str, str] | None = None) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(WORKERS / script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(WORKERS / script),
+        *args,
+    ]
     # The session's own path first: under tests/test_torchtitan_main.py it puts TorchTitan main there.
     path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)
     full_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
@@ -525,8 +568,14 @@ def test_titan_checkpoint_at_dp4_resumes_at_dp2_and_dp3_bit_identically(
     from zephon_stream import write_dataset
 
     url = s3_bucket.url("bpe")
-    write_dataset(list(map(str, small_bpe_dataset.sources)), url, tokenizer=small_bpe_dataset.tokenizer,
-                  block_tokens=4097, blocks_per_shard=4, progress=False)
+    write_dataset(
+        list(map(str, small_bpe_dataset.sources)),
+        url,
+        tokenizer=small_bpe_dataset.tokenizer,
+        block_tokens=4097,
+        blocks_per_shard=4,
+        progress=False,
+    )
     seq_len, global_batch = 256, 12
     manifest = small_bpe_dataset.manifest
     samples_per_pass = sum((int(n) - 1) // seq_len for n in manifest.block_token_counts())
@@ -536,19 +585,49 @@ def test_titan_checkpoint_at_dp4_resumes_at_dp2_and_dp3_bit_identically(
     steps_after = 8
     corpus = tmp_path / "corpus.jsonl"  # TorchTitan main's own loader reads JSONL
     corpus.write_text("".join(json.dumps({"text": p.read_text()}) + "\n" for p in small_bpe_dataset.sources))
-    common = ["--dataset", url, "--tokenizer-dir", str(titan_tokenizer_dir), "--seq-len", str(seq_len),
-              "--global-batch", str(global_batch), "--seed", "4", "--save-step", str(save_step),
-              "--ckpt", str(tmp_path / "ckpt"), "--titan-ckpt", str(tmp_path / "titan_ckpt"),
-              "--titan-corpus", str(corpus)]
+    common = [
+        "--dataset",
+        url,
+        "--tokenizer-dir",
+        str(titan_tokenizer_dir),
+        "--seq-len",
+        str(seq_len),
+        "--global-batch",
+        str(global_batch),
+        "--seed",
+        "4",
+        "--save-step",
+        str(save_step),
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        "--titan-ckpt",
+        str(tmp_path / "titan_ckpt"),
+        "--titan-corpus",
+        str(corpus),
+    ]
     runs = {"dp4": (4, "save"), "dp2": (2, "resume"), "dp3": (3, "resume")}
     for name, (nproc, mode) in runs.items():
         out = tmp_path / name
         out.mkdir()
-        torchrun("resume_worker.py", nproc, *common, "--mode", mode, "--steps", str(steps_after), "--out", str(out),
-                 env=s3_bucket.env)
+        torchrun(
+            "resume_worker.py",
+            nproc,
+            *common,
+            "--mode",
+            mode,
+            "--steps",
+            str(steps_after),
+            "--out",
+            str(out),
+            env=s3_bucket.env,
+        )
 
-    expected = reference_hashes(ZephonDataLoader.Config(dataset_path=url, seed=4), seq_len=seq_len,
-                                global_batch=global_batch, num_steps=save_step + steps_after)
+    expected = reference_hashes(
+        ZephonDataLoader.Config(dataset_path=url, seed=4),
+        seq_len=seq_len,
+        global_batch=global_batch,
+        num_steps=save_step + steps_after,
+    )
     saved = step_hashes(tmp_path / "dp4")
     assert sorted(saved) == list(range(save_step))
     assert all(saved[step] == expected[step] for step in saved), "dp=4 before the save differs from dp=1"
@@ -557,8 +636,12 @@ def test_titan_checkpoint_at_dp4_resumes_at_dp2_and_dp3_bit_identically(
         assert sorted(resumed) == list(range(save_step, save_step + steps_after))
         mismatched = [step for step in resumed if resumed[step] != expected[step]]
         assert not mismatched, f"{name}: steps {mismatched} differ from the uninterrupted run"
-    last_position = max(row[0] for path in (tmp_path / "dp2").glob("rank*.json")
-                        for rows in json.loads(path.read_text())["steps"].values() for row in rows)
+    last_position = max(
+        row[0]
+        for path in (tmp_path / "dp2").glob("rank*.json")
+        for rows in json.loads(path.read_text())["steps"].values()
+        for row in rows
+    )
     assert last_position >= samples_per_pass, "the resumed steps should cross the epoch boundary"
 
     # One dataloader entry for all ranks; TorchTitan's own loader writes one per rank.
@@ -583,8 +666,22 @@ def test_training_losses_after_dp2_to_dp1_resume_match_the_uninterrupted_run(sma
     the same global batch. Changing dp changes the order of the gradient and
     loss reductions, so the losses agree to float tolerance, not bit for bit."""
     vocab_size = small_bpe_dataset.manifest.tokenizer.vocab_size
-    common = ["--dataset", small_bpe_dataset.url, "--vocab-size", str(vocab_size), "--seq-len", "32",
-              "--global-batch", "8", "--ckpt", str(tmp_path / "ckpt"), "--save-step", "3", "--total-steps", "6"]
+    common = [
+        "--dataset",
+        small_bpe_dataset.url,
+        "--vocab-size",
+        str(vocab_size),
+        "--seq-len",
+        "32",
+        "--global-batch",
+        "8",
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        "--save-step",
+        "3",
+        "--total-steps",
+        "6",
+    ]
     torchrun("train_worker.py", 2, *common, "--out", str(tmp_path / "dp2.json"))
     torchrun("train_worker.py", 1, *common, "--resume", "--out", str(tmp_path / "dp1.json"))
     uninterrupted = json.loads((tmp_path / "dp2.json").read_text())["losses"]
@@ -614,13 +711,22 @@ def test_example_job_configs_select_the_zephon_loader(tmp_path):
         print(sorted(keywords.items()))
         """
     )
-    path = os.pathsep.join(p for p in (str(REPO / "examples" / "torchtitan"), os.environ.get("PYTHONPATH"), str(REPO))
-                           if p)  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONPATH": path, "ZEPHON_DATASET": "s3://bucket/zephon/web",
-                               "TMPDIR": str(tmp_path)})  # fmt: skip
+    path = os.pathsep.join(
+        p for p in (str(REPO / "examples" / "torchtitan"), os.environ.get("PYTHONPATH"), str(REPO)) if p
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": path, "ZEPHON_DATASET": "s3://bucket/zephon/web", "TMPDIR": str(tmp_path)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     # 8 rows of 512 tokens a rank, in the installed TorchTitan's names.
-    want = ([("max_context_length", 512), ("num_tokens_per_batch", 4096)] if TITAN.flat_batches
-            else [("local_batch_size", 8), ("seq_len", 512)])  # fmt: skip
+    want = (
+        [("max_context_length", 512), ("num_tokens_per_batch", 4096)]
+        if TITAN.flat_batches
+        else [("local_batch_size", 8), ("seq_len", 512)]
+    )
     assert done.stdout.strip().splitlines()[-1] == repr(want)

@@ -26,8 +26,9 @@ def validation_rows(config, dp_world_size):
     config = dataclasses.replace(config, **repeat(False))  # what the validator does for steps = -1
     per_rank = []
     for rank in range(dp_world_size):
-        with config.build(dp_world_size=dp_world_size, dp_rank=rank, tokenizer=None,
-                          **trainer_keywords(SEQ_LEN, LOCAL_BATCH)) as loader:  # fmt: skip
+        with config.build(
+            dp_world_size=dp_world_size, dp_rank=rank, tokenizer=None, **trainer_keywords(SEQ_LEN, LOCAL_BATCH)
+        ) as loader:
             batches = [(as_rows(d["input"], SEQ_LEN), as_rows(labels, SEQ_LEN)) for d, labels in loader]
             with pytest.raises(DataloaderExhausted):
                 next(loader)
@@ -42,14 +43,23 @@ def test_one_validation_reads_each_held_out_sample_once_at_any_dp_degree(small_d
     per_rank, num_samples = validation_rows(config, dp_world_size)
     steps = {len(batches) for batches in per_rank}
     assert len(steps) == 1, "every rank takes the same number of steps"
-    valid = [row.tolist() for batches in per_rank for inputs, labels in batches
-             for row, label in zip(inputs, labels) if (label != IGNORE_INDEX).any()]
+    valid = [
+        row.tolist()
+        for batches in per_rank
+        for inputs, labels in batches
+        for row, label in zip(inputs, labels)
+        if (label != IGNORE_INDEX).any()
+    ]
     padded = sum(int((labels == IGNORE_INDEX).all(dim=1).sum()) for batches in per_rank for _, labels in batches)
     assert len(valid) == num_samples
     assert padded == steps.pop() * LOCAL_BATCH * dp_world_size - num_samples
     reference, _ = validation_rows(config, 1)
-    want = [row.tolist() for inputs, labels in reference[0]
-            for row, label in zip(inputs, labels) if (label != IGNORE_INDEX).any()]
+    want = [
+        row.tolist()
+        for inputs, labels in reference[0]
+        for row, label in zip(inputs, labels)
+        if (label != IGNORE_INDEX).any()
+    ]
     assert sorted(valid) == sorted(want)
 
 
@@ -57,8 +67,10 @@ def test_repeat_starts_another_pass_and_labels_follow_inputs(small_dataset):
     config = ZephonEvalDataLoader.Config(dataset_path=small_dataset.url, **repeat(True))
     with config.build(dp_world_size=1, dp_rank=0, tokenizer=None, **trainer_keywords(SEQ_LEN, LOCAL_BATCH)) as loader:
         steps = loader.eval_loader.num_steps
-        batches = [({"input": as_rows(d["input"], SEQ_LEN)}, as_rows(labels, SEQ_LEN))
-                   for d, labels in (next(loader) for _ in range(steps + 2))]  # fmt: skip
+        batches = [
+            ({"input": as_rows(d["input"], SEQ_LEN)}, as_rows(labels, SEQ_LEN))
+            for d, labels in (next(loader) for _ in range(steps + 2))
+        ]
         assert loader.passes == 2
         eos = loader.eval_loader.manifests[0][1].tokenizer.eos_id
     for (first, _), (again, _) in zip(batches[:2], batches[steps:]):
@@ -89,12 +101,16 @@ def test_the_validators_own_lines_build_one_pass_or_repeating_passes(small_datas
     flat = " ".join(source.split())
     replace_line = f"self.dl_config = replace(config.dataloader, {TITAN.repeat_field}=config.steps != -1)"
     assert replace_line in flat, f"torchtitan's validate.py no longer says: {replace_line}"
-    build_line = ("max_context_length=self.seq_len, num_tokens_per_batch=self.num_tokens_per_batch"
-                  if TITAN.flat_batches else "seq_len=self.seq_len, local_batch_size=")  # fmt: skip
+    build_line = (
+        "max_context_length=self.seq_len, num_tokens_per_batch=self.num_tokens_per_batch"
+        if TITAN.flat_batches
+        else "seq_len=self.seq_len, local_batch_size="
+    )
     assert build_line in flat, f"torchtitan's validate.py no longer says: {build_line}"
     for steps, passes in ((-1, 1), (5, 2)):
-        dl_config = dataclasses.replace(ZephonEvalDataLoader.Config(dataset_path=small_dataset.url),
-                                        **{TITAN.repeat_field: steps != -1})  # fmt: skip
+        dl_config = dataclasses.replace(
+            ZephonEvalDataLoader.Config(dataset_path=small_dataset.url), **{TITAN.repeat_field: steps != -1}
+        )
         with dl_config.build(dp_world_size=2, dp_rank=1, tokenizer=None, **trainer_keywords(SEQ_LEN, 64)) as loader:
             taken = 0
             for _ in loader:

@@ -85,8 +85,19 @@ def test_passes_against_torchtitan_main(module: str, titan_main: Path, tmp_path:
     # A session of its own: none of this one's xdist worker variables.
     outer = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "XDIST_"))}
     env = {**outer, "PYTHONPATH": path, "ZEPHON_EXPECT_TORCHTITAN": "main", "TMPDIR": str(tmp_path / "tmp")}
-    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
-               f"--basetemp={tmp_path / 'base'}", f"tests/{module}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        f"--basetemp={tmp_path / 'base'}",
+        f"tests/{module}",
+    ]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     output = done.stdout + done.stderr
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""

@@ -96,9 +96,20 @@ def test_torchtitans_mask_helpers_see_our_documents_and_count_our_valid_tokens(
     config = ZephonDataLoader.Config(streams=streams, seed=1, pipeline=pipeline)
     assert config.cross_document_targets == "ignore"
     # The documents as the loader's own packing outputs see them, rank 0 of 2.
-    reference = StreamingLoader(streams, seed=1, seq_len=SEQ_LEN, local_batch_size=ROWS, rank=0, world_size=2,
-                                pipeline="threads", packing_outputs=True)  # fmt: skip
-    with reference, config.build(dp_world_size=2, dp_rank=0, tokenizer=None, **trainer_keywords(SEQ_LEN, ROWS)) as loader:
+    reference = StreamingLoader(
+        streams,
+        seed=1,
+        seq_len=SEQ_LEN,
+        local_batch_size=ROWS,
+        rank=0,
+        world_size=2,
+        pipeline="threads",
+        packing_outputs=True,
+    )
+    with (
+        reference,
+        config.build(dp_world_size=2, dp_rank=0, tokenizer=None, **trainer_keywords(SEQ_LEN, ROWS)) as loader,
+    ):
         documents = 0
         for step in range(10):
             input_dict, labels = next(loader)
@@ -170,15 +181,24 @@ def test_torchtitans_own_text_loader_trains_what_we_train_under_ignore(
     folder.mkdir()
     (folder / "data.json").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
     if TITAN.flat_batches:
-        titan = titan_own_loader(rank=0, world=1, seq_len=max(map(len, documents)), rows=1, tokenizer=titan_tokenizer,
-                                 corpus_jsonl=str(folder / "data.json"), num_tokens=num_tokens - len(documents))
+        titan = titan_own_loader(
+            rank=0,
+            world=1,
+            seq_len=max(map(len, documents)),
+            rows=1,
+            tokenizer=titan_tokenizer,
+            corpus_jsonl=str(folder / "data.json"),
+            num_tokens=num_tokens - len(documents),
+        )
         (titan_dict, titan_labels), titan = next(iter(titan)), titan.close()
         titan_input, titan_positions = titan_dict["input"], titan_dict["positions"]
     else:
         from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
 
         titan = HuggingFaceTextDataset("c4_test", str(folder), titan_tokenizer, seq_len=num_tokens - len(documents))
-        ((titan_input, titan_positions), titan_labels), = [((d["input"], d["positions"]), labels) for d, labels in titan]
+        (((titan_input, titan_positions), titan_labels),) = [
+            ((d["input"], d["positions"]), labels) for d, labels in titan
+        ]
 
     # Ours: the same documents written as a dataset; one row of the whole stream.
     sources = []
@@ -190,8 +210,14 @@ def test_torchtitans_own_text_loader_trains_what_we_train_under_ignore(
     write_dataset(sources, url, tokenizer=f"hf:{bpe_tokenizer_json}", eos_token=EOS_TOKEN, progress=False)
     ours = {}
     for targets in ("ignore", "predict"):
-        with StreamingLoader(url, seq_len=num_tokens - 1, local_batch_size=1, pipeline="threads",
-                             cross_document_targets=targets, packing_outputs=True) as loader:  # fmt: skip
+        with StreamingLoader(
+            url,
+            seq_len=num_tokens - 1,
+            local_batch_size=1,
+            pipeline="threads",
+            cross_document_targets=targets,
+            packing_outputs=True,
+        ) as loader:
             ours[targets] = next(loader)
     batch = ours["ignore"]
     assert batch["input"][0].tolist() == [t for doc in documents for t in doc][:-1], "the same token ids"
@@ -220,7 +246,8 @@ def test_a_trainer_builds_torchtitans_varlen_metadata_from_our_outputs(small_bpe
             input_dict, _ = next(loader)
             cu_seqlens = input_dict.pop("cu_seqlens")[: input_dict.pop("num_cu_seqlens")]
             max_seqlen = input_dict.pop("max_seqlen")
-            ours = attention.VarlenMetadata(cu_seq_q=cu_seqlens, cu_seq_k=cu_seqlens, max_q=max_seqlen,
-                                            max_k=max_seqlen)  # fmt: skip
+            ours = attention.VarlenMetadata(
+                cu_seq_q=cu_seqlens, cu_seq_k=cu_seqlens, max_q=max_seqlen, max_k=max_seqlen
+            )
             theirs = attention.create_varlen_metadata_for_document(input_dict["positions"])
             assert torch.equal(ours.cu_seq_q, theirs.cu_seq_q) and ours.max_q == theirs.max_q

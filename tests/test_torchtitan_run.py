@@ -32,9 +32,11 @@ from test_torchtitan import _hash_rows, dataloader_entries, reference_hashes  # 
 from zephon_stream.integrations.torchtitan import TITAN, ZephonDataLoader  # noqa: E402
 
 if not TITAN.flat_batches:
-    pytest.skip("TorchTitan 0.3.0 takes no training step on a CPU (SDPA refused for its language models, flex "
-                "attention without a backward): tests/test_torchtitan_main.py runs this against main",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "TorchTitan 0.3.0 takes no training step on a CPU (SDPA refused for its language models, flex "
+        "attention without a backward): tests/test_torchtitan_main.py runs this against main",
+        allow_module_level=True,
+    )
 
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = REPO / "tests" / "dist_titan"
@@ -53,14 +55,33 @@ def assets(bpe_tokenizer_json: Path, tmp_path_factory: pytest.TempPathFactory) -
 def train(job: dict, *, nproc: int, dump: Path, kill_after_steps: int | None = None) -> None:
     """``torchrun -m torchtitan.train`` on ``nproc`` ranks; with ``kill_after_steps``,
     SIGKILL the whole job once rank 0 has taken that many batches."""
-    path = os.pathsep.join(p for p in (str(WORKERS / "cpu_site"), str(WORKERS), os.environ.get("PYTHONPATH"),
-                                       str(REPO)) if p)  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "torchtitan.train", "--module", "titan_job", "--config", "zephon_debugmodel",
-           "--dump_folder", str(dump)]  # fmt: skip
+    path = os.pathsep.join(
+        p for p in (str(WORKERS / "cpu_site"), str(WORKERS), os.environ.get("PYTHONPATH"), str(REPO)) if p
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "torchtitan.train",
+        "--module",
+        "titan_job",
+        "--config",
+        "zephon_debugmodel",
+        "--dump_folder",
+        str(dump),
+    ]
     with tempfile.TemporaryDirectory(prefix="zs-torchrun-") as tmp:
-        env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TMPDIR": tmp,
-               "ZEPHON_NODE_CACHE": os.path.join(tmp, "node-cache"), "ZEPHON_TITAN_JOB": json.dumps(job)}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": path,
+            "OMP_NUM_THREADS": "1",
+            "TMPDIR": tmp,
+            "ZEPHON_NODE_CACHE": os.path.join(tmp, "node-cache"),
+            "ZEPHON_TITAN_JOB": json.dumps(job),
+        }
         log = dump.with_suffix(".log")
         with open(log, "w") as out:
             job_process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -99,11 +120,23 @@ def recorded_steps(record: Path, *, shape: tuple[int, ...]) -> dict[int, str]:
 @pytest.mark.torchrun
 @pytest.mark.parametrize("packing", ["concat", "best_fit"])
 def test_mains_trainer_resumes_at_another_dp_degree_bit_identically(small_bpe_dataset, assets, tmp_path, packing):
-    job = {"dataset": small_bpe_dataset.url, "assets": str(assets), "seq_len": SEQ_LEN, "global_rows": GLOBAL_ROWS,
-           "steps": 7, "interval": 3, "packing": packing, "seed": 5}  # fmt: skip
+    job = {
+        "dataset": small_bpe_dataset.url,
+        "assets": str(assets),
+        "seq_len": SEQ_LEN,
+        "global_rows": GLOBAL_ROWS,
+        "steps": 7,
+        "interval": 3,
+        "packing": packing,
+        "seed": 5,
+    }
     steps, kill = (7, 5) if packing == "concat" else (5, None)
-    expected = reference_hashes(ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=5, packing=packing),
-                                seq_len=SEQ_LEN, global_batch=GLOBAL_ROWS, num_steps=steps)  # fmt: skip
+    expected = reference_hashes(
+        ZephonDataLoader.Config(dataset_path=small_bpe_dataset.url, seed=5, packing=packing),
+        seq_len=SEQ_LEN,
+        global_batch=GLOBAL_ROWS,
+        num_steps=steps,
+    )
 
     # dp 2: three rows of 32 tokens a rank, one 1-D batch of 96 tokens; killed after step 5 (concat).
     first = tmp_path / "dp2"
@@ -119,8 +152,11 @@ def test_mains_trainer_resumes_at_another_dp_degree_bit_identically(small_bpe_da
     for dp in (1, 3) if packing == "concat" else (3,):
         resumed = tmp_path / f"dp{dp}"
         (resumed / "record").mkdir(parents=True)
-        train({**job, "steps": steps, "record": str(resumed / "record"), "load": str(checkpoint)}, nproc=dp,
-              dump=resumed / "dump")  # fmt: skip
+        train(
+            {**job, "steps": steps, "record": str(resumed / "record"), "load": str(checkpoint)},
+            nproc=dp,
+            dump=resumed / "dump",
+        )
         got = recorded_steps(resumed / "record", shape=(GLOBAL_ROWS // dp * SEQ_LEN,))
         assert sorted(got) == list(range(3, steps)), f"dp {dp} took steps {sorted(got)}"
         mismatched = [step for step in got if got[step] != expected[step]]

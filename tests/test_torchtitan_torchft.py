@@ -29,12 +29,12 @@ from torchtitan.experiments.torchft.checkpoint import TorchFTCheckpointManager  
 from torchtitan.experiments.torchft.config.job_config import FaultTolerance  # noqa: E402
 from torchtitan.experiments.torchft.manager import TorchFTManager  # noqa: E402
 
+from titan_forms import repeat, trainer_keywords  # noqa: E402
 from zephon_stream.demo.torchft_run import (  # noqa: E402
     lost_and_repeated,
     reference_digests,
     run_groups,
 )
-from titan_forms import repeat, trainer_keywords  # noqa: E402
 from zephon_stream.errors import ConfigError  # noqa: E402
 from zephon_stream.integrations.torchtitan import TITAN  # noqa: E402
 from zephon_stream.integrations.torchtitan.torchft import (  # noqa: E402
@@ -86,7 +86,9 @@ def check_positions_once(counts) -> int:
 
 
 def check_tokens(run, dataset: str) -> None:
-    rows = [(p, d) for recs in run.records.values() for rec in recs for p, d in zip(rec["positions"][0], rec["digests"][0])]
+    rows = [
+        (p, d) for recs in run.records.values() for rec in recs for p, d in zip(rec["positions"][0], rec["digests"][0])
+    ]
     reference = reference_digests(dataset, seq_len=SEQ_LEN, lanes=LANES, positions=max(p for p, _ in rows) + 1)
     wrong = [(p, d) for p, d in rows if p >= 0 and reference[p] != d]
     assert not wrong, f"rows whose tokens differ from a single-rank reading: {wrong[:5]}"
@@ -99,13 +101,36 @@ def test_titan_ft_groups_lose_and_repeat_no_sample_through_kill_heal_leave_and_a
     dump = tmp_path / "dump"
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    extra = {"dump": str(dump), "interval": 4, "local_batch": LOCAL_BATCH, "microbatches": MICROBATCHES,
-             "groups": 3, "positions": 400, "device": "cuda" if torch.cuda.is_available() else None}  # fmt: skip
-    events = {0: {"hold_at": [5, "g1r0.life2.ready"]}, 1: {"kill_at": 3},
-              2: {"hold_at": [5, "g1r0.life2.ready"], "leave_at": 8}}  # fmt: skip
-    run = run_groups(tmp_path / "a", dataset=small_dataset.url, groups=3, group_world_size=1, async_quorum=True,
-                     loaders=[{"group_batch": GROUP_BATCH}], steps=12, seq_len=SEQ_LEN, lanes=LANES, events=events,
-                     restart={1: "g0r0.step"}, worker=[WORKER], extra=extra, timeout_s=120)  # fmt: skip
+    extra = {
+        "dump": str(dump),
+        "interval": 4,
+        "local_batch": LOCAL_BATCH,
+        "microbatches": MICROBATCHES,
+        "groups": 3,
+        "positions": 400,
+        "device": "cuda" if torch.cuda.is_available() else None,
+    }
+    events = {
+        0: {"hold_at": [5, "g1r0.life2.ready"]},
+        1: {"kill_at": 3},
+        2: {"hold_at": [5, "g1r0.life2.ready"], "leave_at": 8},
+    }
+    run = run_groups(
+        tmp_path / "a",
+        dataset=small_dataset.url,
+        groups=3,
+        group_world_size=1,
+        async_quorum=True,
+        loaders=[{"group_batch": GROUP_BATCH}],
+        steps=12,
+        seq_len=SEQ_LEN,
+        lanes=LANES,
+        events=events,
+        restart={1: "g0r0.step"},
+        worker=[WORKER],
+        extra=extra,
+        timeout_s=120,
+    )
     assert run.exit_codes["g1r0"][0] == -9
     recs = run.records
     # gradient accumulation: MICROBATCHES next() calls per step, each LOCAL_BATCH rows (main: end to end)
@@ -124,9 +149,21 @@ def test_titan_ft_groups_lose_and_repeat_no_sample_through_kill_heal_leave_and_a
     # The whole job restarts (two groups) from the newest full checkpoint: the
     # data continues where that checkpoint's model stood, none lost or repeated.
     extra["groups"] = 2
-    again = run_groups(tmp_path / "b", dataset=small_dataset.url, groups=2, group_world_size=1, async_quorum=True,
-                       loaders=[{"group_batch": GROUP_BATCH}], steps=3, seq_len=SEQ_LEN, lanes=LANES, events={},
-                       worker=[WORKER], extra=extra, timeout_s=90)  # fmt: skip
+    again = run_groups(
+        tmp_path / "b",
+        dataset=small_dataset.url,
+        groups=2,
+        group_world_size=1,
+        async_quorum=True,
+        loaders=[{"group_batch": GROUP_BATCH}],
+        steps=3,
+        seq_len=SEQ_LEN,
+        lanes=LANES,
+        events={},
+        worker=[WORKER],
+        extra=extra,
+        timeout_s=90,
+    )
     finals = again.finals
     assert all(f["loaded"] for f in finals.values())
     start = {f["start_position"] for f in finals.values()}
@@ -137,15 +174,21 @@ def test_titan_ft_groups_lose_and_repeat_no_sample_through_kill_heal_leave_and_a
 
 
 def test_config_refuses_what_a_torchft_run_cannot_honour():
-    for bad in ({"max_steps": 3}, {"phases": '[{"step": 1}]'}, repeat(False), {"gradient_accumulation_steps": 2},
-                *([] if TITAN.flat_batches else [{"packing_outputs": True}])):
+    for bad in (
+        {"max_steps": 3},
+        {"phases": '[{"step": 1}]'},
+        repeat(False),
+        {"gradient_accumulation_steps": 2},
+        *([] if TITAN.flat_batches else [{"packing_outputs": True}]),
+    ):
         with pytest.raises(ConfigError, match="not supported under torchft"):
             ZephonFTDataLoader.Config(dataset_path="/data/ds", **bad)
 
 
 def test_loader_refuses_iteration_before_the_manager_is_bound_and_a_disabled_manager():
-    loader = ZephonFTDataLoader.Config(dataset_path="/data/ds").build(dp_world_size=4, dp_rank=1,
-                                                                      **trainer_keywords(8, 2))  # fmt: skip
+    loader = ZephonFTDataLoader.Config(dataset_path="/data/ds").build(
+        dp_world_size=4, dp_rank=1, **trainer_keywords(8, 2)
+    )
     with pytest.raises(ConfigError, match="bind_torchft"):
         next(loader)
     with pytest.raises(ConfigError, match="fault_tolerance.enable"):
@@ -156,7 +199,8 @@ def test_checkpointer_keeps_per_replica_dataloader_checkpoints_off_and_the_job_c
     assert ZephonFTCheckpointManager.Config().enable_ft_dataloader_checkpoints is False
     with pytest.raises(ConfigError, match="enable_ft_dataloader_checkpoints must be false"):
         ZephonFTCheckpointManager.Config(enable_ft_dataloader_checkpoints=True).build(
-            dataloader=None, model_parts=[], optimizers=None, lr_schedulers=None, states={}, sd_adapter=None)
+            dataloader=None, model_parts=[], optimizers=None, lr_schedulers=None, states={}, sd_adapter=None
+        )
 
     class Job:
         dataloader = ZephonFTDataLoader.Config(dataset_path="/data/ds")
@@ -175,18 +219,27 @@ def test_checkpointer_keeps_per_replica_dataloader_checkpoints_off_and_the_job_c
 def test_trainer_subclass_builds_itself_from_its_config(tmp_path):
     """``ZephonFTTrainer`` imports TorchTitan's trainer, whose models need triton:
     in a process of its own, with check_job.py's stand-in for that one module."""
-    check = "\n".join((
-        "import check_job",
-        "check_job.stand_in_for_triton_kernels()",
-        "from zephon_stream.integrations.torchtitan.torchft_trainer import FaultTolerantTrainer, ZephonFTTrainer",
-        "assert ZephonFTTrainer.Config._owner is ZephonFTTrainer",
-        "print(ZephonFTTrainer.__mro__[1].__module__)",
-    ))  # fmt: skip
+    check = "\n".join(
+        (
+            "import check_job",
+            "check_job.stand_in_for_triton_kernels()",
+            "from zephon_stream.integrations.torchtitan.torchft_trainer import FaultTolerantTrainer, ZephonFTTrainer",
+            "assert ZephonFTTrainer.Config._owner is ZephonFTTrainer",
+            "print(ZephonFTTrainer.__mro__[1].__module__)",
+        )
+    )
     repo = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join(p for p in (str(repo / "examples" / "torchtitan"), os.environ.get("PYTHONPATH"), str(repo))
-                           if p)  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp_path)})  # fmt: skip
+    path = os.pathsep.join(
+        p for p in (str(repo / "examples" / "torchtitan"), os.environ.get("PYTHONPATH"), str(repo)) if p
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp_path)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "torchtitan.experiments.torchft.trainer"
     # bind_torchft takes the trainer's pipeline microbatches by the name the installed TorchTitan gives them.

@@ -84,14 +84,19 @@ def test_train_step_takes_the_batches_at_every_device_setting(small_bpe_dataset,
             moved, counted, on_device = titan_train_step_batches(
                 batches, device=trainer_device, gradient_accumulation_steps=12
             )
-            want, _, _ = titan_train_step_batches(cpu_batches, device=torch.device("cpu"), gradient_accumulation_steps=12)
+            want, _, _ = titan_train_step_batches(
+                cpu_batches, device=torch.device("cpu"), gradient_accumulation_steps=12
+            )
             # By default the label of each input EOS is IGNORE_INDEX, as TorchTitan's own loader trains.
             input_eos = sum(int((d["input"] == eos).sum()) for d, _ in want)
             assert counted == 12 * 4 * 128 - input_eos and int(on_device) == counted
             assert on_device.device.type == trainer_device.type
             for (input_dict, labels), (want_dict, want_labels) in zip(moved, want):
                 assert set(input_dict) == {"input", "positions"}
-                for got, expected in ((input_dict["input"], want_dict["input"]),
-                                      (input_dict["positions"], want_dict["positions"]), (labels, want_labels)):
+                for got, expected in (
+                    (input_dict["input"], want_dict["input"]),
+                    (input_dict["positions"], want_dict["positions"]),
+                    (labels, want_labels),
+                ):
                     assert got.device.type == trainer_device.type and got.dtype == torch.int64
                     assert torch.equal(got.cpu(), expected)

@@ -50,12 +50,15 @@ def test_every_problem_is_listed_and_exit_is_1(dataset, capsys) -> None:
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert any(
-        f"shard {s0.path} block 1 (bytes {s0.block_offsets[1]}..{s0.block_offsets[2]})" in line and line.startswith("CORRUPT")
+        f"shard {s0.path} block 1 (bytes {s0.block_offsets[1]}..{s0.block_offsets[2]})" in line
+        and line.startswith("CORRUPT")
         for line in lines
     ), out
     assert any(f"shard {s0.path}: sha256 mismatch" in line for line in lines), out
     assert any(line.startswith("TRUNCATED") and f"{s1.path} block 2" in line for line in lines), out
-    assert any(line.startswith("TRUNCATED") and f"truncated at byte {s1.block_offsets[2] + 5}" in line for line in lines), out
+    assert any(
+        line.startswith("TRUNCATED") and f"truncated at byte {s1.block_offsets[2] + 5}" in line for line in lines
+    ), out
     assert any(line.startswith("MISSING") and manifest.shards[2].path in line for line in lines), out
     assert any(line.startswith("MISSING") and manifest.shards[3].index_path in line for line in lines), out
     assert "FAILED: 6 problem(s)" in out
@@ -94,7 +97,10 @@ def test_verify_over_s3_in_a_subprocess(tmp_path: Path, s3_bucket, s3_url) -> No
             store.write_atomic(path.relative_to(tmp_path).as_posix(), path.read_bytes())
     result = subprocess.run(
         [sys.executable, "-m", "zephon_stream", "verify", url],
-        capture_output=True, text=True, env={**os.environ, **s3_bucket.env}, timeout=120,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **s3_bucket.env},
+        timeout=120,
     )
     assert result.returncode == 1, result.stderr
     assert f"MISSING: shard {manifest.shards[1].path}" in result.stdout

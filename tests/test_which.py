@@ -66,8 +66,9 @@ def test_provenance_matches_what_the_loader_reads(small_dataset):
     by_rank = {r: [s for s in samples if s.rank == r] for r in (0, 1)}
     with DatasetReader.open(small_dataset.url) as reader:
         for rank in (0, 1):
-            loader = StreamingLoader(small_dataset.url, seq_len=SEQ_LEN, local_batch_size=BATCH // 2,
-                                     rank=rank, world_size=2, seed=9)  # fmt: skip
+            loader = StreamingLoader(
+                small_dataset.url, seq_len=SEQ_LEN, local_batch_size=BATCH // 2, rank=rank, world_size=2, seed=9
+            )
             try:
                 for _ in range(step):
                     next(loader)
@@ -77,7 +78,7 @@ def test_provenance_matches_what_the_loader_reads(small_dataset):
             mine = by_rank[rank]
             assert batch["sample_positions"].tolist() == [s.position for s in mine]
             for row, s in zip(batch["input"].numpy(), mine):
-                tokens = reader.read_block(s.block)[s.sample * SEQ_LEN :][:SEQ_LEN + 1]
+                tokens = reader.read_block(s.block)[s.sample * SEQ_LEN :][: SEQ_LEN + 1]
                 assert np.array_equal(row, tokens[:SEQ_LEN].astype(np.int64))
                 assert s.text == reader.decode_text(tokens)
 
@@ -111,9 +112,11 @@ def test_which_command_prints_json_and_text(small_dataset, capsys):
     for doc in first["documents"]:
         # An excerpt from mid-document says where in the document it is,
         # not only where in the sample.
-        assert (f"    {doc['source']} record {doc['record']}: document tokens [{doc['document_token_start']}, "
-                f"{doc['document_token_end']}) of {doc['token_end'] - doc['token_start']} = sample tokens "
-                f"[{doc['sample_token_start']}, {doc['sample_token_end']})\n") in printed  # fmt: skip
+        assert (
+            f"    {doc['source']} record {doc['record']}: document tokens [{doc['document_token_start']}, "
+            f"{doc['document_token_end']}) of {doc['token_end'] - doc['token_start']} = sample tokens "
+            f"[{doc['sample_token_start']}, {doc['sample_token_end']})\n"
+        ) in printed
     assert f"dataset tokens [{first['token_start']}, {first['token_start'] + SEQ_LEN + 1})" in printed
     assert printed.count(f"    text of sample tokens [0, {SEQ_LEN + 1}):\n") == BATCH
     assert printed.count("    | ") >= BATCH
@@ -141,8 +144,7 @@ def test_which_reads_a_dataset_on_s3(small_dataset, s3_bucket, capsys):
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
             store.write_atomic(path.relative_to(root).as_posix(), path.read_bytes())
     # The AWS variables of the session's server reach it, as a user's would.
-    args = ["which", url, "--step", "2", "--seq-len", str(SEQ_LEN), "--global-batch", str(BATCH),
-            "--json", "--text"]  # fmt: skip
+    args = ["which", url, "--step", "2", "--seq-len", str(SEQ_LEN), "--global-batch", str(BATCH), "--json", "--text"]
     assert main(args) == 0
     remote = json.loads(capsys.readouterr().out)["samples"]
     local = [s.to_dict() for s in trace([small_dataset.url], 2, text=True)]
@@ -157,8 +159,10 @@ def test_steps_count_from_0_in_the_loader_its_audit_log_and_which(small_dataset,
     from zephon_stream import StreamingLoader
     from zephon_stream.loader.front.audit import addresses_sha256, read_audit_log
 
-    phases = [{"start_step": 0, "global_batch": 8, "seq_len": SEQ_LEN, "lanes": 8},
-              {"start_step": 3, "global_batch": 4, "seq_len": 2 * SEQ_LEN, "lanes": 8}]  # fmt: skip
+    phases = [
+        {"start_step": 0, "global_batch": 8, "seq_len": SEQ_LEN, "lanes": 8},
+        {"start_step": 3, "global_batch": 4, "seq_len": 2 * SEQ_LEN, "lanes": 8},
+    ]
     log = tmp_path / "audit.jsonl"
     loader = StreamingLoader(small_dataset.url, schedule=phases, rank=0, world_size=1, seed=3, audit_log=str(log))
     try:

@@ -30,10 +30,14 @@ def one_phase(seq_len: int = SEQ_LEN, batch: int = BATCH) -> list[SchedulePhase]
 
 def read_back(reader: DatasetReader, sample) -> np.ndarray:
     """The sample's tokens as its pieces and label name them, read from the token stream."""
-    parts = [reader.read_tokens(d.token_start + d.document_token_start, d.token_start + d.document_token_end)
-             for d in sample.documents]  # fmt: skip
+    parts = [
+        reader.read_tokens(d.token_start + d.document_token_start, d.token_start + d.document_token_end)
+        for d in sample.documents
+    ]
     label = sample.label
-    parts.append(reader.read_tokens(label.token_start + label.document_token, label.token_start + label.document_token + 1))
+    parts.append(
+        reader.read_tokens(label.token_start + label.document_token, label.token_start + label.document_token + 1)
+    )
     return np.concatenate(parts).astype(np.int64)
 
 
@@ -93,10 +97,16 @@ def test_pieces_lie_in_their_documents_and_whole_means_the_whole_document(defini
                 assert 0 <= d.document_token_start < d.document_token_end <= d.num_tokens
                 assert d.num_tokens == lengths[d.record], (d.source, d.record)
                 head, tail = d.document_token_start == 0, d.document_token_end == d.num_tokens
-                assert d.cut == {(True, True): "whole", (True, False): "head", (False, True): "tail",
-                                 (False, False): "middle"}[head, tail]  # fmt: skip
+                assert (
+                    d.cut
+                    == {(True, True): "whole", (True, False): "head", (False, True): "tail", (False, False): "middle"}[
+                        head, tail
+                    ]
+                )
                 kinds.add(d.cut)
-                tokens = reader.read_tokens(d.token_start + d.document_token_start, d.token_start + d.document_token_end)
+                tokens = reader.read_tokens(
+                    d.token_start + d.document_token_start, d.token_start + d.document_token_end
+                )
                 # A piece not ending on its EOS comes last in its row (plan/packing.py's contract).
                 assert tokens[-1] == eos or k == len(s.documents) - 1
                 if d.block_token_start == 0 and d.token_start < base:
@@ -115,8 +125,16 @@ def test_step_provenance_names_the_rows_the_loader_delivers_at_each_rank(definit
         order = schedule_for([reader], one_phase(), seed=4)
         samples = step_provenance([reader], order, step, world_size=2, text=True, packing="best_fit")
         for rank in (0, 1):
-            with StreamingLoader(definitions_dataset.url, seq_len=SEQ_LEN, local_batch_size=BATCH // 2, rank=rank,
-                                 world_size=2, seed=4, packing="best_fit", pipeline="threads") as loader:  # fmt: skip
+            with StreamingLoader(
+                definitions_dataset.url,
+                seq_len=SEQ_LEN,
+                local_batch_size=BATCH // 2,
+                rank=rank,
+                world_size=2,
+                seed=4,
+                packing="best_fit",
+                pipeline="threads",
+            ) as loader:
                 for _ in range(step):
                     next(loader)
                 batch = next(loader)
@@ -136,36 +154,56 @@ def test_which_best_fit_prints_pieces_in_json_and_text(definitions_dataset, caps
     assert main(args + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     with DatasetReader.open(definitions_dataset.url) as reader:
-        expected = step_provenance([reader], schedule_for([reader], one_phase(), seed=3), 2, world_size=2,
-                                   packing="best_fit")  # fmt: skip
+        expected = step_provenance(
+            [reader], schedule_for([reader], one_phase(), seed=3), 2, world_size=2, packing="best_fit"
+        )
     assert out["packing"] == "best_fit" and out["samples"] == [s.to_dict() for s in expected]
     first = out["samples"][0]
     assert first["token_start"] is None and first["packing"] == "best_fit"
-    assert set(first["documents"][0]) == {"source", "record", "token_start", "token_end", "sample_token_start",
-                                          "sample_token_end", "document_token_start", "document_token_end",
-                                          "block_token_start", "cut"}  # fmt: skip
+    assert set(first["documents"][0]) == {
+        "source",
+        "record",
+        "token_start",
+        "token_end",
+        "sample_token_start",
+        "sample_token_end",
+        "document_token_start",
+        "document_token_end",
+        "block_token_start",
+        "cut",
+    }
     assert set(first["label"]) == {"source", "record", "token_start", "token_end", "document_token", "block_token"}
 
     assert main(args + ["--text"]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("step 2 (from 0; TorchTitan train step 3 without accumulation): positions [16, 24), "
-                              "seq_len 256, lanes 8, seed 3, packing best_fit\n")  # fmt: skip
+    assert printed.startswith(
+        "step 2 (from 0; TorchTitan train step 3 without accumulation): positions [16, 24), "
+        "seq_len 256, lanes 8, seed 3, packing best_fit\n"
+    )
     pieces = len(first["documents"])
-    assert (f"position {first['position']} rank 0: stream 0 {first['dataset']} {first['shard_path']} block "
-            f"{first['block']} (#{first['block_in_shard']} in shard) row {first['sample']}, {pieces} piece") in printed
+    assert (
+        f"position {first['position']} rank 0: stream 0 {first['dataset']} {first['shard_path']} block "
+        f"{first['block']} (#{first['block_in_shard']} in shard) row {first['sample']}, {pieces} piece"
+    ) in printed
     for k, d in enumerate(first["documents"]):
-        assert (f"    piece {k}: sample tokens [{d['sample_token_start']}, {d['sample_token_end']}) = {d['source']} "
-                f"record {d['record']}: document tokens [{d['document_token_start']}, {d['document_token_end']}) of "
-                f"{d['token_end'] - d['token_start']} ({d['cut']})\n") in printed  # fmt: skip
+        assert (
+            f"    piece {k}: sample tokens [{d['sample_token_start']}, {d['sample_token_end']}) = {d['source']} "
+            f"record {d['record']}: document tokens [{d['document_token_start']}, {d['document_token_end']}) of "
+            f"{d['token_end'] - d['token_start']} ({d['cut']})\n"
+        ) in printed
     label = first["label"]
-    assert (f"    label: sample token {SEQ_LEN} = {label['source']} record {label['record']}: document token "
-            f"{label['document_token']} of {label['token_end'] - label['token_start']}\n") in printed
+    assert (
+        f"    label: sample token {SEQ_LEN} = {label['source']} record {label['record']}: document token "
+        f"{label['document_token']} of {label['token_end'] - label['token_start']}\n"
+    ) in printed
     assert printed.count(f"    text of the packed row, sample tokens [0, {SEQ_LEN + 1}):\n") == BATCH
 
 
 def test_which_best_fit_follows_a_schedule_that_changes_seq_len(definitions_dataset, tmp_path, capsys):
-    phases = [{"start_step": 0, "global_batch": 4, "seq_len": 128, "lanes": 4},
-              {"start_step": 3, "global_batch": 2, "seq_len": 512, "lanes": 4}]  # fmt: skip
+    phases = [
+        {"start_step": 0, "global_batch": 4, "seq_len": 128, "lanes": 4},
+        {"start_step": 3, "global_batch": 2, "seq_len": 512, "lanes": 4},
+    ]
     path = tmp_path / "schedule.json"
     path.write_text(json.dumps({"seed": 2, "phases": phases}))
     direct = DirectReader([definitions_dataset.url])
@@ -189,7 +227,9 @@ def test_which_refuses_an_unknown_packing_and_keeps_concat_as_it_was(definitions
     with pytest.raises(SystemExit) as exc:
         main(base + ["--packing", "first_fit"])
     assert exc.value.code == 2
-    assert "argument --packing: invalid choice: 'first_fit' (choose from 'concat', 'best_fit')" in capsys.readouterr().err
+    assert (
+        "argument --packing: invalid choice: 'first_fit' (choose from 'concat', 'best_fit')" in capsys.readouterr().err
+    )
     # --packing concat is the default, key for key.
     assert main(base + ["--json"]) == 0
     default = capsys.readouterr().out

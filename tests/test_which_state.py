@@ -16,8 +16,19 @@ SEQ_LEN = 256
 
 
 def loaders(url, world_size, global_batch, **kwargs):
-    return [StreamingLoader(url, seq_len=SEQ_LEN, local_batch_size=global_batch // world_size, world_size=world_size,
-                            rank=r, num_fetch_threads=2, pipeline="threads", **kwargs) for r in range(world_size)]  # fmt: skip
+    return [
+        StreamingLoader(
+            url,
+            seq_len=SEQ_LEN,
+            local_batch_size=global_batch // world_size,
+            world_size=world_size,
+            rank=r,
+            num_fetch_threads=2,
+            pipeline="threads",
+            **kwargs,
+        )
+        for r in range(world_size)
+    ]
 
 
 def take(group, steps):
@@ -78,14 +89,17 @@ def test_which_without_the_state_says_what_it_assumes(small_dataset, capsys):
     assert "a run that changed its global batch or skipped steps read other samples" in capsys.readouterr().out
 
 
-def test_a_checkpoint_folder_serves_as_the_state_and_flags_it_replaces_are_refused(small_dataset, changed_run,
-                                                                                    tmp_path, capsys):
+def test_a_checkpoint_folder_serves_as_the_state_and_flags_it_replaces_are_refused(
+    small_dataset, changed_run, tmp_path, capsys
+):
     import torch.distributed.checkpoint as dcp
 
     read, path = changed_run
     state = json.loads(path.read_text())
     folder = tmp_path / "ckpt"
-    dcp.save({"dataloader": state, "model": {"w": __import__("torch").zeros(2)}}, checkpoint_id=str(folder), no_dist=True)
+    dcp.save(
+        {"dataloader": state, "model": {"w": __import__("torch").zeros(2)}}, checkpoint_id=str(folder), no_dist=True
+    )
     out = which(capsys, small_dataset.url, "--state", str(folder), "--step", "8")
     assert [s["position"] for s in out["samples"]] == read[8]
     two = tmp_path / "two"

@@ -14,8 +14,24 @@ def test_write_command_jsonl_with_text_field_and_json_summary(tmp_path, capsys):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"body": f"row {i}"}) + "\n" for i in range(10)) + '{"text": "no body"}\n')
     out = tmp_path / "out"
-    rc = main(["write", str(src), "--output", str(out), "--tokenizer", "bytes", "--text-field", "body",
-               "--block-tokens", "16", "--blocks-per-shard", "2", "--no-progress", "--json"])
+    rc = main(
+        [
+            "write",
+            str(src),
+            "--output",
+            str(out),
+            "--tokenizer",
+            "bytes",
+            "--text-field",
+            "body",
+            "--block-tokens",
+            "16",
+            "--blocks-per-shard",
+            "2",
+            "--no-progress",
+            "--json",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0
     summary = json.loads(captured.out.strip().splitlines()[-1])
@@ -29,7 +45,9 @@ def test_write_command_jsonl_with_text_field_and_json_summary(tmp_path, capsys):
 def test_write_command_lines_prints_a_table(tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("a\nbb\nccc\n")
-    rc = main(["write", str(src), "--output", str(tmp_path / "out"), "--tokenizer", "bytes", "--lines", "--no-progress"])
+    rc = main(
+        ["write", str(src), "--output", str(tmp_path / "out"), "--tokenizer", "bytes", "--lines", "--no-progress"]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "documents" in out and "3" in out.split("documents")[1].splitlines()[0]
@@ -45,7 +63,8 @@ def test_write_command_errors_exit_1_with_a_message(tmp_path, capsys):
     with pytest.raises(SystemExit, match="2"):  # A usage error (tests/test_cli_exit_status.py)
         main(["write", str(src), "--output", str(tmp_path / "o"), "--tokenizer", "bytes", "--workers", "0"])
     assert "argument --workers: must be >= 1 (got 0)" in capsys.readouterr().err
-    rc = main(["write", str(src), "--output", str(tmp_path / "o"), "--tokenizer", "bytes",
-               "--storage-option", "secret"])
+    rc = main(
+        ["write", str(src), "--output", str(tmp_path / "o"), "--tokenizer", "bytes", "--storage-option", "secret"]
+    )
     assert rc == 1 and "expected KEY=VALUE" in capsys.readouterr().err
     assert not (tmp_path / "o" / "manifest").exists()

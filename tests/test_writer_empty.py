@@ -62,7 +62,16 @@ def test_write_dataset_raises_an_input_error_unless_allow_empty(tmp_path):
 
 def test_allow_empty_commits_and_the_loader_names_the_url_and_says_it_holds_no_tokens(tmp_path, capsys):
     out = tmp_path / "empty-ds"
-    argv = ["write", str(_all_rejected(tmp_path)), "-o", str(out), "--tokenizer", "bytes", "--allow-empty", "--no-progress"]
+    argv = [
+        "write",
+        str(_all_rejected(tmp_path)),
+        "-o",
+        str(out),
+        "--tokenizer",
+        "bytes",
+        "--allow-empty",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     capsys.readouterr()
     with pytest.raises(ConfigError) as info:
@@ -109,7 +118,12 @@ def test_merge_refuses_parts_that_hold_no_token_unless_asked(tmp_path, capsys):
     empty.write_bytes(b"")
     out = tmp_path / "merged"
     _parts(out, [bad, empty])
-    with pytest.raises(EmptyDatasetError, match=re.escape(f"all 4 records of 2 inputs were rejected (bad_json 3, empty 1), listed in {out}/rejects.jsonl")):
+    with pytest.raises(
+        EmptyDatasetError,
+        match=re.escape(
+            f"all 4 records of 2 inputs were rejected (bad_json 3, empty 1), listed in {out}/rejects.jsonl"
+        ),
+    ):
         merge_parts([], str(out))
     assert not (out / "manifest").exists()
     assert len((out / "rejects.jsonl").read_text().splitlines()) == 4
@@ -127,7 +141,9 @@ def test_an_empty_part_merges_with_parts_that_hold_tokens(stdlib_corpus, tmp_pat
     assert merged.num_rejected == 3
 
 
-def test_a_launcher_rank_commits_its_part_even_when_its_share_is_all_rejects(stdlib_corpus, tmp_path, monkeypatch, capsys):
+def test_a_launcher_rank_commits_its_part_even_when_its_share_is_all_rejects(
+    stdlib_corpus, tmp_path, monkeypatch, capsys
+):
     """Whether the dataset is empty is decided at the merge, not by one rank's share."""
     inputs = [str(_all_rejected(tmp_path)), str(stdlib_corpus.files[0])]
     out = tmp_path / "parts"

@@ -117,7 +117,13 @@ def test_a_malformed_json_line_is_rejected_with_a_whole_sentence(tmp_path):
     """json's own messages that read on into the position ("Invalid control character at") are completed
     with the column, in rejects.jsonl as in each Reject."""
     path = tmp_path / "bad.jsonl"
-    lines = [b'{"text": "tab\tinside"}', b'{"text": "ok"} and more', b'{"text": "ok",}', b'{"text": "open', b'{"text": "x"}']
+    lines = [
+        b'{"text": "tab\tinside"}',
+        b'{"text": "ok"} and more',
+        b'{"text": "ok",}',
+        b'{"text": "open',
+        b'{"text": "x"}',
+    ]
     path.write_bytes(b"\n".join(lines) + b"\n")
     details = [
         "line 1: malformed JSON: Invalid control character U+0009 at column 14",
@@ -265,7 +271,9 @@ def test_compressed_and_parquet_inputs_round_trip(stdlib_corpus, tmp_path, kind)
         pq.write_table(pa.table({"text": texts}), path, row_group_size=4)
     else:
         raw = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
-        path.write_bytes(gzip.compress(raw, mtime=0) if kind.endswith("gz") else zstandard.ZstdCompressor().compress(raw))
+        path.write_bytes(
+            gzip.compress(raw, mtime=0) if kind.endswith("gz") else zstandard.ZstdCompressor().compress(raw)
+        )
     out = str(tmp_path / "out")
     summary = write_dataset(str(path), out, tokenizer="bytes", block_tokens=4097, blocks_per_shard=2, progress=False)
     assert summary.num_shards > 1

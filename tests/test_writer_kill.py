@@ -17,9 +17,20 @@ from zephon_stream.storage import LocalStore
 
 def write_command(corpus, tokenizer_json, out) -> list[str]:
     return [
-        sys.executable, "-m", "zephon_stream", "write", corpus.glob,
-        "--output", str(out), "--tokenizer", f"hf:{tokenizer_json}",
-        "--block-tokens", "4097", "--blocks-per-shard", "2", "--no-progress",
+        sys.executable,
+        "-m",
+        "zephon_stream",
+        "write",
+        corpus.glob,
+        "--output",
+        str(out),
+        "--tokenizer",
+        f"hf:{tokenizer_json}",
+        "--block-tokens",
+        "4097",
+        "--blocks-per-shard",
+        "2",
+        "--no-progress",
     ]
 
 
@@ -50,13 +61,14 @@ def test_killed_writer_leaves_no_manifest_and_rerun_is_identical(stdlib_corpus, 
     rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     clean = tmp_path / "clean"
-    once = subprocess.run(write_command(stdlib_corpus, bpe_tokenizer_json, clean), env=env,
-                          capture_output=True, text=True, timeout=300)
+    once = subprocess.run(
+        write_command(stdlib_corpus, bpe_tokenizer_json, clean), env=env, capture_output=True, text=True, timeout=300
+    )
     assert once.returncode == 0, once.stderr
     resumed, uninterrupted = committed_objects(out), committed_objects(clean)
     assert MANIFEST_NAME in resumed and len(resumed) > 20
     assert resumed.keys() == uninterrupted.keys()
     assert [p for p in resumed if resumed[p] != uninterrupted[p]] == []
-    assert sorted(p.name for p in (out / "shards").iterdir()) == sorted(
-        p.name for p in (clean / "shards").iterdir()
-    ), "the rerun left temporary files of the killed run"
+    assert sorted(p.name for p in (out / "shards").iterdir()) == sorted(p.name for p in (clean / "shards").iterdir()), (
+        "the rerun left temporary files of the killed run"
+    )

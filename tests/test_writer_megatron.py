@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from token_inputs_helpers import MEGATRON_MAGIC, megatron_index_bytes
 
+from token_inputs_helpers import MEGATRON_MAGIC, megatron_index_bytes
 from zephon_stream.errors import InputError
 from zephon_stream.writer.megatron import INDEX_HEADER_BYTES, iter_document_bounds, parse_index_header
 
@@ -76,7 +76,9 @@ def test_malformed_headers_are_named(data, message):
 def test_malformed_arrays_are_named_with_their_byte_offset(lengths, pointers, documents, message):
     data = bytearray(megatron_index_bytes(lengths, documents, dtype=np.uint16))
     if pointers is not None:
-        data[INDEX_HEADER_BYTES + 4 * len(lengths) : INDEX_HEADER_BYTES + 12 * len(lengths)] = np.asarray(pointers, "<i8").tobytes()
+        data[INDEX_HEADER_BYTES + 4 * len(lengths) : INDEX_HEADER_BYTES + 12 * len(lengths)] = np.asarray(
+            pointers, "<i8"
+        ).tobytes()
     with pytest.raises(InputError, match=message):
         document_bounds(bytes(data), window=1)
 

@@ -51,9 +51,15 @@ def _write_in_order(paths: list[str], url: str, tokenizer_spec: str, order: list
     config = WriteConfig(block_tokens=RAY_BLOCK_TOKENS, blocks_per_shard=RAY_BLOCKS_PER_SHARD).resolved()
     with open_store(url) as store:
         return write_with_ray(
-            paths, store, config=config, tokenizer=load_tokenizer(tokenizer_spec), workers=2,
-            unit_bytes=RAY_UNIT_BYTES, submit_order=order, progress=False,
-        )  # fmt: skip
+            paths,
+            store,
+            config=config,
+            tokenizer=load_tokenizer(tokenizer_spec),
+            workers=2,
+            unit_bytes=RAY_UNIT_BYTES,
+            submit_order=order,
+            progress=False,
+        )
 
 
 def test_ray_engine_writes_what_one_process_writes_at_any_workers_and_order(
@@ -66,9 +72,15 @@ def test_ray_engine_writes_what_one_process_writes_at_any_workers_and_order(
     assert kinds == {"range", "groups", "whole"} and any(len(u.pieces) > 1 for u in units)
 
     one = ray_driver.call(
-        write_dataset, paths, str(tmp_path / "one"), tokenizer=tokenizer_spec, engine="ray", ray_workers=1,
-        unit_bytes=RAY_UNIT_BYTES, **LAYOUT,
-    )  # fmt: skip
+        write_dataset,
+        paths,
+        str(tmp_path / "one"),
+        tokenizer=tokenizer_spec,
+        engine="ray",
+        ray_workers=1,
+        unit_bytes=RAY_UNIT_BYTES,
+        **LAYOUT,
+    )
     order = list(range(len(units)))
     random.Random(7).shuffle(order)
     two = ray_driver.call(_write_in_order, paths, str(tmp_path / "two"), tokenizer_spec, order)
@@ -80,8 +92,10 @@ def test_ray_engine_writes_what_one_process_writes_at_any_workers_and_order(
     for summary in (one, two):
         assert summary.num_units == len(units) and summary.units_reused == 0
         assert (summary.records_in, summary.records_written, summary.rejected) == (
-            reference.records_in, reference.records_written, reference.rejected
-        )  # fmt: skip
+            reference.records_in,
+            reference.records_written,
+            reference.rejected,
+        )
         assert summary.num_tokens == reference.num_tokens and summary.num_documents == reference.num_documents
     assert reference.rejected == {"bad_json": 1, "empty": 1, "missing_field": 1}
 
@@ -114,30 +128,46 @@ def _write_with_build_probe(paths: list[str], url: str, run: str):
     config = WriteConfig(block_tokens=RAY_BLOCK_TOKENS, blocks_per_shard=RAY_BLOCKS_PER_SHARD).resolved()
     with open_store(url) as store:
         return write_with_ray(
-            paths, store, config=config, tokenizer=BuildProbe(), workers=2, unit_bytes=RAY_UNIT_BYTES, progress=False,
-        )  # fmt: skip
+            paths,
+            store,
+            config=config,
+            tokenizer=BuildProbe(),
+            workers=2,
+            unit_bytes=RAY_UNIT_BYTES,
+            progress=False,
+        )
 
 
 def test_a_worker_builds_the_runs_tokenizer_once_however_many_units_it_converts(ray_driver, ray_inputs, tmp_path):
     summary = ray_driver.call(_write_with_build_probe, list(ray_inputs.paths), str(tmp_path / "out"), tmp_path.name)
     contents = dataset_contents(str(tmp_path / "out"))
-    probes = {contents.tokens[start : end - 1].astype(np.uint8).tobytes().decode() for _, _, start, end in contents.documents}
+    probes = {
+        contents.tokens[start : end - 1].astype(np.uint8).tobytes().decode() for _, _, start, end in contents.documents
+    }
     pids = {probe.split()[0] for probe in probes}
     assert summary.num_units > len(pids)  # Some worker converted several units
     assert {probe.split()[1] for probe in probes} == {"1"}
 
 
 def test_a_corrupt_input_fails_naming_it_and_the_offset_and_keeps_the_other_units(ray_driver, ray_inputs, tmp_path):
-    good = gzip.compress("".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(400)).encode(), mtime=0)
+    good = gzip.compress(
+        "".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(400)).encode(), mtime=0
+    )
     corrupt = tmp_path / "broken.jsonl.gz"
     corrupt.write_bytes(good[: len(good) // 2] + bytes(64) + good[len(good) // 2 + 64 :])
     paths = list(ray_inputs.paths[:6]) + [str(corrupt)]
     out = tmp_path / "out"
     with pytest.raises(InputError) as caught:
         ray_driver.call(
-            api_write_dataset, paths, str(out), tokenizer="bytes", engine="ray", ray_workers=2, unit_bytes=RAY_UNIT_BYTES,
+            api_write_dataset,
+            paths,
+            str(out),
+            tokenizer="bytes",
+            engine="ray",
+            ray_workers=2,
+            unit_bytes=RAY_UNIT_BYTES,
             **LAYOUT,
-        )  # fmt: skip
+        )
     message = str(caught.value)
     assert str(corrupt) in message and "decompressed byte" in message and "stored byte" in message
     assert "Traceback" not in message
@@ -163,7 +193,9 @@ def test_cli_engine_ray_joins_a_cluster_by_address(ray_instance, ray_inputs, tmp
     assert summary["num_units"] > 1 and summary["units_reused"] == 0 and summary["num_documents"] == 24
     reference = write_dataset(list(ray_inputs.paths[:24]), str(tmp_path / "reference"), tokenizer="bytes", **LAYOUT)
     assert summary["fingerprint"] != reference.fingerprint  # The parts end their own blocks...
-    assert_same_contents(dataset_contents(str(out)), dataset_contents(str(tmp_path / "reference")))  # ...nothing else differs
+    assert_same_contents(
+        dataset_contents(str(out)), dataset_contents(str(tmp_path / "reference"))
+    )  # ...nothing else differs
 
 
 def test_token_inputs_are_one_unit_each_and_written_as_one_process_writes_them(ray_driver, stdlib_corpus, tmp_path):
@@ -174,7 +206,10 @@ def test_token_inputs_are_one_unit_each_and_written_as_one_process_writes_them(r
     eos = load_tokenizer("bytes").eos_id
     paths = []
     for i in range(3):
-        docs = [np.frombuffer(t.encode("utf-8"), np.uint8).astype(np.uint16) for t in stdlib_corpus.texts[i * 10 : i * 10 + 10]]
+        docs = [
+            np.frombuffer(t.encode("utf-8"), np.uint8).astype(np.uint16)
+            for t in stdlib_corpus.texts[i * 10 : i * 10 + 10]
+        ]
         ids = np.concatenate([np.append(d, np.uint16(eos)) for d in docs])
         path = tmp_path / f"ids{i}.npy"
         np.save(path, ids)
@@ -226,9 +261,15 @@ def _run_without_address(ray_instance, ray_driver, ray_inputs, tmp_path: Path, c
     assert os.listdir(child_tmp) == []  # The instance's session folder is gone, and so are its processes
     assert not [p for p in os.listdir("/proc") if p.isdigit() and str(child_tmp).encode() in _cmdline(p)]
     in_session = ray_driver.call(
-        write_dataset, list(ray_inputs.paths[:24]), str(tmp_path / "session"), tokenizer="bytes", engine="ray",
-        ray_workers=2, unit_bytes=RAY_UNIT_BYTES, **LAYOUT,
-    )  # fmt: skip
+        write_dataset,
+        list(ray_inputs.paths[:24]),
+        str(tmp_path / "session"),
+        tokenizer="bytes",
+        engine="ray",
+        ray_workers=2,
+        unit_bytes=RAY_UNIT_BYTES,
+        **LAYOUT,
+    )
     assert json.loads(done.stdout.strip().splitlines()[-1])["fingerprint"] == in_session.fingerprint
     assert (out / "manifest").read_bytes() == (tmp_path / "session" / "manifest").read_bytes()
 
@@ -248,6 +289,8 @@ def test_ray_engine_refuses_a_dataset_without_tokens_unless_asked(ray_driver, tm
     with pytest.raises(EmptyDatasetError, match="no tokens to commit"):
         ray_driver.call(write_dataset, [str(src)], str(out), tokenizer="bytes", engine="ray", **LAYOUT)
     assert not (out / "manifest").exists() and len((out / "rejects.jsonl").read_text().splitlines()) == 3
-    summary = ray_driver.call(write_dataset, [str(src)], str(out), tokenizer="bytes", engine="ray", allow_empty=True, **LAYOUT)
+    summary = ray_driver.call(
+        write_dataset, [str(src)], str(out), tokenizer="bytes", engine="ray", allow_empty=True, **LAYOUT
+    )
     assert (summary.num_tokens, summary.records_in, summary.num_rejected) == (0, 3, 3)
     assert (out / "manifest").exists()

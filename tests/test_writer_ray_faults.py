@@ -46,7 +46,9 @@ def test_a_worker_killed_mid_task_is_retried_and_nothing_is_lost_or_duplicated(
     killed = None
     while not call.done() and killed is None:
         # mid-task: a part with shards written and no commit record yet, its worker converting.
-        started = [p for p in out.glob("part-*") if not (p / UNIT_RECORD_NAME).exists() and any((p / "shards").glob("*.zst"))]
+        started = [
+            p for p in out.glob("part-*") if not (p / UNIT_RECORD_NAME).exists() and any((p / "shards").glob("*.zst"))
+        ]
         pids = ray_instance.worker_pids("ray::convert_unit_task") if started else []
         if len(pids) == 1:
             os.kill(pids[0], signal.SIGKILL)
@@ -106,9 +108,15 @@ def test_a_driver_killed_before_the_commit_leaves_no_manifest_and_a_rerun_reuses
     write_dataset(paths, str(reference), tokenizer=spec, **LAYOUT)
     assert_same_contents(dataset_contents(str(out)), dataset_contents(str(reference)))
     again = ray_driver.call(
-        write_dataset, paths, str(tmp_path / "clean"), tokenizer=spec, engine="ray", ray_workers=2,
-        unit_bytes=RAY_UNIT_BYTES, **LAYOUT,
-    )  # fmt: skip
+        write_dataset,
+        paths,
+        str(tmp_path / "clean"),
+        tokenizer=spec,
+        engine="ray",
+        ray_workers=2,
+        unit_bytes=RAY_UNIT_BYTES,
+        **LAYOUT,
+    )
     assert again.fingerprint == summary.fingerprint
     assert (tmp_path / "clean" / "manifest").read_bytes() == (out / "manifest").read_bytes()
 
@@ -118,13 +126,26 @@ def test_ray_engine_writes_to_s3_on_seaweedfs(ray_driver, ray_inputs, seaweedfs_
     url, options = bucket.url("ds"), bucket.storage_options
     paths = list(ray_inputs.paths)
     summary = ray_driver.call(
-        write_dataset, paths, url, tokenizer="bytes", engine="ray", ray_workers=2, unit_bytes=RAY_UNIT_BYTES,
-        storage_options=options, **LAYOUT,
-    )  # fmt: skip
+        write_dataset,
+        paths,
+        url,
+        tokenizer="bytes",
+        engine="ray",
+        ray_workers=2,
+        unit_bytes=RAY_UNIT_BYTES,
+        storage_options=options,
+        **LAYOUT,
+    )
     local = ray_driver.call(
-        write_dataset, paths, str(tmp_path / "local"), tokenizer="bytes", engine="ray", ray_workers=2,
-        unit_bytes=RAY_UNIT_BYTES, **LAYOUT,
-    )  # fmt: skip
+        write_dataset,
+        paths,
+        str(tmp_path / "local"),
+        tokenizer="bytes",
+        engine="ray",
+        ray_workers=2,
+        unit_bytes=RAY_UNIT_BYTES,
+        **LAYOUT,
+    )
     assert summary.num_units > 1 and summary.fingerprint == local.fingerprint
     reference = tmp_path / "reference"
     write_dataset(paths, str(reference), tokenizer="bytes", **LAYOUT)

@@ -49,7 +49,9 @@ def _document_lengths(contents) -> list[int]:
     return [end - start for _, _, start, end in contents.documents]
 
 
-def test_sink_writes_a_read_json_dataset_as_one_process_writes_its_file(ray_driver, stdlib_corpus, bpe_tokenizer_json, tmp_path):
+def test_sink_writes_a_read_json_dataset_as_one_process_writes_its_file(
+    ray_driver, stdlib_corpus, bpe_tokenizer_json, tmp_path
+):
     from zephon_stream.ray import sink_part_name
 
     texts = list(stdlib_corpus.texts[:60])
@@ -86,16 +88,25 @@ def test_sink_writes_a_token_id_column_as_one_process_writes_the_same_ids(ray_dr
     jsonl = tmp_path / "ids.jsonl"
     jsonl.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows), encoding="utf-8")
     ray_driver.call(
-        _sink_items, [{"input_ids": r} for r in rows], str(tmp_path / "sink"), 4, tokenizer="bytes",
-        tokens_column="input_ids", **LAYOUT,
-    )  # fmt: skip
+        _sink_items,
+        [{"input_ids": r} for r in rows],
+        str(tmp_path / "sink"),
+        4,
+        tokenizer="bytes",
+        tokens_column="input_ids",
+        **LAYOUT,
+    )
 
-    write_dataset(str(jsonl), str(tmp_path / "reference"), tokenizer="bytes", input_format="tokens", progress=False, **LAYOUT)
+    write_dataset(
+        str(jsonl), str(tmp_path / "reference"), tokenizer="bytes", input_format="tokens", progress=False, **LAYOUT
+    )
     got, want = dataset_contents(str(tmp_path / "sink")), dataset_contents(str(tmp_path / "reference"))
     assert got.problems == ()
     assert np.array_equal(got.tokens, want.tokens)
     assert _document_lengths(got) == _document_lengths(want)
-    assert [json.loads(r)["reason"] for r in got.rejects] == [json.loads(r)["reason"] for r in want.rejects] == ["no_eos"]
+    assert (
+        [json.loads(r)["reason"] for r in got.rejects] == [json.loads(r)["reason"] for r in want.rejects] == ["no_eos"]
+    )
 
 
 def test_sink_refuses_a_dataset_without_its_column_and_an_output_already_committed(ray_driver, tmp_path, small_dataset):

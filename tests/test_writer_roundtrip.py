@@ -127,7 +127,9 @@ def test_documents_longer_than_a_shard_round_trip(stdlib_corpus, tmp_path):
     files = stdlib_corpus.files[:6]
     texts = stdlib_corpus.texts[:6]
     out = tmp_path / "long"
-    write_dataset([str(p) for p in files], str(out), tokenizer="bytes", block_tokens=64, blocks_per_shard=2, progress=False)
+    write_dataset(
+        [str(p) for p in files], str(out), tokenizer="bytes", block_tokens=64, blocks_per_shard=2, progress=False
+    )
     manifest = Manifest.load(str(out))
     assert any(s.num_documents == 0 for s in manifest.shards)  # shards inside one long document
     assert manifest.num_shards == -(-manifest.num_tokens // 128)

@@ -80,9 +80,25 @@ def test_cli_reads_credentials_and_endpoint_from_aws_variables(stdlib_corpus, s3
     launcher_vars = ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")
     env = {**{k: v for k, v in os.environ.items() if k not in launcher_vars}, **s3_bucket.env}
     proc = subprocess.run(
-        [sys.executable, "-m", "zephon_stream", "write", s3_url("src/*.py"), "--output", s3_url("out"),
-         "--tokenizer", "bytes", "--block-tokens", "4097", "--no-progress", "--json"],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "zephon_stream",
+            "write",
+            s3_url("src/*.py"),
+            "--output",
+            s3_url("out"),
+            "--tokenizer",
+            "bytes",
+            "--block-tokens",
+            "4097",
+            "--no-progress",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -58,8 +58,15 @@ def test_hf_folder_spec_and_fingerprint_is_sha256_of_file(bpe_tokenizer_json):
 def test_hf_bos_and_eos_overrides(bpe_tokenizer_json, tmp_path):
     data = json.loads(bpe_tokenizer_json.read_text())
     data["added_tokens"].append(
-        {"id": 2000, "content": "<s>", "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True}
+        {
+            "id": 2000,
+            "content": "<s>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
     )
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps(data))
@@ -102,8 +109,11 @@ def test_tiktoken_name_without_cache_explains_offline_cache(monkeypatch, tmp_pat
     # A machine without network access, on every machine: the test never downloads.
     monkeypatch.setattr(tiktoken.load, "read_file", offline)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    with pytest.raises(TokenizerError, match=r"^tokenizer tiktoken:cl100k_base: the encoding's file is not available "
-                       r"offline \(ConnectionError\); tiktoken reads its files from TIKTOKEN_CACHE_DIR"):  # fmt: skip
+    with pytest.raises(
+        TokenizerError,
+        match=r"^tokenizer tiktoken:cl100k_base: the encoding's file is not available "
+        r"offline \(ConnectionError\); tiktoken reads its files from TIKTOKEN_CACHE_DIR",
+    ):
         load_tokenizer("tiktoken:cl100k_base")
 
 
@@ -130,7 +140,9 @@ def test_an_unknown_tiktoken_name_is_one_line_naming_the_spec_and_the_specs_ther
     assert main(["write", str(tmp_path / "a.txt"), "-o", str(tmp_path / "out"), "--tokenizer", "tiktoken:nosuch_enc",
                  "--no-progress"]) == 1  # fmt: skip
     assert capsys.readouterr().err == f"zephon-stream write: error: {said}\n"
-    with pytest.raises(TokenizerError, match=r"^tokenizer tiktoken:\S+nope.tiktoken: no such .tiktoken file; a tiktoken spec"):
+    with pytest.raises(
+        TokenizerError, match=r"^tokenizer tiktoken:\S+nope.tiktoken: no such .tiktoken file; a tiktoken spec"
+    ):
         load_tokenizer(f"tiktoken:{tmp_path / 'nope.tiktoken'}")
 
 
@@ -153,7 +165,9 @@ def _write_tiktoken_file(bpe_tokenizer_json, path):
 
 def _byte_level_map():
     # The GPT-2 byte-to-unicode table, inverted.
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     n = 0
     for b in range(256):
@@ -219,4 +233,6 @@ def test_a_long_text_is_encoded_in_pieces_to_the_ids_of_one_go(stdlib_corpus, bp
 
     raw.pre_tokenizer = pre_tokenizers.Metaspace()
     marked = HFTokenizer(raw.to_str().encode(), name="metaspace")
-    assert marked.encode_batch([long_text[: 2 * LONG_TEXT_CHARS]]) == [raw.encode(long_text[: 2 * LONG_TEXT_CHARS], add_special_tokens=False).ids]
+    assert marked.encode_batch([long_text[: 2 * LONG_TEXT_CHARS]]) == [
+        raw.encode(long_text[: 2 * LONG_TEXT_CHARS], add_special_tokens=False).ids
+    ]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from token_inputs_helpers import (
     token_stream,
     with_eos,
@@ -19,7 +20,6 @@ from token_inputs_helpers import (
     write_megatron,
     write_parquet,
 )
-
 from zephon_stream import Manifest, write_dataset
 from zephon_stream.cli import main
 from zephon_stream.errors import ConfigError, InputError
@@ -95,7 +95,9 @@ def test_token_input_writes_the_shards_of_the_text_path(stdlib_corpus, bpe_docs,
     from_tokens, from_text = Manifest.load(str(tmp_path / "t")), Manifest.load(str(tmp_path / "x"))
     assert from_tokens.tokenizer == from_text.tokenizer
     assert [s.sha256 for s in from_tokens.shards] == [s.sha256 for s in from_text.shards]
-    assert [(tmp_path / "t" / s.path).read_bytes() == (tmp_path / "x" / s.path).read_bytes() for s in from_text.shards] == [True] * from_text.num_shards
+    assert [
+        (tmp_path / "t" / s.path).read_bytes() == (tmp_path / "x" / s.path).read_bytes() for s in from_text.shards
+    ] == [True] * from_text.num_shards
 
 
 @pytest.mark.parametrize("kind", ["megatron", "parquet"])
@@ -123,11 +125,15 @@ def test_bad_ids_reject_their_document_with_source_record_and_offset(tmp_path):
     docs = [np.array([1, 2, 256]), np.array([3, -4, 5, 256]), np.array([7, 300, 256]), np.array([9, 256])]
     np.save(tmp_path / "ids.npy", np.concatenate(docs).astype(np.int32))
     out = tmp_path / "out"
-    summary = write_dataset(str(tmp_path / "ids.npy"), str(out), tokenizer="bytes", input_format="tokens", progress=False)
+    summary = write_dataset(
+        str(tmp_path / "ids.npy"), str(out), tokenizer="bytes", input_format="tokens", progress=False
+    )
     assert summary.records_in == 4 and summary.records_written == 2 and summary.rejected == {"bad_token": 2}
     rejects = read_rejects(out)
     assert [(r["source"], r["record"], r["reason"]) for r in rejects] == [
-        (str(tmp_path / "ids.npy"), 1, "bad_token"), (str(tmp_path / "ids.npy"), 2, "bad_token")]  # fmt: skip
+        (str(tmp_path / "ids.npy"), 1, "bad_token"),
+        (str(tmp_path / "ids.npy"), 2, "bad_token"),
+    ]
     assert rejects[0]["detail"] == "token 1 of the document (token 4 of the source): id -4 is outside [0, 257)"
     assert rejects[1]["detail"] == "token 1 of the document (token 8 of the source): id 300 is outside [0, 257)"
     with DatasetReader.open(str(out)) as reader:
@@ -138,13 +144,28 @@ def test_non_integers_nulls_and_non_lists_are_rejects_never_casts(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"input_ids": [[1.0, 2.0, 256.0], [1.5, 256.0], None, [4.0, float("nan"), 256.0]]}), tmp_path / "f.parquet")
-    lines = [{"input_ids": [5, 256]}, {"input_ids": [True, 256]}, {"input_ids": "abc"}, {"other": 1},
-             {"input_ids": [[1], 256]}, {"input_ids": [2**70, 256]}, {"input_ids": []}]  # fmt: skip
+    pq.write_table(
+        pa.table({"input_ids": [[1.0, 2.0, 256.0], [1.5, 256.0], None, [4.0, float("nan"), 256.0]]}),
+        tmp_path / "f.parquet",
+    )
+    lines = [
+        {"input_ids": [5, 256]},
+        {"input_ids": [True, 256]},
+        {"input_ids": "abc"},
+        {"other": 1},
+        {"input_ids": [[1], 256]},
+        {"input_ids": [2**70, 256]},
+        {"input_ids": []},
+    ]
     (tmp_path / "g.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + "{broken\n")
     out = tmp_path / "out"
-    summary = write_dataset([str(tmp_path / "f.parquet"), str(tmp_path / "g.jsonl")], str(out), tokenizer="bytes",
-                            input_format="tokens", progress=False)  # fmt: skip
+    summary = write_dataset(
+        [str(tmp_path / "f.parquet"), str(tmp_path / "g.jsonl")],
+        str(out),
+        tokenizer="bytes",
+        input_format="tokens",
+        progress=False,
+    )
     reasons = [(Path(r["source"]).name, r["record"], r["reason"]) for r in read_rejects(out)]
     assert reasons == [
         ("f.parquet", 1, "bad_token"), ("f.parquet", 2, "missing_field"), ("f.parquet", 3, "bad_token"),
@@ -161,21 +182,46 @@ def test_non_integers_nulls_and_non_lists_are_rejects_never_casts(tmp_path):
 
 def test_end_of_document_is_explicit(tmp_path):
     np.save(tmp_path / "noeos.npy", np.arange(10, dtype=np.uint16))
-    with pytest.raises(InputError, match=r"noeos.npy: no document boundary: none of its 10 tokens is the EOS id 256 "
-                                         r"and there is no offsets file noeos.offsets.npy"):  # fmt: skip
-        write_dataset(str(tmp_path / "noeos.npy"), str(tmp_path / "o1"), tokenizer="bytes", input_format="tokens",
-                      append_eos=True, progress=False)  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match=r"noeos.npy: no document boundary: none of its 10 tokens is the EOS id 256 "
+        r"and there is no offsets file noeos.offsets.npy",
+    ):
+        write_dataset(
+            str(tmp_path / "noeos.npy"),
+            str(tmp_path / "o1"),
+            tokenizer="bytes",
+            input_format="tokens",
+            append_eos=True,
+            progress=False,
+        )
     write_parquet(tmp_path / "rows.parquet", [np.arange(3), np.arange(4)])
-    with pytest.raises(InputError, match=r"rows.parquet records 0..1: no document ends with the EOS id 256.*--append-eos"):
-        write_dataset(str(tmp_path / "rows.parquet"), str(tmp_path / "o2"), tokenizer="bytes", input_format="tokens", progress=False)
+    with pytest.raises(
+        InputError, match=r"rows.parquet records 0..1: no document ends with the EOS id 256.*--append-eos"
+    ):
+        write_dataset(
+            str(tmp_path / "rows.parquet"),
+            str(tmp_path / "o2"),
+            tokenizer="bytes",
+            input_format="tokens",
+            progress=False,
+        )
     # A tail after the last EOS has no end: rejected by name, or ended with --append-eos.
     np.save(tmp_path / "tail.npy", np.array([1, 256, 2, 3], dtype=np.uint16))
     out = tmp_path / "o3"
-    summary = write_dataset(str(tmp_path / "tail.npy"), str(out), tokenizer="bytes", input_format="tokens", progress=False)
+    summary = write_dataset(
+        str(tmp_path / "tail.npy"), str(out), tokenizer="bytes", input_format="tokens", progress=False
+    )
     assert summary.rejected == {"no_eos": 1}
     assert read_rejects(out)[0]["detail"] == "last id is 3, not the EOS id 256"
-    summary = write_dataset(str(tmp_path / "tail.npy"), str(tmp_path / "o4"), tokenizer="bytes", input_format="tokens",
-                            append_eos=True, progress=False)  # fmt: skip
+    summary = write_dataset(
+        str(tmp_path / "tail.npy"),
+        str(tmp_path / "o4"),
+        tokenizer="bytes",
+        input_format="tokens",
+        append_eos=True,
+        progress=False,
+    )
     assert summary.num_documents == 2 and summary.num_tokens == 5
 
 
@@ -209,8 +255,15 @@ def test_malformed_inputs_are_named_in_their_error(make, options, message, tmp_p
     src.mkdir()
     make(src)
     with pytest.raises(InputError, match=message):
-        write_dataset(str(src), str(tmp_path / "out"), tokenizer="bytes", input_format="tokens", append_eos=True,
-                      progress=False, **options)  # fmt: skip
+        write_dataset(
+            str(src),
+            str(tmp_path / "out"),
+            tokenizer="bytes",
+            input_format="tokens",
+            append_eos=True,
+            progress=False,
+            **options,
+        )
     assert not (tmp_path / "out" / "manifest").exists()
 
 
@@ -258,8 +311,14 @@ def test_a_megatron_prefix_on_s3(bpe_docs, tmp_path, s3_url, s3_options):
     with open_store(s3_url("prefix"), s3_options) as store:
         for name in ("m.bin", "m.idx"):
             store.write_atomic(name, (tmp_path / name).read_bytes())
-    summary = write_dataset(s3_url("prefix/m"), str(tmp_path / "out"), tokenizer=spec, input_format="tokens",
-                            storage_options=s3_options, **SMALL)  # fmt: skip
+    summary = write_dataset(
+        s3_url("prefix/m"),
+        str(tmp_path / "out"),
+        tokenizer=spec,
+        input_format="tokens",
+        storage_options=s3_options,
+        **SMALL,
+    )
     assert summary.num_documents == 20
     assert [s.path for s in Manifest.load(str(tmp_path / "out")).sources] == [s3_url("prefix/m.bin")]
 
@@ -274,7 +333,9 @@ def test_parquet_column_of_strings_and_token_options_on_text_are_refused(tmp_pat
     with pytest.raises(ConfigError, match="apply to token inputs only"):
         write_dataset(str(tmp_path / "s.parquet"), str(tmp_path / "o"), tokenizer="bytes", append_eos=True)
     with pytest.raises(ConfigError, match="no BOS is added"):
-        write_dataset(str(tmp_path / "s.parquet"), str(tmp_path / "o"), tokenizer="bytes", input_format="tokens", bos_token="x")
+        write_dataset(
+            str(tmp_path / "s.parquet"), str(tmp_path / "o"), tokenizer="bytes", input_format="tokens", bos_token="x"
+        )
 
 
 def test_cli_writes_tokens_and_three_ranks_merge_to_the_same_tokens(bpe_docs, tmp_path, monkeypatch, capsys):
@@ -298,7 +359,11 @@ def test_cli_writes_tokens_and_three_ranks_merge_to_the_same_tokens(bpe_docs, tm
     assert main(["merge", "--output", str(tmp_path / "merged")]) == 0
     capsys.readouterr()
     parts = [Manifest.load(str(p)) for p in sorted((tmp_path / "merged").glob("part-*"))]
-    assert [[Path(s.path).name for s in m.sources] for m in parts] == [["part0.bin", "part1.bin"], ["part2.bin"], ["part3.bin"]]
+    assert [[Path(s.path).name for s in m.sources] for m in parts] == [
+        ["part0.bin", "part1.bin"],
+        ["part2.bin"],
+        ["part3.bin"],
+    ]
     with DatasetReader.open(str(tmp_path / "one")) as one, DatasetReader.open(str(tmp_path / "merged")) as merged:
         assert merged.manifest.num_documents == one.manifest.num_documents == 120
         want = one.read_tokens(0, one.manifest.num_tokens)
@@ -315,10 +380,16 @@ def test_s3_token_inputs_and_output_match_a_local_run(bpe_docs, tmp_path, s3_url
     with open_store(s3_url("raw"), s3_options) as store:
         for name in ("m.bin", "m.idx", "corpus.npy"):
             store.write_atomic(name, (tmp_path / name).read_bytes())
-    remote = write_dataset(s3_url("raw/*"), s3_url("ds"), tokenizer=spec, input_format="tokens",
-                           storage_options=s3_options, **SMALL)  # fmt: skip
-    local = write_dataset([str(tmp_path / "corpus.npy"), str(tmp_path / "m.bin")], str(tmp_path / "local"),
-                          tokenizer=spec, input_format="tokens", **SMALL)  # fmt: skip
+    remote = write_dataset(
+        s3_url("raw/*"), s3_url("ds"), tokenizer=spec, input_format="tokens", storage_options=s3_options, **SMALL
+    )
+    local = write_dataset(
+        [str(tmp_path / "corpus.npy"), str(tmp_path / "m.bin")],
+        str(tmp_path / "local"),
+        tokenizer=spec,
+        input_format="tokens",
+        **SMALL,
+    )
     assert remote.num_documents == local.num_documents == 2 * NUM_DOCS
     assert remote.fingerprint == local.fingerprint
     remote_m = Manifest.load(s3_url("ds"), s3_options)
@@ -357,8 +428,10 @@ def test_killed_token_writer_reruns_to_the_same_bytes(bpe_docs, tmp_path):
     for out in (killed, tmp_path / "clean"):
         done = subprocess.run(command(out), env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
-    files = {out: {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-             for out in (killed, tmp_path / "clean")}  # fmt: skip
+    files = {
+        out: {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+        for out in (killed, tmp_path / "clean")
+    }
     assert files[killed].keys() == files[tmp_path / "clean"].keys() and len(files[killed]) > 100
     assert [p for p in files[killed] if files[killed][p] != files[tmp_path / "clean"][p]] == []
 
@@ -366,8 +439,9 @@ def test_killed_token_writer_reruns_to_the_same_bytes(bpe_docs, tmp_path):
 def test_progress_bar_and_summary_count_token_input_bytes_and_tokens(bpe_docs, tmp_path, capsys):
     spec, eos, docs = bpe_docs
     url, options = write_input("megatron", tmp_path, docs, eos)
-    summary = write_dataset(url, str(tmp_path / "out"), tokenizer=spec, input_format="tokens", block_tokens=4097,
-                            progress=True, **options)  # fmt: skip
+    summary = write_dataset(
+        url, str(tmp_path / "out"), tokenizer=spec, input_format="tokens", block_tokens=4097, progress=True, **options
+    )
     final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     size = (tmp_path / "corpus.bin").stat().st_size
     assert final.startswith("write: 100%") and f"{summary.num_tokens:,} tokens" in final, final
@@ -383,8 +457,14 @@ def test_append_eos_ends_only_the_documents_without_one_short_or_long(row_tokens
     for doc in docs[::4]:
         doc[-1] = 256
     write_parquet(tmp_path / "rows.parquet", docs)
-    summary = write_dataset(str(tmp_path / "rows.parquet"), str(tmp_path / "out"), tokenizer="bytes",
-                            input_format="tokens", append_eos=True, progress=False)  # fmt: skip
+    summary = write_dataset(
+        str(tmp_path / "rows.parquet"),
+        str(tmp_path / "out"),
+        tokenizer="bytes",
+        input_format="tokens",
+        append_eos=True,
+        progress=False,
+    )
     want = np.concatenate([d if d[-1] == 256 else np.append(d, 256) for d in docs])
     assert summary.num_documents == 300 and summary.num_tokens == len(want)
     with DatasetReader.open(str(tmp_path / "out")) as reader:
@@ -399,8 +479,15 @@ def test_packed_rows_of_one_length_get_eos_like_any_document(eos_rows, tmp_path)
     rows[3, -1] = 256 if eos_rows else 7
     np.save(tmp_path / "rows.npy", rows.reshape(-1))
     np.save(tmp_path / "rows.offsets.npy", np.arange(701, dtype=np.int64) * 2049)
-    summary = write_dataset(str(tmp_path / "rows.npy"), str(tmp_path / "out"), tokenizer="bytes", input_format="tokens",
-                            append_eos=True, block_tokens=65537, progress=False)  # fmt: skip
+    summary = write_dataset(
+        str(tmp_path / "rows.npy"),
+        str(tmp_path / "out"),
+        tokenizer="bytes",
+        input_format="tokens",
+        append_eos=True,
+        block_tokens=65537,
+        progress=False,
+    )
     want = np.concatenate([row if row[-1] == 256 else np.append(row, 256) for row in rows])
     assert summary.num_documents == 700 and summary.num_tokens == len(want) == 700 * 2050 - eos_rows
     with DatasetReader.open(str(tmp_path / "out")) as reader:

@@ -53,7 +53,9 @@ def test_small_files_share_units_and_compressed_streams_stay_whole(stdlib_corpus
     units = cut_units(paths, config=WriteConfig(), unit_bytes=unit_bytes)
     assert [p.url for u in units for p in u.pieces] == paths
     assert [u.index for u in units] == list(range(len(units)))
-    assert units[-1].pieces == (InputPiece(url=str(big), num_bytes=big.stat().st_size, modified_ns=big.stat().st_mtime_ns),)
+    assert units[-1].pieces == (
+        InputPiece(url=str(big), num_bytes=big.stat().st_size, modified_ns=big.stat().st_mtime_ns),
+    )
     grouped = units[:-1]
     assert len(grouped) < 12 and all(u.num_bytes <= unit_bytes or len(u.pieces) == 1 for u in grouped)
 

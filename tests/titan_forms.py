@@ -20,8 +20,10 @@ from torch.utils.data import IterableDataset
 from zephon_stream.integrations.torchtitan import TITAN
 
 if os.environ.get("ZEPHON_EXPECT_TORCHTITAN", TITAN.name) != TITAN.name:
-    raise RuntimeError(f"expected TorchTitan {os.environ['ZEPHON_EXPECT_TORCHTITAN']}, found {TITAN.name}: "
-                       "a process lost the session's PYTHONPATH")  # fmt: skip
+    raise RuntimeError(
+        f"expected TorchTitan {os.environ['ZEPHON_EXPECT_TORCHTITAN']}, found {TITAN.name}: "
+        "a process lost the session's PYTHONPATH"
+    )
 
 
 def trainer_keywords(seq_len: int, rows: int) -> dict[str, int]:
@@ -81,8 +83,12 @@ def titan_own_loader(
     if not TITAN.flat_batches:
         from torchtitan.components.dataloader import ParallelAwareDataloader
 
-        return ParallelAwareDataloader(PackedTokens(seq_len=seq_len, dp_rank=rank, dp_world_size=world), dp_rank=rank,
-                                       dp_world_size=world, batch_size=rows)  # fmt: skip
+        return ParallelAwareDataloader(
+            PackedTokens(seq_len=seq_len, dp_rank=rank, dp_world_size=world),
+            dp_rank=rank,
+            dp_world_size=world,
+            batch_size=rows,
+        )
     from torchtitan.components.data import (
         ConcatThenSplitPackingConfig,
         GrainDataLoader,
@@ -91,11 +97,19 @@ def titan_own_loader(
     )
     from torchtitan.hf_datasets.text_datasets import TextProcessor
 
-    source = SingleDatasetConfig(source=IndexedJsonlSource.Config(patterns=(corpus_jsonl,)),
-                                 processor=TextProcessor.Config(), post_filters=(lambda sample: sample is not None,))
+    source = SingleDatasetConfig(
+        source=IndexedJsonlSource.Config(patterns=(corpus_jsonl,)),
+        processor=TextProcessor.Config(),
+        post_filters=(lambda sample: sample is not None,),
+    )
     config = GrainDataLoader.Config(dataset=ConcatThenSplitPackingConfig(dataset=source), shuffle=False)
-    return config.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer, max_context_length=seq_len,
-                        num_tokens_per_batch=num_tokens or rows * seq_len)  # fmt: skip
+    return config.build(
+        dp_world_size=world,
+        dp_rank=rank,
+        tokenizer=tokenizer,
+        max_context_length=seq_len,
+        num_tokens_per_batch=num_tokens or rows * seq_len,
+    )
 
 
 def titan_own_entries(world: int) -> list[str]:

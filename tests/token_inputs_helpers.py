@@ -44,8 +44,9 @@ def write_parquet(path: Path, docs: list[np.ndarray], field: str = "input_ids") 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({field: pa.array([d.tolist() for d in docs], type=pa.list_(pa.int32()))}), path,
-                   row_group_size=50)  # fmt: skip
+    pq.write_table(
+        pa.table({field: pa.array([d.tolist() for d in docs], type=pa.list_(pa.int32()))}), path, row_group_size=50
+    )
 
 
 def write_jsonl(path: Path, docs: list[np.ndarray], field: str = "input_ids") -> None:

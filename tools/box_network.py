@@ -40,7 +40,6 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-
 def process_stat(pid: int) -> Any:
     """``lifetime.process_stat``, imported when first needed.
 
@@ -56,6 +55,7 @@ def process_start_ticks(pid: int) -> int | None:
     from zephon_stream.storage.lifetime import process_start_ticks as ticks
 
     return ticks(pid)
+
 
 REGISTRY = "/run/zephon-box"
 NAME_PREFIX = "zb"
@@ -208,8 +208,19 @@ def set_link(box: BoxNames, node: int, up: bool) -> None:
 def cut_store(box: BoxNames, node: int) -> None:
     """Route node ``node``'s packets to the bridge's address through the neighbour that does not exist."""
     netns = box.netns(node)
-    ip("-n", netns, "neigh", "replace", box.dead_neighbour, "lladdr", DEAD_NEIGHBOUR_MAC, "dev", "eth0",
-       "nud", "permanent")  # fmt: skip
+    ip(
+        "-n",
+        netns,
+        "neigh",
+        "replace",
+        box.dead_neighbour,
+        "lladdr",
+        DEAD_NEIGHBOUR_MAC,
+        "dev",
+        "eth0",
+        "nud",
+        "permanent",
+    )
     ip("-n", netns, "route", "add", f"{box.bridge_address}/32", "via", box.dead_neighbour, "dev", "eth0")
 
 

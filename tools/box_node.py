@@ -53,15 +53,23 @@ def visible_paths(shared: Path) -> list[Path]:
 def boot_script(node: Node, hosts: Path, stage: Path, keep: list[Path], tmpfs_bytes: int) -> str:
     """The shell lines that make a node of a fresh mount, UTS and IPC namespace, then hold it (``sleep``)."""
     q = shlex.quote
-    lines = ["set -e", f"mount --bind {q(str(hosts))} /etc/hosts",
-             f"mount -t tmpfs -o size={tmpfs_bytes},mode=1777 zbtmp {q(str(stage))}"]  # fmt: skip
+    lines = [
+        "set -e",
+        f"mount --bind {q(str(hosts))} /etc/hosts",
+        f"mount -t tmpfs -o size={tmpfs_bytes},mode=1777 zbtmp {q(str(stage))}",
+    ]
     for path in keep:
         inside = stage / path.relative_to("/tmp")
         lines += [f"mkdir -p {q(str(inside))}", f"mount --bind {q(str(path))} {q(str(inside))}"]
     # The tmpfs is filled first and then moved over /tmp, with what is bound into it: once it
     # covers /tmp, the paths to bind would be hidden.
-    lines += [f"mount --move {q(str(stage))} /tmp", f"mount -t tmpfs -o size={tmpfs_bytes},mode=1777 zbshm /dev/shm",
-              f"hostname {node.hostname}", "echo ready", "exec sleep infinity"]  # fmt: skip
+    lines += [
+        f"mount --move {q(str(stage))} /tmp",
+        f"mount -t tmpfs -o size={tmpfs_bytes},mode=1777 zbshm /dev/shm",
+        f"hostname {node.hostname}",
+        "echo ready",
+        "exec sleep infinity",
+    ]
     return "\n".join(lines)
 
 

@@ -44,8 +44,9 @@ class _RecordingHandler(ProxyHandler):
         finally:
             key = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
             byte_range = self.headers.get("Range", "") if self.headers is not None else ""
-            self.server.proxy.record(StoreRequest(arrived, self.client_address[0], self.command, key, byte_range,
-                                                  self._status))  # fmt: skip
+            self.server.proxy.record(
+                StoreRequest(arrived, self.client_address[0], self.command, key, byte_range, self._status)
+            )
 
     def send_response(self, code: int, message: str | None = None) -> None:
         self._status = code
@@ -85,8 +86,14 @@ class BoxStore:
         burst: the proxy's token bucket (None: one second's worth).
     """
 
-    def __init__(self, *, host: str, buckets: tuple[str, ...] = ("data",), rate_limit: float | None = None,
-                 burst: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        host: str,
+        buckets: tuple[str, ...] = ("data",),
+        rate_limit: float | None = None,
+        burst: float | None = None,
+    ) -> None:
         self.server = SeaweedFS(host=host, buckets=buckets)
         self._host = host
         self._limit = {"rate_limit": rate_limit, "burst": burst}

@@ -70,9 +70,17 @@ class Box:
         net.BoxUnavailable: at ``start()``, when this machine cannot make a box (one line says why).
     """
 
-    def __init__(self, num_nodes: int = 3, *, root: str | os.PathLike[str] | None = None, store: bool = True,
-                 buckets: tuple[str, ...] = ("data",), rate_limit: float | None = None, burst: float | None = None,
-                 tmpfs_bytes: int = TMPFS_BYTES) -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_nodes: int = 3,
+        *,
+        root: str | os.PathLike[str] | None = None,
+        store: bool = True,
+        buckets: tuple[str, ...] = ("data",),
+        rate_limit: float | None = None,
+        burst: float | None = None,
+        tmpfs_bytes: int = TMPFS_BYTES,
+    ) -> None:
         if not 1 <= num_nodes <= 240:
             raise ValueError(f"a box holds 1 to 240 nodes (got {num_nodes})")
         self.num_nodes = num_nodes
@@ -118,9 +126,12 @@ class Box:
             self.shared.mkdir(exist_ok=True)
             self.names = net.allocate(str(self.root))
             self._keeper = ServerProcess(
-                name=f"box {self.name} keeper", argv=[sys.executable, "-I", net.__file__, "keep", self.name],
-                ready=lambda: True, log_path=self.root / "keeper.log", remove_on_orphan=self.root,
-            ).start()  # fmt: skip
+                name=f"box {self.name} keeper",
+                argv=[sys.executable, "-I", net.__file__, "keep", self.name],
+                ready=lambda: True,
+                log_path=self.root / "keeper.log",
+                remove_on_orphan=self.root,
+            ).start()
             hosts = [f"{n.address} {n.hostname}" for n in (Node(self.names, i) for i in range(self.num_nodes))]
             (self.root / "hosts").write_text("\n".join(["127.0.0.1 localhost", *hosts, ""]))
             for index in range(self.num_nodes):
@@ -173,15 +184,33 @@ class Box:
         stage.mkdir(exist_ok=True)
         script = boot_script(node, root / "hosts", stage, visible_paths(self.shared), self._tmpfs_bytes)
         with open(root / f"node{index}.log", "ab") as log:
-            node.holder = sp.Popen(["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--mount", "--uts",
-                                    "--ipc", "--propagation", "private", "sh", "-c", script],
-                                   stdin=sp.DEVNULL, stdout=sp.PIPE, stderr=log, start_new_session=True)  # fmt: skip
+            node.holder = sp.Popen(
+                [
+                    "nsenter",
+                    f"--net=/run/netns/{node.netns}",
+                    "unshare",
+                    "--mount",
+                    "--uts",
+                    "--ipc",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    script,
+                ],
+                stdin=sp.DEVNULL,
+                stdout=sp.PIPE,
+                stderr=log,
+                start_new_session=True,
+            )
         ready = read_line(node.holder, BOOT_TIMEOUT_S)
         if ready != "ready":
             node.holder.kill()
             node.holder.wait()
-            raise RuntimeError(f"{node.hostname} did not boot; its log {root / f'node{index}.log'} ends:\n"
-                               f"{(root / f'node{index}.log').read_text(errors='replace')[-2000:]}")
+            raise RuntimeError(
+                f"{node.hostname} did not boot; its log {root / f'node{index}.log'} ends:\n"
+                f"{(root / f'node{index}.log').read_text(errors='replace')[-2000:]}"
+            )
 
     def kill(self, index: int) -> int:
         """SIGKILL every process of node ``index`` (``ip netns pids``), its holder included: the node is down,
@@ -218,8 +247,15 @@ class Box:
         env.update(extra or {})
         return env
 
-    def run(self, index: int, argv: list[str], *, env: dict[str, str] | None = None,
-            cwd: str | os.PathLike[str] = REPO_ROOT, **popen: Any) -> sp.Popen[Any]:  # fmt: skip
+    def run(
+        self,
+        index: int,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike[str] = REPO_ROOT,
+        **popen: Any,
+    ) -> sp.Popen[Any]:
         """Start ``argv`` on node ``index`` (in a session of its own) with ``env()`` and ``env``; its Popen.
 
         Raises:
@@ -228,8 +264,17 @@ class Box:
         node = self.nodes[index]
         if not node.up:
             raise RuntimeError(f"{node.hostname} is down (killed): boot it first")
-        command = ["nsenter", f"--target={node.holder.pid}", "--net", "--mount", "--uts", "--ipc", f"--wd={cwd}",  # type: ignore[union-attr]
-                   "--", *argv]  # fmt: skip
+        command = [
+            "nsenter",
+            f"--target={node.holder.pid}",
+            "--net",
+            "--mount",
+            "--uts",
+            "--ipc",
+            f"--wd={cwd}",  # type: ignore[union-attr]
+            "--",
+            *argv,
+        ]
         proc = sp.Popen(command, env=self.env(env), start_new_session=True, **popen)
         with self._lock:
             node.processes.append(proc)
@@ -246,8 +291,12 @@ class Box:
     def waiting_sockets(self, index: int, address: str) -> int:
         """How many TCP sockets of node ``index`` to ``address`` wait for an answer: connecting (SYN-SENT) or
         holding bytes sent that were not acknowledged (what a lost route leaves a node's requests doing)."""
-        listed = sp.run(["nsenter", f"--net=/run/netns/{self.nodes[index].netns}", "ss", "-tnH", "dst", address],
-                        capture_output=True, text=True, check=True).stdout  # fmt: skip
+        listed = sp.run(
+            ["nsenter", f"--net=/run/netns/{self.nodes[index].netns}", "ss", "-tnH", "dst", address],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         waiting = 0
         for line in listed.splitlines():
             state, _, send_q = line.split()[:3]
@@ -294,10 +343,16 @@ class Box:
         node.holder = None
 
     def _write_state(self) -> None:
-        state = {"name": self.name, "bridge": self.bridge_address, "shared": str(self.shared),
-                 "nodes": [{"hostname": n.hostname, "address": n.address, "holder": n.holder.pid}  # type: ignore[union-attr]
-                           for n in self.nodes],
-                 "store_env": self.store.env() if self.store is not None else {}}  # fmt: skip
+        state = {
+            "name": self.name,
+            "bridge": self.bridge_address,
+            "shared": str(self.shared),
+            "nodes": [
+                {"hostname": n.hostname, "address": n.address, "holder": n.holder.pid}  # type: ignore[union-attr]
+                for n in self.nodes
+            ],
+            "store_env": self.store.env() if self.store is not None else {},
+        }
         (self._root() / "box.json").write_text(json.dumps(state, indent=1))
 
 
@@ -317,11 +372,13 @@ def _up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    with Box(args.nodes, store=not args.no_store, buckets=tuple(args.bucket),
-             rate_limit=args.rate_limit) as box:  # fmt: skip
+    with Box(args.nodes, store=not args.no_store, buckets=tuple(args.bucket), rate_limit=args.rate_limit) as box:
         me = f"{sys.executable} {Path(__file__).resolve()}"
-        print(f"box {box.name}: {box.num_nodes} nodes on bridge {box.names.bridge} {box.bridge_address}/24, "  # type: ignore[union-attr]
-              f"shared folder {box.shared}", flush=True)
+        print(
+            f"box {box.name}: {box.num_nodes} nodes on bridge {box.names.bridge} {box.bridge_address}/24, "  # type: ignore[union-attr]
+            f"shared folder {box.shared}",
+            flush=True,
+        )
         for node in box.nodes:
             print(f"  {node.hostname} {node.address}: {me} exec {box.name} {node.index} -- COMMAND", flush=True)
         if box.store is not None:
@@ -335,8 +392,11 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="verb", required=True)
     up = sub.add_parser("up", help="make a box and hold it until Ctrl-C or SIGTERM, then tear it down")
     up.add_argument("--nodes", type=int, default=3)
@@ -347,9 +407,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("name")
     run.add_argument("node", type=int)
     run.add_argument("command", nargs=argparse.REMAINDER)
-    for verb, what in (("cut", "take a node's link down"), ("heal", "bring it up"),
-                       ("cut-store", "lose a node's packets to the store"), ("heal-store", "route them again"),
-                       ("kill", "SIGKILL every process of a node (it stays down)")):  # fmt: skip
+    for verb, what in (
+        ("cut", "take a node's link down"),
+        ("heal", "bring it up"),
+        ("cut-store", "lose a node's packets to the store"),
+        ("heal-store", "route them again"),
+        ("kill", "SIGKILL every process of a node (it stays down)"),
+    ):
         one = sub.add_parser(verb, help=what)
         one.add_argument("name")
         one.add_argument("node", type=int)
@@ -367,8 +431,20 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         env = {**os.environ, "TMPDIR": "/tmp", **state["store_env"]}
         holder = state["nodes"][args.node]["holder"]
-        return sp.call(["nsenter", f"--target={holder}", "--net", "--mount", "--uts", "--ipc", f"--wd={REPO_ROOT}",
-                        "--", *command], env=env)  # fmt: skip
+        return sp.call(
+            [
+                "nsenter",
+                f"--target={holder}",
+                "--net",
+                "--mount",
+                "--uts",
+                "--ipc",
+                f"--wd={REPO_ROOT}",
+                "--",
+                *command,
+            ],
+            env=env,
+        )
     if args.verb == "kill":
         print(f"killed {net.kill_netns(names.netns(args.node))} processes", flush=True)
         return 0

@@ -222,7 +222,7 @@ class FaultProxy:
         with self._lock:
             self._counts[kind] += 1
 
-    def start(self) -> "FaultProxy":
+    def start(self) -> FaultProxy:
         """Listen (again) on the proxy's port."""
         if self._server is not None:
             return self
@@ -328,7 +328,7 @@ class FaultProxy:
             self._injected.append((chosen, method.upper(), plain, byte_range))
             return chosen
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         return self.start()
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -336,27 +336,50 @@ class FaultProxy:
 
     def __repr__(self) -> str:
         limit = f", rate_limit={self.limiter.rate_per_s}" if self.limiter.rate_per_s is not None else ""
-        return f"FaultProxy({self.endpoint_url} -> {self.upstream_host}:{self.upstream_port}, rates={self.rates}{limit})"
+        return (
+            f"FaultProxy({self.endpoint_url} -> {self.upstream_host}:{self.upstream_port}, rates={self.rates}{limit})"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--upstream", required=True, help="server to forward to, http://host:port")
     parser.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one)")
-    parser.add_argument("--rate", action="append", default=[], metavar="KIND=P", help=f"fault rate; KIND in {FAULT_KINDS}")
+    parser.add_argument(
+        "--rate", action="append", default=[], metavar="KIND=P", help=f"fault rate; KIND in {FAULT_KINDS}"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--latency-ms", type=float, default=0.0, help="latency added to every request")
     parser.add_argument("--stall-s", type=float, default=1.0)
     parser.add_argument("--slow-body-s", type=float, default=0.5)
-    parser.add_argument("--refuse-presigned", type=int, default=0, metavar="N",
-                        help="answer the first N requests on a presigned URL 403 AccessDenied")
-    parser.add_argument("--rate-limit", type=parse_rate_limit, default=None, metavar="RATE[:BURST]",
-                        help="requests per second served per prefix, and its token bucket (default: one second's)")
-    parser.add_argument("--throttle-style", choices=THROTTLE_STYLES, default="s3",
-                        help="answer beyond the limit: s3 (503 SlowDown), gcs (429 rateLimitExceeded), azure")
+    parser.add_argument(
+        "--refuse-presigned",
+        type=int,
+        default=0,
+        metavar="N",
+        help="answer the first N requests on a presigned URL 403 AccessDenied",
+    )
+    parser.add_argument(
+        "--rate-limit",
+        type=parse_rate_limit,
+        default=None,
+        metavar="RATE[:BURST]",
+        help="requests per second served per prefix, and its token bucket (default: one second's)",
+    )
+    parser.add_argument(
+        "--throttle-style",
+        choices=THROTTLE_STYLES,
+        default="s3",
+        help="answer beyond the limit: s3 (503 SlowDown), gcs (429 rateLimitExceeded), azure",
+    )
     parser.add_argument("--prefix-depth", type=int, default=1, help="key folders after the bucket in a prefix")
-    parser.add_argument("--fail-every", type=int, default=None, metavar="N",
-                        help="answer every Nth request eligible for faults with --fail-kind")
+    parser.add_argument(
+        "--fail-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="answer every Nth request eligible for faults with --fail-kind",
+    )
     parser.add_argument("--fail-kind", choices=FAULT_KINDS, default="error_503")
     args = parser.parse_args(argv)
     rate_limit, burst = args.rate_limit or (None, None)

@@ -32,8 +32,15 @@ _S3_BODY = (
     "<HostId>fault-proxy</HostId></Error>"
 )
 _GCS_MESSAGE = "The rate of requests to this bucket is too high. Please reduce your request rate."
-_GCS_BODY = json.dumps({"error": {"code": 429, "message": _GCS_MESSAGE, "errors": [
-    {"message": _GCS_MESSAGE, "domain": "usageLimits", "reason": "rateLimitExceeded"}]}})
+_GCS_BODY = json.dumps(
+    {
+        "error": {
+            "code": 429,
+            "message": _GCS_MESSAGE,
+            "errors": [{"message": _GCS_MESSAGE, "domain": "usageLimits", "reason": "rateLimitExceeded"}],
+        }
+    }
+)
 _AZURE_BODY = (
     '<?xml version="1.0" encoding="utf-8"?>\n<Error><Code>ServerBusy</Code>'
     "<Message>Egress is over the account limit.\nRequestId:fault-proxy</Message></Error>"

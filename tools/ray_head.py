@@ -73,7 +73,9 @@ class RayHead(LoopbackServer):
     _dir_prefix = "zs-ray-"
     _log_name = "ray-start.log"
 
-    def __init__(self, *, num_cpus: int = 2, data_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, *, num_cpus: int = 2, data_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1"
+    ) -> None:
         super().__init__(data_dir=data_dir, port=0, host=host)
         self._num_cpus = num_cpus
         self._ports: dict[str, int] = {}

@@ -21,7 +21,9 @@ from zephon_stream.storage.embedded_s3 import EmbeddedS3
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run an S3 server (moto) on 127.0.0.1 until interrupted.")
-    parser.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one; a taken port is replaced)")
+    parser.add_argument(
+        "--port", type=int, default=0, help="port to listen on (0: a free one; a taken port is replaced)"
+    )
     parser.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     args = parser.parse_args(argv)

@@ -130,7 +130,7 @@ class ServerProcess:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         """Start the command and wait until ``ready()`` holds.
 
         Raises:
@@ -145,8 +145,12 @@ class ServerProcess:
             # The guard leads a group of its own, so kill_group reaches what the server starts.
             self._process = sp.Popen(
                 guarded_command(self.argv, remove_on_orphan=self._remove_on_orphan),
-                stdin=sp.DEVNULL, stdout=log, stderr=sp.STDOUT, env=self._env, start_new_session=True,
-            )  # fmt: skip
+                stdin=sp.DEVNULL,
+                stdout=log,
+                stderr=sp.STDOUT,
+                env=self._env,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + self._start_timeout_s
         while time.monotonic() < deadline:
             code = self._process.poll()
@@ -192,7 +196,7 @@ class ServerProcess:
         kill_group(process.pid)
         process.wait(timeout=STOP_TIMEOUT_S)
 
-    def restart(self) -> "ServerProcess":
+    def restart(self) -> ServerProcess:
         """Start the same command again (same ports, same data) and wait until it answers."""
         self.kill()
         return self.start()

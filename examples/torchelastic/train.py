@@ -64,8 +64,12 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--global-batch", type=int, default=4, help="fixed; every world size must divide it")
     parser.add_argument("--record", type=pathlib.Path, help="rank 0 appends each step's losses and rows as JSON here")
-    parser.add_argument("--timeout-s", type=float, default=600.0,
-                        help="how long a collective waits for a peer: a node cut off is noticed after this")
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=600.0,
+        help="how long a collective waits for a peer: a node cut off is noticed after this",
+    )
     args = parser.parse_args()
 
     # gloo's default is 30 minutes: the survivors of a node whose link was cut would wait that long.
@@ -95,13 +99,19 @@ def main() -> None:
         optimizer.step()
         if args.record is not None:
             # Each row's global sample position and a digest of its tokens, from every rank.
-            rows = {int(p): hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16]
-                    for p, row in zip(batch["sample_positions"], batch["input"])}  # fmt: skip
+            rows = {
+                int(p): hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16]
+                for p, row in zip(batch["sample_positions"], batch["input"])
+            }
             gathered = [None] * world
             dist.all_gather_object(gathered, (rows, loss.item()))
             if rank == 0:
-                record = {"step": step, "world_size": world, "losses": [value for _, value in gathered],
-                          "rows": {p: h for r, _ in gathered for p, h in r.items()}}  # fmt: skip
+                record = {
+                    "step": step,
+                    "world_size": world,
+                    "losses": [value for _, value in gathered],
+                    "rows": {p: h for r, _ in gathered for p, h in r.items()},
+                }
                 with args.record.open("a") as log:
                     log.write(json.dumps(record) + "\n")
         if (step + 1) % args.ckpt_every == 0:

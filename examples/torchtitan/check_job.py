@@ -60,9 +60,11 @@ def main() -> None:
         for step, (input_dict, labels) in zip(range(args.steps), loader):
             shapes = ", ".join(f"{key} {tuple(value.shape)}" for key, value in input_dict.items())
             starts = int((input_dict["positions"] == 0).sum())
-            print(f"step {step}: {shapes}, labels {tuple(labels.shape)}; {int((labels != -100).sum())} tokens "
-                  f"trained, {starts} positions 0 (a row or a document starts), samples "
-                  f"{loader.last_sample_positions.tolist()}")  # fmt: skip
+            print(
+                f"step {step}: {shapes}, labels {tuple(labels.shape)}; {int((labels != -100).sum())} tokens "
+                f"trained, {starts} positions 0 (a row or a document starts), samples "
+                f"{loader.last_sample_positions.tolist()}"
+            )
         state = loader.state_dict()
     print(f"checkpoint entry: dataloader.{STATE_KEY} ({len(state[STATE_KEY])} bytes of JSON, equal on every rank)")
 

@@ -28,9 +28,14 @@ EVENTS = Path(os.environ["ZS_EVENTS"])
 HOLD_SAVE_S = float(os.environ.get("ZS_HOLD_SAVE_S", "30"))
 # A round is one start of the workers: a join restarts them without counting a restart, but each round
 # has a rendezvous store (MASTER_PORT) of its own.
-ROUND = {"host": socket.gethostname(), "agent": os.getppid(), "restart": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
-         "round": f"{os.getppid()}:{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-         "rank": int(os.environ["RANK"]), "world": int(os.environ["WORLD_SIZE"])}  # fmt: skip
+ROUND = {
+    "host": socket.gethostname(),
+    "agent": os.getppid(),
+    "restart": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
+    "round": f"{os.getppid()}:{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+    "rank": int(os.environ["RANK"]),
+    "world": int(os.environ["WORLD_SIZE"]),
+}
 
 
 def event(kind: str, **fields: object) -> None:

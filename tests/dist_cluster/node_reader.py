@@ -21,13 +21,17 @@ WAIT_S = 120
 def main() -> None:
     url, rank, world, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     # On threads: the node cache is shared the same way by a helper process, at twice the processes.
-    with StreamingLoader(url, seq_len=32, local_batch_size=2, rank=rank, world_size=world, seed=0,
-                         pipeline="threads") as loader:
+    with StreamingLoader(
+        url, seq_len=32, local_batch_size=2, rank=rank, world_size=world, seed=0, pipeline="threads"
+    ) as loader:
         batch = next(loader)
         cache = loader._node_cache
-        record = {"rank": rank, "sha256": hashlib.sha256(batch["input"].numpy().tobytes()).hexdigest(),
-                  "positions": [int(p) for p in batch["sample_positions"]],
-                  "node_cache": None if cache is None else cache.root}  # fmt: skip
+        record = {
+            "rank": rank,
+            "sha256": hashlib.sha256(batch["input"].numpy().tobytes()).hexdigest(),
+            "positions": [int(p) for p in batch["sample_positions"]],
+            "node_cache": None if cache is None else cache.root,
+        }
         (out / f"rank{rank}.json").write_text(json.dumps(record))
         deadline = time.monotonic() + WAIT_S
         while len(list(out.glob("rank*.json"))) < world and time.monotonic() < deadline:

@@ -64,12 +64,20 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    model = TinyTransformer(ModelConfig(vocab_size=args.vocab_size, dim=16, num_layers=1, num_heads=2,
-                                        max_seq_len=args.seq_len))
+    model = TinyTransformer(
+        ModelConfig(vocab_size=args.vocab_size, dim=16, num_layers=1, num_heads=2, max_seq_len=args.seq_len)
+    )
     ddp_model = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loader = StreamingLoader(args.data, seq_len=args.seq_len, local_batch_size=args.global_batch // world,
-                             rank=rank, world_size=world, seed=args.seed, num_fetch_threads=1)
+    loader = StreamingLoader(
+        args.data,
+        seq_len=args.seq_len,
+        local_batch_size=args.global_batch // world,
+        rank=rank,
+        world_size=world,
+        seed=args.seed,
+        num_fetch_threads=1,
+    )
     args.ckpt_dir.mkdir(parents=True, exist_ok=True)
     events = open(args.events, "a", encoding="utf-8") if rank == 0 else None
 
@@ -83,8 +91,12 @@ def main() -> None:
     if found is not None:
         start_step, path = found
         assert load_checkpoint(path, ddp_model, optimizer, loader) == start_step
-    log(event="start", world_size=world, start_step=start_step,
-        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    log(
+        event="start",
+        world_size=world,
+        start_step=start_step,
+        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    )
 
     for step in range(start_step, args.steps):
         batch = next(loader)
@@ -98,12 +110,19 @@ def main() -> None:
         loss = loss.detach()
         dist.all_reduce(loss)
         positions = sorted(int(p) for r in gathered for p in r[0])
-        log(event="step", step=step, world_size=world, positions=positions, hash=union_sha256(gathered),
-            loss=loss.item() / world)
+        log(
+            event="step",
+            step=step,
+            world_size=world,
+            positions=positions,
+            hash=union_sha256(gathered),
+            loss=loss.item() / world,
+        )
         steps_done = step + 1
         if steps_done % args.ckpt_every == 0:
-            save_checkpoint(checkpoint_dir(args.ckpt_dir, steps_done), ddp_model, optimizer, loader,
-                            steps_done=steps_done)
+            save_checkpoint(
+                checkpoint_dir(args.ckpt_dir, steps_done), ddp_model, optimizer, loader, steps_done=steps_done
+            )
             dist.barrier()
             log(event="checkpoint", steps_done=steps_done, world_size=world)
         if steps_done in args.hold_after:

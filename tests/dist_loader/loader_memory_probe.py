@@ -33,9 +33,15 @@ def main() -> None:
 
     from zephon_stream import StreamingLoader
 
-    loader = StreamingLoader(args.data, seq_len=args.seq_len, local_batch_size=args.local_batch,
-                             prefetch_steps=args.prefetch, num_fetch_threads=2, num_decode_threads=2,
-                             pipeline=args.pipeline)
+    loader = StreamingLoader(
+        args.data,
+        seq_len=args.seq_len,
+        local_batch_size=args.local_batch,
+        prefetch_steps=args.prefetch,
+        num_fetch_threads=2,
+        num_decode_threads=2,
+        pipeline=args.pipeline,
+    )
     baseline = rss_bytes("VmRSS")
     # Writing 5 to clear_refs resets the peak (VmHWM) to the current RSS.
     with open("/proc/self/clear_refs", "w") as refs:
@@ -54,15 +60,19 @@ def main() -> None:
     # interpreter as well as the cache it fills.
     helper_peak = rss_bytes("VmHWM", loader.helper_pid) if loader.helper_pid else 0
     stats = loader.stats()
-    print(json.dumps({
-        "growth_bytes": peak - baseline + helper_peak,
-        "helper_peak_bytes": helper_peak,
-        "bound_bytes": loader.memory_bound_bytes,
-        "cache_peak_bytes": stats["cache_peak_bytes"],
-        "cache_capacity_bytes": stats["cache_capacity_bytes"],
-        "forced_reservations": stats["cache_forced_reservations"],
-        "blocks_fetched": stats["blocks_fetched"],
-    }))
+    print(
+        json.dumps(
+            {
+                "growth_bytes": peak - baseline + helper_peak,
+                "helper_peak_bytes": helper_peak,
+                "bound_bytes": loader.memory_bound_bytes,
+                "cache_peak_bytes": stats["cache_peak_bytes"],
+                "cache_capacity_bytes": stats["cache_capacity_bytes"],
+                "forced_reservations": stats["cache_forced_reservations"],
+                "blocks_fetched": stats["blocks_fetched"],
+            }
+        )
+    )
     loader.close()
 
 

@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from titan_setup import TrainState, as_rows, trainer_keywords  # this folder is sys.path[0]
 from torch.distributed import ReduceOp, TCPStore
 from torch.distributed.checkpoint.stateful import Stateful
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
@@ -42,6 +41,7 @@ from torchtitan.experiments.torchft.config.job_config import FaultTolerance
 from torchtitan.experiments.torchft.manager import TorchFTManager
 from torchtitan.experiments.torchft.optimizer import TorchFTOptimizersContainer
 
+from titan_setup import TrainState, as_rows, trainer_keywords  # this folder is sys.path[0]
 from zephon_stream.demo.torchft_group import row_digest, wait_for
 from zephon_stream.integrations.torchtitan.torchft import (
     ZephonFTCheckpointManager,
@@ -73,28 +73,52 @@ def main() -> None:
     group, life = spec["group"], spec["life"]
     name = f"g{group}r0"
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(store.port), "TORCHFT_LIGHTHOUSE": spec["lighthouse"],
-                       "TORCHFT_TIMEOUT_SEC": "15", "TORCHFT_QUORUM_TIMEOUT_SEC": "60",
-                       "TORCHFT_CONNECT_TIMEOUT_SEC": "30"})  # fmt: skip
+    os.environ.update(
+        {
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(store.port),
+            "TORCHFT_LIGHTHOUSE": spec["lighthouse"],
+            "TORCHFT_TIMEOUT_SEC": "15",
+            "TORCHFT_QUORUM_TIMEOUT_SEC": "60",
+            "TORCHFT_CONNECT_TIMEOUT_SEC": "30",
+        }
+    )
     # The group's own one-rank world (DCP), apart from torchft's store.
     dist.init_process_group("gloo", init_method=f"file://{out}/{name}.life{life}.pg", rank=0, world_size=1)
 
     # FaultTolerantTrainer.init_distributed: config.fault_tolerance.build()
     phase("dist")
-    ft_manager = TorchFTManager(FaultTolerance(enable=True, replica_id=group, group_size=spec["groups"],
-                                               process_group="gloo", process_group_timeout_ms=15000))  # fmt: skip
+    ft_manager = TorchFTManager(
+        FaultTolerance(
+            enable=True,
+            replica_id=group,
+            group_size=spec["groups"],
+            process_group="gloo",
+            process_group_timeout_ms=15000,
+        )
+    )
     manager = ft_manager.manager
     phase("manager")
     # FaultTolerantTrainer.__init__: get_dp_info, then config.dataloader.build(...)
     batch_degree, batch_rank = ft_manager.get_dp_info(1, 0)
-    dataloader = ZephonFTDataLoader.Config(dataset_path=spec["dataset"], seed=3, lanes=spec["lanes"],
-                                           pipeline="threads", prefetch_steps=2, device=spec.get("device"),
-                                           # The reference rows are read with the plain loader's default.
-                                           cross_document_targets="predict").build(
-        dp_world_size=batch_degree, dp_rank=batch_rank, tokenizer=None,
+    dataloader = ZephonFTDataLoader.Config(
+        dataset_path=spec["dataset"],
+        seed=3,
+        lanes=spec["lanes"],
+        pipeline="threads",
+        prefetch_steps=2,
+        device=spec.get("device"),
+        # The reference rows are read with the plain loader's default.
+        cross_document_targets="predict",
+    ).build(
+        dp_world_size=batch_degree,
+        dp_rank=batch_rank,
+        tokenizer=None,
         **trainer_keywords(spec["seq_len"], spec["local_batch"]),
-    )  # fmt: skip
+    )
     model = torch.nn.Linear(spec["seq_len"], 1, bias=False)
     optimizers = TorchFTOptimizersContainer.Config(
         param_groups=default_adamw(lr=1e-3).param_groups, implementation="for-loop"
@@ -102,12 +126,18 @@ def main() -> None:
     lr_schedulers = LRSchedulersContainer.Config(warmup_steps=1).build(optimizers=optimizers, training_steps=1000)
     train_state = TrainState()
     counts = Counts(spec["positions"])
-    checkpointer = ZephonFTCheckpointManager.Config(enable=True, folder="checkpoint", interval=spec["interval"],
-                                                    keep_latest_k=0).build(
-        dataloader=dataloader, model_parts=[model], optimizers=optimizers, lr_schedulers=lr_schedulers,
-        states={"train_state": train_state, "counts": counts}, sd_adapter=None, base_folder=spec["dump"],
+    checkpointer = ZephonFTCheckpointManager.Config(
+        enable=True, folder="checkpoint", interval=spec["interval"], keep_latest_k=0
+    ).build(
+        dataloader=dataloader,
+        model_parts=[model],
+        optimizers=optimizers,
+        lr_schedulers=lr_schedulers,
+        states={"train_state": train_state, "counts": counts},
+        sd_adapter=None,
+        base_folder=spec["dump"],
         ft_manager=ft_manager,
-    )  # fmt: skip
+    )
     manager.register_state_dict_fn("counts", counts.load_state_dict, counts.state_dict)
     # ZephonFTTrainer.__init__: bind after the trainer knows its accumulation.
     dataloader.bind_torchft(ft_manager, microbatches=spec["microbatches"])
@@ -162,20 +192,38 @@ def main() -> None:
             counts.counts.sub_(grad)
         saved = checkpointer.save(train_state.step)
         record = dataloader.torchft_loader.last_step
-        records.write(json.dumps({
-            "time": time.time(), "step": step, "train_step": train_state.step, "participants": record.participants,
-            "rank": record.participating_rank, "counted": record.counted, "committed": committed, "saved": saved,
-            "positions": [[p for b in batches for p in b[2].tolist()]],
-            "shapes": [b[3] for b in batches],
-            "digests": [[row_digest(b[0][i], b[1][i]) for b in batches for i in range(len(b[1]))]],
-        }) + "\n")  # fmt: skip
+        records.write(
+            json.dumps(
+                {
+                    "time": time.time(),
+                    "step": step,
+                    "train_step": train_state.step,
+                    "participants": record.participants,
+                    "rank": record.participating_rank,
+                    "counted": record.counted,
+                    "committed": committed,
+                    "saved": saved,
+                    "positions": [[p for b in batches for p in b[2].tolist()]],
+                    "shapes": [b[3] for b in batches],
+                    "digests": [[row_digest(b[0][i], b[1][i]) for b in batches for i in range(len(b[1]))]],
+                }
+            )
+            + "\n"
+        )
         records.flush()
         (out / f"{name}.step").write_text(str(manager.current_step()))
     records.close()
     checkpointer.maybe_wait_for_saving()
-    torch.save({"ours": counts.counts.clone().unsqueeze(0), "step": manager.current_step(), "loaded": loaded,
-                "start_position": start_position, "state": dataloader.state_dict()},
-               out / f"{name}.final.pt")  # fmt: skip
+    torch.save(
+        {
+            "ours": counts.counts.clone().unsqueeze(0),
+            "step": manager.current_step(),
+            "loaded": loaded,
+            "start_position": start_position,
+            "state": dataloader.state_dict(),
+        },
+        out / f"{name}.final.pt",
+    )
     dataloader.close()
     checkpointer.close()
     manager.shutdown(wait=False)

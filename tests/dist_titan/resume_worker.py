@@ -20,6 +20,8 @@ import argparse
 import os
 
 import torch
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
 from titan_setup import (
     TITAN,
     build_checkpointer,
@@ -29,8 +31,6 @@ from titan_setup import (
     trainer_keywords,
     write_json,
 )
-from torchtitan.components.tokenizer import HuggingFaceTokenizer
-
 from zephon_stream.integrations.torchtitan import ZephonDataLoader
 
 
@@ -57,8 +57,9 @@ def main() -> None:
     config = ZephonDataLoader.Config(dataset_path=args.dataset, seed=args.seed, prefetch_steps=2)
     # The keywords the installed TorchTitan's trainer passes (0.3.0 adds snapshot_every_n_steps).
     extra = {} if TITAN.flat_batches else {"snapshot_every_n_steps": args.save_step}
-    loader = config.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer,
-                          **trainer_keywords(args.seq_len, local_batch), **extra)  # fmt: skip
+    loader = config.build(
+        dp_world_size=world, dp_rank=rank, tokenizer=tokenizer, **trainer_keywords(args.seq_len, local_batch), **extra
+    )
     checkpointer, _, _, train_state = build_checkpointer(
         folder=args.ckpt, interval=args.save_step, dataloader=loader, model=torch.nn.Linear(4, 4)
     )
@@ -87,8 +88,14 @@ def main() -> None:
     loader.close()
 
     if args.titan_ckpt:
-        titan_loader = titan_own_loader(rank=rank, world=world, seq_len=args.seq_len, rows=local_batch,
-                                        tokenizer=tokenizer, corpus_jsonl=args.titan_corpus)  # fmt: skip
+        titan_loader = titan_own_loader(
+            rank=rank,
+            world=world,
+            seq_len=args.seq_len,
+            rows=local_batch,
+            tokenizer=tokenizer,
+            corpus_jsonl=args.titan_corpus,
+        )
         titan_checkpointer, _, _, titan_state = build_checkpointer(
             folder=args.titan_ckpt, interval=args.save_step, dataloader=titan_loader, model=torch.nn.Linear(4, 4)
         )

@@ -17,11 +17,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan_setup import row_digests
 from torchtitan.components.validate import Validator
 from torchtitan.experiments.graph_trainer.common_utils import GraphTrainerScaledDotProductAttention
 from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
+from titan_setup import row_digests
 from zephon_stream.integrations.torchtitan import ZephonDataLoader
 
 
@@ -34,8 +34,11 @@ class RecordingDataLoader(ZephonDataLoader):
 
     def __next__(self):
         input_dict, labels = super().__next__()
-        line = {"shape": list(input_dict["input"].shape), "positions": self.last_sample_positions.tolist(),
-                "digests": row_digests(input_dict["input"], labels, self.seq_len)}  # fmt: skip
+        line = {
+            "shape": list(input_dict["input"].shape),
+            "positions": self.last_sample_positions.tolist(),
+            "digests": row_digests(input_dict["input"], labels, self.seq_len),
+        }
         with open(Path(self.config.record) / f"rank{self.dp_rank}.jsonl", "a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
         return input_dict, labels
@@ -46,8 +49,9 @@ def zephon_debugmodel():
     dp = int(os.environ["WORLD_SIZE"])
     config = llama3_debugmodel()
     config.hf_assets_path = job["assets"]
-    config.dataloader = RecordingDataLoader.Config(dataset_path=job["dataset"], seed=job["seed"], prefetch_steps=2,
-                                                   packing=job["packing"], record=job["record"])  # fmt: skip
+    config.dataloader = RecordingDataLoader.Config(
+        dataset_path=job["dataset"], seed=job["seed"], prefetch_steps=2, packing=job["packing"], record=job["record"]
+    )
     # Flex attention has no backward on CPU; the graph trainer's SDPA has (it
     # treats a microbatch as one causal sequence, which changes the model's
     # math, not its data).

@@ -15,10 +15,10 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from titan_setup import as_rows, build_checkpointer, init_gloo, trainer_keywords, write_json
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from titan_setup import as_rows, build_checkpointer, init_gloo, trainer_keywords, write_json
 from zephon_stream.integrations.torchtitan import ZephonDataLoader
 
 

@@ -52,36 +52,47 @@ def loader_under_faults(
     from zephon_stream import StreamingLoader
 
     def run(options: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-        with StreamingLoader(url, seq_len=seq_len, local_batch_size=local_batch_size, seed=seed,
-                             storage_options=options, num_fetch_threads=4) as loader:
+        with StreamingLoader(
+            url,
+            seq_len=seq_len,
+            local_batch_size=local_batch_size,
+            seed=seed,
+            storage_options=options,
+            num_fetch_threads=4,
+        ) as loader:
             hashes = step_hashes(loader, steps)
             return hashes, loader.stats()
 
     expected, _ = run(storage_options)
     runs = []
     for i, rate in enumerate(rates):
-        proxy = FaultProxy(upstream=endpoint_url, rates=mixed_rates(rate), seed=1000 + i, stall_s=STALL_S,
-                           slow_body_s=SLOW_BODY_S)
+        proxy = FaultProxy(
+            upstream=endpoint_url, rates=mixed_rates(rate), seed=1000 + i, stall_s=STALL_S, slow_body_s=SLOW_BODY_S
+        )
         with proxy:
             started = time.perf_counter()
             got, stats = run({**storage_options, "endpoint_url": proxy.endpoint_url})
             seconds = time.perf_counter() - started
             counts = proxy.counts()
         differing = sum(a != b for a, b in zip(got, expected)) + abs(len(got) - len(expected))
-        runs.append({
-            "rate": rate,
-            "faults": _faults(counts),
-            "requests": counts["requests"],
-            "retries": stats["retries"],
-            "storage_errors": stats["storage_errors"],
-            "stall_s": round(stats["stall_s"], 3),
-            "steps_differing": differing,
-            "seconds": round(seconds, 2),
-        })
+        runs.append(
+            {
+                "rate": rate,
+                "faults": _faults(counts),
+                "requests": counts["requests"],
+                "retries": stats["retries"],
+                "storage_errors": stats["storage_errors"],
+                "stall_s": round(stats["stall_s"], 3),
+                "steps_differing": differing,
+                "seconds": round(seconds, 2),
+            }
+        )
         check(differing == 0, f"loader at fault rate {rate}: {differing} of {steps} steps differ from the clean run")
         # At 1% a short run may draw no fault at all; only a run expecting
         # several must have seen one, or it proves nothing.
-        check(rate * counts["requests"] < 5 or sum(_faults(counts).values()) > 0, f"fault rate {rate}: nothing injected")
+        check(
+            rate * counts["requests"] < 5 or sum(_faults(counts).values()) > 0, f"fault rate {rate}: nothing injected"
+        )
     return {"steps": steps, "runs": runs}
 
 
@@ -109,31 +120,43 @@ def writer_under_faults(
     from zephon_stream import write_dataset
 
     def write(out: str, options: dict[str, Any]) -> dict[str, bytes]:
-        write_dataset(inputs_url, out, tokenizer=tokenizer, block_tokens=block_tokens,
-                      blocks_per_shard=blocks_per_shard, storage_options=options, progress=False)
+        write_dataset(
+            inputs_url,
+            out,
+            tokenizer=tokenizer,
+            block_tokens=block_tokens,
+            blocks_per_shard=blocks_per_shard,
+            storage_options=options,
+            progress=False,
+        )
         return committed_objects(out, storage_options)
 
     expected = write(f"{out_url}/clean", storage_options)
     check("manifest" in expected, "the clean write committed no manifest")
     runs = []
     for i, rate in enumerate(rates):
-        proxy = FaultProxy(upstream=endpoint_url, rates=mixed_rates(rate), seed=2000 + i, stall_s=STALL_S,
-                           slow_body_s=SLOW_BODY_S)
+        proxy = FaultProxy(
+            upstream=endpoint_url, rates=mixed_rates(rate), seed=2000 + i, stall_s=STALL_S, slow_body_s=SLOW_BODY_S
+        )
         with proxy:
             started = time.perf_counter()
             got = write(f"{out_url}/rate{i}", {**storage_options, "endpoint_url": proxy.endpoint_url})
             seconds = time.perf_counter() - started
             counts = proxy.counts()
         differing = sorted(p for p in expected.keys() | got.keys() if expected.get(p) != got.get(p))
-        runs.append({
-            "rate": rate,
-            "faults": _faults(counts),
-            "requests": counts["requests"],
-            "objects_differing": len(differing),
-            "seconds": round(seconds, 2),
-        })
+        runs.append(
+            {
+                "rate": rate,
+                "faults": _faults(counts),
+                "requests": counts["requests"],
+                "objects_differing": len(differing),
+                "seconds": round(seconds, 2),
+            }
+        )
         check(not differing, f"writer at fault rate {rate}: objects differ from the clean run: {differing[:5]}")
         # At 1% a short run may draw no fault at all; only a run expecting
         # several must have seen one, or it proves nothing.
-        check(rate * counts["requests"] < 5 or sum(_faults(counts).values()) > 0, f"fault rate {rate}: nothing injected")
+        check(
+            rate * counts["requests"] < 5 or sum(_faults(counts).values()) > 0, f"fault rate {rate}: nothing injected"
+        )
     return {"objects": len(expected), "bytes": sum(map(len, expected.values())), "runs": runs}

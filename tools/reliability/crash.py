@@ -62,12 +62,30 @@ def writer_kills(
         "orphans": N}`` (worker processes still alive 10 s after their parent
         was killed).
     """
+
     # --pool-min-input-bytes 0 starts the worker processes even for this
     # small input: that they follow their killed parent is part of the check.
     def command(out: Path) -> list[str]:
-        return [sys.executable, "-m", "zephon_stream", "write", inputs, "--output", str(out),
-                "--tokenizer", tokenizer, "--block-tokens", "4097", "--blocks-per-shard", "4",
-                "--workers", str(workers), "--pool-min-input-bytes", "0", "--no-progress"]
+        return [
+            sys.executable,
+            "-m",
+            "zephon_stream",
+            "write",
+            inputs,
+            "--output",
+            str(out),
+            "--tokenizer",
+            tokenizer,
+            "--block-tokens",
+            "4097",
+            "--blocks-per-shard",
+            "4",
+            "--workers",
+            str(workers),
+            "--pool-min-input-bytes",
+            "0",
+            "--no-progress",
+        ]
 
     env = child_env()
     clean = out_root / "clean"
@@ -88,8 +106,9 @@ def writer_kills(
             # start-up), since wall-clock times shift with machine load.
             target = rng.randint(0, num_shards)
             delay_s = rng.uniform(0.0, clean_s) if target == 0 else 0.0
-            proc = subprocess.Popen(command(out), env=env, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                command(out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            )
             deadline = time.monotonic() + 600
             kill_at = time.monotonic() + delay_s
             while proc.poll() is None and time.monotonic() < deadline:
@@ -122,15 +141,31 @@ def writer_kills(
         differing = sorted(p for p in expected.keys() | got.keys() if expected.get(p) != got.get(p))
         check(not differing, f"writer run {run}: rerun after a kill differs: {differing[:5]}")
         shutil.rmtree(out)
-    return {"runs": runs, "kills": kills, "finished_before_kill": finished, "objects": len(expected),
-            "shards": num_shards, "clean_s": round(clean_s, 2), "partial_shards": partial_shards, "orphans": orphans}
+    return {
+        "runs": runs,
+        "kills": kills,
+        "finished_before_kill": finished,
+        "objects": len(expected),
+        "shards": num_shards,
+        "clean_s": round(clean_s, 2),
+        "partial_shards": partial_shards,
+        "orphans": orphans,
+    }
 
 
 def _torchrun(nproc: int, args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(WORKER), *args]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(WORKER),
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def _read_hashes(path: Path) -> list[tuple[int, str]]:
@@ -186,26 +221,45 @@ def loader_kill_resume(
         w1 = rng.choice([w for w in worlds if w != w0])
         kill_at = rng.randint(2, total_steps - 2)
         hashes = folder / "killed.txt"
-        proc = _torchrun(w0, [*common, "--steps", str(total_steps), "--ckpt-root", str(folder / "ckpt"),
-                              "--hashes", str(hashes)], run_env)
+        proc = _torchrun(
+            w0,
+            [*common, "--steps", str(total_steps), "--ckpt-root", str(folder / "ckpt"), "--hashes", str(hashes)],
+            run_env,
+        )
         deadline = time.monotonic() + timeout_s
         while len(_read_hashes(hashes)) < kill_at:
             if proc.poll() is not None:
-                raise AssertionError(f"crash run {run}: job at W={w0} ended before step {kill_at}:\n"
-                                     f"{proc.stdout.read()[-4000:]}")
+                raise AssertionError(
+                    f"crash run {run}: job at W={w0} ended before step {kill_at}:\n{proc.stdout.read()[-4000:]}"
+                )
             check(time.monotonic() < deadline, f"crash run {run}: no step {kill_at} within {timeout_s} s")
             time.sleep(0.01)
         _kill_tree(proc)
         killed = _read_hashes(hashes)
         check(proc.returncode != 0, f"crash run {run}: the job finished before the kill")
-        check(killed == [(k, reference[k]) for k in range(len(killed))],
-              f"crash run {run}: the job at W={w0} read different data before the kill")
+        check(
+            killed == [(k, reference[k]) for k in range(len(killed))],
+            f"crash run {run}: the job at W={w0} read different data before the kill",
+        )
         committed = sorted(int(p.name[4:]) for p in (folder / "ckpt").glob("step*") if (p / "COMMITTED").exists())
         check(bool(committed), f"crash run {run}: no committed checkpoint")
         start = committed[-1]
         out = folder / "resumed.txt"
-        proc = _torchrun(w1, [*common, "--steps", str(resume_steps), "--resume", str(folder / "ckpt" / f"step{start}"),
-                              "--ckpt-root", str(folder / "ckpt2"), "--hashes", str(out)], run_env)
+        proc = _torchrun(
+            w1,
+            [
+                *common,
+                "--steps",
+                str(resume_steps),
+                "--resume",
+                str(folder / "ckpt" / f"step{start}"),
+                "--ckpt-root",
+                str(folder / "ckpt2"),
+                "--hashes",
+                str(out),
+            ],
+            run_env,
+        )
         try:
             log, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -36,7 +36,12 @@ CASES: dict[str, Callable[[Path, Path, int, random.Random], Outcome]] = {
 
 
 def run_cases(
-    *, dataset: Path, work: Path, tries: dict[str, int], seed: int, timeout_s: float = 300,
+    *,
+    dataset: Path,
+    work: Path,
+    tries: dict[str, int],
+    seed: int,
+    timeout_s: float = 300,
     memory_bytes: int = 3 << 30,
 ) -> dict[str, Any]:
     """Run each case in a capped child process.
@@ -53,14 +58,21 @@ def run_cases(
         folder = work / name
         folder.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        run = run_limited(["-m", "tools.reliability.hostile", name, str(dataset), str(folder), str(count), str(seed)],
-                          timeout_s=timeout_s, memory_bytes=memory_bytes, env=child_env())
+        run = run_limited(
+            ["-m", "tools.reliability.hostile", name, str(dataset), str(folder), str(count), str(seed)],
+            timeout_s=timeout_s,
+            memory_bytes=memory_bytes,
+            env=child_env(),
+        )
         seconds = round(time.perf_counter() - started, 2)
         if run.timed_out:
             results[name] = {"status": "hang", "detail": run.stderr[-2000:], "seconds": seconds}
         elif run.returncode < 0:
-            results[name] = {"status": "crash", "detail": f"signal {-run.returncode}: {run.stderr[-2000:]}",
-                             "seconds": seconds}
+            results[name] = {
+                "status": "crash",
+                "detail": f"signal {-run.returncode}: {run.stderr[-2000:]}",
+                "seconds": seconds,
+            }
         elif "MemoryError" in run.stderr:
             results[name] = {"status": "memory", "detail": run.stderr[-2000:], "seconds": seconds}
         elif run.returncode != 0:

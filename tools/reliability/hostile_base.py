@@ -37,9 +37,14 @@ class Outcome:
         self.accepted += 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tries": self.tries, "refused": self.refused, "accepted": self.accepted,
-                "detected": self.detected,
-                "verify_detected": self.verify_detected, "examples": self.examples}
+        return {
+            "tries": self.tries,
+            "refused": self.refused,
+            "accepted": self.accepted,
+            "detected": self.detected,
+            "verify_detected": self.verify_detected,
+            "examples": self.examples,
+        }
 
 
 def read_epoch(url: str, max_steps: int | None = None) -> list[str]:
@@ -100,9 +105,15 @@ def rewrite_shard(root: Path, shard_index: int, data: bytes, offsets: list[int])
     shard = manifest.shards[shard_index]
     (root / shard.path).write_bytes(data)
     shards = list(manifest.shards)
-    shards[shard_index] = dataclasses.replace(shard, num_bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
-                                              block_offsets=tuple(offsets))
-    new = Manifest.create(tokenizer=manifest.tokenizer, block_tokens=manifest.block_tokens,
-                          blocks_per_shard=manifest.blocks_per_shard, shards=shards, sources=manifest.sources,
-                          rejects_path=manifest.rejects_path)
+    shards[shard_index] = dataclasses.replace(
+        shard, num_bytes=len(data), sha256=hashlib.sha256(data).hexdigest(), block_offsets=tuple(offsets)
+    )
+    new = Manifest.create(
+        tokenizer=manifest.tokenizer,
+        block_tokens=manifest.block_tokens,
+        blocks_per_shard=manifest.blocks_per_shard,
+        shards=shards,
+        sources=manifest.sources,
+        rejects_path=manifest.rejects_path,
+    )
     write_manifest(root, new)

@@ -60,8 +60,10 @@ def case_bit_flips(dataset: Path, work: Path, tries: int, rng: random.Random) ->
         with DatasetReader.open(str(root)) as reader:
             report = verify_dataset(reader, workers=1)
         outcome.verify_detected += 1
-        check({p.path for p in report.problems} == {shard.path},
-              f"verify after a flip in {shard.path}: {[str(p) for p in report.problems]}")
+        check(
+            {p.path for p in report.problems} == {shard.path},
+            f"verify after a flip in {shard.path}: {[str(p) for p in report.problems]}",
+        )
         (root / shard.path).write_bytes(original)
     return outcome
 
@@ -132,7 +134,9 @@ def case_frame_past_declared_size(dataset: Path, work: Path, tries: int, rng: ra
         declared = manifest.block_tokens * 2
         extra = rng.choice((2, 64, 4096, 1 << 20))
         tokens = np.arange(manifest.block_tokens + extra // 2, dtype="<u2") % 256
-        frame = bytearray(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(tokens.tobytes()))
+        frame = bytearray(
+            zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(tokens.tobytes())
+        )
         descriptor = frame[4]
         size_field = {0: 1 if descriptor & 0x20 else 0, 1: 2, 2: 4, 3: 8}[descriptor >> 6]
         at = 5 if descriptor & 0x20 else 6
@@ -216,8 +220,15 @@ def case_truncated_objects(dataset: Path, work: Path, tries: int, rng: random.Ra
 def _write(inputs: list[Path], out: Path, **kwargs: Any) -> Any:
     from zephon_stream import write_dataset
 
-    return write_dataset([str(p) for p in inputs], str(out), tokenizer="bytes", block_tokens=4097,
-                         blocks_per_shard=4, progress=False, **kwargs)
+    return write_dataset(
+        [str(p) for p in inputs],
+        str(out),
+        tokenizer="bytes",
+        block_tokens=4097,
+        blocks_per_shard=4,
+        progress=False,
+        **kwargs,
+    )
 
 
 def case_tiny_datasets(dataset: Path, work: Path, tries: int, rng: random.Random) -> Outcome:
@@ -285,8 +296,12 @@ def case_writer_text(dataset: Path, work: Path, tries: int, rng: random.Random) 
     (folder / "1_nul.txt").write_bytes(nul_doc.encode())
     (folder / "2_bad.txt").write_bytes(b"valid start \xff\xfe then \xc3 broken")
     (folder / "3_mixed.jsonl").write_bytes(
-        json.dumps({"text": nul_doc}).encode() + b"\n" + b'{"text": "\\udc80 lone surrogate"}\n'
-        + b'{"text": "ok \xe9\xff"}\n' + json.dumps({"text": long_doc}).encode() + b"\n"
+        json.dumps({"text": nul_doc}).encode()
+        + b"\n"
+        + b'{"text": "\\udc80 lone surrogate"}\n'
+        + b'{"text": "ok \xe9\xff"}\n'
+        + json.dumps({"text": long_doc}).encode()
+        + b"\n"
     )
     out = work / "text_ds"
     summary = _write(sorted(folder.iterdir()), out)
@@ -303,8 +318,10 @@ def case_writer_text(dataset: Path, work: Path, tries: int, rng: random.Random) 
     # The lone-surrogate JSON line is either rejected or kept; both are
     # accounted for, so compare the documents that match the inputs.
     kept = [t for t in texts if t in (long_doc, nul_doc)]
-    check(kept[:2] == expected_docs[:2] and kept.count(long_doc) == 2 and kept.count(nul_doc) == 2,
-          "long / NUL documents did not round trip")
+    check(
+        kept[:2] == expected_docs[:2] and kept.count(long_doc) == 2 and kept.count(nul_doc) == 2,
+        "long / NUL documents did not round trip",
+    )
     outcome.tries += 4
     outcome.accepted += 2  # long documents and NUL bytes: written exactly
     outcome.refused += 2  # invalid UTF-8 in txt and jsonl: rejected with reason

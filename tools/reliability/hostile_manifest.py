@@ -68,7 +68,11 @@ def case_manifest_fields(dataset: Path, work: Path, tries: int, rng: random.Rand
         ("shard num_tokens 2**62", lambda o: o["shards"][0].update(num_tokens=2**62), None),
         ("shard num_bytes 2**50", lambda o: o["shards"][0].update(num_bytes=2**50), None),
         ("negative offset", lambda o: o["shards"][0]["block_offsets"].__setitem__(1, -5), None),
-        ("overlapping offsets", lambda o: o["shards"][0]["block_offsets"].__setitem__(2, o["shards"][0]["block_offsets"][1] - 10), None),
+        (
+            "overlapping offsets",
+            lambda o: o["shards"][0]["block_offsets"].__setitem__(2, o["shards"][0]["block_offsets"][1] - 10),
+            None,
+        ),
         ("offsets past the object", lambda o: o["shards"][0]["block_offsets"].__setitem__(-1, 2**45), None),
         ("10**6 block offsets", lambda o: o["shards"][0].update(block_offsets=list(range(0, 10**6))), None),
         ("version 2.0", lambda o: o.update(version=[2, 0]), VersionError),
@@ -78,7 +82,11 @@ def case_manifest_fields(dataset: Path, work: Path, tries: int, rng: random.Rand
         ("format name", lambda o: o.update(format="parquet"), None),
         ("vocab 2**40", lambda o: o["tokenizer"].update(vocab_size=2**40), None),
         ("path ../x", lambda o: o["shards"][0].update(path="../x.zst"), PathEscapeError),
-        ("path shards/../../etc/passwd", lambda o: o["shards"][0].update(path="shards/../../etc/passwd"), PathEscapeError),
+        (
+            "path shards/../../etc/passwd",
+            lambda o: o["shards"][0].update(path="shards/../../etc/passwd"),
+            PathEscapeError,
+        ),
         ("absolute path", lambda o: o["shards"][0].update(path="/etc/passwd"), PathEscapeError),
         ("s3:// path", lambda o: o["shards"][0].update(path="s3://other-bucket/x.zst"), PathEscapeError),
         ("file:// path", lambda o: o["shards"][0].update(path="file:///etc/passwd"), PathEscapeError),
@@ -143,8 +151,13 @@ def case_huge_block_range(dataset: Path, work: Path, tries: int, rng: random.Ran
     offsets[-1] = 2**40
     shards = list(manifest.shards)
     shards[index] = dataclasses.replace(shard, num_bytes=2**40, block_offsets=tuple(offsets))
-    new = Manifest.create(tokenizer=manifest.tokenizer, block_tokens=manifest.block_tokens,
-                          blocks_per_shard=manifest.blocks_per_shard, shards=shards, sources=manifest.sources)
+    new = Manifest.create(
+        tokenizer=manifest.tokenizer,
+        block_tokens=manifest.block_tokens,
+        blocks_per_shard=manifest.blocks_per_shard,
+        shards=shards,
+        sources=manifest.sources,
+    )
     write_manifest(root, new)
     assert len(data) < 2**40
     try:
@@ -166,10 +179,22 @@ def case_hostile_state(dataset: Path, work: Path, tries: int, rng: random.Random
     with StreamingLoader(str(dataset), seq_len=SEQ_LEN, local_batch_size=BATCH) as loader:
         good = loader.state_dict()
         edits = [
-            {"position": 2**70}, {"position": -1}, {"position": "12"}, {"position": 1.5}, {"version": 99},
-            {"seed": -3}, {"lanes": 0}, {"seq_len": 2**40}, {"streams": []}, {"streams": "x"},
-            {"packing": "bogus"}, {"packing": 1}, {"history": "x"}, {"history": ["{not json"]},
-            {"history": ['{"step": 1}']}, {"history": [7]},
+            {"position": 2**70},
+            {"position": -1},
+            {"position": "12"},
+            {"position": 1.5},
+            {"version": 99},
+            {"seed": -3},
+            {"lanes": 0},
+            {"seq_len": 2**40},
+            {"streams": []},
+            {"streams": "x"},
+            {"packing": "bogus"},
+            {"packing": 1},
+            {"history": "x"},
+            {"history": ["{not json"]},
+            {"history": ['{"step": 1}']},
+            {"history": [7]},
         ]
         for edit in edits:
             state = {**good, **edit}

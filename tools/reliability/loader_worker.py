@@ -21,8 +21,8 @@ import torch.distributed.checkpoint as dcp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.reliability.common import batch_rows  # noqa: E402
-from zephon_stream.loader import union_sha256  # noqa: E402
 from zephon_stream import StreamingLoader  # noqa: E402
+from zephon_stream.loader import union_sha256  # noqa: E402
 
 
 def main() -> None:
@@ -39,8 +39,13 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    loader = StreamingLoader(args.data, seq_len=args.seq_len, local_batch_size=args.global_batch // world,
-                             seed=args.seed, num_fetch_threads=2)
+    loader = StreamingLoader(
+        args.data,
+        seq_len=args.seq_len,
+        local_batch_size=args.global_batch // world,
+        seed=args.seed,
+        num_fetch_threads=2,
+    )
     if args.resume:
         dcp.load({"dataloader": loader}, checkpoint_id=args.resume)
     out = open(args.hashes, "a") if rank == 0 else None

@@ -34,8 +34,9 @@ SECRETS = (OPTION_KEY, OPTION_SECRET, URL_KEY, URL_SECRET, ENV_KEY, ENV_SECRET, 
 
 
 def _cli(args: list[str], env: dict[str, str]) -> str:
-    done = subprocess.run([sys.executable, "-m", "zephon_stream", *args], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "zephon_stream", *args], env=env, capture_output=True, text=True, timeout=600
+    )
     # The command line itself holds the secrets; only what the program printed is searched.
     return f"$ zephon-stream {args[0]} [exit {done.returncode}]\n{done.stdout}\n{done.stderr}"
 
@@ -67,14 +68,29 @@ def secrets_run(*, endpoint_url: str, bucket: str, inputs: list[Path], work: Pat
     errors = 0
     out, err = io.StringIO(), io.StringIO()
     try:
-        with redirect_stdout(out), redirect_stderr(err), warnings.catch_warnings(record=True) as caught, \
-                FaultProxy(upstream=endpoint_url, rates=mixed_rates(0.2), seed=77, stall_s=0.2, slow_body_s=0.1) as proxy:
+        with (
+            redirect_stdout(out),
+            redirect_stderr(err),
+            warnings.catch_warnings(record=True) as caught,
+            FaultProxy(upstream=endpoint_url, rates=mixed_rates(0.2), seed=77, stall_s=0.2, slow_body_s=0.1) as proxy,
+        ):
             warnings.simplefilter("always")
-            options = {"key": OPTION_KEY, "secret": OPTION_SECRET, "endpoint_url": proxy.endpoint_url,
-                       "client_kwargs": {"region_name": "us-east-1"}}
+            options = {
+                "key": OPTION_KEY,
+                "secret": OPTION_SECRET,
+                "endpoint_url": proxy.endpoint_url,
+                "client_kwargs": {"region_name": "us-east-1"},
+            }
             url = f"s3://{bucket}/secrets-ds"
-            summary = write_dataset([str(p) for p in inputs], url, tokenizer="bytes", block_tokens=4097,
-                                    blocks_per_shard=4, storage_options=options, progress=True)
+            summary = write_dataset(
+                [str(p) for p in inputs],
+                url,
+                tokenizer="bytes",
+                block_tokens=4097,
+                blocks_per_shard=4,
+                storage_options=options,
+                progress=True,
+            )
             seen += [repr(summary), summary.table()]
             with StreamingLoader(url, seq_len=256, local_batch_size=8, storage_options=options) as loader:
                 seen += [repr(loader), repr(loader.manifests), repr(loader.stats()), repr(loader.state_dict())]
@@ -85,12 +101,21 @@ def secrets_run(*, endpoint_url: str, bucket: str, inputs: list[Path], work: Pat
                 seen += [repr(reader), repr(report)]
             # Errors: credentials in a URL, a missing dataset or input, an existing output, a corrupt block.
             failures = [
-                lambda: StreamingLoader(f"s3://{URL_KEY}:{URL_SECRET}@{bucket}/secrets-ds", seq_len=256,
-                                        local_batch_size=8, storage_options=options),
-                lambda: StreamingLoader(f"s3://{bucket}/no-such-ds", seq_len=256, local_batch_size=8,
-                                        storage_options=options),
-                lambda: write_dataset([f"s3://{bucket}/no-such-input/*.txt"], f"s3://{bucket}/x", tokenizer="bytes",
-                                      storage_options=options),
+                lambda: StreamingLoader(
+                    f"s3://{URL_KEY}:{URL_SECRET}@{bucket}/secrets-ds",
+                    seq_len=256,
+                    local_batch_size=8,
+                    storage_options=options,
+                ),
+                lambda: StreamingLoader(
+                    f"s3://{bucket}/no-such-ds", seq_len=256, local_batch_size=8, storage_options=options
+                ),
+                lambda: write_dataset(
+                    [f"s3://{bucket}/no-such-input/*.txt"],
+                    f"s3://{bucket}/x",
+                    tokenizer="bytes",
+                    storage_options=options,
+                ),
                 lambda: write_dataset([str(p) for p in inputs], url, tokenizer="bytes", storage_options=options),
             ]
             for fail in failures:
@@ -121,8 +146,14 @@ def secrets_run(*, endpoint_url: str, bucket: str, inputs: list[Path], work: Pat
     seen += [out.getvalue(), err.getvalue(), log.getvalue()]
 
     # Subprocesses: the CLI with keys as --storage-option and keys in the environment.
-    env = child_env({"AWS_ENDPOINT_URL": endpoint_url, "AWS_ACCESS_KEY_ID": ENV_KEY,
-                     "AWS_SECRET_ACCESS_KEY": ENV_SECRET, "AWS_DEFAULT_REGION": "us-east-1"})
+    env = child_env(
+        {
+            "AWS_ENDPOINT_URL": endpoint_url,
+            "AWS_ACCESS_KEY_ID": ENV_KEY,
+            "AWS_SECRET_ACCESS_KEY": ENV_SECRET,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    )
     folder = work / "cli-inputs"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -130,14 +161,38 @@ def secrets_run(*, endpoint_url: str, bucket: str, inputs: list[Path], work: Pat
         shutil.copy(path, folder / path.name)
     options_args = ["--storage-option", f"key={CLI_KEY}", "--storage-option", f"secret={CLI_SECRET}"]
     seen += [
-        _cli(["write", str(folder / "*.py"), "--output", f"s3://{bucket}/cli-ds", "--tokenizer", "bytes",
-              "--block-tokens", "4097", *options_args, "--json"], env),
+        _cli(
+            [
+                "write",
+                str(folder / "*.py"),
+                "--output",
+                f"s3://{bucket}/cli-ds",
+                "--tokenizer",
+                "bytes",
+                "--block-tokens",
+                "4097",
+                *options_args,
+                "--json",
+            ],
+            env,
+        ),
         _cli(["inspect", f"s3://{bucket}/cli-ds"], env),
         _cli(["verify", f"s3://{bucket}/cli-ds"], env),
         _cli(["verify", f"s3://{bucket}/secrets-ds"], env),  # the corrupt one: exit 1, lists the shard
         _cli(["inspect", f"s3://{ENV_KEY}:{ENV_SECRET}@{bucket}/no-such-ds"], env),
-        _cli(["write", str(folder / "*.py"), "--output", f"s3://{bucket}/cli-ds", "--tokenizer", "bytes",
-              "--storage-option", f"secret:{CLI_SECRET}"], env),
+        _cli(
+            [
+                "write",
+                str(folder / "*.py"),
+                "--output",
+                f"s3://{bucket}/cli-ds",
+                "--tokenizer",
+                "bytes",
+                "--storage-option",
+                f"secret:{CLI_SECRET}",
+            ],
+            env,
+        ),
     ]
     text = "\n".join(seen)
     check("CORRUPT" in text and "no committed dataset" in text, "the failing commands did not report their errors")

@@ -13,8 +13,14 @@ from tools.reliability.common import check, open_fds, process_table, rss_bytes
 
 
 def long_run(
-    *, url: str, epochs: int, storage_options: dict[str, Any] | None = None, seq_len: int = 256,
-    local_batch_size: int = 8, samples: int = 40, growth_bound_bytes: int = 32 << 20,
+    *,
+    url: str,
+    epochs: int,
+    storage_options: dict[str, Any] | None = None,
+    seq_len: int = 256,
+    local_batch_size: int = 8,
+    samples: int = 40,
+    growth_bound_bytes: int = 32 << 20,
 ) -> dict[str, Any]:
     """Stream ``epochs`` epochs, sampling RSS ``samples`` times; after the first
     epoch (warm-up) RSS may grow by at most ``growth_bound_bytes``.
@@ -27,8 +33,9 @@ def long_run(
 
     started = time.perf_counter()
     rss_start = rss_bytes()
-    with StreamingLoader(url, seq_len=seq_len, local_batch_size=local_batch_size,
-                         storage_options=storage_options, num_fetch_threads=2) as loader:
+    with StreamingLoader(
+        url, seq_len=seq_len, local_batch_size=local_batch_size, storage_options=storage_options, num_fetch_threads=2
+    ) as loader:
         epoch_steps = loader.order.streams[0].lane_length * loader.lanes // loader.global_batch_size
         steps = epoch_steps * epochs
         every = max(1, steps // samples)
@@ -57,8 +64,10 @@ def long_run(
         "seconds": round(time.perf_counter() - started, 2),
         "rss_mib": [round(r / 2**20, 1) for r in trace],
     }
-    check(growth <= growth_bound_bytes,
-          f"RSS grew {growth / 2**20:.1f} MiB after warm-up over {epochs} epochs (bound {growth_bound_bytes / 2**20} MiB)")
+    check(
+        growth <= growth_bound_bytes,
+        f"RSS grew {growth / 2**20:.1f} MiB after warm-up over {epochs} epochs (bound {growth_bound_bytes / 2**20} MiB)",
+    )
     return result
 
 
@@ -91,8 +100,14 @@ def settled_fds(baseline: dict[str, int], *, timeout_s: float = 2.0) -> dict[str
 
 
 def churn(
-    *, url: str, cycles: int, steps: int = 20, storage_options: dict[str, Any] | None = None,
-    seq_len: int = 256, local_batch_size: int = 8, pipeline: str = "process",
+    *,
+    url: str,
+    cycles: int,
+    steps: int = 20,
+    storage_options: dict[str, Any] | None = None,
+    seq_len: int = 256,
+    local_batch_size: int = 8,
+    pipeline: str = "process",
 ) -> dict[str, Any]:
     """Open a loader, read ``steps`` steps, close it, ``cycles`` times; threads
     and descriptors must be back at their baseline after every close.
@@ -118,8 +133,9 @@ def churn(
     children_before = live_children()
     max_threads = max_sockets = max_children = 0
     for cycle in range(cycles):
-        loader = StreamingLoader(url, seq_len=seq_len, local_batch_size=local_batch_size,
-                                 storage_options=storage_options, pipeline=pipeline)
+        loader = StreamingLoader(
+            url, seq_len=seq_len, local_batch_size=local_batch_size, storage_options=storage_options, pipeline=pipeline
+        )
         for _ in range(steps):
             next(loader)
         max_threads = max(max_threads, threading.active_count())
@@ -136,7 +152,9 @@ def churn(
         # Counts may drop (idle keep-alive connections of other S3
         # clients in the process time out); a leak is a count that grows.
         grown = {kind: fds[kind] - fds_before[kind] for kind in fds if fds[kind] > fds_before[kind]}
-        check(not grown, f"cycle {cycle}: descriptors left open after close(): {grown} (before {fds_before}, after {fds})")
+        check(
+            not grown, f"cycle {cycle}: descriptors left open after close(): {grown} (before {fds_before}, after {fds})"
+        )
         left = sorted(live_children() - children_before)
         check(not left, f"cycle {cycle}: child processes outlived close(): {left}")
         if cycle == 0:

@@ -39,30 +39,76 @@ def register(subparsers: Any) -> None:
         ),
     )
     add = parser.add_argument
-    add("--steps", type=positive, metavar="N", default=defaults.steps,
-        help="training steps per run, steps 0 to N-1 (default %(default)s)")
-    add("--world-sizes", type=_world_sizes, default=defaults.world_sizes, metavar="W1,W2",
-        help=f"ranks before the kill, ranks after the resume (default {','.join(map(str, defaults.world_sizes))})")
-    add("--reference-world-size", type=positive, default=defaults.reference_world_size,
-        help="ranks of the reference run (default %(default)s)")
-    add("--kill-after", type=positive, metavar="N",
+    add(
+        "--steps",
+        type=positive,
+        metavar="N",
+        default=defaults.steps,
+        help="training steps per run, steps 0 to N-1 (default %(default)s)",
+    )
+    add(
+        "--world-sizes",
+        type=_world_sizes,
+        default=defaults.world_sizes,
+        metavar="W1,W2",
+        help=f"ranks before the kill, ranks after the resume (default {','.join(map(str, defaults.world_sizes))})",
+    )
+    add(
+        "--reference-world-size",
+        type=positive,
+        default=defaults.reference_world_size,
+        help="ranks of the reference run (default %(default)s)",
+    )
+    add(
+        "--kill-after",
+        type=positive,
+        metavar="N",
         help="steps checkpointed before the kill: the job is killed after the checkpoint of steps 0 to N-1 "
-        "and resumes at step N (default: mid-run)")
-    add("--ckpt-every", type=positive, default=defaults.ckpt_every,
-        help="steps between checkpoints (default %(default)s)")
+        "and resumes at step N (default: mid-run)",
+    )
+    add(
+        "--ckpt-every",
+        type=positive,
+        default=defaults.ckpt_every,
+        help="steps between checkpoints (default %(default)s)",
+    )
     add("--seq-len", type=positive, default=defaults.seq_len, help="tokens per sample (default %(default)s)")
-    add("--global-batch", type=positive, default=defaults.global_batch,
-        help="samples per step over all ranks (default %(default)s)")
-    add("--block-tokens", type=bounded_int(MIN_BLOCK_TOKENS, MAX_BLOCK_TOKENS), default=defaults.block_tokens,
-        help="tokens per block (default %(default)s)")
-    add("--blocks-per-shard", type=positive, default=defaults.blocks_per_shard,
-        help="blocks per shard (default %(default)s)")
-    add("--input", action="append", default=[], metavar="PATH",
-        help="file or glob to convert (repeatable; default: the stdlib's top-level .py files)")
-    add("--store", help="local folder or store prefix (s3://, gs://, az://) for the dataset, kept; the demo ends with "
-        "the `which` line for it (default: an embedded S3 server)")
-    add("--s3-port", type=bounded_int(0, 65535), default=defaults.s3_port,
-        help="port tried first for the embedded S3 server (default %(default)s)")
+    add(
+        "--global-batch",
+        type=positive,
+        default=defaults.global_batch,
+        help="samples per step over all ranks (default %(default)s)",
+    )
+    add(
+        "--block-tokens",
+        type=bounded_int(MIN_BLOCK_TOKENS, MAX_BLOCK_TOKENS),
+        default=defaults.block_tokens,
+        help="tokens per block (default %(default)s)",
+    )
+    add(
+        "--blocks-per-shard",
+        type=positive,
+        default=defaults.blocks_per_shard,
+        help="blocks per shard (default %(default)s)",
+    )
+    add(
+        "--input",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="file or glob to convert (repeatable; default: the stdlib's top-level .py files)",
+    )
+    add(
+        "--store",
+        help="local folder or store prefix (s3://, gs://, az://) for the dataset, kept; the demo ends with "
+        "the `which` line for it (default: an embedded S3 server)",
+    )
+    add(
+        "--s3-port",
+        type=bounded_int(0, 65535),
+        default=defaults.s3_port,
+        help="port tried first for the embedded S3 server (default %(default)s)",
+    )
     add("--workdir", help="folder for checkpoints and logs (default: a temporary folder)")
     add("--keep", action="store_true", help="keep the temporary workdir")
     add("--plot", metavar="PATH", help="write a PNG of loss and tokens/s per step, the resize marked")
@@ -74,10 +120,12 @@ def register(subparsers: Any) -> None:
         "resize fall inside it), long context at twice --seq-len",
     )
     parser.add_argument(
-        "--packing", choices=PACKING_CHOICES, default=defaults.packing,
+        "--packing",
+        choices=PACKING_CHOICES,
+        default=defaults.packing,
         help="how the loader fills each block's rows, in every run (default %(default)s: windows; best_fit: rows "
         "of whole documents); the verdict is the same: every step's data as the reference's",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--torchft",
         action="store_true",

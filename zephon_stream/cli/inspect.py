@@ -24,17 +24,30 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--shards", action="store_true", help="also list every shard (path, tokens, blocks, bytes)")
     parser.add_argument(
-        "--packing-report", action="store_true",
+        "--packing-report",
+        action="store_true",
         help="also read blocks and compare concat and best_fit: documents cut, tokens read without their "
         "document's beginning, and the floor (documents longer than a row); needs --seq-len",
-    )  # fmt: skip
-    parser.add_argument("--seq-len", type=bounded_int(1), action="append", metavar="L",
-                        help="row length of the packing report (repeatable: each block is read once)")
-    parser.add_argument("--blocks", type=bounded_int(1), metavar="N",
-                        help="blocks the packing report reads, spread evenly over the dataset (default: all)")
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=bounded_int(1),
+        action="append",
+        metavar="L",
+        help="row length of the packing report (repeatable: each block is read once)",
+    )
+    parser.add_argument(
+        "--blocks",
+        type=bounded_int(1),
+        metavar="N",
+        help="blocks the packing report reads, spread evenly over the dataset (default: all)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar for the packing report")
     parser.add_argument(
-        "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="fsspec option (s3fs, gcsfs, adlfs; repeatable)",
     )
     parser.set_defaults(handler=run)
@@ -93,8 +106,13 @@ def _packing_report(manifest: Any, store: Any, args: argparse.Namespace) -> Any:
     from zephon_stream.reader.packing_report import packing_report, spread_blocks
 
     total = len(spread_blocks(manifest.num_blocks, args.blocks))
-    with tqdm(total=total, unit="block", desc="packing report", file=sys.stderr,
-              disable=args.no_progress or not sys.stderr.isatty()) as bar:  # fmt: skip
+    with tqdm(
+        total=total,
+        unit="block",
+        desc="packing report",
+        file=sys.stderr,
+        disable=args.no_progress or not sys.stderr.isatty(),
+    ) as bar:
         return packing_report(DatasetReader(manifest, store), args.seq_len, blocks=args.blocks, progress=bar.update)
 
 
@@ -111,8 +129,14 @@ def run(args: argparse.Namespace) -> int:
     summary = {"url": url, **manifest.summary()}
     if args.shards:
         summary["shards"] = [
-            {"path": s.path, "num_tokens": s.num_tokens, "num_blocks": s.num_blocks,
-             "num_bytes": s.num_bytes, "num_documents": s.num_documents, "sha256": s.sha256}
+            {
+                "path": s.path,
+                "num_tokens": s.num_tokens,
+                "num_blocks": s.num_blocks,
+                "num_bytes": s.num_bytes,
+                "num_documents": s.num_documents,
+                "sha256": s.sha256,
+            }
             for s in manifest.shards
         ]
     if report is not None:
@@ -142,7 +166,9 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(f"{'shard':<40} {'tokens':>14} {'blocks':>7} {'bytes':>14} {'docs':>10}")
         for s in summary["shards"]:
-            print(f"{s['path']:<40} {s['num_tokens']:>14,} {s['num_blocks']:>7} {s['num_bytes']:>14,} {s['num_documents']:>10,}")
+            print(
+                f"{s['path']:<40} {s['num_tokens']:>14,} {s['num_blocks']:>7} {s['num_bytes']:>14,} {s['num_documents']:>10,}"
+            )
     if report is not None:
         print()
         print(report.text())

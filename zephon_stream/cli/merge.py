@@ -18,7 +18,9 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("parts", nargs="*", metavar="PART", help="part folder or URL (or a path relative to --output)")
-    parser.add_argument("--output", required=True, help="merged dataset root: local folder or store prefix (s3://, gs://, az://)")
+    parser.add_argument(
+        "--output", required=True, help="merged dataset root: local folder or store prefix (s3://, gs://, az://)"
+    )
     parser.add_argument(
         "--storage-option",
         action="append",
@@ -27,9 +29,10 @@ def register(subparsers: Any) -> None:
         help="fsspec option for the output store (s3fs, gcsfs, adlfs; repeatable)",
     )
     parser.add_argument(
-        "--allow-empty", action="store_true",
+        "--allow-empty",
+        action="store_true",
         help="commit the merge even if no part holds a token (without it: exit 1, no manifest written)",
-    )  # fmt: skip
+    )
     parser.set_defaults(handler=run)
 
 
@@ -39,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
     from zephon_stream.writer.progress import name_value_table
 
     manifest = merge_parts(
-        args.parts, args.output, storage_options=parse_storage_options(args.storage_option), allow_empty=args.allow_empty
+        args.parts,
+        args.output,
+        storage_options=parse_storage_options(args.storage_option),
+        allow_empty=args.allow_empty,
     )
     parts = sorted({shard.path.split("/", 1)[0] for shard in manifest.shards})
     print(f"merged {len(parts)} parts into {args.output}")

@@ -18,9 +18,14 @@ def register(subparsers: Any) -> None:
             "A dataset already in 1.1 is left as it is."
         ),
     )
-    parser.add_argument("url", metavar="DATASET", help="dataset root: local folder or store prefix (s3://, gs://, az://)")
     parser.add_argument(
-        "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+        "url", metavar="DATASET", help="dataset root: local folder or store prefix (s3://, gs://, az://)"
+    )
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="fsspec option for the store (repeatable)",
     )
     parser.set_defaults(handler=run)
@@ -37,10 +42,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"{result.url}: already format {version}; nothing written")
         return 0
     header = result.written["manifest"]
-    rows = [("format", "{}.{} -> {}".format(*result.before, version)),
-            *((path, f"{size:,} bytes") for path, size in result.written.items() if path != "manifest"),
-            ("manifest", f"{header:,} bytes"),
-            ("fingerprint", f"{result.manifest.fingerprint} (unchanged)")]
+    rows = [
+        ("format", "{}.{} -> {}".format(*result.before, version)),
+        *((path, f"{size:,} bytes") for path, size in result.written.items() if path != "manifest"),
+        ("manifest", f"{header:,} bytes"),
+        ("fingerprint", f"{result.manifest.fingerprint} (unchanged)"),
+    ]
     print(f"reindexed {result.url}")
     print(name_value_table(rows, indent="  "))
     return 0

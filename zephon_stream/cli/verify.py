@@ -22,7 +22,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("url", metavar="URL", help="dataset root: local folder or store prefix (s3://, gs://, az://)")
     parser.add_argument("--workers", type=bounded_int(1), default=4, help="shards checked concurrently (default 4)")
     parser.add_argument(
-        "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="fsspec option (s3fs, gcsfs, adlfs; repeatable)",
     )
     parser.set_defaults(handler=run)
@@ -38,8 +41,13 @@ def run(args: argparse.Namespace) -> int:
     with DatasetReader.open(args.url, parse_storage_options(args.storage_option)) as reader:
         m = reader.manifest
         with tqdm(
-            total=m.compressed_bytes, unit="B", unit_scale=True, unit_divisor=1024,
-            desc="verify", disable=not sys.stderr.isatty(), file=sys.stderr,
+            total=m.compressed_bytes,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc="verify",
+            disable=not sys.stderr.isatty(),
+            file=sys.stderr,
         ) as bar:
             report = verify_dataset(reader, workers=args.workers, progress=bar.update)
     for problem in report.problems:

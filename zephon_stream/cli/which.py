@@ -27,29 +27,30 @@ def register(subparsers: Any) -> None:
             "Derive, from the manifests and the order settings alone, the samples of global "
             "step N and where each came from, and the schedule phase the step is in. The settings "
             "must be the training job's: either --schedule, or seed, seq_len, global batch, lanes "
-            "(default: the global batch), window and weights for a job of one phase. "
-            + STEP_NUMBERING
+            "(default: the global batch), window and weights for a job of one phase. " + STEP_NUMBERING
         ),
     )
     parser.add_argument("datasets", nargs="+", metavar="DATASET", help="dataset roots, in mixture order")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument(
-        "--step", type=bounded_int(0, why="steps count from 0 (the first batch is step 0)"),
+        "--step",
+        type=bounded_int(0, why="steps count from 0 (the first batch is step 0)"),
         help="global step N, counted from 0 (the first batch is step 0)",
-    )  # fmt: skip
-    where.add_argument(
-        "--torchtitan-step", type=bounded_int(1, why="TorchTitan counts its train steps from 1"), metavar="S",
-        help="TorchTitan train step S, counted from 1: shows its --accumulation steps",
-    )  # fmt: skip
-    where.add_argument(
-        "--positions", metavar="START:END", help="a global position range instead of a step"
     )
+    where.add_argument(
+        "--torchtitan-step",
+        type=bounded_int(1, why="TorchTitan counts its train steps from 1"),
+        metavar="S",
+        help="TorchTitan train step S, counted from 1: shows its --accumulation steps",
+    )
+    where.add_argument("--positions", metavar="START:END", help="a global position range instead of a step")
     parser.add_argument(
-        "--schedule", metavar="FILE",
+        "--schedule",
+        metavar="FILE",
         help='JSON schedule: {"seed": S, "phases": [{"start_step": 0, "global_batch": B, '
         '"seq_len": L, "lanes": C, "window": 0, "weights": [...]}, ...]} (or the phases list alone), '
         "in a file or inline",
-    )  # fmt: skip
+    )
     parser.add_argument("--seq-len", type=positive, help="tokens per sample input (without --schedule)")
     parser.add_argument("--global-batch", type=positive, help="samples per global step B (without --schedule)")
     parser.add_argument("--seed", type=seed, default=0, help="order seed (default 0)")
@@ -57,29 +58,41 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--window", type=bounded_int(0), default=0, help="window-shuffle samples (0: one block)")
     parser.add_argument("--weights", nargs="+", metavar="W", help="stream weights (default: equal)")
     parser.add_argument(
-        "--accumulation", type=positive, default=1, metavar="A",
+        "--accumulation",
+        type=positive,
+        default=1,
+        metavar="A",
         help="batches per TorchTitan train step (its gradient_accumulation_steps; default 1)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--packing", choices=PACKING_CHOICES, default="concat",
+        "--packing",
+        choices=PACKING_CHOICES,
+        default="concat",
         help="the loader's packing (default concat: windows); best_fit names each row's pieces, each with its "
         "document, its place in it and whether it is the whole document or a head, tail or middle part",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--state", metavar="FILE",
+        "--state",
+        metavar="FILE",
         help="a run's loader state (its state_dict() as JSON, or a torch.distributed.checkpoint folder): the "
         "order's settings and the run's history come from it, so a step is named as that run read it, after "
         "global batch changes and skipped steps",
-    )  # fmt: skip
-    parser.add_argument("--state-key", metavar="KEY", help="with --state: the key of the loader state, where a "
-                        "checkpoint holds several (dotted, e.g. dataloader)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--state-key",
+        metavar="KEY",
+        help="with --state: the key of the loader state, where a checkpoint holds several (dotted, e.g. dataloader)",
+    )
     parser.add_argument("--world-size", type=positive, help="also show the rank that reads each sample")
     parser.add_argument("--text", action="store_true", help="decode each sample's text (best_fit: the packed row)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
-        "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="fsspec option (s3fs, gcsfs, adlfs; repeatable)",
-    )  # fmt: skip
+    )
     parser.set_defaults(handler=run)
 
 
@@ -94,10 +107,13 @@ def _phases(args: argparse.Namespace) -> tuple[int, list[Any]]:
         if args.seq_len is None or args.global_batch is None:
             raise ConfigError("pass --seq-len and --global-batch, or --schedule FILE")
         phase = SchedulePhase(
-            start_step=0, global_batch=args.global_batch, seq_len=args.seq_len,
-            lanes=args.lanes or args.global_batch, window=args.window,
+            start_step=0,
+            global_batch=args.global_batch,
+            seq_len=args.seq_len,
+            lanes=args.lanes or args.global_batch,
+            window=args.window,
             weights=tuple(args.weights or ()),
-        )  # fmt: skip
+        )
         return args.seed, [phase]
     try:
         # Inline JSON too, so one printed command line (the demo's) is all it takes.
@@ -167,8 +183,9 @@ def run(args: argparse.Namespace) -> int:
             for step in steps:
                 start = order.position_of_step(step)
                 end = start + order.phase_at_step(step).global_batch
-                samples = step_provenance(readers, order, step, world_size=args.world_size, text=args.text,
-                                          packing=args.packing)  # fmt: skip
+                samples = step_provenance(
+                    readers, order, step, world_size=args.world_size, text=args.text, packing=args.packing
+                )
                 found.append((step, start, end, samples))
     finally:
         for reader in readers:
@@ -178,18 +195,26 @@ def run(args: argparse.Namespace) -> int:
         if args.torchtitan_step is None:
             print(json.dumps(described[0], sort_keys=True))
         else:
-            print(json.dumps({"torchtitan_step": args.torchtitan_step, "accumulation": args.accumulation,
-                              "steps": described}, sort_keys=True))  # fmt: skip
+            print(
+                json.dumps(
+                    {"torchtitan_step": args.torchtitan_step, "accumulation": args.accumulation, "steps": described},
+                    sort_keys=True,
+                )
+            )
         return 0
     if args.torchtitan_step is not None:
         steps_text = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]} to {steps[-1]}"
-        print(f"TorchTitan train step {args.torchtitan_step} (accumulation {args.accumulation}) is {steps_text} "
-              "(counted from 0)")  # fmt: skip
+        print(
+            f"TorchTitan train step {args.torchtitan_step} (accumulation {args.accumulation}) is {steps_text} "
+            "(counted from 0)"
+        )
     for item, out in zip(found, described):
         _print_step(out, item[3], args.accumulation)
     if steps is not None and settings is None:
-        print("note: steps are numbered as if the run read every step since step 0 at these settings; a run that "
-              "changed its global batch or skipped steps read other samples at some steps: pass --state FILE")  # fmt: skip
+        print(
+            "note: steps are numbered as if the run read every step since step 0 at these settings; a run that "
+            "changed its global batch or skipped steps read other samples at some steps: pass --state FILE"
+        )
     return 0
 
 
@@ -204,8 +229,10 @@ def _state_settings(args: argparse.Namespace) -> Any:
                                       ("--global-batch", args.global_batch), ("--lanes", args.lanes),
                                       ("--weights", args.weights), ("--world-size", args.world_size)) if value is not None]  # fmt: skip
     if given:
-        raise ConfigError(f"with --state the settings come from the run's state (and it does not record a world "
-                          f"size); drop {', '.join(given)}")  # fmt: skip
+        raise ConfigError(
+            f"with --state the settings come from the run's state (and it does not record a world "
+            f"size); drop {', '.join(given)}"
+        )
     settings = run_settings(load_state(args.state, args.state_key))
     if args.packing != "concat" and args.packing != settings.packing:
         raise ConfigError(f"--packing {args.packing}, but the state's run read with packing {settings.packing!r}")
@@ -246,15 +273,24 @@ def _described(
     phase = order.phase_at_step(step) if step is not None else order.phase_at_position(start)
     spec = phase.spec
     return {
-        "step": step, "positions": [start, end], "seq_len": spec.seq_len,
-        "global_batch": spec.global_batch, "lanes": phase.order.lanes, "seed": seed,
+        "step": step,
+        "positions": [start, end],
+        "seq_len": spec.seq_len,
+        "global_batch": spec.global_batch,
+        "lanes": phase.order.lanes,
+        "seed": seed,
         "phase": {
-            "index": phase.index, "start_step": spec.start_step, "end_step": order.phase_end_step(phase.index),
-            "global_batch": spec.global_batch, "seq_len": spec.seq_len, "lanes": phase.order.lanes,
-            "window": phase.order.config.window, "weights": list(phase.order.weights),
+            "index": phase.index,
+            "start_step": spec.start_step,
+            "end_step": order.phase_end_step(phase.index),
+            "global_batch": spec.global_batch,
+            "seq_len": spec.seq_len,
+            "lanes": phase.order.lanes,
+            "window": phase.order.config.window,
+            "weights": list(phase.order.weights),
         },
         "samples": [s.to_dict() for s in samples],
-    } | ({} if packing == "concat" else {"packing": packing})  # fmt: skip
+    } | ({} if packing == "concat" else {"packing": packing})
 
 
 def _print_step(out: dict[str, Any], samples: list[Any], accumulation: int) -> None:
@@ -262,25 +298,33 @@ def _print_step(out: dict[str, Any], samples: list[Any], accumulation: int) -> N
     title = "" if out["step"] is None else f"step {out['step']} (from 0; {_torchtitan(out['step'], accumulation)}): "
     start, end = out["positions"]
     packing = f", packing {out['packing']}" if "packing" in out else ""
-    print(f"{title}positions [{start}, {end}), seq_len {out['seq_len']}, lanes {out['lanes']}, seed {out['seed']}"
-          f"{packing}")  # fmt: skip
+    print(
+        f"{title}positions [{start}, {end}), seq_len {out['seq_len']}, lanes {out['lanes']}, seed {out['seed']}"
+        f"{packing}"
+    )
     until = "on" if phase["end_step"] is None else f"to {phase['end_step'] - 1}"
-    print(f"phase {phase['index']} (steps {phase['start_step']} {until}): global batch {phase['global_batch']}, "
-          f"window {phase['window']}, weights {phase['weights']}")  # fmt: skip
+    print(
+        f"phase {phase['index']} (steps {phase['start_step']} {until}): global batch {phase['global_batch']}, "
+        f"window {phase['window']}, weights {phase['weights']}"
+    )
     for s in samples:
         if s.packing != "concat":
             _print_row(s)
             continue
         rank = "" if s.rank is None else f" rank {s.rank}"
-        print(f"position {s.position}{rank}: stream {s.stream} {s.dataset} {s.shard_path} "
-              f"block {s.block} (#{s.block_in_shard} in shard) sample {s.sample} "
-              f"dataset tokens [{s.token_start}, {s.token_start + s.num_tokens})")  # fmt: skip
+        print(
+            f"position {s.position}{rank}: stream {s.stream} {s.dataset} {s.shard_path} "
+            f"block {s.block} (#{s.block_in_shard} in shard) sample {s.sample} "
+            f"dataset tokens [{s.token_start}, {s.token_start + s.num_tokens})"
+        )
         for d in s.documents:
             # Both counts, so an excerpt that starts mid-document is not
             # read as the document's first tokens.
-            print(f"    {d.source} record {d.record}: document tokens [{d.document_token_start}, "
-                  f"{d.document_token_end}) of {d.num_tokens} = sample tokens "
-                  f"[{d.sample_token_start}, {d.sample_token_end})")  # fmt: skip
+            print(
+                f"    {d.source} record {d.record}: document tokens [{d.document_token_start}, "
+                f"{d.document_token_end}) of {d.num_tokens} = sample tokens "
+                f"[{d.sample_token_start}, {d.sample_token_end})"
+            )
         if s.text is not None:
             print(f"    text of sample tokens [0, {s.num_tokens}):")
             for line in s.text.splitlines() or [""]:
@@ -291,15 +335,21 @@ def _print_row(s: Any) -> None:
     """A packed sample: its row's pieces in row order, its label, its text."""
     rank = "" if s.rank is None else f" rank {s.rank}"
     pieces = f"{len(s.documents)} piece" + ("" if len(s.documents) == 1 else "s")
-    print(f"position {s.position}{rank}: stream {s.stream} {s.dataset} {s.shard_path} "
-          f"block {s.block} (#{s.block_in_shard} in shard) row {s.sample}, {pieces}")  # fmt: skip
+    print(
+        f"position {s.position}{rank}: stream {s.stream} {s.dataset} {s.shard_path} "
+        f"block {s.block} (#{s.block_in_shard} in shard) row {s.sample}, {pieces}"
+    )
     for k, d in enumerate(s.documents):
-        print(f"    piece {k}: sample tokens [{d.sample_token_start}, {d.sample_token_end}) = {d.source} record "
-              f"{d.record}: document tokens [{d.document_token_start}, {d.document_token_end}) of {d.num_tokens} "
-              f"({d.cut})")  # fmt: skip
+        print(
+            f"    piece {k}: sample tokens [{d.sample_token_start}, {d.sample_token_end}) = {d.source} record "
+            f"{d.record}: document tokens [{d.document_token_start}, {d.document_token_end}) of {d.num_tokens} "
+            f"({d.cut})"
+        )
     label = s.label
-    print(f"    label: sample token {s.num_tokens - 1} = {label.source} record {label.record}: document token "
-          f"{label.document_token} of {label.token_end - label.token_start}")  # fmt: skip
+    print(
+        f"    label: sample token {s.num_tokens - 1} = {label.source} record {label.record}: document token "
+        f"{label.document_token} of {label.token_end - label.token_start}"
+    )
     if s.text is not None:
         print(f"    text of the packed row, sample tokens [0, {s.num_tokens}):")
         for line in s.text.splitlines() or [""]:

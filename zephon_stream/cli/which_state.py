@@ -77,8 +77,13 @@ def _from_checkpoint(path: str, key: str | None) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     names = FileSystemReader(path).read_metadata().state_dict_metadata
-    prefixes = sorted({name[: -len(".position")] for name in names
-                       if name.endswith(".position") and f"{name[: -len('.position')]}.version" in names})  # fmt: skip
+    prefixes = sorted(
+        {
+            name[: -len(".position")]
+            for name in names
+            if name.endswith(".position") and f"{name[: -len('.position')]}.version" in names
+        }
+    )
     prefix = _pick({p: p for p in prefixes}, path, key)
     top = prefix.split(".")[0]
     import warnings
@@ -112,7 +117,9 @@ def _pick(found: dict[str, Any], path: str, key: str | None) -> Any:
         return found[key]
     if len(found) != 1:
         what = "no loader state (a dict with 'version' and 'position')" if not found else f"{len(found)} loader states"
-        raise ConfigError(f"--state {path}: {what}" + (f": {sorted(found)}; pick one with --state-key" if found else ""))
+        raise ConfigError(
+            f"--state {path}: {what}" + (f": {sorted(found)}; pick one with --state-key" if found else "")
+        )
     return next(iter(found.values()))
 
 

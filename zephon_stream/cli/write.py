@@ -27,8 +27,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "(or PREFIX alone), Parquet/JSONL lists of ids (--tokens-field), or a datasets.save_to_disk folder."
         ),
     )
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="input file, folder, glob, or store URL or glob (s3://, gs://, az://)")
-    parser.add_argument("--output", "-o", required=True, metavar="URL", help="local folder or store prefix (s3://, gs://, az://)")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="input file, folder, glob, or store URL or glob (s3://, gs://, az://)",
+    )
+    parser.add_argument(
+        "--output", "-o", required=True, metavar="URL", help="local folder or store prefix (s3://, gs://, az://)"
+    )
     parser.add_argument(
         "--tokenizer", required=True, metavar="SPEC", help="bytes | hf:PATH_OR_URL | tiktoken:NAME_OR_PATH"
     )
@@ -145,7 +152,10 @@ def run(args: argparse.Namespace) -> int:
         # One rank's share may be all rejects while the others hold
         # tokens; whether the dataset is empty is decided at the merge.
         allow_empty = True
-        print(f"rank {share.rank.rank} of {share.rank.world_size}: {len(inputs)} of {share.num_inputs_total} inputs -> {output}", file=sys.stderr)
+        print(
+            f"rank {share.rank.rank} of {share.rank.world_size}: {len(inputs)} of {share.num_inputs_total} inputs -> {output}",
+            file=sys.stderr,
+        )
     summary = write_dataset(
         inputs,
         output,

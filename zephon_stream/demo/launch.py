@@ -57,7 +57,9 @@ class TorchrunJob:
         # folder to wipe what the killed ranks left: every run of the demo
         # shares one in the workdir instead, and the last to close empties it.
         env.setdefault("ZEPHON_NODE_CACHE", str(workdir / "node-cache"))
-        self.process = subprocess.Popen(command, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.process = subprocess.Popen(
+            command, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         self.started = time.monotonic()
 
     def wait(self, timeout_s: float = RUN_TIMEOUT_S) -> None:
@@ -65,7 +67,9 @@ class TorchrunJob:
             code = self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise DemoFailedError(f"run {self.name} did not finish within {timeout_s:.0f}s; output: {self.output}") from None
+            raise DemoFailedError(
+                f"run {self.name} did not finish within {timeout_s:.0f}s; output: {self.output}"
+            ) from None
         finally:
             self._out.close()
         if code != 0:
@@ -102,7 +106,9 @@ def read_events(path: pathlib.Path) -> list[dict[str, Any]]:
     return records
 
 
-def wait_until(launch: TorchrunJob, events: pathlib.Path, reached: Callable[[list[dict[str, Any]]], bool], what: str) -> None:
+def wait_until(
+    launch: TorchrunJob, events: pathlib.Path, reached: Callable[[list[dict[str, Any]]], bool], what: str
+) -> None:
     """Block until the run's event log satisfies ``reached``."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while time.monotonic() < deadline:

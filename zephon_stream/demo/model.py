@@ -59,9 +59,7 @@ class TinyTransformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         if config.dim % config.num_heads:
-            raise ValueError(
-                f"model dim {config.dim} is not a multiple of num_heads {config.num_heads}"
-            )
+            raise ValueError(f"model dim {config.dim} is not a multiple of num_heads {config.num_heads}")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         self.pos = nn.Embedding(config.max_seq_len, config.dim)
@@ -76,10 +74,7 @@ class TinyTransformer(nn.Module):
         """Return logits of shape ``[batch, seq_len, vocab_size]`` for int64 ``tokens``."""
         seq_len = tokens.shape[1]
         if seq_len > self.config.max_seq_len:
-            raise ValueError(
-                f"sequence length {seq_len} exceeds the model's max_seq_len "
-                f"{self.config.max_seq_len}"
-            )
+            raise ValueError(f"sequence length {seq_len} exceeds the model's max_seq_len {self.config.max_seq_len}")
         positions = torch.arange(seq_len, device=tokens.device)
         x = self.embed(tokens) + self.pos(positions)
         for block in self.blocks:

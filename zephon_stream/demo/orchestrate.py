@@ -103,7 +103,9 @@ class DemoConfig:
             if self.global_batch % size:
                 raise ConfigError(f"--global-batch {self.global_batch} is not divisible by world size {size}")
         if self.ckpt_every < 1 or self.steps < 2 * self.ckpt_every:
-            raise ConfigError(f"--steps {self.steps} must cover at least two checkpoints of every {self.ckpt_every} steps")
+            raise ConfigError(
+                f"--steps {self.steps} must cover at least two checkpoints of every {self.ckpt_every} steps"
+            )
         kill_after = self.kill_step
         if kill_after % self.ckpt_every or not 0 < kill_after < self.steps - self.steps_lost:
             raise ConfigError(
@@ -218,8 +220,10 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
     first, second = config.world_sizes
 
     packing = "" if config.packing == "concat" else f", packing {config.packing}"
-    print(f"\nreference run: {config.steps} steps (0 to {config.steps - 1}) at W={config.reference_world_size}, "
-          f"uninterrupted{packing}")  # fmt: skip
+    print(
+        f"\nreference run: {config.steps} steps (0 to {config.steps - 1}) at W={config.reference_world_size}, "
+        f"uninterrupted{packing}"
+    )
     start = time.monotonic()
     ref = TorchrunJob(
         name="reference",
@@ -233,14 +237,25 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
 
     kill_step = config.kill_step
     ckpt_dir = workdir / "ckpt"
-    print(f"interrupted run: W={first}, checkpoint every {config.ckpt_every} steps, SIGKILL once steps 0 to {kill_step - 1} are checkpointed")
+    print(
+        f"interrupted run: W={first}, checkpoint every {config.ckpt_every} steps, SIGKILL once steps 0 to {kill_step - 1} are checkpointed"
+    )
     start = time.monotonic()
     job = TorchrunJob(
         name="interrupted",
         world_size=first,
         workdir=workdir,
-        args=[*common, "--events", str(logs["interrupted"]), "--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(config.ckpt_every),
-              "--hold-after", str(kill_step + config.steps_lost)],
+        args=[
+            *common,
+            "--events",
+            str(logs["interrupted"]),
+            "--ckpt-dir",
+            str(ckpt_dir),
+            "--ckpt-every",
+            str(config.ckpt_every),
+            "--hold-after",
+            str(kill_step + config.steps_lost),
+        ],
     )
     wait_until(
         job,
@@ -252,11 +267,18 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
     # after the last checkpoint are lost and the resumed run redoes them. The
     # workers hold after those steps (--hold-after), so no later checkpoint
     # can complete before the kill lands.
-    wait_until(job, logs["interrupted"], lambda records: any(r["event"] == "holding" for r in records), f"step {kill_step + config.steps_lost - 1}")
+    wait_until(
+        job,
+        logs["interrupted"],
+        lambda records: any(r["event"] == "holding" for r in records),
+        f"step {kill_step + config.steps_lost - 1}",
+    )
     job.kill()
     killed_at = last_step(read_events(logs["interrupted"]))
     seconds["interrupted"] = time.monotonic() - start
-    print(f"  killed (SIGKILL, {first} workers + torchrun) after {seconds['interrupted']:.1f}s, with step {killed_at} the last logged step")
+    print(
+        f"  killed (SIGKILL, {first} workers + torchrun) after {seconds['interrupted']:.1f}s, with step {killed_at} the last logged step"
+    )
 
     print(f"resumed run: W={second}, from step {kill_step}, the newest complete checkpoint in {ckpt_dir}")
     start = time.monotonic()
@@ -264,7 +286,15 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
         name="resumed",
         world_size=second,
         workdir=workdir,
-        args=[*common, "--events", str(logs["resumed"]), "--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(config.ckpt_every)],
+        args=[
+            *common,
+            "--events",
+            str(logs["resumed"]),
+            "--ckpt-dir",
+            str(ckpt_dir),
+            "--ckpt-every",
+            str(config.ckpt_every),
+        ],
     )
     resumed.wait()
     seconds["resumed"] = time.monotonic() - start
@@ -308,14 +338,25 @@ def run_demo(config: DemoConfig, *, plot: str | None = None) -> int:
             print(f"plot written to {plot}")
         if config.store is not None:
             urls = [url, url + "-anneal"] if config.schedule else [url]
-            command = report.which_command(urls, step=config.kill_step, world_size=config.world_sizes[1], seed=config.seed,
-                                           seq_len=config.seq_len, global_batch=config.global_batch, phases=config.phases(),
-                                           packing=config.packing)  # fmt: skip
-            print(f"\nthe dataset stays in {url}; the samples of step {config.kill_step} (the first after the resize), "
-                  f"with the demo's settings:\n  {command}")  # fmt: skip
+            command = report.which_command(
+                urls,
+                step=config.kill_step,
+                world_size=config.world_sizes[1],
+                seed=config.seed,
+                seq_len=config.seq_len,
+                global_batch=config.global_batch,
+                phases=config.phases(),
+                packing=config.packing,
+            )
+            print(
+                f"\nthe dataset stays in {url}; the samples of step {config.kill_step} (the first after the resize), "
+                f"with the demo's settings:\n  {command}"
+            )
         elapsed = time.monotonic() - started
         removed = not config.keep and config.workdir is None
-        print(f"\ndemo finished in {elapsed:.0f}s; logs and checkpoints in {workdir}" + (" (removed)" if removed else ""))
+        print(
+            f"\ndemo finished in {elapsed:.0f}s; logs and checkpoints in {workdir}" + (" (removed)" if removed else "")
+        )
         return 0 if result.all_match else 1
     finally:
         if not config.keep and config.workdir is None:

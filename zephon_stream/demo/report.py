@@ -100,7 +100,13 @@ class DemoReport:
         for step, ref, got in self.comparisons:
             if step in wanted:
                 run = self.interrupted if step < self.kill_step else self.resumed
-                row = [str(step), ref, got or "(missing)", f"{run.name} W={run.world_size}", "yes" if ref == got else "NO"]
+                row = [
+                    str(step),
+                    ref,
+                    got or "(missing)",
+                    f"{run.name} W={run.world_size}",
+                    "yes" if ref == got else "NO",
+                ]
                 rows.append(row + [str(phases.get(step))] if scheduled else row)
         title = "per-step data hashes (sha256 of the global batch), selected steps:"
         header = ["step", "reference", "interrupted/resumed", "from", "match"] + (["phase"] if scheduled else [])
@@ -195,7 +201,8 @@ def build(
         last_step_before_kill=last_step_before_kill,
         comparisons=comparisons,
         resume_at=next(
-            (e.get("resume_at") for e in interrupted if e["event"] == "checkpoint" and e["steps_done"] == kill_step), None
+            (e.get("resume_at") for e in interrupted if e["event"] == "checkpoint" and e["steps_done"] == kill_step),
+            None,
         ),
     )
 

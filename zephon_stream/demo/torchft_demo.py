@@ -54,10 +54,23 @@ def step_hash(pairs: list[tuple[int, str]]) -> str:
 
 def run_demo_groups(tmp: Path, dataset: str, *, steps: int = 20) -> Run:
     """The demo's run: 3 groups, synchronous quorum, both policies, the failures of ``EVENTS``."""
-    loaders = [{"policy": "per_replica", "group_batch": GROUP_BATCH},
-               {"policy": "fixed_global", "global_batch": GLOBAL_BATCH}]  # fmt: skip
-    return run_groups(tmp, dataset=dataset, groups=3, group_world_size=1, async_quorum=False, loaders=loaders,
-                      steps=steps, seq_len=SEQ_LEN, lanes=LANES, events=EVENTS, restart={1: "g0r0.step"})  # fmt: skip
+    loaders = [
+        {"policy": "per_replica", "group_batch": GROUP_BATCH},
+        {"policy": "fixed_global", "global_batch": GLOBAL_BATCH},
+    ]
+    return run_groups(
+        tmp,
+        dataset=dataset,
+        groups=3,
+        group_world_size=1,
+        async_quorum=False,
+        loaders=loaders,
+        steps=steps,
+        seq_len=SEQ_LEN,
+        lanes=LANES,
+        events=EVENTS,
+        restart={1: "g0r0.step"},
+    )
 
 
 def run_torchft_demo(*, steps: int = 20, workdir: str | None = None, out: TextIO) -> int:
@@ -66,9 +79,12 @@ def run_torchft_demo(*, steps: int = 20, workdir: str | None = None, out: TextIO
     os.environ.setdefault("RUST_LOG", "warn")
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         dataset = build_dataset(Path(tmp) / "dataset")
-        print(f"dataset {dataset}; lighthouse and 3 replica groups on loopback (synchronous quorum), "
-              f"{steps} steps: group 1 SIGKILLed at step {KILL} and restarted, group 2 leaving at step {LEAVE}, "
-              f"group 0 failing its commit at step {FAIL}", file=out)  # fmt: skip
+        print(
+            f"dataset {dataset}; lighthouse and 3 replica groups on loopback (synchronous quorum), "
+            f"{steps} steps: group 1 SIGKILLed at step {KILL} and restarted, group 2 leaving at step {LEAVE}, "
+            f"group 0 failing its commit at step {FAIL}",
+            file=out,
+        )
         run = run_demo_groups(Path(tmp), dataset, steps=steps)
         return report(run, dataset, steps=steps, out=out)
 
@@ -81,8 +97,10 @@ def report(run: Run, dataset: str, *, steps: int, out: TextIO) -> int:
         for rec in records:
             digests.update(zip(rec["positions"][1], rec["digests"][1]))
     reference = reference_digests(dataset, seq_len=SEQ_LEN, lanes=LANES, positions=steps * GLOBAL_BATCH)
-    print(f"{'step':>4} {'groups':>6} {'committed by':>12} {'cursor':>6} {'fixed-global hash':>17} "
-          f"{'failure-free':>12}", file=out)  # fmt: skip
+    print(
+        f"{'step':>4} {'groups':>6} {'committed by':>12} {'cursor':>6} {'fixed-global hash':>17} {'failure-free':>12}",
+        file=out,
+    )
     cursor, mismatches = 0, []
     for t in range(steps):
         recs = [(name, r) for name, rs in run.records.items() for r in rs if r["step"] == t]
@@ -94,16 +112,25 @@ def report(run: Run, dataset: str, *, steps: int, out: TextIO) -> int:
         want = step_hash([(p, reference[p]) for p in range(t * GLOBAL_BATCH, (t + 1) * GLOBAL_BATCH)])
         if got != want:
             mismatches.append(t)
-        print(f"{t:>4} {participants:>6} {','.join(committed):>12} {cursor:>6} {got:>17} "
-              f"{want:>12}{'' if got == want else '  DIFFERS'}", file=out)  # fmt: skip
+        print(
+            f"{t:>4} {participants:>6} {','.join(committed):>12} {cursor:>6} {got:>17} "
+            f"{want:>12}{'' if got == want else '  DIFFERS'}",
+            file=out,
+        )
     ours = lost_and_repeated(per_replica.sum(dim=0))
     theirs = lost_and_repeated(run.counts("sampler"))
     fixed_total = lost_and_repeated(fixed.sum(dim=0))
     print(f"per_replica TorchFTLoader:        lost {ours[0]}, repeated {ours[1]} of {ours[2]} trained", file=out)
-    print(f"torchft DistributedSampler:       lost {theirs[0]}, repeated {theirs[1]} of {theirs[2]} trained "
-          f"(same failures)", file=out)  # fmt: skip
-    print(f"fixed_global TorchFTLoader:       lost {fixed_total[0]}, repeated {fixed_total[1]} of "
-          f"{fixed_total[2]}; steps unlike the failure-free run's: {mismatches or 'none'}", file=out)  # fmt: skip
+    print(
+        f"torchft DistributedSampler:       lost {theirs[0]}, repeated {theirs[1]} of {theirs[2]} trained "
+        f"(same failures)",
+        file=out,
+    )
+    print(
+        f"fixed_global TorchFTLoader:       lost {fixed_total[0]}, repeated {fixed_total[1]} of "
+        f"{fixed_total[2]}; steps unlike the failure-free run's: {mismatches or 'none'}",
+        file=out,
+    )
     ok = ours[:2] == (0, 0) and fixed_total[:2] == (0, 0) and not mismatches
     print("OK: no sample lost or repeated" if ok else "FAILED: samples lost or repeated", file=out)
     return 0 if ok else 1

@@ -67,8 +67,13 @@ def main() -> None:
         port_file.with_suffix(".tmp").rename(port_file)
     else:
         wait_for(port_file)
-        store = TCPStore("127.0.0.1", int(port_file.read_text()), is_master=False, wait_for_workers=False,
-                         timeout=timedelta(seconds=60))  # fmt: skip
+        store = TCPStore(
+            "127.0.0.1",
+            int(port_file.read_text()),
+            is_master=False,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=60),
+        )
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=15)),
         load_state_dict=load_model,
@@ -87,12 +92,25 @@ def main() -> None:
     )
     loaders = []
     for kind in kinds:
-        config = TorchFTConfig(seq_len=spec["seq_len"], policy=kind["policy"], group_batch_size=kind.get("group_batch"),
-                               global_batch_size=kind.get("global_batch"), lanes=spec["lanes"], seed=3,
-                               state_key=f"data_{kind['policy']}_{kind.get('packing', 'concat')}")  # fmt: skip
-        loaders.append(TorchFTLoader(spec["dataset"], manager=manager, config=config, group_rank=rank,
-                                     group_world_size=ranks, loader_options={"pipeline": "threads", "prefetch_steps": 2,
-                                                                             "packing": kind.get("packing", "concat")}))
+        config = TorchFTConfig(
+            seq_len=spec["seq_len"],
+            policy=kind["policy"],
+            group_batch_size=kind.get("group_batch"),
+            global_batch_size=kind.get("global_batch"),
+            lanes=spec["lanes"],
+            seed=3,
+            state_key=f"data_{kind['policy']}_{kind.get('packing', 'concat')}",
+        )
+        loaders.append(
+            TorchFTLoader(
+                spec["dataset"],
+                manager=manager,
+                config=config,
+                group_rank=rank,
+                group_world_size=ranks,
+                loader_options={"pipeline": "threads", "prefetch_steps": 2, "packing": kind.get("packing", "concat")},
+            )
+        )
     records = (out / f"{name}.life{life}.jsonl").open("w")
     (out / f"{name}.life{life}.ready").write_text("")
     wait_for(out / "go")
@@ -139,18 +157,38 @@ def main() -> None:
             ours.sub_(grad_ours)
             sampler.sub_(grad_sampler)
         record = loaders[0].last_step
-        records.write(json.dumps({
-            "time": time.time(), "step": step, "participants": record.participants, "rank": record.participating_rank,
-            "counted": record.counted, "committed": committed,
-            "trained": [sorted(x.last_step.trained) if x.last_step.trained is not None else None for x in loaders],
-            "positions": [b["sample_positions"].tolist() for b in batches],
-            "digests": [[row_digest(b["input"][i], b["labels"][i]) for i in range(len(b["input"]))] for b in batches],
-        }) + "\n")  # fmt: skip
+        records.write(
+            json.dumps(
+                {
+                    "time": time.time(),
+                    "step": step,
+                    "participants": record.participants,
+                    "rank": record.participating_rank,
+                    "counted": record.counted,
+                    "committed": committed,
+                    "trained": [
+                        sorted(x.last_step.trained) if x.last_step.trained is not None else None for x in loaders
+                    ],
+                    "positions": [b["sample_positions"].tolist() for b in batches],
+                    "digests": [
+                        [row_digest(b["input"][i], b["labels"][i]) for i in range(len(b["input"]))] for b in batches
+                    ],
+                }
+            )
+            + "\n"
+        )
         records.flush()
         (out / f"{name}.step").write_text(str(manager.current_step()))
     records.close()
-    torch.save({"ours": ours, "sampler": sampler, "step": manager.current_step(),
-                "states": [loader.state_dict() for loader in loaders]}, out / f"{name}.final.pt")  # fmt: skip
+    torch.save(
+        {
+            "ours": ours,
+            "sampler": sampler,
+            "step": manager.current_step(),
+            "states": [loader.state_dict() for loader in loaders],
+        },
+        out / f"{name}.final.pt",
+    )
     for loader in loaders:
         loader.close()
     manager.shutdown(wait=False)

@@ -93,13 +93,28 @@ def run_groups(
     exit_codes: dict[str, list[int]] = {}
 
     def start(group: int, rank: int, life: int) -> subprocess.Popen:
-        spec = {"out": str(out), "group": group, "group_rank": rank, "group_world_size": group_world_size,
-                "life": life, "steps": steps, "max_positions": max_positions, "async_quorum": async_quorum,
-                "lighthouse": lighthouse.address(), "seq_len": seq_len, "loaders": loaders, "lanes": lanes, "dataset": dataset,
-                "sampler_groups": groups, "events": events.get(group, {}), **(extra or {})}  # fmt: skip
+        spec = {
+            "out": str(out),
+            "group": group,
+            "group_rank": rank,
+            "group_world_size": group_world_size,
+            "life": life,
+            "steps": steps,
+            "max_positions": max_positions,
+            "async_quorum": async_quorum,
+            "lighthouse": lighthouse.address(),
+            "seq_len": seq_len,
+            "loaders": loaders,
+            "lanes": lanes,
+            "dataset": dataset,
+            "sampler_groups": groups,
+            "events": events.get(group, {}),
+            **(extra or {}),
+        }
         log = (out / f"g{group}r{rank}.life{life}.log").open("w")
-        return subprocess.Popen([sys.executable, *worker, json.dumps(spec)], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, *worker, json.dumps(spec)], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
 
     try:
         for g in range(groups):
@@ -165,14 +180,26 @@ def _all_tails(out: Path, procs: dict) -> str:
     return "\n".join(_log_tail(out, g, r) for g, r in procs)
 
 
-def reference_digests(dataset: str, *, seq_len: int, lanes: int, positions: int, packing: str = "concat") -> dict[int, str]:
+def reference_digests(
+    dataset: str, *, seq_len: int, lanes: int, positions: int, packing: str = "concat"
+) -> dict[int, str]:
     """Row digest at each global position ``< positions``, read by one rank of a plain ``StreamingLoader``."""
     from zephon_stream.loader import StreamingLoader
 
     batch = lanes
     digests = {}
-    with StreamingLoader(dataset, seq_len=seq_len, local_batch_size=batch, rank=0, world_size=1, seed=3,
-                         lanes=lanes, window=0, pipeline="threads", packing=packing) as loader:  # fmt: skip
+    with StreamingLoader(
+        dataset,
+        seq_len=seq_len,
+        local_batch_size=batch,
+        rank=0,
+        world_size=1,
+        seed=3,
+        lanes=lanes,
+        window=0,
+        pipeline="threads",
+        packing=packing,
+    ) as loader:
         while loader.position < positions:
             rows = next(loader)
             for i, p in enumerate(rows["sample_positions"].tolist()):

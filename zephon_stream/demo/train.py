@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from zephon_stream.demo.model import ModelConfig, TinyTransformer
 from zephon_stream import StreamingLoader
+from zephon_stream.demo.model import ModelConfig, TinyTransformer
 
 CHECKPOINT_PREFIX = "step-"
 # DCP's coordinator writes `.metadata` after every rank has written its
@@ -52,7 +52,7 @@ def latest_checkpoint(root: pathlib.Path) -> tuple[int, pathlib.Path] | None:
     found = []
     for path in root.glob(f"{CHECKPOINT_PREFIX}*"):
         if (path / CHECKPOINT_COMPLETE).exists():
-            found.append((int(path.name[len(CHECKPOINT_PREFIX):]), path))
+            found.append((int(path.name[len(CHECKPOINT_PREFIX) :]), path))
     return max(found) if found else None
 
 
@@ -147,8 +147,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pid-dir", type=pathlib.Path, help="each rank writes rank-R.pid here")
     parser.add_argument("--steps", type=int, required=True, help="steps to train: steps 0 to N-1 (steps count from 0)")
     parser.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps (0: never)")
-    parser.add_argument("--hold-after", type=int, default=0,
-                        help="once this many steps are done, stop and wait to be killed (the demo's crash point; 0: never)")
+    parser.add_argument(
+        "--hold-after",
+        type=int,
+        default=0,
+        help="once this many steps are done, stop and wait to be killed (the demo's crash point; 0: never)",
+    )
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--global-batch", type=int, default=12)
     parser.add_argument("--vocab-size", type=int, required=True)
@@ -180,8 +184,14 @@ class _Log:
 def build_loader(args: argparse.Namespace, rank: int, world_size: int) -> StreamingLoader:
     """This rank's loader, as the job's arguments describe it (its schedule or one phase, its packing)."""
     if args.schedule:
-        return StreamingLoader(args.data, schedule=json.loads(args.schedule), rank=rank, world_size=world_size,
-                               seed=args.seed, packing=args.packing)  # fmt: skip
+        return StreamingLoader(
+            args.data,
+            schedule=json.loads(args.schedule),
+            rank=rank,
+            world_size=world_size,
+            seed=args.seed,
+            packing=args.packing,
+        )
     return StreamingLoader(
         args.data[0],
         seq_len=args.seq_len,
@@ -229,8 +239,13 @@ def train(args: argparse.Namespace) -> None:
         start_step, path = found
         loaded = load_checkpoint(path, ddp_model, optimizer, loader)
         assert loaded == start_step, (loaded, start_step)
-    log.write(event="start", world_size=world_size, start_step=start_step, resumed=found is not None,
-              packing=loader.state_dict()["packing"])  # fmt: skip
+    log.write(
+        event="start",
+        world_size=world_size,
+        start_step=start_step,
+        resumed=found is not None,
+        packing=loader.state_dict()["packing"],
+    )
 
     batches = iter(loader)
     last = time.perf_counter()
@@ -268,10 +283,17 @@ def train(args: argparse.Namespace) -> None:
             )
         steps_done = step + 1
         if args.ckpt_every and steps_done % args.ckpt_every == 0:
-            save_checkpoint(checkpoint_dir(args.ckpt_dir, steps_done), ddp_model, optimizer, loader, steps_done=steps_done)
+            save_checkpoint(
+                checkpoint_dir(args.ckpt_dir, steps_done), ddp_model, optimizer, loader, steps_done=steps_done
+            )
             dist.barrier()
-            log.write(event="checkpoint", step=step, steps_done=steps_done, world_size=world_size,
-                      resume_at=resume_point(loader))  # fmt: skip
+            log.write(
+                event="checkpoint",
+                step=step,
+                steps_done=steps_done,
+                world_size=world_size,
+                resume_at=resume_point(loader),
+            )
             last = time.perf_counter()
         if steps_done == args.hold_after:
             # The demo kills the job here, between checkpoints, as a

@@ -97,7 +97,9 @@ def frame_end(data: bytes | memoryview, *, where: str) -> int:
         raise TruncatedObjectError(f"{where}: truncated zstd frame header ({size} of {pos} bytes)")
     while True:
         if pos + _BLOCK_HEADER_BYTES > size:
-            raise TruncatedObjectError(f"{where}: truncated zstd frame (ends at byte {size} inside a block header at {pos})")
+            raise TruncatedObjectError(
+                f"{where}: truncated zstd frame (ends at byte {size} inside a block header at {pos})"
+            )
         header = view[pos] | (view[pos + 1] << 8) | (view[pos + 2] << 16)
         pos += _BLOCK_HEADER_BYTES
         last = header & 1

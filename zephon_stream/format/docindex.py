@@ -51,10 +51,14 @@ class DocIndex:
         """Build and validate an index from plain sequences of non-negative integers."""
         arrays = {}
         for key, values, dtype in (
-            ("doc_starts", doc_starts, _STARTS), ("doc_source", doc_source, _SOURCE), ("doc_record", doc_record, _RECORD)
+            ("doc_starts", doc_starts, _STARTS),
+            ("doc_source", doc_source, _SOURCE),
+            ("doc_record", doc_record, _RECORD),
         ):
             given = np.asarray(values)
-            if given.size and (given.dtype.kind not in "iu" or int(given.min()) < 0 or int(given.max()) > np.iinfo(dtype).max):
+            if given.size and (
+                given.dtype.kind not in "iu" or int(given.min()) < 0 or int(given.max()) > np.iinfo(dtype).max
+            ):
                 raise FormatError(f"document index: {key} must hold integers in [0, {np.iinfo(dtype).max}]")
             arrays[key] = given.astype(dtype)
         index = cls(**arrays, sources=tuple(sources))
@@ -102,7 +106,8 @@ class DocIndex:
             raw = fields.binary(key)
             if len(raw) != num_documents * dtype.itemsize:
                 raise fields.fail(
-                    key, f"{len(raw)} bytes, expected {num_documents * dtype.itemsize} ({num_documents} x {dtype.itemsize})"
+                    key,
+                    f"{len(raw)} bytes, expected {num_documents * dtype.itemsize} ({num_documents} x {dtype.itemsize})",
                 )
             arrays[key] = np.frombuffer(raw, dtype=dtype)
         sources = fields.array("sources")

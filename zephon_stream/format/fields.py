@@ -151,5 +151,7 @@ def check_relative_path(path: Any, *, field: str, where: str) -> str:
             if reason:
                 break
     if reason:
-        raise PathEscapeError(f"{where}: field {field!r}: path {path[:200]!r} {reason}; paths must stay inside the dataset root")
+        raise PathEscapeError(
+            f"{where}: field {field!r}: path {path[:200]!r} {reason}; paths must stay inside the dataset root"
+        )
     return path

@@ -47,5 +47,5 @@ def compute_fingerprint(
     )
     digest.update(head.encode("utf-8"))
     for num_tokens, sha256 in shards:
-        digest.update(f"shard={int(num_tokens)} {sha256}\n".encode("utf-8"))
+        digest.update(f"shard={int(num_tokens)} {sha256}\n".encode())
     return digest.hexdigest()

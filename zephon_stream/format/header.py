@@ -48,8 +48,14 @@ FRAME_TYPE = f"|V{FRAME_DTYPE.itemsize}"
 BLOCK_COLUMNS = {"frames": FRAME_TYPE}
 # The shard table's path columns are as wide as the dataset's longest
 # path (NUL-padded), so their type is checked by kind, not by width.
-SHARD_NUMBER_COLUMNS = {"num_tokens": "<u8", "num_bytes": "<u8", "num_documents": "<u8", "first_block": "<u8",
-                        "sha256": "|V32", "index_sha256": "|V32"}
+SHARD_NUMBER_COLUMNS = {
+    "num_tokens": "<u8",
+    "num_bytes": "<u8",
+    "num_documents": "<u8",
+    "first_block": "<u8",
+    "sha256": "|V32",
+    "index_sha256": "|V32",
+}
 SHARD_PATH_COLUMNS = ("path", "index_path")
 
 
@@ -67,12 +73,17 @@ class ObjectInfo:
     @classmethod
     def from_obj(cls, obj: Any, *, where: str) -> ObjectInfo:
         fields = FieldReader(obj, where=where)
-        return cls(path=check_relative_path(fields.get("path"), field="path", where=where),
-                   num_bytes=fields.uint("num_bytes"), sha256=fields.hex_digest("sha256"))
+        return cls(
+            path=check_relative_path(fields.get("path"), field="path", where=where),
+            num_bytes=fields.uint("num_bytes"),
+            sha256=fields.hex_digest("sha256"),
+        )
 
     def checked(self, data: bytes, *, where: str) -> bytes:
         if len(data) != self.num_bytes:
-            raise IndexObjectError(f"{where}: holds {len(data)} bytes, the manifest says {self.num_bytes} (truncated or replaced)")
+            raise IndexObjectError(
+                f"{where}: holds {len(data)} bytes, the manifest says {self.num_bytes} (truncated or replaced)"
+            )
         digest = hashlib.sha256(data).hexdigest()
         if digest != self.sha256:
             raise IndexObjectError(f"{where}: sha256 mismatch (expected {self.sha256}, got {digest})")
@@ -106,14 +117,17 @@ class DatasetHeader:
 
     def check(self, where: str) -> None:
         """The rules of 11.4 that the header alone decides: the compact form agrees with its totals."""
+
         def fail(message: str) -> ManifestError:
             return ManifestError(f"{where}: {message}")
 
         if self.dtype not in DTYPE_NAMES:
             raise fail(f"field 'dtype': {self.dtype!r:.80} is not one of {DTYPE_NAMES}")
         if self.dtype != dtype_name(self.tokenizer.vocab_size):
-            raise fail(f"dtype: declared {self.dtype!r}, but vocab_size {self.tokenizer.vocab_size} requires "
-                       f"{dtype_name(self.tokenizer.vocab_size)!r}")
+            raise fail(
+                f"dtype: declared {self.dtype!r}, but vocab_size {self.tokenizer.vocab_size} requires "
+                f"{dtype_name(self.tokenizer.vocab_size)!r}"
+            )
         ids, counts = self.short_ids, self.short_counts
         if ids.size and (np.any(np.diff(ids.astype(np.int64)) <= 0) or int(ids[-1]) >= self.num_blocks):
             raise fail(f"field 'short_blocks': ids must increase strictly and lie below num_blocks {self.num_blocks}")
@@ -123,15 +137,19 @@ class DatasetHeader:
         if tokens != self.num_tokens:
             raise fail(f"num_tokens: declared {self.num_tokens}, but the blocks and their short_blocks hold {tokens}")
         if not self.num_shards <= self.num_blocks <= self.num_shards * self.blocks_per_shard:
-            raise fail(f"num_blocks {self.num_blocks} cannot fill {self.num_shards} shards of at most "
-                       f"{self.blocks_per_shard} blocks")
+            raise fail(
+                f"num_blocks {self.num_blocks} cannot fill {self.num_shards} shards of at most "
+                f"{self.blocks_per_shard} blocks"
+            )
         if self.blocks.rows != self.num_blocks:
             raise fail(f"index 'blocks': {self.blocks.rows} rows, but num_blocks is {self.num_blocks}")
         if self.shards.rows != self.num_shards:
             raise fail(f"index 'shards': {self.shards.rows} rows, but num_shards is {self.num_shards}")
         if self.num_blocks and not 1 <= self.max_block_bytes <= self.compressed_bytes:
-            raise fail(f"field 'max_block_bytes' is {self.max_block_bytes}, outside [1, compressed_bytes "
-                       f"{self.compressed_bytes}]")
+            raise fail(
+                f"field 'max_block_bytes' is {self.max_block_bytes}, outside [1, compressed_bytes "
+                f"{self.compressed_bytes}]"
+            )
         paths = [self.blocks.path, self.shards.path, self.sources.path, self.rejects_path]
         if len(set(paths)) != len(paths):
             raise fail(f"index objects and rejects_path must be distinct objects, got {paths}")
@@ -143,8 +161,9 @@ def encode_objects(m: Any, *, page_bytes: int = DEFAULT_PAGE_BYTES) -> dict[str,
     blocks_per = np.fromiter((s.num_blocks for s in shards), dtype=np.int64, count=len(shards))
     first_block = np.concatenate([np.zeros(1, np.int64), np.cumsum(blocks_per)])
     frames = np.zeros(m.num_blocks, dtype=FRAME_DTYPE)
-    offsets = np.fromiter((o for s in shards for o in s.block_offsets), dtype=np.uint64,
-                          count=int(blocks_per.sum()) + len(shards))
+    offsets = np.fromiter(
+        (o for s in shards for o in s.block_offsets), dtype=np.uint64, count=int(blocks_per.sum()) + len(shards)
+    )
     ends = np.cumsum(blocks_per + 1)
     is_start = np.ones(offsets.size, dtype=bool)
     is_start[ends - 1] = False  # A shard's last offset ends its last block and starts none
@@ -177,8 +196,11 @@ def encode_objects(m: Any, *, page_bytes: int = DEFAULT_PAGE_BYTES) -> dict[str,
     ]
     shards_body, shards_info = _named_table("shards", columns, page_bytes)
     sources_body = msgpack.packb([s.to_obj() for s in m.sources], use_bin_type=True)
-    sources_info = ObjectInfo(path=_content_path("sources", sources_body), num_bytes=len(sources_body),
-                              sha256=hashlib.sha256(sources_body).hexdigest())
+    sources_info = ObjectInfo(
+        path=_content_path("sources", sources_body),
+        num_bytes=len(sources_body),
+        sha256=hashlib.sha256(sources_body).hexdigest(),
+    )
     counts = m.block_token_counts()
     short = np.flatnonzero(counts < m.block_tokens)
     sizes = (frames["end"] - frames["start"]) if m.num_blocks else np.zeros(0, np.uint64)
@@ -202,8 +224,12 @@ def encode_objects(m: Any, *, page_bytes: int = DEFAULT_PAGE_BYTES) -> dict[str,
         "rejects_path": m.rejects_path,
         "fingerprint": m.fingerprint,
     }
-    return {blocks_info.path: blocks_body, shards_info.path: shards_body, sources_info.path: sources_body,
-            MANIFEST_NAME: msgpack.packb(header, use_bin_type=True)}
+    return {
+        blocks_info.path: blocks_body,
+        shards_info.path: shards_body,
+        sources_info.path: sources_body,
+        MANIFEST_NAME: msgpack.packb(header, use_bin_type=True),
+    }
 
 
 def _content_path(name: str, body: bytes) -> str:
@@ -224,8 +250,11 @@ def decode_header(fields: FieldReader, *, major: int, minor: int, where: str) ->
     short = FieldReader(fields.get("short_blocks"), where=f"{where}: short_blocks")
     ids_bytes, counts_bytes = short.binary("ids"), short.binary("counts")
     if len(ids_bytes) % 8 or len(counts_bytes) % 4 or len(ids_bytes) // 8 != len(counts_bytes) // 4:
-        raise short.fail("ids", f"{len(ids_bytes)} bytes of ids and {len(counts_bytes)} bytes of counts do not pair "
-                                "(8 and 4 bytes an entry)")
+        raise short.fail(
+            "ids",
+            f"{len(ids_bytes)} bytes of ids and {len(counts_bytes)} bytes of counts do not pair "
+            "(8 and 4 bytes an entry)",
+        )
     index = FieldReader(fields.get("index"), where=f"{where}: index")
     shard_types = dict(SHARD_NUMBER_COLUMNS)
     shards = TableInfo.from_obj(index.get("shards"), where=f"{where}: index.shards", expected=shard_types)
@@ -297,24 +326,34 @@ def full_entries(
     for i, path in enumerate(paths):
         rows = frames[bounds[i] : bounds[i + 1]]
         if np.any(rows["shard"] != i) or np.any(rows["block"] != np.arange(rows.size)):
-            raise IndexObjectError(f"{blocks_where}: rows {bounds[i]}..{bounds[i + 1] - 1} do not all "
-                                   f"name shard {i} and its blocks in order")
+            raise IndexObjectError(
+                f"{blocks_where}: rows {bounds[i]}..{bounds[i + 1] - 1} do not all "
+                f"name shard {i} and its blocks in order"
+            )
         if rows.size > 1 and np.any(rows["start"][1:] != rows["end"][:-1]):
             raise IndexObjectError(f"{blocks_where}: the frames of shard {i} ({path}) are not back to back")
-        shards.append(ShardInfo(
-            path=path,
-            num_tokens=int(table["num_tokens"][i]),
-            num_bytes=int(table["num_bytes"][i]),
-            sha256=bytes(table["sha256"][i]).hex(),
-            block_offsets=(int(rows["start"][0]), *rows["end"].tolist()),
-            index_path=index_paths[i],
-            index_sha256=bytes(table["index_sha256"][i]).hex(),
-            num_documents=int(table["num_documents"][i]),
-        ))
+        shards.append(
+            ShardInfo(
+                path=path,
+                num_tokens=int(table["num_tokens"][i]),
+                num_bytes=int(table["num_bytes"][i]),
+                sha256=bytes(table["sha256"][i]).hex(),
+                block_offsets=(int(rows["start"][0]), *rows["end"].tolist()),
+                index_path=index_paths[i],
+                index_sha256=bytes(table["index_sha256"][i]).hex(),
+                num_documents=int(table["num_documents"][i]),
+            )
+        )
     data = header.sources.checked(read(header.sources.path), where=sources_where)
     try:
-        objs = msgpack.unpackb(data, raw=False, max_bin_len=len(data), max_str_len=len(data),
-                               max_array_len=len(data), max_map_len=len(data))
+        objs = msgpack.unpackb(
+            data,
+            raw=False,
+            max_bin_len=len(data),
+            max_str_len=len(data),
+            max_array_len=len(data),
+            max_map_len=len(data),
+        )
     except Exception as exc:  # msgpack raises many unrelated types on bad input.
         raise IndexObjectError(f"{sources_where}: not valid msgpack ({type(exc).__name__})") from None
     if not isinstance(objs, list) or len(objs) != header.num_sources:

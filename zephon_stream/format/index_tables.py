@@ -181,7 +181,9 @@ class TableInfo:
         offset = 0
         for column in self.columns:
             if column.offset != offset:
-                raise ManifestError(f"{where}: column {column.name!r} starts at byte {column.offset}, expected {offset}")
+                raise ManifestError(
+                    f"{where}: column {column.name!r} starts at byte {column.offset}, expected {offset}"
+                )
             offset += self.rows * column.width
             if offset > MAX_UINT64:
                 raise ManifestError(f"{where}: {self.rows} rows overflow the object")
@@ -241,7 +243,9 @@ def _check_digest(data: bytes, expected: bytes, start: int, end: int, *, what: s
     return data
 
 
-def encode_table(path: str, columns: Sequence[tuple[str, np.ndarray]], *, page_bytes: int = DEFAULT_PAGE_BYTES) -> tuple[bytes, TableInfo]:
+def encode_table(
+    path: str, columns: Sequence[tuple[str, np.ndarray]], *, page_bytes: int = DEFAULT_PAGE_BYTES
+) -> tuple[bytes, TableInfo]:
     """A table object of the given columns (equal lengths) and its manifest entry."""
     rows = len(columns[0][1]) if columns else 0
     parts: list[bytes] = []
@@ -275,7 +279,9 @@ def encode_table(path: str, columns: Sequence[tuple[str, np.ndarray]], *, page_b
 def decode_table(info: TableInfo, data: bytes, *, where: str) -> dict[str, np.ndarray]:
     """Every column of a whole table object, after its sha256 and every page digest are checked."""
     if len(data) != info.num_bytes:
-        raise IndexObjectError(f"{where}: holds {len(data)} bytes, the manifest says {info.num_bytes} (truncated or replaced)")
+        raise IndexObjectError(
+            f"{where}: holds {len(data)} bytes, the manifest says {info.num_bytes} (truncated or replaced)"
+        )
     view = memoryview(data)
     for page in range(_pages(info.num_bytes - info.digests_offset, info.page_bytes)):
         start, end = info.digest_page_range(page)

@@ -25,7 +25,14 @@ from zephon_stream.format.committed import no_dataset_error
 from zephon_stream.format.entries import ShardInfo, SourceInfo, TokenizerInfo, entries_unchecked, max_frame_bytes
 from zephon_stream.format.fields import FieldReader, check_relative_path, unpack_map
 from zephon_stream.format.fingerprint import FINGERPRINT_HEADER, compute_fingerprint  # noqa: F401 (re-exported)
-from zephon_stream.format.header import check_header_against, dataset_root, decode_header, encode_objects, full_entries, is_indexed
+from zephon_stream.format.header import (
+    check_header_against,
+    dataset_root,
+    decode_header,
+    encode_objects,
+    full_entries,
+    is_indexed,
+)
 from zephon_stream.format.spec import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -249,16 +256,27 @@ class Manifest:
     ) -> Manifest:
         header = decode_header(fields, major=major, minor=minor, where=where)
         if read is None:
-            raise ManifestError(f"{where}: format {major}.{minor} names index objects; read it with Manifest.read(store)")
+            raise ManifestError(
+                f"{where}: format {major}.{minor} names index objects; read it with Manifest.read(store)"
+            )
         shards, sources = full_entries(header, read, root=dataset_root(where))
         try:
             manifest = cls(
-                version=(major, minor), dtype=header.dtype, tokenizer=header.tokenizer,
-                block_tokens=header.block_tokens, blocks_per_shard=header.blocks_per_shard,
-                num_tokens=header.num_tokens, num_blocks=header.num_blocks, num_documents=header.num_documents,
-                num_rejected=header.num_rejected, compressed_bytes=header.compressed_bytes, shards=shards,
-                sources=sources, rejects_path=header.rejects_path, fingerprint=header.fingerprint,
-            )  # fmt: skip
+                version=(major, minor),
+                dtype=header.dtype,
+                tokenizer=header.tokenizer,
+                block_tokens=header.block_tokens,
+                blocks_per_shard=header.blocks_per_shard,
+                num_tokens=header.num_tokens,
+                num_blocks=header.num_blocks,
+                num_documents=header.num_documents,
+                num_rejected=header.num_rejected,
+                compressed_bytes=header.compressed_bytes,
+                shards=shards,
+                sources=sources,
+                rejects_path=header.rejects_path,
+                fingerprint=header.fingerprint,
+            )
         except ManifestError as exc:
             raise type(exc)(f"{where}: {exc}") from None
         check_header_against(header, manifest, where=where)
@@ -344,7 +362,9 @@ class Manifest:
     def _check_block_id(self, block_id: int) -> int:
         block_id = int(block_id)
         if not 0 <= block_id < self.num_blocks:
-            raise IndexError(f"block id {block_id} is outside [0, {self.num_blocks}) for dataset {self.fingerprint[:12]}")
+            raise IndexError(
+                f"block id {block_id} is outside [0, {self.num_blocks}) for dataset {self.fingerprint[:12]}"
+            )
         return block_id
 
     def block_location(self, block_id: int) -> tuple[int, int]:

@@ -151,7 +151,9 @@ def _all_uints(values: list[Any], *, minimum: int = 0) -> bool:
 
 def _all_clean_paths(paths: list[Any]) -> bool:
     return not paths or (
-        set(map(type, paths)) == {str} and max(map(len, paths)) <= MAX_PATH_CHARS and all(map(_CLEAN_PATH.fullmatch, paths))
+        set(map(type, paths)) == {str}
+        and max(map(len, paths)) <= MAX_PATH_CHARS
+        and all(map(_CLEAN_PATH.fullmatch, paths))
     )
 
 
@@ -173,11 +175,14 @@ def _shards_pass(m: ManifestFields) -> bool:
     tokens, nbytes = [s.num_tokens for s in shards], [s.num_bytes for s in shards]
     offsets = [s.block_offsets for s in shards]
     if not (
-        _all_clean_paths(paths) and _all_clean_paths(index_paths)
+        _all_clean_paths(paths)
+        and _all_clean_paths(index_paths)
         and len({*paths, *index_paths, m.rejects_path}) == 2 * len(shards) + 1
-        and _all_uints(tokens, minimum=1) and _all_uints(nbytes, minimum=1)
+        and _all_uints(tokens, minimum=1)
+        and _all_uints(nbytes, minimum=1)
         and _all_uints([s.num_documents for s in shards])
-        and _all_hex64([s.sha256 for s in shards]) and _all_hex64([s.index_sha256 for s in shards])
+        and _all_hex64([s.sha256 for s in shards])
+        and _all_hex64([s.index_sha256 for s in shards])
         and set(map(type, offsets)) == {tuple}
     ):
         return False
@@ -206,10 +211,14 @@ def _sources_pass(m: ManifestFields) -> bool:
     """Whether every source passes :func:`validate_source`, checked in bulk (see :func:`_shards_pass`)."""
     sources = m.sources
     paths = [s.path for s in sources]
-    records, docs, rejected = ([getattr(s, f) for s in sources] for f in ("num_records", "num_documents", "num_rejected"))
+    records, docs, rejected = (
+        [getattr(s, f) for s in sources] for f in ("num_records", "num_documents", "num_rejected")
+    )
     return (
         (not paths or (set(map(type, paths)) == {str} and all(paths)))
-        and _all_uints(records) and _all_uints(docs) and _all_uints(rejected)
+        and _all_uints(records)
+        and _all_uints(docs)
+        and _all_uints(rejected)
         and list(map(operator.add, docs, rejected)) == records
     )
 

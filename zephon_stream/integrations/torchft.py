@@ -141,9 +141,16 @@ class TorchFTLoader:
         if self._collective_device.type == "cuda" and not torch.cuda.is_available():
             self._collective_device = torch.device("cpu")
         lanes = config.lanes or (self.group_batch if config.policy == "per_replica" else self.global_batch)
-        self._reader = ShareReader(streams, group_rank=group_rank, group_world_size=group_world_size,
-                                   seq_len=config.seq_len, seed=config.seed, lanes=lanes, window=config.window,
-                                   loader_options=options)  # fmt: skip
+        self._reader = ShareReader(
+            streams,
+            group_rank=group_rank,
+            group_world_size=group_world_size,
+            seq_len=config.seq_len,
+            seed=config.seed,
+            lanes=lanes,
+            window=config.window,
+            loader_options=options,
+        )
         self._lock = threading.RLock()
         self._state = ReplicaDataState(policy=config.policy, order=self._reader.order_state())
         # (step, participants, trained ranks) of the last next(); its plan
@@ -182,8 +189,9 @@ class TorchFTLoader:
             problems.append(f"policy: state has {state.policy!r}, this loader has {self._state.policy!r}")
         for name in sorted(set(state.order) | set(self._state.order)):
             if state.order.get(name) != self._state.order.get(name):
-                problems.append(f"{name}: state has {state.order.get(name)!r}, this loader has "
-                                f"{self._state.order.get(name)!r}")  # fmt: skip
+                problems.append(
+                    f"{name}: state has {state.order.get(name)!r}, this loader has {self._state.order.get(name)!r}"
+                )
         if problems:
             raise StateMismatchError("torchft data state does not match this loader: " + "; ".join(problems))
         with self._lock:
@@ -251,18 +259,24 @@ class TorchFTLoader:
         # A group outside the participants trains nothing that counts; it
         # reads participant 0's share so that its step has the usual shape.
         index = rank if rank is not None and rank < participants else 0
-        batch = self._reader.read(plan.pieces[index], global_batch=self._step_batch(plan.pieces[index]),
-                                  fresh=index >= participants - plan.fresh)  # fmt: skip
+        batch = self._reader.read(
+            plan.pieces[index],
+            global_batch=self._step_batch(plan.pieces[index]),
+            fresh=index >= participants - plan.fresh,
+        )
         # An errored Manager skips the allreduce (its tensor is only ours); that step cannot commit here.
         done = work.wait() and manager.errored() is None
         trained = trained_ranks(onehot.tolist(), participants, step=step) if done else None
         with self._lock:
             self._pending = (step, participants, trained)
-        self.last_step = StepRecord(step=step, participants=participants, participating_rank=rank, counted=counted,
-                                    trained=trained)  # fmt: skip
+        self.last_step = StepRecord(
+            step=step, participants=participants, participating_rank=rank, counted=counted, trained=trained
+        )
         if self.config.microbatches == 1:
             return batch
-        parts = [dict(zip(batch, values)) for values in zip(*(t.chunk(self.config.microbatches) for t in batch.values()))]
+        parts = [
+            dict(zip(batch, values)) for values in zip(*(t.chunk(self.config.microbatches) for t in batch.values()))
+        ]
         self._microbatches = parts[1:]
         return parts[0]
 
@@ -330,30 +344,42 @@ class TorchFTLoader:
         self.close()
 
 
-def check_config(config: TorchFTConfig, options: dict[str, Any], group_world_size: int, manager: Any) -> tuple[int, int | None]:
+def check_config(
+    config: TorchFTConfig, options: dict[str, Any], group_world_size: int, manager: Any
+) -> tuple[int, int | None]:
     """``(group_batch, global_batch)`` of a valid config, else ``ConfigError``."""
     if config.policy not in POLICIES:
         raise ConfigError(f"policy must be one of {POLICIES} (got {config.policy!r})")
     reserved = sorted(set(options) & set(RESERVED_OPTIONS))
     if reserved:
-        raise ConfigError(f"loader_options may not set {reserved}: the TorchFT loader sets them "
-                          f"(schedules are not supported under torchft)")  # fmt: skip
+        raise ConfigError(
+            f"loader_options may not set {reserved}: the TorchFT loader sets them "
+            f"(schedules are not supported under torchft)"
+        )
     if not isinstance(group_world_size, int) or group_world_size < 1:
         raise ConfigError(f"group_world_size must be an int >= 1 (got {group_world_size!r})")
     if config.policy == "per_replica":
         batch = config.group_batch_size
         if not isinstance(batch, int) or batch < 1 or batch % group_world_size:
-            raise ConfigError(f"per_replica needs group_batch_size, an int >= 1 that group_world_size "
-                              f"{group_world_size} divides (got {batch!r})")  # fmt: skip
-        if not isinstance(config.microbatches, int) or config.microbatches < 1 or (
-            batch // group_world_size
-        ) % config.microbatches:
-            raise ConfigError(f"microbatches must be an int >= 1 that divides the rows per rank, group_batch_size "
-                              f"{batch} / group_world_size {group_world_size} (got {config.microbatches!r})")  # fmt: skip
+            raise ConfigError(
+                f"per_replica needs group_batch_size, an int >= 1 that group_world_size "
+                f"{group_world_size} divides (got {batch!r})"
+            )
+        if (
+            not isinstance(config.microbatches, int)
+            or config.microbatches < 1
+            or (batch // group_world_size) % config.microbatches
+        ):
+            raise ConfigError(
+                f"microbatches must be an int >= 1 that divides the rows per rank, group_batch_size "
+                f"{batch} / group_world_size {group_world_size} (got {config.microbatches!r})"
+            )
         return batch, None
     if config.microbatches != 1:
-        raise ConfigError(f"fixed_global takes one next() per step (got microbatches={config.microbatches!r}): "
-                          f"its rows per rank change with the participants")  # fmt: skip
+        raise ConfigError(
+            f"fixed_global takes one next() per step (got microbatches={config.microbatches!r}): "
+            f"its rows per rank change with the participants"
+        )
     batch = config.global_batch_size
     if not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"fixed_global needs global_batch_size, an int >= 1 (got {batch!r})")

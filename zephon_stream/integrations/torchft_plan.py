@@ -99,10 +99,13 @@ class ReplicaDataState:
         owed = []
         for i, item in enumerate(data["owed"]):
             if len(item) != 3 or not all(isinstance(v, int) for v in item) or not 0 <= item[2] < item[1]:
-                raise StateMismatchError(f"torchft data state owed[{i}]: expected [cursor, participants, index], got {item!r}")
+                raise StateMismatchError(
+                    f"torchft data state owed[{i}]: expected [cursor, participants, index], got {item!r}"
+                )
             owed.append(Piece(*item))
-        return cls(step=data["step"], cursor=data["cursor"], owed=tuple(owed), policy=data["policy"],
-                   order=dict(data["order"]))  # fmt: skip
+        return cls(
+            step=data["step"], cursor=data["cursor"], owed=tuple(owed), policy=data["policy"], order=dict(data["order"])
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,13 +140,15 @@ def plan_step(state: ReplicaDataState, participants: int, *, group_batch: int, g
         # fixed_global never owes rows: an incomplete step is refused
         # (advance()), so every committed step is the failure-free one.
         pieces = tuple(Piece(state.cursor, participants, k) for k in range(participants))
-        return StepPlan(step=state.step, participants=participants, pieces=pieces, fresh=participants,
-                        fresh_rows=global_batch)  # fmt: skip
+        return StepPlan(
+            step=state.step, participants=participants, pieces=pieces, fresh=participants, fresh_rows=global_batch
+        )
     reused = min(len(state.owed), participants)
     fresh = participants - reused
     pieces = state.owed[:reused] + tuple(Piece(state.cursor, fresh, k) for k in range(fresh))
-    return StepPlan(step=state.step, participants=participants, pieces=pieces, fresh=fresh,
-                    fresh_rows=fresh * group_batch)  # fmt: skip
+    return StepPlan(
+        step=state.step, participants=participants, pieces=pieces, fresh=fresh, fresh_rows=fresh * group_batch
+    )
 
 
 class IncompleteStepError(StateMismatchError):
@@ -168,14 +173,16 @@ def advance(state: ReplicaDataState, plan: StepPlan, trained: Iterable[int]) -> 
                 f"their rows (healing in the asynchronous quorum), so the step is not the failure-free run's; "
                 f"the fixed_global policy needs Manager(use_async_quorum=False)"
             )
-        return ReplicaDataState(step=state.step + 1, cursor=state.cursor + plan.fresh_rows, owed=(),
-                                policy=state.policy, order=state.order)  # fmt: skip
+        return ReplicaDataState(
+            step=state.step + 1, cursor=state.cursor + plan.fresh_rows, owed=(), policy=state.policy, order=state.order
+        )
     reused = plan.participants - plan.fresh
     still_owed = [p for k, p in enumerate(plan.pieces[:reused]) if k not in counted]
     newly_owed = [p for k, p in enumerate(plan.pieces[reused:], start=reused) if k not in counted]
     owed = tuple(still_owed) + state.owed[reused:] + tuple(newly_owed)
-    return ReplicaDataState(step=state.step + 1, cursor=state.cursor + plan.fresh_rows, owed=owed,
-                            policy=state.policy, order=state.order)  # fmt: skip
+    return ReplicaDataState(
+        step=state.step + 1, cursor=state.cursor + plan.fresh_rows, owed=owed, policy=state.policy, order=state.order
+    )
 
 
 def trained_ranks(counts: Sequence[float], participants: int, *, step: int) -> frozenset[int]:

@@ -20,8 +20,21 @@ from zephon_stream.loader import IGNORE_INDEX, Stream, StreamingLoader
 
 # The TorchFT loader decides these; passing them in loader options would
 # read another order or another share.
-RESERVED_OPTIONS = ("rank", "world_size", "seq_len", "local_batch_size", "schedule", "seed", "lanes", "window",
-                    "max_steps", "max_epochs", "end_after_phase", "packing_outputs", "audit_log")  # fmt: skip
+RESERVED_OPTIONS = (
+    "rank",
+    "world_size",
+    "seq_len",
+    "local_batch_size",
+    "schedule",
+    "seed",
+    "lanes",
+    "window",
+    "max_steps",
+    "max_epochs",
+    "end_after_phase",
+    "packing_outputs",
+    "audit_log",
+)
 
 
 class ShareReader:
@@ -103,8 +116,9 @@ class ShareReader:
                 self._seek(loader, piece.cursor)
             batch = next(loader)
         else:
-            loader = self._open(global_batch=global_batch, world=world, rank=rank, local_batch=local_batch,
-                                prefetch_steps=1)  # fmt: skip
+            loader = self._open(
+                global_batch=global_batch, world=world, rank=rank, local_batch=local_batch, prefetch_steps=1
+            )
             try:
                 self._seek(loader, piece.cursor)
                 batch = {k: v.clone() for k, v in next(loader).items()}

@@ -84,7 +84,8 @@ class EvalOrder:
                 total += (shape.num_blocks - block) * spb
         if total == 0:
             reasons = "; ".join(
-                f"dataset {s} ({shape.label}): {shape.no_samples_reason(seq_len)}" for s, shape in enumerate(self.shapes)
+                f"dataset {s} ({shape.label}): {shape.no_samples_reason(seq_len)}"
+                for s, shape in enumerate(self.shapes)
             )
             raise ConfigError(f"no sample of seq_len {seq_len} in the evaluation datasets: {reasons}")
         self.num_samples = total

@@ -129,9 +129,7 @@ def lane_map(counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
         return lane_stream, np.arange(total, dtype=np.int64)
     # Exact integer keys: (2j + 1) / (2 C_s) scaled by 2 * lcm of the counts.
     scale = math.lcm(*(counts[s] for s in streams))
-    places = sorted(
-        ((2 * j + 1) * (scale // counts[s]), s, j) for s in streams for j in range(counts[s])
-    )
+    places = sorted(((2 * j + 1) * (scale // counts[s]), s, j) for s in streams for j in range(counts[s]))
     lane_stream = np.fromiter((s for _, s, _ in places), dtype=np.int64, count=total)
     lane_index = np.fromiter((j for _, _, j in places), dtype=np.int64, count=total)
     return lane_stream, lane_index

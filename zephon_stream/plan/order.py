@@ -114,16 +114,11 @@ class GlobalOrder:
         self.streams = [self._plan_stream(s) for s in range(len(shapes))]
         self._lane_stream_list = self.lane_stream.tolist()
         self._lane_index_list = self.lane_index.tolist()
-        self._short_adjusted = [
-            (p.shape.short_ids - np.arange(p.shape.short_ids.size)).tolist() for p in self.streams
-        ]
+        self._short_adjusted = [(p.shape.short_ids - np.arange(p.shape.short_ids.size)).tolist() for p in self.streams]
         self._short_cum = [
-            np.concatenate([[0], np.cumsum(p.shape.short_block_samples(config.seq_len))]).tolist()
-            for p in self.streams
+            np.concatenate([[0], np.cumsum(p.shape.short_block_samples(config.seq_len))]).tolist() for p in self.streams
         ]
-        self._window_permutation_cached = functools.lru_cache(maxsize=_KEY_CACHE)(
-            self._window_permutation
-        )
+        self._window_permutation_cached = functools.lru_cache(maxsize=_KEY_CACHE)(self._window_permutation)
         self._block_permutation_cached = functools.lru_cache(maxsize=64)(self._block_permutation)
         self._block_of_slot = functools.lru_cache(maxsize=_BLOCK_CACHE)(self._compute_block)
 
@@ -187,9 +182,7 @@ class GlobalOrder:
 
     # -- the small path: Python ints, cached window keys and block slots --
 
-    def _window_permutation(
-        self, s: int, epoch: int, lane: int, window: int
-    ) -> tuple[int, KeyedPermutation]:
+    def _window_permutation(self, s: int, epoch: int, lane: int, window: int) -> tuple[int, KeyedPermutation]:
         plan = self.streams[s]
         lane_start = lane * plan.lane_length
         start = max(window * plan.window, lane_start)
@@ -211,9 +204,7 @@ class GlobalOrder:
         plan = self.streams[s]
         epoch, r = divmod(q, plan.lane_length)
         unshuffled = j * plan.lane_length + r
-        start, permutation = self._window_permutation_cached(
-            s, epoch, j, unshuffled // plan.window
-        )
+        start, permutation = self._window_permutation_cached(s, epoch, j, unshuffled // plan.window)
         i = start + permutation(unshuffled - start)
         spb = plan.samples_per_block
         if i < plan.full_blocks * spb:
@@ -226,9 +217,7 @@ class GlobalOrder:
 
     # -- the vectorized path --
 
-    def _addresses_vectorized(
-        self, positions: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _addresses_vectorized(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         flat = positions.ravel()
         lanes = self.config.lanes
         lane, q = flat % lanes, flat // lanes
@@ -245,9 +234,7 @@ class GlobalOrder:
         shape = positions.shape
         return stream.reshape(shape), block.reshape(shape), sample.reshape(shape)
 
-    def _stream_addresses(
-        self, plan: StreamPlan, q: np.ndarray, j: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _stream_addresses(self, plan: StreamPlan, q: np.ndarray, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s, seed, m, w = plan.index, self.config.seed, plan.lane_length, plan.window
         epoch = q // m
         unshuffled = j * m + q % m
@@ -276,9 +263,7 @@ class GlobalOrder:
             sample[~full] = rest - cum[k]
         return block, sample
 
-    def rank_slice(
-        self, position: int, global_batch: int, world_size: int, rank: int
-    ) -> RankSlice:
+    def rank_slice(self, position: int, global_batch: int, world_size: int, rank: int) -> RankSlice:
         """Rank ``rank``'s share of the step covering ``[position, position + global_batch)``.
 
         Raises:
@@ -286,9 +271,7 @@ class GlobalOrder:
         """
         return rank_slice(self, position, global_batch, world_size, rank)
 
-    def blocks_for(
-        self, position: int, global_batch: int, world_size: int, rank: int, steps: int
-    ) -> BlockPlan:
+    def blocks_for(self, position: int, global_batch: int, world_size: int, rank: int, steps: int) -> BlockPlan:
         """Blocks rank ``rank`` reads in ``steps`` steps from ``position``, in first-use order."""
         return blocks_for(self, position, global_batch, world_size, rank, steps)
 

@@ -69,9 +69,11 @@ class BlockRows:
             array.setflags(write=False)
             object.__setattr__(self, name, array)
         if self.row_bounds.size != self.num_rows + 1 or self.piece_starts.size != self.piece_lengths.size:
-            raise ValueError(f"{self.num_rows} rows need {self.num_rows + 1} row bounds (got {self.row_bounds.size})"
-                             f" and as many piece starts as lengths (got {self.piece_starts.size}, "
-                             f"{self.piece_lengths.size})")  # fmt: skip
+            raise ValueError(
+                f"{self.num_rows} rows need {self.num_rows + 1} row bounds (got {self.row_bounds.size})"
+                f" and as many piece starts as lengths (got {self.piece_starts.size}, "
+                f"{self.piece_lengths.size})"
+            )
 
     def row_pieces(self, row: int) -> list[tuple[int, int]]:
         """``(start, length)`` of row ``row``'s pieces, in order."""
@@ -99,8 +101,13 @@ def window_rows(num_tokens: int, seq_len: int) -> BlockRows:
     """
     _check_seq_len(seq_len)
     rows = max(0, (int(num_tokens) - 1) // seq_len)
-    return BlockRows(seq_len=seq_len, num_rows=rows, piece_starts=np.arange(rows, dtype=np.int64) * seq_len,
-                     piece_lengths=np.full(rows, seq_len), row_bounds=np.arange(rows + 1))  # fmt: skip
+    return BlockRows(
+        seq_len=seq_len,
+        num_rows=rows,
+        piece_starts=np.arange(rows, dtype=np.int64) * seq_len,
+        piece_lengths=np.full(rows, seq_len),
+        row_bounds=np.arange(rows + 1),
+    )
 
 
 def block_rows(packing: str, tokens: np.ndarray, seq_len: int, eos_id: int) -> BlockRows:
@@ -215,8 +222,9 @@ def _place_best_fit(lengths: np.ndarray, rows: int, capacity: int) -> tuple[np.n
     return np.concatenate(placed), room
 
 
-def _lay_fill(starts: np.ndarray, lengths: np.ndarray, gap_rows: np.ndarray,
-              gap_rooms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+def _lay_fill(
+    starts: np.ndarray, lengths: np.ndarray, gap_rows: np.ndarray, gap_rooms: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The fill pieces' tokens, as one sequence, laid across the gaps in order: ``(row, start, length)``."""
     piece_edges = np.concatenate([[0], np.cumsum(lengths)])
     gap_edges = np.concatenate([[0], np.cumsum(gap_rooms)])
@@ -362,6 +370,7 @@ def check_tokens(tokens: np.ndarray, eos_id: int) -> np.ndarray:
         raise ValueError(f"tokens must be a 1-D integer array (got shape {tokens.shape} of {tokens.dtype})")
     info = np.iinfo(tokens.dtype)
     if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)) or not info.min <= eos_id <= info.max:
-        raise ConfigError(f"eos_id must be an integer in [{info.min}, {info.max}] for {tokens.dtype} tokens "
-                          f"(got {eos_id!r})")  # fmt: skip
+        raise ConfigError(
+            f"eos_id must be an integer in [{info.min}, {info.max}] for {tokens.dtype} tokens (got {eos_id!r})"
+        )
     return tokens

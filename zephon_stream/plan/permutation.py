@@ -134,9 +134,7 @@ def permute_int(x: int, n: int, key: int) -> int:
     return KeyedPermutation(n, key)(x)
 
 
-def _encrypt(
-    x: np.ndarray, key: np.ndarray, high: np.uint64, low: np.uint64, rounds: int
-) -> np.ndarray:
+def _encrypt(x: np.ndarray, key: np.ndarray, high: np.uint64, low: np.uint64, rounds: int) -> np.ndarray:
     left, right = x >> low, x & ((np.uint64(1) << low) - np.uint64(1))
     shifts = (np.uint64(64 - int(high)), np.uint64(64 - int(low)))
     for r, constant in enumerate(_U64_ROUND_CONSTANTS[:rounds]):

@@ -229,10 +229,16 @@ class BlockBase:
             return KeyedPermutation(max(count, 1), key)
 
         return cls(
-            slots=slots, seed=seed, stream=stream, epoch=epoch, lo=lo, hi=hi, cum=cum,
+            slots=slots,
+            seed=seed,
+            stream=stream,
+            epoch=epoch,
+            lo=lo,
+            hi=hi,
+            cum=cum,
             block_of_slot=functools.lru_cache(maxsize=_BLOCK_CACHE)(block_of_slot),
             sample_permutation=functools.lru_cache(maxsize=_BLOCK_CACHE)(sample_permutation),
-        )  # fmt: skip
+        )
 
     @property
     def seq_len(self) -> int:
@@ -375,7 +381,5 @@ class EpochRest:
         epoch_hi = self.base.epoch_index(base_hi - 1) + 1
         lo, hi = old.ceil_slot(epoch_lo), old.ceil_slot(epoch_hi)
         keep = hi > lo
-        block_base = BlockBase.from_ranges(
-            slots, seed=seed, stream=stream, epoch=self.epoch, lo=lo[keep], hi=hi[keep]
-        )
+        block_base = BlockBase.from_ranges(slots, seed=seed, stream=stream, epoch=self.epoch, lo=lo[keep], hi=hi[keep])
         return EpochRest.from_ranges(block_base, block_base.cum[:-1], block_base.cum[1:])

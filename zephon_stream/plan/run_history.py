@@ -80,7 +80,9 @@ def decode(texts: Sequence[str]) -> list[Entry]:
             else:
                 raise ValueError(f"keys {sorted(record)}")
         except (ValueError, TypeError, AttributeError) as exc:
-            raise StateMismatchError(f"loader state history entry {k}: not a stretch or a skip: {text!r} ({exc})") from None
+            raise StateMismatchError(
+                f"loader state history entry {k}: not a stretch or a skip: {text!r} ({exc})"
+            ) from None
     return entries
 
 
@@ -133,8 +135,12 @@ def step_read(entries: Sequence[Entry], step: int, distance: Distance) -> StepRe
     position = stretch.position + distance(stretch, step)
     if index + 1 < len(stretches) and position >= stretches[index + 1].position:
         following = stretches[index + 1]
-        return StepRead(step, None, reason=f"not read: the run resumed at cursor {following.position} with another "
-                                           f"global batch and numbered it step {following.step}")  # fmt: skip
+        return StepRead(
+            step,
+            None,
+            reason=f"not read: the run resumed at cursor {following.position} with another "
+            f"global batch and numbered it step {following.step}",
+        )
     return StepRead(step, position, end=stretch.position + distance(stretch, step + 1))
 
 
@@ -160,4 +166,8 @@ def schedule_distance(schedule: Any, stretch: Stretch, step: int) -> int:
     if following == len(phases) or step <= phases[following].start_step:
         return (step - stretch.step) * stretch.global_batch
     after = phases[following]
-    return (after.start_step - stretch.step) * stretch.global_batch + schedule.position_of_step(step) - after.start_position
+    return (
+        (after.start_step - stretch.step) * stretch.global_batch
+        + schedule.position_of_step(step)
+        - after.start_position
+    )

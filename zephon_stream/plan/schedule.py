@@ -176,18 +176,14 @@ def check_phases(phases: list[SchedulePhase]) -> None:
             )
 
 
-def enter_phase(
-    carry: StreamCarry, order: GlobalOrder, stream: int, global_lanes: np.ndarray
-) -> PhaseStream:
+def enter_phase(carry: StreamCarry, order: GlobalOrder, stream: int, global_lanes: np.ndarray) -> PhaseStream:
     """How a stream that stands at ``carry`` is read in a phase with ``order``."""
     rest, lanes = carry.rest, global_lanes.size
     if rest is not None and rest.seq_len != order.config.seq_len:
         slots = EpochSlots.of(order.shapes[stream], order.config.seq_len)
         rest = rest.at_seq_len(slots, seed=order.config.seed, stream=stream)
     if rest is None:
-        return PhaseStream(
-            head=None, head_steps=0, first_epoch=carry.epoch, global_lanes=global_lanes, carry=carry
-        )
+        return PhaseStream(head=None, head_steps=0, first_epoch=carry.epoch, global_lanes=global_lanes, carry=carry)
     # The rest is cut into equal lanes like any epoch; its last
     # ``total mod lanes`` samples are not read in this epoch.
     steps = rest.total // lanes
@@ -246,9 +242,13 @@ def build_phases(shapes: list[StreamShape], specs: list[SchedulePhase], seed: in
     phases: list[Phase] = []
     position = 0
     for k, spec in enumerate(specs):
-        lanes_default = None if spec.lanes is not None else (
-            f"the phase's global batch of {spec.global_batch}, which gives its lanes when it sets none; "
-            "lower its global_batch or seq_len"
+        lanes_default = (
+            None
+            if spec.lanes is not None
+            else (
+                f"the phase's global batch of {spec.global_batch}, which gives its lanes when it sets none; "
+                "lower its global_batch or seq_len"
+            )
         )
         try:
             order = GlobalOrder(shapes, spec.order_config(seed), lanes_default=lanes_default)
@@ -273,8 +273,7 @@ def build_phases(shapes: list[StreamShape], specs: list[SchedulePhase], seed: in
         phases.append(phase)
         if length is not None:
             current = [
-                carry_after(phase, s, length) if streams[s] is not None else current[s]
-                for s in range(len(shapes))
+                carry_after(phase, s, length) if streams[s] is not None else current[s] for s in range(len(shapes))
             ]
             position += length
     return phases

@@ -64,8 +64,13 @@ class ScheduleOrder:
             first = np.array([e.first_epoch if e else 0 for e in phase.streams], dtype=np.int64)
             m = np.array([p.lane_length for p in phase.order.streams], dtype=np.int64)
             self._per_stream.append((h, first, m))
-            lists = (h.tolist(), first.tolist(), m.tolist(), phase.order.lane_stream.tolist(),
-                     phase.order.lane_index.tolist())  # fmt: skip
+            lists = (
+                h.tolist(),
+                first.tolist(),
+                m.tolist(),
+                phase.order.lane_stream.tolist(),
+                phase.order.lane_index.tolist(),
+            )
             self._per_stream_lists.append(lists)
 
     def __reduce__(self) -> tuple:
@@ -168,9 +173,7 @@ class ScheduleOrder:
             out[sel] = np.where(q < h, carried[stream], standard)
         return out.reshape(positions.shape)
 
-    def _phase_addresses_small(
-        self, phase: Phase, positions: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _phase_addresses_small(self, phase: Phase, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         # One rank's step is a few samples; Python ints beat numpy's
         # per-call overhead there (same results as the vectorized path).
         heads, first, lane_length, lane_stream, lane_index = self._per_stream_lists[phase.index]
@@ -340,9 +343,7 @@ class ScheduleOrder:
             needed = (end_steps - 1) * phase.order.lanes + int(entry.global_lanes.max()) + 1
             if phase.end_position is None or phase.start_position + needed <= phase.end_position:
                 return phase.start_step + -(-needed // phase.global_batch)
-        raise ConfigError(
-            f"stream {stream} never reads {epochs} epochs: the last phase does not read it"
-        )
+        raise ConfigError(f"stream {stream} never reads {epochs} epochs: the last phase does not read it")
 
     def phase_end_step(self, phase: int) -> int | None:
         """The step phase ``phase`` ends before (None for the last phase, which does not end)."""

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from zephon_stream.plan.shape import StreamShape
 
 
-
 class ScheduledOrder(Protocol):
     """What a state is checked against (``schedule_order.ScheduleOrder`` has
     it): the seed, the streams' shapes, the built phases and each stream's
@@ -36,6 +35,7 @@ class ScheduledOrder(Protocol):
     phases: list[Phase]
 
     def progress(self, position: int, *, begun: bool = False) -> list[dict]: ...
+
 
 # The fields of a begun phase that fix its order, in the order errors
 # list them; ``global_batch`` also fixes where later phases start.
@@ -148,14 +148,25 @@ class ScheduleState:
         if version == 1:
             old = LoaderState.from_dict(data)
             phase = {
-                "start_step": 0, "global_batch": None, "seq_len": old.seq_len, "lanes": old.lanes,
-                "window": old.window, "weights": list(old.weights),
-                "lane_counts": list(old.lane_counts), "fingerprint": None,
-            }  # fmt: skip
+                "start_step": 0,
+                "global_batch": None,
+                "seq_len": old.seq_len,
+                "lanes": old.lanes,
+                "window": old.window,
+                "weights": list(old.weights),
+                "lane_counts": list(old.lane_counts),
+                "fingerprint": None,
+            }
             return cls(
-                version=1, position=old.position, step=None, seed=old.seed,
-                fingerprints=list(old.fingerprints), phases=[phase], packing=old.packing, history=list(old.history),
-            )  # fmt: skip
+                version=1,
+                position=old.position,
+                step=None,
+                seed=old.seed,
+                fingerprints=list(old.fingerprints),
+                phases=[phase],
+                packing=old.packing,
+                history=list(old.history),
+            )
         if version != SCHEDULE_STATE_VERSION:
             raise VersionError(
                 f"loader state version {version!r} is not supported (this code reads versions 1 "
@@ -165,18 +176,14 @@ class ScheduleState:
         data = {**OPTIONAL_KEYS, **data}
         missing, unknown = sorted(names - set(data)), sorted(set(data) - names)
         if missing or unknown:
-            raise StateMismatchError(
-                f"loader state version {version}: missing keys {missing}, unknown keys {unknown}"
-            )
+            raise StateMismatchError(f"loader state version {version}: missing keys {missing}, unknown keys {unknown}")
         for name in ("position", "step", "seed"):
             if name == "step" and data[name] is None:
                 continue  # A version 1 state read and written again
             if not isinstance(data[name], int) or isinstance(data[name], bool):
                 raise StateMismatchError(f"loader state key {name!r}: expected an int, got {data[name]!r}")
         if not 0 <= data["position"] < MAX_POSITION:
-            raise StateMismatchError(
-                f"loader state key 'position': {data['position']} is outside [0, 2**62)"
-            )
+            raise StateMismatchError(f"loader state key 'position': {data['position']} is outside [0, 2**62)")
         for name in ("fingerprints", "phases", "streams", "history"):
             value = data[name]
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -197,10 +204,15 @@ class ScheduleState:
                         f"{len(data['fingerprints'])} streams of its fingerprints: the state is damaged or was edited"
                     )
         return cls(
-            position=data["position"], step=data["step"], seed=data["seed"],
-            fingerprints=list(data["fingerprints"]), phases=phases, streams=streams,
-            packing=check_packing(data["packing"]), history=list(data["history"]),
-        )  # fmt: skip
+            position=data["position"],
+            step=data["step"],
+            seed=data["seed"],
+            fingerprints=list(data["fingerprints"]),
+            phases=phases,
+            streams=streams,
+            packing=check_packing(data["packing"]),
+            history=list(data["history"]),
+        )
 
     def validate(self, order: ScheduledOrder, *, packing: str = "concat") -> None:
         """Check this (loaded) state can resume ``order`` read with ``packing``: no begun phase changed.
@@ -216,7 +228,9 @@ class ScheduleState:
         if self.seed != order.seed:
             problems.append(f"seed: checkpoint has {self.seed!r}, this loader has {order.seed!r}")
         if self.packing != packing:
-            problems.append(f"packing (how rows are filled): checkpoint has {self.packing!r}, this loader has {packing!r}")
+            problems.append(
+                f"packing (how rows are filled): checkpoint has {self.packing!r}, this loader has {packing!r}"
+            )
         wanted = [s.fingerprint for s in order.shapes]
         if wanted[: len(self.fingerprints)] != list(self.fingerprints):
             problems.append(
@@ -231,8 +245,7 @@ class ScheduleState:
             for s, (saved, (now, phase_start)) in enumerate(zip(self.streams, views)):
                 if saved not in (stream_record(now), stream_record(phase_start)):
                     problems.append(
-                        f"stream {s} progress: checkpoint has {saved!r}, this code computes "
-                        f"{stream_record(now)!r}"
+                        f"stream {s} progress: checkpoint has {saved!r}, this code computes {stream_record(now)!r}"
                     )
         if problems:
             raise StateMismatchError("loader state does not match this schedule: " + "; ".join(problems))
@@ -259,7 +272,9 @@ class ScheduleState:
                     continue
                 if mine != now[name]:
                     appended = f" (with 0 for the {extra} streams added since)" if mine != saved[name] else ""
-                    problems.append(f"{where}: {name}: checkpoint has {mine!r}{appended}, this loader has {now[name]!r}")
+                    problems.append(
+                        f"{where}: {name}: checkpoint has {mine!r}{appended}, this loader has {now[name]!r}"
+                    )
         begun = len(self.phases)
         for phase in order.phases[begun:]:
             if phase.start_position < self.position:

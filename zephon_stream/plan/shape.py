@@ -47,16 +47,13 @@ class StreamShape:
         if self.num_blocks < 0:
             raise ConfigError(f"{where}: num_blocks must be >= 0, got {self.num_blocks}")
         if ids.shape != counts.shape:
-            raise ConfigError(
-                f"{where}: {ids.size} short block ids but {counts.size} short block counts"
-            )
+            raise ConfigError(f"{where}: {ids.size} short block ids but {counts.size} short block counts")
         if ids.size:
             if np.any(np.diff(ids) <= 0):
                 raise ConfigError(f"{where}: short block ids are not strictly increasing")
             if ids[0] < 0 or ids[-1] >= self.num_blocks:
                 raise ConfigError(
-                    f"{where}: short block ids must lie in [0, {self.num_blocks}), "
-                    f"got {int(ids[0])}..{int(ids[-1])}"
+                    f"{where}: short block ids must lie in [0, {self.num_blocks}), got {int(ids[0])}..{int(ids[-1])}"
                 )
             bad = np.flatnonzero((counts < 1) | (counts >= self.block_tokens))
             if bad.size:
@@ -80,8 +77,7 @@ class StreamShape:
         if over.size:
             k = int(over[0])
             raise ConfigError(
-                f"stream {name or fingerprint!r} block {k}: holds {int(counts[k])} tokens, "
-                f"expected 1..{block_tokens}"
+                f"stream {name or fingerprint!r} block {k}: holds {int(counts[k])} tokens, expected 1..{block_tokens}"
             )
         short = np.flatnonzero(counts < block_tokens)
         return cls(

@@ -79,13 +79,9 @@ def check_slice_args(position: int, global_batch: int, world_size: int, rank: in
     if position < 0:
         raise ConfigError(f"position must be >= 0, got {position}")
     if global_batch < 1 or world_size < 1:
-        raise ConfigError(
-            f"global batch and world size must be >= 1, got {global_batch} and {world_size}"
-        )
+        raise ConfigError(f"global batch and world size must be >= 1, got {global_batch} and {world_size}")
     if global_batch % world_size:
-        raise ConfigError(
-            f"world size {world_size} does not divide the global micro-batch {global_batch}"
-        )
+        raise ConfigError(f"world size {world_size} does not divide the global micro-batch {global_batch}")
     if not 0 <= rank < world_size:
         raise ConfigError(f"rank {rank} outside [0, {world_size})")
 
@@ -110,9 +106,7 @@ def _runs(position: int, global_batch: int, lanes: int) -> list[tuple[int, int, 
     return out
 
 
-def rank_positions(
-    position: int, global_batch: int, world_size: int, rank: int, lanes: int
-) -> np.ndarray:
+def rank_positions(position: int, global_batch: int, world_size: int, rank: int, lanes: int) -> np.ndarray:
     """Global positions of rank ``rank``'s piece of the step at ``position``.
 
     Raises:
@@ -146,9 +140,7 @@ def step_positions(position: int, global_batch: int, lanes: int) -> np.ndarray:
     return rank_positions(position, global_batch, 1, 0, lanes)
 
 
-def rank_slice(
-    order: SampleOrder, position: int, global_batch: int, world_size: int, rank: int
-) -> RankSlice:
+def rank_slice(order: SampleOrder, position: int, global_batch: int, world_size: int, rank: int) -> RankSlice:
     """Rank ``rank``'s positions and sample addresses for the step at ``position``."""
     positions = rank_positions(position, global_batch, world_size, rank, order.lanes)
     stream, block, sample = order.sample_at(positions)
@@ -168,17 +160,14 @@ def blocks_for(
         raise ConfigError(f"steps must be >= 1, got {steps}")
     check_slice_args(position, global_batch, world_size, rank)
     positions = [
-        rank_positions(position + t * global_batch, global_batch, world_size, rank, order.lanes)
-        for t in range(steps)
+        rank_positions(position + t * global_batch, global_batch, world_size, rank, order.lanes) for t in range(steps)
     ]
     step = np.repeat(np.arange(steps, dtype=np.int64), [p.size for p in positions])
     stream, block, _ = order.sample_at(np.concatenate(positions))
     # One int64 key per (stream, block); block ids stay far below 2**40.
     assert int(block.max()) < 1 << 40, "block id too large for the (stream, block) key"
     key = stream * (1 << 40) + block
-    uniq, first, inverse, counts = np.unique(
-        key, return_index=True, return_inverse=True, return_counts=True
-    )
+    uniq, first, inverse, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
     last = np.zeros(uniq.size, dtype=np.int64)
     np.maximum.at(last, inverse, step)
     by_first = np.argsort(first, kind="stable")

@@ -117,20 +117,14 @@ class LoaderState:
         missing = sorted(names - set(data))
         unknown = sorted(set(data) - names)
         if missing or unknown:
-            raise StateMismatchError(
-                f"loader state version {version}: missing keys {missing}, unknown keys {unknown}"
-            )
+            raise StateMismatchError(f"loader state version {version}: missing keys {missing}, unknown keys {unknown}")
         for name in ("position", "seed", "seq_len", "lanes", "window"):
             if not isinstance(data[name], int) or isinstance(data[name], bool):
-                raise StateMismatchError(
-                    f"loader state key {name!r}: expected an int, got {data[name]!r}"
-                )
+                raise StateMismatchError(f"loader state key {name!r}: expected an int, got {data[name]!r}")
         # Positions are planned in int64 arrays; a corrupt or hostile
         # checkpoint must be refused here, not overflow inside the pipeline.
         if not 0 <= data["position"] < MAX_POSITION:
-            raise StateMismatchError(
-                f"loader state key 'position': {data['position']} is outside [0, 2**62)"
-            )
+            raise StateMismatchError(f"loader state key 'position': {data['position']} is outside [0, 2**62)")
         for name, kind in (("weights", str), ("lane_counts", int), ("fingerprints", str), ("history", str)):
             value = data[name]
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, kind) for v in value):
@@ -158,9 +152,7 @@ class LoaderState:
             if _as_plain(loaded) != _as_plain(wanted):
                 problems.append(f"{label}: checkpoint has {loaded!r}, this loader has {wanted!r}")
         if problems:
-            raise StateMismatchError(
-                "loader state does not match this loader: " + "; ".join(problems)
-            )
+            raise StateMismatchError("loader state does not match this loader: " + "; ".join(problems))
 
     def order_config(self) -> OrderConfig:
         """The ``OrderConfig`` this state was made with."""

@@ -99,9 +99,7 @@ def order_for(readers: Sequence[DatasetReader], config: OrderConfig) -> GlobalOr
     return GlobalOrder(shapes_of(readers), config)
 
 
-def schedule_for(
-    readers: Sequence[DatasetReader], phases: Sequence[SchedulePhase], seed: int
-) -> ScheduleOrder:
+def schedule_for(readers: Sequence[DatasetReader], phases: Sequence[SchedulePhase], seed: int) -> ScheduleOrder:
     """The scheduled order over these datasets (one per stream of the schedule)."""
     return ScheduleOrder(shapes_of(readers), list(phases), seed=seed)
 
@@ -267,24 +265,52 @@ def _window_sample(
     if text:
         tokens = reader.read_block(b)[offset : offset + seq_len + 1]
         decoded = reader.decode_text(tokens)
-    return _sample(reader, p, s, b, j, rank, token_start=first, num_tokens=seq_len + 1, documents=tuple(parts),
-                   text=decoded)  # fmt: skip
+    return _sample(
+        reader, p, s, b, j, rank, token_start=first, num_tokens=seq_len + 1, documents=tuple(parts), text=decoded
+    )
 
 
 def _row_sample(
-    reader: DatasetReader, packed: PackedBlock, p: int, s: int, b: int, j: int, rank: int | None, text: bool,
+    reader: DatasetReader,
+    packed: PackedBlock,
+    p: int,
+    s: int,
+    b: int,
+    j: int,
+    rank: int | None,
+    text: bool,
     packing: str,
-) -> SampleProvenance:  # fmt: skip
+) -> SampleProvenance:
     """A packed sample: row ``j`` of block ``b``, its pieces and its label."""
     decoded = reader.decode_text(packed.row_tokens(j)) if text else None
-    return _sample(reader, p, s, b, j, rank, token_start=None, num_tokens=packed.rows.seq_len + 1,
-                   documents=tuple(packed.row_pieces(j)), text=decoded, packing=packing,
-                   label=packed.label(j))  # fmt: skip
+    return _sample(
+        reader,
+        p,
+        s,
+        b,
+        j,
+        rank,
+        token_start=None,
+        num_tokens=packed.rows.seq_len + 1,
+        documents=tuple(packed.row_pieces(j)),
+        text=decoded,
+        packing=packing,
+        label=packed.label(j),
+    )
 
 
 def _sample(reader: DatasetReader, p: int, s: int, b: int, j: int, rank: int | None, **rest) -> SampleProvenance:
     manifest = reader.manifest
     shard, in_shard = manifest.block_location(b)
-    return SampleProvenance(position=p, rank=rank, stream=s, dataset=reader.url, shard=shard,
-                            shard_path=manifest.shards[shard].path, block=b, block_in_shard=in_shard, sample=j,
-                            **rest)  # fmt: skip
+    return SampleProvenance(
+        position=p,
+        rank=rank,
+        stream=s,
+        dataset=reader.url,
+        shard=shard,
+        shard_path=manifest.shards[shard].path,
+        block=b,
+        block_in_shard=in_shard,
+        sample=j,
+        **rest,
+    )

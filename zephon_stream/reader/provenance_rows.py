@@ -120,8 +120,13 @@ class PackedBlock:
         tokens = reader.read_block(block)
         rows = block_rows(packing, tokens, seq_len, int(reader.manifest.tokenizer.eos_id))
         documents = reader.documents_of_block(block)
-        return cls(tokens=tokens, rows=rows, token_offset=reader.manifest.token_offset_of_block(block),
-                   documents=documents, document_starts=[d.token_start for d in documents])  # fmt: skip
+        return cls(
+            tokens=tokens,
+            rows=rows,
+            token_offset=reader.manifest.token_offset_of_block(block),
+            documents=documents,
+            document_starts=[d.token_start for d in documents],
+        )
 
     def _document(self, global_token: int) -> DocumentSpan:
         return self.documents[bisect_right(self.document_starts, global_token) - 1]
@@ -140,12 +145,20 @@ class PackedBlock:
                 doc = self._document(first)
                 last = min(end, doc.token_end)
                 into, until = first - doc.token_start, last - doc.token_start
-                out.append(RowPiece(
-                    source=doc.source, record=doc.record, token_start=doc.token_start, token_end=doc.token_end,
-                    sample_token_start=at, sample_token_end=at + last - first, document_token_start=into,
-                    document_token_end=until, block_token_start=first - self.token_offset,
-                    cut=cut_kind(into, until, doc.token_end - doc.token_start),
-                ))  # fmt: skip
+                out.append(
+                    RowPiece(
+                        source=doc.source,
+                        record=doc.record,
+                        token_start=doc.token_start,
+                        token_end=doc.token_end,
+                        sample_token_start=at,
+                        sample_token_end=at + last - first,
+                        document_token_start=into,
+                        document_token_end=until,
+                        block_token_start=first - self.token_offset,
+                        cut=cut_kind(into, until, doc.token_end - doc.token_start),
+                    )
+                )
                 at += last - first
                 first = last
         return out
@@ -154,15 +167,23 @@ class PackedBlock:
         """The label of row ``row``'s last input, placed in its document."""
         block_token = int(self.rows.label_indices()[row])
         doc = self._document(self.token_offset + block_token)
-        return LabelToken(source=doc.source, record=doc.record, token_start=doc.token_start, token_end=doc.token_end,
-                          document_token=self.token_offset + block_token - doc.token_start,
-                          block_token=block_token)  # fmt: skip
+        return LabelToken(
+            source=doc.source,
+            record=doc.record,
+            token_start=doc.token_start,
+            token_end=doc.token_end,
+            document_token=self.token_offset + block_token - doc.token_start,
+            block_token=block_token,
+        )
 
     def row_tokens(self, row: int) -> np.ndarray:
         """Row ``row``'s ``seq_len + 1`` tokens as the loader delivers them: its pieces, then its label."""
         rows = self.rows
-        one = BlockRows(seq_len=rows.seq_len, num_rows=1,
-                        piece_starts=rows.piece_starts[rows.row_bounds[row] : rows.row_bounds[row + 1]],
-                        piece_lengths=rows.piece_lengths[rows.row_bounds[row] : rows.row_bounds[row + 1]],
-                        row_bounds=[0, rows.row_bounds[row + 1] - rows.row_bounds[row]])  # fmt: skip
+        one = BlockRows(
+            seq_len=rows.seq_len,
+            num_rows=1,
+            piece_starts=rows.piece_starts[rows.row_bounds[row] : rows.row_bounds[row + 1]],
+            piece_lengths=rows.piece_lengths[rows.row_bounds[row] : rows.row_bounds[row + 1]],
+            row_bounds=[0, rows.row_bounds[row + 1] - rows.row_bounds[row]],
+        )
         return packed_rows(self.tokens, one)[0]

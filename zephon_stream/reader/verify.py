@@ -79,16 +79,22 @@ def _check_shard(
         problems.append(Problem(shard.path, _classify(exc), f"shard {shard.path}: {exc}"))
         return problems, checked, bytes_read
     if size < shard.num_bytes:
-        problems.append(Problem(
-            shard.path, "truncated",
-            f"shard {shard.path}: truncated at byte {size}, manifest says {shard.num_bytes} bytes",
-        ))
+        problems.append(
+            Problem(
+                shard.path,
+                "truncated",
+                f"shard {shard.path}: truncated at byte {size}, manifest says {shard.num_bytes} bytes",
+            )
+        )
     elif size > shard.num_bytes:
-        problems.append(Problem(
-            shard.path, "corrupt",
-            f"shard {shard.path}: {size} bytes, manifest says {shard.num_bytes} "
-            f"({size - shard.num_bytes} extra bytes)",
-        ))
+        problems.append(
+            Problem(
+                shard.path,
+                "corrupt",
+                f"shard {shard.path}: {size} bytes, manifest says {shard.num_bytes} "
+                f"({size - shard.num_bytes} extra bytes)",
+            )
+        )
     digest = hashlib.sha256()
     all_read = True
     for local in range(shard.num_blocks):
@@ -96,11 +102,14 @@ def _check_shard(
         where = f"shard {shard.path} block {local} (bytes {start}..{end})"
         if end > size:
             lost = shard.num_blocks - local
-            problems.append(Problem(
-                shard.path, "truncated",
-                f"{where}: past the end of the object at byte {size}; "
-                f"{lost} block(s) {local}..{shard.num_blocks - 1} lost",
-            ))
+            problems.append(
+                Problem(
+                    shard.path,
+                    "truncated",
+                    f"{where}: past the end of the object at byte {size}; "
+                    f"{lost} block(s) {local}..{shard.num_blocks - 1} lost",
+                )
+            )
             progress(shard.num_bytes - start)
             break
         try:
@@ -120,17 +129,23 @@ def _check_shard(
         progress(end - start)
     else:
         if all_read and size == shard.num_bytes and digest.hexdigest() != shard.sha256:
-            problems.append(Problem(
-                shard.path, "corrupt",
-                f"shard {shard.path}: sha256 mismatch (expected {shard.sha256}, got {digest.hexdigest()})",
-            ))
+            problems.append(
+                Problem(
+                    shard.path,
+                    "corrupt",
+                    f"shard {shard.path}: sha256 mismatch (expected {shard.sha256}, got {digest.hexdigest()})",
+                )
+            )
     try:
         index = reader.read_doc_index(shard_index)
         if shard_index == 0 and m.num_tokens and (index.num_documents == 0 or int(index.doc_starts[0]) != 0):
-            problems.append(Problem(
-                shard.index_path, "corrupt",
-                f"document index {shard.index_path}: the first shard must start a document at token 0",
-            ))
+            problems.append(
+                Problem(
+                    shard.index_path,
+                    "corrupt",
+                    f"document index {shard.index_path}: the first shard must start a document at token 0",
+                )
+            )
     except (FormatError, ObjectMissingError, StorageError) as exc:
         message = str(exc)
         if not message.startswith(f"document index {shard.index_path}"):
@@ -149,9 +164,11 @@ def _check_rejects(reader: DatasetReader) -> list[Problem]:
     lines = [line for line in data.split(b"\n") if line.strip()]
     problems = []
     if len(lines) != m.num_rejected:
-        problems.append(Problem(
-            path, "corrupt", f"rejects list {path}: {len(lines)} lines, manifest says num_rejected {m.num_rejected}"
-        ))
+        problems.append(
+            Problem(
+                path, "corrupt", f"rejects list {path}: {len(lines)} lines, manifest says num_rejected {m.num_rejected}"
+            )
+        )
     for number, line in enumerate(lines):
         try:
             if not isinstance(json.loads(line), dict):

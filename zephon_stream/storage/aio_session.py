@@ -14,8 +14,14 @@ from typing import Any
 
 _session_lock = threading.Lock()
 _sessions: dict[tuple[Any, ...], Any] = {}
-_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                   "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
+_CREDENTIAL_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+)
 
 
 def shared_aio_session() -> Any:

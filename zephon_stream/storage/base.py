@@ -36,8 +36,17 @@ __all__ = ["STAT_KEYS", "Store", "StoreStats", "check_relative_path"]
 T = TypeVar("T")
 logger = logging.getLogger("zephon_stream.storage")
 
-STAT_KEYS = ("reads", "bytes_read", "writes", "bytes_written", "retries", "throttled", "throttle_waits",
-             "throttle_wait_ms", "errors")
+STAT_KEYS = (
+    "reads",
+    "bytes_read",
+    "writes",
+    "bytes_written",
+    "retries",
+    "throttled",
+    "throttle_waits",
+    "throttle_wait_ms",
+    "errors",
+)
 
 
 class StoreStats:
@@ -285,7 +294,7 @@ class Store(abc.ABC):
             self._limiter = Limiter(LocalRecord())
             limiter.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -341,7 +350,10 @@ class Store(abc.ABC):
         policy = self._retry
         logger.warning(
             "%s: cannot reach %s; retrying, for up to %d attempts or %.0f s per operation",
-            self._url, self.scrub(where) if where else "the store's endpoint", policy.max_attempts, policy.timeout_s,
+            self._url,
+            self.scrub(where) if where else "the store's endpoint",
+            policy.max_attempts,
+            policy.timeout_s,
         )
 
     def _waited(self, seconds: float) -> None:
@@ -363,7 +375,10 @@ class Store(abc.ABC):
         logger.warning(
             "%s: the store is throttling requests (%s); %s%.0f s per operation). Fewer ranks starting at once, "
             "a higher request-rate limit or node-local metadata sharing lower the request rate",
-            self._url, self.scrub(_answer(exc)), pacing, policy.throttle_timeout_s,
+            self._url,
+            self.scrub(_answer(exc)),
+            pacing,
+            policy.throttle_timeout_s,
         )
 
 

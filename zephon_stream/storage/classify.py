@@ -229,4 +229,3 @@ def is_throttled(exc: BaseException) -> bool:
         if _gcs_reasons(item) & _GCS_THROTTLE_REASONS:
             return True
     return False
-

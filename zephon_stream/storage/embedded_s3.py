@@ -137,11 +137,13 @@ class EmbeddedS3:
         port = self._requested_port
         if port and not _port_is_free(self._host, port):
             port_new = _free_port(self._host)
-            logger.warning("embedded S3: port %d on %s is in use; serving on port %d instead", port, self._host, port_new)
+            logger.warning(
+                "embedded S3: port %d on %s is in use; serving on port %d instead", port, self._host, port_new
+            )
             return port_new
         return port
 
-    def start(self) -> "EmbeddedS3":
+    def start(self) -> EmbeddedS3:
         """Start the server and wait until it answers."""
         if self._port:
             return self
@@ -252,7 +254,7 @@ class EmbeddedS3:
             pass
         return f"s3://{name}"
 
-    def __enter__(self) -> "EmbeddedS3":
+    def __enter__(self) -> EmbeddedS3:
         return self.start()
 
     def __exit__(self, *exc_info: Any) -> None:

@@ -47,6 +47,7 @@ def _count_fork() -> None:
 # process; os.getpid() on every call cost more than the rest of a read_range.
 os.register_at_fork(after_in_child=_count_fork)
 
+
 def _s3fs_accepts(options: Mapping[str, Any]) -> bool:
     import inspect
 
@@ -169,8 +170,11 @@ class FsspecStore(Store):
                 else:
                     make_single_attempt(self._protocol, fs)
                 self._root, self._fs_process, self._fs = root.rstrip("/"), _process[0], fs
-                self._presigned = (PresignedRanges(fs, self._protocol, kwargs, self._retry)
-                                   if self._presigned_ok and signs_urls(fs, self._protocol) else None)  # fmt: skip
+                self._presigned = (
+                    PresignedRanges(fs, self._protocol, kwargs, self._retry)
+                    if self._presigned_ok and signs_urls(fs, self._protocol)
+                    else None
+                )
             return self._fs, self._root
 
     def _full(self, path: str) -> tuple[Any, str]:
@@ -214,8 +218,15 @@ class FsspecStore(Store):
         """
         if self._protocol in AZURE_PROTOCOLS:
             self.filesystem()  # The account's endpoint is known once its client is
-        family = ("s3" if self._protocol in S3_PROTOCOLS else "gcs" if self._protocol in GCS_PROTOCOLS
-                  else "azure" if self._protocol in AZURE_PROTOCOLS else self._protocol)  # fmt: skip
+        family = (
+            "s3"
+            if self._protocol in S3_PROTOCOLS
+            else "gcs"
+            if self._protocol in GCS_PROTOCOLS
+            else "azure"
+            if self._protocol in AZURE_PROTOCOLS
+            else self._protocol
+        )
         bucket = urllib.parse.urlsplit(self._raw_url).netloc.rpartition("@")[2]
         return f"{family} {self.endpoint() or ''} {bucket}"
 

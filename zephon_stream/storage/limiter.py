@@ -59,8 +59,10 @@ O_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW
 # Checked once, here: a field added to the record must still fit its
 # slot, or every process of a node would read a torn one.
 if _FIELDS.size + _CRC.size > _SLOT_BYTES or _SLOTS[-1] + _SLOT_BYTES > FILE_BYTES:
-    raise RuntimeError(f"the request-rate record packs to {_FIELDS.size} bytes and its CRC to {_CRC.size}: more than "
-                      f"a slot of {_SLOT_BYTES} bytes, or slots {_SLOTS} past a file of {FILE_BYTES}")  # fmt: skip
+    raise RuntimeError(
+        f"the request-rate record packs to {_FIELDS.size} bytes and its CRC to {_CRC.size}: more than "
+        f"a slot of {_SLOT_BYTES} bytes, or slots {_SLOTS} past a file of {FILE_BYTES}"
+    )
 
 
 def pack_record(record: RateRecord) -> bytes:
@@ -236,5 +238,4 @@ class Limiter:
         self.record.close()
 
 
-__all__ = ["FILE_BYTES", "Limiter", "LocalRecord", "SharedRecord", "limiter_file_name", "pack_record",
-           "unpack_record"]
+__all__ = ["FILE_BYTES", "Limiter", "LocalRecord", "SharedRecord", "limiter_file_name", "pack_record", "unpack_record"]

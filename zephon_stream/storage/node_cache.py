@@ -86,7 +86,9 @@ def node_cache_root(env: Mapping[str, str] | None = None, explicit: str | None =
     ranks = node_ranks(env)
     if ranks is None or ranks.count <= 1:
         return None
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK) else tempfile.gettempdir()
+    base = (
+        "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK) else tempfile.gettempdir()
+    )
     # One folder per user, not per job: a job whose ranks were all killed
     # leaves its files here, and the next job of this user on the node wipes
     # them when it opens the folder; a per-job name would never be opened again.

@@ -47,7 +47,6 @@ _ERROR_CODE = re.compile(rb"<Code>([A-Za-z0-9.]{1,64})</Code>")
 _S3FS_ONLY_OPTIONS = ("requester_pays", "s3_additional_kwargs", "version_aware")
 
 
-
 class PresignRefused(Exception):
     """The store refused a presigned GET that its client library may still be allowed to make."""
 
@@ -110,8 +109,14 @@ async def _azure_url(fs: Any, full: str) -> str:
         from azure.storage.blob import BlobSasPermissions, generate_blob_sas
 
         expiry = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=URL_LIFETIME_S)
-        sas = generate_blob_sas(credential.account_name, container, blob, account_key=key,
-                                permission=BlobSasPermissions(read=True), expiry=expiry)  # fmt: skip
+        sas = generate_blob_sas(
+            credential.account_name,
+            container,
+            blob,
+            account_key=key,
+            permission=BlobSasPermissions(read=True),
+            expiry=expiry,
+        )
         return f"{url}?{sas}"
     if given_sas or credential is None:
         # The SAS the store was given (or none: a public container).

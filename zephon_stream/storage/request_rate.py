@@ -195,5 +195,18 @@ def throttled(record: RateRecord, now: float, sent_at: float) -> Throttled:
     return "cut"
 
 
-__all__ = ["BETA", "CUBIC_C", "INITIAL_RATE", "MIN_RATE", "QUIET_S", "RateRecord", "Throttled", "Ticket", "advance",
-           "curve", "take", "throttled", "wait_s"]
+__all__ = [
+    "BETA",
+    "CUBIC_C",
+    "INITIAL_RATE",
+    "MIN_RATE",
+    "QUIET_S",
+    "RateRecord",
+    "Throttled",
+    "Ticket",
+    "advance",
+    "curve",
+    "take",
+    "throttled",
+    "wait_s",
+]

@@ -32,7 +32,7 @@ def local_path(url: str | os.PathLike[str]) -> str:
     text = os.fspath(url)
     match = _SCHEME.match(text)
     if match is not None:
-        text = text[match.end():]
+        text = text[match.end() :]
     return os.path.expanduser(text)
 
 

@@ -29,7 +29,14 @@ import numpy as np
 
 from zephon_stream.errors import ConfigError
 from zephon_stream.format.manifest import Manifest, SourceInfo
-from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL, MANIFEST_NAME, REJECTS_NAME, SHARDS_DIR, token_dtype
+from zephon_stream.format.spec import (
+    DEFAULT_BLOCK_TOKENS,
+    DEFAULT_ZSTD_LEVEL,
+    MANIFEST_NAME,
+    REJECTS_NAME,
+    SHARDS_DIR,
+    token_dtype,
+)
 from zephon_stream.storage import LocalStore, Store, expand_inputs, is_local_url, local_path, open_store
 from zephon_stream.storage.local import TEMP_PREFIX
 from zephon_stream.writer.config import DEFAULT_POOL_MIN_INPUT_BYTES, DEFAULT_UNIT_BYTES, WriteConfig
@@ -153,12 +160,23 @@ def write_dataset(
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     if engine == "ray":
-        urls = token_input_urls(list(inputs), storage_options) if config.tokens else expand_inputs(list(inputs), storage_options)
+        urls = (
+            token_input_urls(list(inputs), storage_options)
+            if config.tokens
+            else expand_inputs(list(inputs), storage_options)
+        )
         with open_store(output, storage_options) as out:
             return write_with_ray(
-                urls, out, config=config, tokenizer=tok, storage_options=storage_options, progress=progress,
-                address=ray_address, workers=ray_workers, unit_bytes=unit_bytes,
-            )  # fmt: skip
+                urls,
+                out,
+                config=config,
+                tokenizer=tok,
+                storage_options=storage_options,
+                progress=progress,
+                address=ray_address,
+                workers=ray_workers,
+                unit_bytes=unit_bytes,
+            )
     readers: list[Any]
     if config.tokens:
         token_config = TokenInputConfig(tokens_field=tokens_field, token_dtype=token_dtype, eos_id=tok.eos_id)
@@ -178,9 +196,12 @@ def write_dataset(
 def _text_readers(urls: list[str], config: WriteConfig, storage_options: Mapping[str, Any] | None) -> list[Any]:
     return [
         SourceReader(
-            url, text_field=config.text_field, lines=config.lines, input_format_override=config.input_format,
+            url,
+            text_field=config.text_field,
+            lines=config.lines,
+            input_format_override=config.input_format,
             storage_options=storage_options,
-        )  # fmt: skip
+        )
         for url in urls
     ]
 
@@ -258,9 +279,14 @@ class _Run:
         records_in, written = sum(self.records), sum(self.documents)
         assert records_in == written + self.num_rejects, (records_in, written, self.num_rejects)
         refuse_empty(
-            output=self.store.url, num_tokens=self.builder.num_tokens, allow_empty=self.config.allow_empty,
-            records_in=records_in, num_inputs=len(self.readers), rejected=self.reject_counts, rejects_path=REJECTS_NAME,
-        )  # fmt: skip
+            output=self.store.url,
+            num_tokens=self.builder.num_tokens,
+            allow_empty=self.config.allow_empty,
+            records_in=records_in,
+            num_inputs=len(self.readers),
+            rejected=self.reject_counts,
+            rejects_path=REJECTS_NAME,
+        )
         manifest = Manifest.create(
             tokenizer=self.tokenizer.identity(),
             block_tokens=self.config.block_tokens,
@@ -274,10 +300,15 @@ class _Run:
         assert manifest.num_tokens == self.builder.num_tokens
         manifest.write(self.store)
         return WriteSummary.of(
-            manifest, rejected=self.reject_counts, output=self.store.url, records_in=records_in,
-            records_written=written, input_bytes=self.bytes_done, seconds=time.monotonic() - start,
+            manifest,
+            rejected=self.reject_counts,
+            output=self.store.url,
+            records_in=records_in,
+            records_written=written,
+            input_bytes=self.bytes_done,
+            seconds=time.monotonic() - start,
             tokenizer_processes=processes,
-        )  # fmt: skip
+        )
 
     def _tokenizer_processes(self, total_bytes: int | None) -> int:
         """Worker processes to tokenize with; 0 tokenizes in this process.

@@ -68,7 +68,9 @@ def launcher_rank(env: Mapping[str, str] | None = None) -> LauncherRank | None:
     env = os.environ if env is None else env
     found: LauncherRank | None = None
     if "RANK" in env and "WORLD_SIZE" in env:
-        found = LauncherRank(rank=_int_var(env, "RANK"), world_size=_int_var(env, "WORLD_SIZE"), source="RANK/WORLD_SIZE")
+        found = LauncherRank(
+            rank=_int_var(env, "RANK"), world_size=_int_var(env, "WORLD_SIZE"), source="RANK/WORLD_SIZE"
+        )
     elif "SLURM_ARRAY_TASK_ID" in env and "SLURM_ARRAY_TASK_COUNT" in env:
         first = _int_var(env, "SLURM_ARRAY_TASK_MIN") if "SLURM_ARRAY_TASK_MIN" in env else 0
         found = LauncherRank(
@@ -78,14 +80,14 @@ def launcher_rank(env: Mapping[str, str] | None = None) -> LauncherRank | None:
         )
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         found = LauncherRank(
-            rank=_int_var(env, "SLURM_PROCID"), world_size=_int_var(env, "SLURM_NTASKS"), source="SLURM_PROCID/SLURM_NTASKS"
+            rank=_int_var(env, "SLURM_PROCID"),
+            world_size=_int_var(env, "SLURM_NTASKS"),
+            source="SLURM_PROCID/SLURM_NTASKS",
         )
     if found is None:
         return None
     if found.world_size < 1 or not 0 <= found.rank < found.world_size:
-        raise ConfigError(
-            f"launcher variables {found.source}: rank {found.rank} is outside [0, {found.world_size})"
-        )
+        raise ConfigError(f"launcher variables {found.source}: rank {found.rank} is outside [0, {found.world_size})")
     return found
 
 

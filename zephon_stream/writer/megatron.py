@@ -120,13 +120,21 @@ def parse_index_header(head: bytes, *, size: int, name: str) -> IndexHeader:
     if code not in INDEX_DTYPES:
         raise InputError(f"index {name} byte 17: dtype code {code}, expected one of {sorted(INDEX_DTYPES)}")
     header = IndexHeader(
-        name=name, version=version, dtype=INDEX_DTYPES[code], num_sequences=num_sequences, num_document_entries=num_entries
+        name=name,
+        version=version,
+        dtype=INDEX_DTYPES[code],
+        num_sequences=num_sequences,
+        num_document_entries=num_entries,
     )
     if num_entries < 1:
         raise InputError(f"index {name} byte 26: document count 0, expected at least 1 (the index starts with 0)")
     # Python integers, so a hostile count cannot overflow; checked before any allocation.
     if header.expected_size != size:
-        extra = " (a multimodal index with sequence modes is not supported)" if size == header.expected_size + num_sequences else ""
+        extra = (
+            " (a multimodal index with sequence modes is not supported)"
+            if size == header.expected_size + num_sequences
+            else ""
+        )
         raise InputError(
             f"index {name}: {num_sequences} sequences and {num_entries} document entries need "
             f"{header.expected_size} bytes, the file has {size}{extra}"
@@ -162,7 +170,12 @@ class _SequenceCursor:
             self._read, h.lengths_offset + 4 * first, count, "<i4", name=h.name, what=f"lengths of sequences {first}.."
         )
         pointers = _read_array(
-            self._read, h.pointers_offset + 8 * first, count, "<i8", name=h.name, what=f"pointers of sequences {first}.."
+            self._read,
+            h.pointers_offset + 8 * first,
+            count,
+            "<i8",
+            name=h.name,
+            what=f"pointers of sequences {first}..",
         )
         negative = np.flatnonzero(lengths < 0)
         if len(negative):
@@ -224,7 +237,9 @@ def iter_document_bounds(
             read, h.documents_offset + 8 * first, count, "<i8", name=h.name, what=f"document index {first}.."
         )
         if first == 0 and entries[0] != 0:
-            raise InputError(f"index {h.name} byte {h.documents_offset}: document index starts at {int(entries[0])}, expected 0")
+            raise InputError(
+                f"index {h.name} byte {h.documents_offset}: document index starts at {int(entries[0])}, expected 0"
+            )
         steps = np.diff(entries, prepend=previous)
         bad = np.flatnonzero((steps < 0) | (entries > h.num_sequences))
         if len(bad):

@@ -36,6 +36,7 @@ def part_path_under(output: str, part: str) -> str:
         PathEscapeError: the part is not strictly below the output root, so
             the merged manifest could not name its shards without ``..``.
     """
+
     def refuse(reason: str) -> PathEscapeError:
         return PathEscapeError(
             f"part {part} is not inside the output {output}: {reason}; a merged manifest names "
@@ -103,7 +104,9 @@ def find_parts(store: Store) -> list[str]:
 def read_part(store: Store, name: str) -> Manifest:
     """The manifest of the part in folder ``name`` of ``store``, with every entry (either format version)."""
     return Manifest.from_bytes(
-        store.read(f"{name}/{MANIFEST_NAME}"), where=f"manifest of part {name}", read=lambda path: store.read(f"{name}/{path}")
+        store.read(f"{name}/{MANIFEST_NAME}"),
+        where=f"manifest of part {name}",
+        read=lambda path: store.read(f"{name}/{path}"),
     )
 
 
@@ -161,11 +164,14 @@ def merge_parts(
             _check_compatible(manifests[0], names[0], manifest, name)
             for source in manifest.sources:
                 if source.path in source_part:
-                    raise ManifestError(f"source {source.path} was converted by both part {source_part[source.path]} and part {name}")
+                    raise ManifestError(
+                        f"source {source.path} was converted by both part {source_part[source.path]} and part {name}"
+                    )
                 source_part[source.path] = name
             sources.extend(manifest.sources)
             shards.extend(
-                dataclasses.replace(s, path=f"{name}/{s.path}", index_path=f"{name}/{s.index_path}") for s in manifest.shards
+                dataclasses.replace(s, path=f"{name}/{s.path}", index_path=f"{name}/{s.index_path}")
+                for s in manifest.shards
             )
             if manifest.num_rejected or store.exists(f"{name}/{manifest.rejects_path}"):
                 rejects.append(store.read(f"{name}/{manifest.rejects_path}"))
@@ -186,13 +192,20 @@ def merge_parts(
                 f"{store.url} already holds a committed dataset (its {MANIFEST_NAME} differs from the merge of "
                 f"{len(names)} parts, fingerprint {merged.fingerprint[:16]}); delete {MANIFEST_NAME} to replace it"
             )
-        store.write_atomic(REJECTS_NAME, b"".join(chunk if chunk.endswith(b"\n") or not chunk else chunk + b"\n" for chunk in rejects))
+        store.write_atomic(
+            REJECTS_NAME, b"".join(chunk if chunk.endswith(b"\n") or not chunk else chunk + b"\n" for chunk in rejects)
+        )
         if not merged.num_tokens:
             refuse_empty(
-                output=store.url, num_tokens=0, allow_empty=allow_empty, what="merge",
-                records_in=sum(s.num_records for s in sources), num_inputs=len(sources),
-                rejected=_reasons(rejects), rejects_path=REJECTS_NAME,
-            )  # fmt: skip
+                output=store.url,
+                num_tokens=0,
+                allow_empty=allow_empty,
+                what="merge",
+                records_in=sum(s.num_records for s in sources),
+                num_inputs=len(sources),
+                rejected=_reasons(rejects),
+                rejects_path=REJECTS_NAME,
+            )
         # The manifest is written last: its presence commits the merged dataset.
         merged.write(store)
         return merged

@@ -16,8 +16,8 @@ import os
 import pickle
 import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Sequence
 
 import numpy as np
 

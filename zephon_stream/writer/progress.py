@@ -49,10 +49,15 @@ class WriteSummary:
     def of(cls, manifest: Any, *, rejected: Mapping[str, int], **accounting: Any) -> WriteSummary:
         """The summary of a run that committed ``manifest``: its totals, and the run's ``accounting``."""
         return cls(
-            rejected=dict(sorted(rejected.items())), num_documents=manifest.num_documents,
-            num_tokens=manifest.num_tokens, num_shards=manifest.num_shards, num_blocks=manifest.num_blocks,
-            compressed_bytes=manifest.compressed_bytes, fingerprint=manifest.fingerprint, **accounting,
-        )  # fmt: skip
+            rejected=dict(sorted(rejected.items())),
+            num_documents=manifest.num_documents,
+            num_tokens=manifest.num_tokens,
+            num_shards=manifest.num_shards,
+            num_blocks=manifest.num_blocks,
+            compressed_bytes=manifest.compressed_bytes,
+            fingerprint=manifest.fingerprint,
+            **accounting,
+        )
 
     @property
     def num_rejected(self) -> int:
@@ -189,7 +194,9 @@ class UnitProgress:
         if self._bar is None:
             return
         rate = self.tokens / max(time.monotonic() - self._start, 1e-9)
-        self._bar.set_postfix_str(f"{self.records:,} records, {self.tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False)
+        self._bar.set_postfix_str(
+            f"{self.records:,} records, {self.tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False
+        )
         self._bar.update(1)
 
     def close(self) -> None:

@@ -38,6 +38,7 @@ def iter_records(store: Store, names: Sequence[str], *, threads: int = COMMIT_RE
     Raises:
         ObjectMissingError: a part without a record (a unit not complete).
     """
+
     def read(name: str) -> UnitRecord:
         record = read_unit_record(store, name)
         if record is None:
@@ -64,6 +65,7 @@ def complete_units(
 
     Only the counts are kept: the records themselves are read again, in order, by the commit.
     """
+
     def read(position: int) -> tuple[int, int] | None:
         try:
             record = read_unit_record(store, names[position])
@@ -138,7 +140,9 @@ def commit_units(
                         f"part {name} shard {shard.path}: {shard.num_tokens} tokens in {shard.num_blocks} blocks "
                         f"do not fit block_tokens {block_tokens} and blocks_per_shard {blocks_per_shard}"
                     )
-                shards.append(dataclasses.replace(shard, path=f"{name}/{shard.path}", index_path=f"{name}/{shard.index_path}"))
+                shards.append(
+                    dataclasses.replace(shard, path=f"{name}/{shard.path}", index_path=f"{name}/{shard.index_path}")
+                )
             for count in record.sources:
                 totals_of = sources.setdefault(count.path, [0, 0, 0])
                 totals_of[0] += count.num_records
@@ -157,15 +161,23 @@ def commit_units(
         assert totals.records_in == totals.records_written + sum(totals.rejected.values())
         rejects.seek(0)
         store.write_atomic(REJECTS_NAME, rejects.read())
-    refuse_empty(output=store.url, num_tokens=sum(s.num_tokens for s in shards), allow_empty=allow_empty,
-                 records_in=totals.records_in, num_inputs=len(sources), rejected=totals.rejected,
-                 rejects_path=REJECTS_NAME)  # fmt: skip
+    refuse_empty(
+        output=store.url,
+        num_tokens=sum(s.num_tokens for s in shards),
+        allow_empty=allow_empty,
+        records_in=totals.records_in,
+        num_inputs=len(sources),
+        rejected=totals.rejected,
+        rejects_path=REJECTS_NAME,
+    )
     manifest = Manifest.create(
         tokenizer=tokenizer,
         block_tokens=block_tokens,
         blocks_per_shard=blocks_per_shard,
         shards=shards,
-        sources=[SourceInfo(path=p, num_records=r, num_documents=d, num_rejected=j) for p, (r, d, j) in sources.items()],
+        sources=[
+            SourceInfo(path=p, num_records=r, num_documents=d, num_rejected=j) for p, (r, d, j) in sources.items()
+        ],
     )
     del shards
     # The manifest is written last: its presence commits the dataset.

@@ -33,8 +33,8 @@ from zephon_stream.storage import Store
 from zephon_stream.storage.lifetime import OWNER_FILE, mark_owner, sweep_orphaned
 from zephon_stream.writer.config import DEFAULT_UNIT_BYTES, WriteConfig
 from zephon_stream.writer.distributed import part_name
-from zephon_stream.writer.progress import UnitProgress, WriteSummary
 from zephon_stream.writer.output import prepare_output
+from zephon_stream.writer.progress import UnitProgress, WriteSummary
 from zephon_stream.writer.ray_commit import commit_units, complete_units
 from zephon_stream.writer.ray_tasks import convert_unit_task, count_lines_task
 from zephon_stream.writer.tokenizers import Tokenizer
@@ -100,8 +100,12 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
     auth = _OwnToken(session_dir)
     try:
         with _dropped(logging.getLogger(AUTH_LOGGER), AUTH_ON_WARNING):
-            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
-                     _temp_dir=session_dir)  # fmt: skip
+            ray.init(
+                num_cpus=num_cpus or os.cpu_count() or 1,
+                include_dashboard=False,
+                log_to_driver=False,
+                _temp_dir=session_dir,
+            )
     except BaseException:
         auth.close()
         if session_dir is not None:
@@ -260,7 +264,9 @@ def write_with_ray(
             results = _get(ray, [count.remote(batch, storage_options) for batch in batches])
             return [n for batch in results for n in batch]
 
-        units = cut_units(urls, config=config, unit_bytes=unit_bytes, storage_options=storage_options, line_counter=line_counter)
+        units = cut_units(
+            urls, config=config, unit_bytes=unit_bytes, storage_options=storage_options, line_counter=line_counter
+        )
         spec = UnitSpec(output=store.url, config=config, tokenizer=tokenizer, storage_options=storage_options)
         settings = spec.settings()
         names = [part_name(u.index, len(units)) for u in units]
@@ -279,14 +285,26 @@ def write_with_ray(
         finally:
             bar.close()
     manifest, totals = commit_units(
-        store, names, tokenizer=tokenizer.identity(), block_tokens=config.block_tokens,
-        blocks_per_shard=config.blocks_per_shard, keys=keys, allow_empty=config.allow_empty,
-    )  # fmt: skip
+        store,
+        names,
+        tokenizer=tokenizer.identity(),
+        block_tokens=config.block_tokens,
+        blocks_per_shard=config.blocks_per_shard,
+        keys=keys,
+        allow_empty=config.allow_empty,
+    )
     return WriteSummary.of(
-        manifest, rejected=totals.rejected, output=store.url, records_in=totals.records_in,
-        records_written=totals.records_written, input_bytes=totals.input_bytes, seconds=time.monotonic() - start,
-        tokenizer_processes=in_flight_max, num_units=len(units), units_reused=sum(c is not None for c in found),
-    )  # fmt: skip
+        manifest,
+        rejected=totals.rejected,
+        output=store.url,
+        records_in=totals.records_in,
+        records_written=totals.records_written,
+        input_bytes=totals.input_bytes,
+        seconds=time.monotonic() - start,
+        tokenizer_processes=in_flight_max,
+        num_units=len(units),
+        units_reused=sum(c is not None for c in found),
+    )
 
 
 def _get(ray: Any, refs: list[Any]) -> list[Any]:

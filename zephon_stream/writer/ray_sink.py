@@ -22,8 +22,8 @@ from zephon_stream.format.manifest import Manifest
 from zephon_stream.format.spec import DEFAULT_BLOCK_TOKENS, DEFAULT_ZSTD_LEVEL
 from zephon_stream.storage import open_store
 from zephon_stream.writer.config import WriteConfig
-from zephon_stream.writer.pool import encode_chunk
 from zephon_stream.writer.output import prepare_output
+from zephon_stream.writer.pool import encode_chunk
 from zephon_stream.writer.ray_commit import commit_units
 from zephon_stream.writer.readers import Reject
 from zephon_stream.writer.rejects import a_type
@@ -86,14 +86,21 @@ class ShardSink(Datasink):  # type: ignore[misc,valid-type]
         if Datasink is object:
             raise ConfigError("ShardSink needs Ray Data: pip install 'zephon-stream[ray]'")
         config = WriteConfig(
-            text_field=tokens_column or text_column, input_format="tokens" if tokens_column else None,
-            block_tokens=block_tokens, blocks_per_shard=blocks_per_shard, zstd_level=zstd_level,
-            overwrite=overwrite, tokens_field=tokens_column or "input_ids", append_eos=append_eos,
-        ).resolved()  # fmt: skip
+            text_field=tokens_column or text_column,
+            input_format="tokens" if tokens_column else None,
+            block_tokens=block_tokens,
+            blocks_per_shard=blocks_per_shard,
+            zstd_level=zstd_level,
+            overwrite=overwrite,
+            tokens_field=tokens_column or "input_ids",
+            append_eos=append_eos,
+        ).resolved()
         if tokens_column and bos_token is not None:
             raise ConfigError("token ids are written as they are: no BOS is added (drop bos_token)")
         if isinstance(tokenizer, str):
-            tokenizer = load_tokenizer(tokenizer, eos_token=eos_token, bos_token=bos_token, storage_options=storage_options)
+            tokenizer = load_tokenizer(
+                tokenizer, eos_token=eos_token, bos_token=bos_token, storage_options=storage_options
+            )
         self.spec = UnitSpec(output=str(output), config=config, tokenizer=tokenizer, storage_options=storage_options)
         self.column = tokens_column or text_column
         self.source_name = source_name
@@ -104,7 +111,9 @@ class ShardSink(Datasink):  # type: ignore[misc,valid-type]
 
     def on_write_start(self, schema: Any = None) -> None:
         if schema is not None and self.column not in schema.names:
-            raise ConfigError(f"ShardSink: the dataset has no column {self.column!r} (columns: {', '.join(schema.names)})")
+            raise ConfigError(
+                f"ShardSink: the dataset has no column {self.column!r} (columns: {', '.join(schema.names)})"
+            )
         with open_store(self.spec.output, self.spec.storage_options) as store:
             prepare_output(store, overwrite=self.spec.config.overwrite)
 
@@ -154,9 +163,12 @@ class ShardSink(Datasink):  # type: ignore[misc,valid-type]
         assert config.blocks_per_shard is not None
         with open_store(self.spec.output, self.spec.storage_options) as store:
             self.manifest, _ = commit_units(
-                store, [r.name for r in records], tokenizer=self.spec.tokenizer.identity(),
-                block_tokens=config.block_tokens, blocks_per_shard=config.blocks_per_shard,
-            )  # fmt: skip
+                store,
+                [r.name for r in records],
+                tokenizer=self.spec.tokenizer.identity(),
+                block_tokens=config.block_tokens,
+                blocks_per_shard=config.blocks_per_shard,
+            )
 
 
 def _token_rows(column: Any, source: str, name: str, first_row: int) -> RawDocuments:
@@ -168,5 +180,10 @@ def _token_rows(column: Any, source: str, name: str, first_row: int) -> RawDocum
     values = column.flatten().to_numpy(zero_copy_only=False)
     rejects = [Reject(source, int(r), "missing_field", f"null in column {name!r}") for r in rows[~valid]]
     return RawDocuments(
-        source=source, tokens=values, lengths=lengths[valid], records=rows[valid], rejects=rejects, num_records=len(column)
+        source=source,
+        tokens=values,
+        lengths=lengths[valid],
+        records=rows[valid],
+        rejects=rejects,
+        num_records=len(column),
     )

@@ -26,7 +26,12 @@ import zstandard
 
 from zephon_stream.errors import InputError, ZephonError
 from zephon_stream.storage import open_input
-from zephon_stream.writer.rejects import REJECT_REASONS, Reject, a_type, bad_json_detail  # noqa: F401 (Reject re-exported)
+from zephon_stream.writer.rejects import (  # noqa: F401 (Reject re-exported)
+    REJECT_REASONS,
+    Reject,
+    a_type,
+    bad_json_detail,
+)
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".py")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -99,7 +104,9 @@ class SourceReader:
             raise InputError(f"input {url}: parquet compresses itself; a .gz/.zst parquet file is not supported")
         by_lines = self.compression is None and (lines or self.format == "jsonl")
         if (byte_range is not None and not by_lines) or (row_groups is not None and self.format != "parquet"):
-            raise InputError(f"input {url}: only uncompressed line inputs split by byte range, only parquet by row group")
+            raise InputError(
+                f"input {url}: only uncompressed line inputs split by byte range, only parquet by row group"
+            )
         self.byte_range = byte_range
         self.row_groups = row_groups
         self.first_record = first_record
@@ -195,7 +202,10 @@ class SourceReader:
             value = obj.get(field, _MISSING)
             if self.raw_values:
                 missing = value is _MISSING or value is None
-                yield number, self._reject(number, "missing_field", f"no value in field {field!r}") if missing else value
+                yield (
+                    number,
+                    self._reject(number, "missing_field", f"no value in field {field!r}") if missing else value,
+                )
                 continue
             yield number, self._check_value(value, number, offset, escaped=b"\\u" in line)
 
@@ -222,13 +232,13 @@ class SourceReader:
         is_text = pa.types.is_string(column_type) or pa.types.is_large_string(column_type)
         is_binary = pa.types.is_binary(column_type) or pa.types.is_large_binary(column_type)
         if not (is_text or is_binary):
-            raise InputError(
-                f"input {self.url}: column {self.text_field!r} is {column_type}, expected a string column"
-            )
+            raise InputError(f"input {self.url}: column {self.text_field!r} is {column_type}, expected a string column")
         row = self.first_record
         groups = None if self.row_groups is None else list(range(*self.row_groups))
         try:
-            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[self.text_field], row_groups=groups):
+            for batch in parquet.iter_batches(
+                batch_size=PARQUET_BATCH_ROWS, columns=[self.text_field], row_groups=groups
+            ):
                 for value in batch.column(0).to_pylist():
                     if isinstance(value, bytes):
                         yield row, self._decode(value, row, None)
@@ -257,9 +267,7 @@ class SourceReader:
         if value is _MISSING or value is None:
             return self._reject(record, "missing_field", f"no value in field {self.text_field!r}")
         if not isinstance(value, str):
-            return self._reject(
-                record, "not_string", f"field {self.text_field!r} holds {a_type(value)}, not a string"
-            )
+            return self._reject(record, "not_string", f"field {self.text_field!r} holds {a_type(value)}, not a string")
         if not value:
             return self._reject(record, "empty", f"field {self.text_field!r} is empty")
         if escaped:
@@ -356,9 +364,11 @@ class _CountingStream:
     """A decompressed byte stream that knows its offset, read by lines or whole."""
 
     def __init__(self, inner: BinaryIO, *, offset: int = 0) -> None:
-        self._buffered = io.BufferedReader(inner, buffer_size=LINE_BUFFER_BYTES) if not isinstance(
-            inner, io.BufferedReader
-        ) else inner
+        self._buffered = (
+            io.BufferedReader(inner, buffer_size=LINE_BUFFER_BYTES)
+            if not isinstance(inner, io.BufferedReader)
+            else inner
+        )
         self.offset = offset
 
     def lines(self) -> Iterator[tuple[int, bytes]]:

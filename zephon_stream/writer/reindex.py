@@ -54,5 +54,9 @@ def reindex(url: str, *, storage_options: Mapping[str, Any] | None = None) -> Re
         assert new.fingerprint == manifest.fingerprint
         objects = new.objects()
         new.write(store)
-        return ReindexResult(url=store.url, before=manifest.version, manifest=new,
-                             written={path: len(data) for path, data in objects.items()})
+        return ReindexResult(
+            url=store.url,
+            before=manifest.version,
+            manifest=new,
+            written={path: len(data) for path, data in objects.items()},
+        )

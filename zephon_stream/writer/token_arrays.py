@@ -84,7 +84,9 @@ class TokenArea:
         if stop <= start:
             return np.zeros(0, self.dtype)
         if not self.mapped:
-            return read_exact(self.f, self.url, self.data_offset + start * self.dtype.itemsize, stop - start, self.dtype)
+            return read_exact(
+                self.f, self.url, self.data_offset + start * self.dtype.itemsize, stop - start, self.dtype
+            )
         first = self.data_offset + start * self.dtype.itemsize
         base = first - first % mmap.ALLOCATIONGRANULARITY
         end = self.data_offset + stop * self.dtype.itemsize
@@ -180,7 +182,9 @@ class ArraySource:
                         f"{previous if i == 0 else int(chunk[i - 1])} and {count} (0 first, never decreasing)"
                     )
                 if first + take == entries and chunk[-1] != count:
-                    raise InputError(f"offsets {url} entry {entries - 1}: last boundary {int(chunk[-1])}, expected the token count {count}")
+                    raise InputError(
+                        f"offsets {url} entry {entries - 1}: last boundary {int(chunk[-1])}, expected the token count {count}"
+                    )
                 yield first, chunk
                 previous = int(chunk[-1])
                 if first + take == entries:
@@ -220,10 +224,13 @@ class ArraySource:
                 tokens = area.tokens(start, stop)
                 self.bytes_read = area.data_offset + stop * area.dtype.itemsize
                 yield RawDocuments(
-                    source=self.url, tokens=tokens, lengths=np.diff(bounds[i : j + 1]),
-                    records=np.arange(first + i, first + j, dtype=np.int64), offsets=bounds[i:j],
+                    source=self.url,
+                    tokens=tokens,
+                    lengths=np.diff(bounds[i : j + 1]),
+                    records=np.arange(first + i, first + j, dtype=np.int64),
+                    offsets=bounds[i:j],
                     num_records=j - i,
-                )  # fmt: skip
+                )
             end = int(bounds[-1])
         if end != count:
             raise InputError(f"input {self.url}: the documents end at token {end}, but the file holds {count} tokens")
@@ -253,10 +260,13 @@ class ArraySource:
                 continue
             lengths = np.diff(ends, prepend=0)
             yield RawDocuments(
-                source=self.url, tokens=block[: ends[-1]], lengths=lengths,
+                source=self.url,
+                tokens=block[: ends[-1]],
+                lengths=lengths,
                 records=np.arange(record, record + len(ends), dtype=np.int64),
-                offsets=start + ends - lengths, num_records=len(ends),
-            )  # fmt: skip
+                offsets=start + ends - lengths,
+                num_records=len(ends),
+            )
             record += len(ends)
             start += int(ends[-1])
             carry = block[ends[-1] :].copy() if not area.mapped else carry
@@ -269,9 +279,13 @@ class ArraySource:
             tail = area.tokens(start, count) if area.mapped else carry
             # The tail has no EOS: frame_documents rejects it, or appends EOS with --append-eos.
             yield RawDocuments(
-                source=self.url, tokens=tail, lengths=np.array([len(tail)], np.int64),
-                records=np.array([record], np.int64), offsets=np.array([start], np.int64), num_records=1,
+                source=self.url,
+                tokens=tail,
+                lengths=np.array([len(tail)], np.int64),
+                records=np.array([record], np.int64),
+                offsets=np.array([start], np.int64),
+                num_records=1,
                 split_at_eos=True,
-            )  # fmt: skip
+            )
 
     # -- columns of id lists -------------------------------------------------

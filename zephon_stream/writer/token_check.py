@@ -144,9 +144,11 @@ def frame_documents(
     rejects = _merge_rejects(raw, reasons)
     if keep.all() and not missing_eos.any():
         return FramedDocuments(
-            tokens=tokens.astype(dtype, copy=False), lengths=lengths, records=np.asarray(raw.records, np.int64),
+            tokens=tokens.astype(dtype, copy=False),
+            lengths=lengths,
+            records=np.asarray(raw.records, np.int64),
             rejects=rejects,
-        )  # fmt: skip
+        )
     if keep.all():
         kept_tokens, kept_lengths, add = tokens.astype(dtype, copy=False), lengths, missing_eos
     else:

@@ -178,7 +178,9 @@ class TokenSource:
                 raise InputError(f"input {self.url}: not a readable parquet file: {exc}") from None
             self._check_column(parquet.schema_arrow)
             row = 0
-            for batch in parquet.iter_batches(batch_size=ROW_BATCH, columns=[self.config.tokens_field], use_threads=False):
+            for batch in parquet.iter_batches(
+                batch_size=ROW_BATCH, columns=[self.config.tokens_field], use_threads=False
+            ):
                 yield self._list_batch(batch.column(0), row)
                 row += batch.num_rows
                 self.bytes_read = raw.tell()
@@ -199,14 +201,18 @@ class TokenSource:
         for table in loaded.select_columns([self.config.tokens_field]).with_format("arrow").iter(batch_size=ROW_BATCH):
             yield self._list_batch(table.column(0).combine_chunks(), row)
             row += table.num_rows
-        self.bytes_read = sum(os.path.getsize(c["filename"]) for c in loaded.cache_files if os.path.isfile(c["filename"]))
+        self.bytes_read = sum(
+            os.path.getsize(c["filename"]) for c in loaded.cache_files if os.path.isfile(c["filename"])
+        )
 
     def _check_column(self, schema: Any) -> None:
         import pyarrow as pa
 
         field = self.config.tokens_field
         if field not in schema.names:
-            raise InputError(f"input {self.url}: no column {field!r} (columns: {', '.join(schema.names)}); pick one with --tokens-field")
+            raise InputError(
+                f"input {self.url}: no column {field!r} (columns: {', '.join(schema.names)}); pick one with --tokens-field"
+            )
         kind = schema.field(field).type
         is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
         values = kind.value_type if is_list else None
@@ -222,18 +228,26 @@ class TokenSource:
         # flatten() skips null rows; a null inside a list reads as NaN, a non-integer.
         values = column.flatten().to_numpy(zero_copy_only=False)
         rejects = [
-            Reject(self.url, int(r), "missing_field", f"null in column {self.config.tokens_field!r}") for r in rows[~valid]
+            Reject(self.url, int(r), "missing_field", f"null in column {self.config.tokens_field!r}")
+            for r in rows[~valid]
         ]
         return RawDocuments(
-            source=self.url, tokens=values, lengths=lengths[valid], records=rows[valid], rejects=rejects,
+            source=self.url,
+            tokens=values,
+            lengths=lengths[valid],
+            records=rows[valid],
+            rejects=rejects,
             num_records=len(column),
-        )  # fmt: skip
+        )
 
     def _jsonl(self) -> Iterator[RawDocuments]:
         reader = SourceReader(
-            self.url, text_field=self.config.tokens_field, input_format_override="jsonl",
-            storage_options=self._options, raw_values=True,
-        )  # fmt: skip
+            self.url,
+            text_field=self.config.tokens_field,
+            input_format_override="jsonl",
+            storage_options=self._options,
+            raw_values=True,
+        )
         arrays: list[np.ndarray] = []
         records: list[int] = []
         rejects: list[Reject] = []
@@ -257,9 +271,13 @@ class TokenSource:
     def _json_batch(self, arrays: list[np.ndarray], records: list[int], rejects: list[Reject]) -> RawDocuments:
         values = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
         return RawDocuments(
-            source=self.url, tokens=values, lengths=np.array([len(a) for a in arrays], np.int64),
-            records=np.array(records, np.int64), rejects=rejects, num_records=len(records) + len(rejects),
-        )  # fmt: skip
+            source=self.url,
+            tokens=values,
+            lengths=np.array([len(a) for a in arrays], np.int64),
+            records=np.array(records, np.int64),
+            rejects=rejects,
+            num_records=len(records) + len(rejects),
+        )
 
 
 def _json_ids(value: Any, url: str, record: int, field: str) -> np.ndarray | Reject:

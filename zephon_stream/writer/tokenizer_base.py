@@ -7,7 +7,7 @@ parser; ``tiktoken_tokenizer.py``) all build on this module.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

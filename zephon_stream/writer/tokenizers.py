@@ -20,8 +20,9 @@ then uses every core.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -223,9 +224,7 @@ def load_tokenizer(
         from zephon_stream.writer.tiktoken_tokenizer import load_tiktoken
 
         return load_tiktoken(rest, eos_token=eos_token, bos_token=bos_token)
-    raise TokenizerError(
-        f"unknown tokenizer spec {spec!r} (expected 'bytes', 'hf:PATH_OR_URL' or 'tiktoken:NAME')"
-    )
+    raise TokenizerError(f"unknown tokenizer spec {spec!r} (expected 'bytes', 'hf:PATH_OR_URL' or 'tiktoken:NAME')")
 
 
 def _read_hf_json(location: str, storage_options: dict[str, Any] | None) -> bytes:

@@ -120,7 +120,9 @@ class UnitRecord:
                 name=obj["name"],
                 key=obj["key"],
                 shards=tuple(ShardInfo.from_obj(s, where=f"{where}: shards[{i}]") for i, s in enumerate(obj["shards"])),
-                sources=tuple(SourceCount(path=p, num_records=r, num_documents=d, num_rejected=j) for p, r, d, j in obj["sources"]),
+                sources=tuple(
+                    SourceCount(path=p, num_records=r, num_documents=d, num_rejected=j) for p, r, d, j in obj["sources"]
+                ),
                 rejected=dict(obj["rejected"]),
                 num_tokens=obj["num_tokens"],
                 input_bytes=obj["input_bytes"],
@@ -151,12 +153,19 @@ class UnitSpec:
         """What a part's bytes depend on besides its inputs (part of each unit's key)."""
         c = self.config
         return {
-            "tokenizer": self.tokenizer.identity().fingerprint, "eos": self.tokenizer.eos_id,
-            "bos": self.tokenizer.bos_id, "block_tokens": c.block_tokens, "blocks_per_shard": c.blocks_per_shard,
-            "zstd_level": c.zstd_level, "text_field": c.text_field, "lines": c.lines,
-            "input_format": c.input_format, "tokens_field": c.tokens_field, "token_dtype": c.token_dtype,
+            "tokenizer": self.tokenizer.identity().fingerprint,
+            "eos": self.tokenizer.eos_id,
+            "bos": self.tokenizer.bos_id,
+            "block_tokens": c.block_tokens,
+            "blocks_per_shard": c.blocks_per_shard,
+            "zstd_level": c.zstd_level,
+            "text_field": c.text_field,
+            "lines": c.lines,
+            "input_format": c.input_format,
+            "tokens_field": c.tokens_field,
+            "token_dtype": c.token_dtype,
             "append_eos": c.append_eos,
-        }  # fmt: skip
+        }
 
 
 def read_unit_record(store: Store, name: str) -> UnitRecord | None:
@@ -188,11 +197,15 @@ class PartWriter:
         self.builder = ShardBuilder(
             store=self.store,
             layout=ShardLayout(
-                dtype=self.dtype, block_tokens=spec.config.block_tokens, blocks_per_shard=spec.config.blocks_per_shard,
-                zstd_level=spec.config.zstd_level, compress_threads=1, borrow_input=spec.config.tokens,
+                dtype=self.dtype,
+                block_tokens=spec.config.block_tokens,
+                blocks_per_shard=spec.config.blocks_per_shard,
+                zstd_level=spec.config.zstd_level,
+                compress_threads=1,
+                borrow_input=spec.config.tokens,
             ),
             sources=sources,
-        )  # fmt: skip
+        )
         self.rejects = tempfile.SpooledTemporaryFile(max_size=1 << 20)
         self.reject_counts: Counter[str] = Counter()
 
@@ -214,10 +227,14 @@ class PartWriter:
             if path not in keep:
                 self.store.delete(path)
         record = UnitRecord(
-            name=self.name, key=self.key, shards=tuple(shards), sources=tuple(sources),
-            rejected=dict(sorted(self.reject_counts.items())), num_tokens=self.builder.num_tokens,
+            name=self.name,
+            key=self.key,
+            shards=tuple(shards),
+            sources=tuple(sources),
+            rejected=dict(sorted(self.reject_counts.items())),
+            num_tokens=self.builder.num_tokens,
             input_bytes=input_bytes,
-        )  # fmt: skip
+        )
         self.store.write_atomic(UNIT_RECORD_NAME, record.to_bytes())
         return record
 
@@ -253,7 +270,9 @@ def convert_unit(unit: WorkUnit, spec: UnitSpec, *, name: str, key: str) -> Unit
             # this thread, between the reading and the shard building, cost
             # 1.12-1.37x the CPU of tokenizing on a thread of its own (as the
             # pool's workers do, being processes of their own).
-            with TokenizePool(tokenizer=spec.tokenizer, dtype=writer.dtype, workers=1, max_in_flight=TOKENIZE_IN_FLIGHT) as pool:
+            with TokenizePool(
+                tokenizer=spec.tokenizer, dtype=writer.dtype, workers=1, max_in_flight=TOKENIZE_IN_FLIGHT
+            ) as pool:
                 counts = [_text_piece(writer, pool, index, piece) for index, piece in enumerate(unit.pieces)]
                 while len(pool):
                     _add_tokens(writer, pool)
@@ -270,10 +289,15 @@ def _add_tokens(writer: PartWriter, pool: TokenizePool) -> None:
 def _text_piece(writer: PartWriter, pool: TokenizePool, index: int, piece: Any) -> SourceCount:
     config = writer.spec.config
     reader = SourceReader(
-        piece.url, text_field=config.text_field, lines=config.lines, input_format_override=config.input_format,
-        storage_options=writer.spec.storage_options, byte_range=piece.byte_range, row_groups=piece.row_groups,
+        piece.url,
+        text_field=config.text_field,
+        lines=config.lines,
+        input_format_override=config.input_format,
+        storage_options=writer.spec.storage_options,
+        byte_range=piece.byte_range,
+        row_groups=piece.row_groups,
         first_record=piece.first_record,
-    )  # fmt: skip
+    )
     records = documents = rejected = 0
     texts: list[str] = []
     numbers: list[int] = []
@@ -308,9 +332,12 @@ def add_raw_documents(writer: PartWriter, index: int, raw: RawDocuments) -> tupl
     """Check and frame ``raw``'s token ids into the part; ``(records, documents, rejected)``."""
     tokenizer = writer.spec.tokenizer
     framed = frame_documents(
-        raw, vocab_size=tokenizer.vocab_size, eos_id=tokenizer.eos_id, append_eos=writer.spec.config.append_eos,
+        raw,
+        vocab_size=tokenizer.vocab_size,
+        eos_id=tokenizer.eos_id,
+        append_eos=writer.spec.config.append_eos,
         dtype=writer.dtype,
-    )  # fmt: skip
+    )
     for reject in framed.rejects:
         writer.reject(reject)
     sources = np.full(len(framed.lengths), index, dtype=np.int64)
@@ -320,7 +347,9 @@ def add_raw_documents(writer: PartWriter, index: int, raw: RawDocuments) -> tupl
 
 def _token_piece(writer: PartWriter, index: int, url: str) -> SourceCount:
     config, tokenizer = writer.spec.config, writer.spec.tokenizer
-    token_config = TokenInputConfig(tokens_field=config.tokens_field, token_dtype=config.token_dtype, eos_id=tokenizer.eos_id)
+    token_config = TokenInputConfig(
+        tokens_field=config.tokens_field, token_dtype=config.token_dtype, eos_id=tokenizer.eos_id
+    )
     records = documents = rejected = 0
     for raw in TokenSource(url, config=token_config, storage_options=writer.spec.storage_options):
         r, d, j = add_raw_documents(writer, index, raw)

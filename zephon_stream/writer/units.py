@@ -112,7 +112,9 @@ def input_size(url: str, storage_options: Mapping[str, Any] | None) -> tuple[int
             raise InputError(f"input {url}: no such object") from None
 
 
-def count_lines(requests: Sequence[tuple[str, int, int]], storage_options: Mapping[str, Any] | None = None) -> list[int]:
+def count_lines(
+    requests: Sequence[tuple[str, int, int]], storage_options: Mapping[str, Any] | None = None
+) -> list[int]:
     """Newlines in each ``(url, start, end)`` byte range, in this process."""
     return [count_newlines(url, start, end, storage_options) for url, start, end in requests]
 
@@ -158,7 +160,9 @@ def _line_cuts(url: str, size: int, unit_bytes: int, storage_options: Mapping[st
     return cuts
 
 
-def _row_group_runs(url: str, unit_bytes: int, storage_options: Mapping[str, Any] | None) -> list[tuple[int, int, int, int]]:
+def _row_group_runs(
+    url: str, unit_bytes: int, storage_options: Mapping[str, Any] | None
+) -> list[tuple[int, int, int, int]]:
     """``(first_group, end_group, first_row, bytes)`` runs of a Parquet file's row groups."""
     try:
         import pyarrow.parquet as pq
@@ -264,9 +268,13 @@ def _prefix_per_file(ranges: list[tuple[str, int, int]], counts: list[int]) -> l
 
 def _with_first_record(piece: InputPiece, first_record: int) -> InputPiece:
     return InputPiece(
-        url=piece.url, num_bytes=piece.num_bytes, byte_range=piece.byte_range, row_groups=piece.row_groups,
-        first_record=first_record, modified_ns=piece.modified_ns,
-    )  # fmt: skip
+        url=piece.url,
+        num_bytes=piece.num_bytes,
+        byte_range=piece.byte_range,
+        row_groups=piece.row_groups,
+        first_record=first_record,
+        modified_ns=piece.modified_ns,
+    )
 
 
 def _group(pieces: list[tuple[InputPiece, bool]], unit_bytes: int) -> list[WorkUnit]:

@@ -60,8 +60,13 @@ class _CpuProperties:
     total_memory = 1 << 34
 
 
-_MEMORY = {"active_bytes.all.peak": 0, "active_bytes.all.current": 0, "reserved_bytes.all.peak": 0,
-           "num_alloc_retries": 0, "num_ooms": 0}  # fmt: skip
+_MEMORY = {
+    "active_bytes.all.peak": 0,
+    "active_bytes.all.current": 0,
+    "reserved_bytes.all.peak": 0,
+    "num_alloc_retries": 0,
+    "num_ooms": 0,
+}
 torch.cpu.get_device_name = lambda device=None: "cpu"
 torch.cpu.get_device_properties = lambda device=None: _CpuProperties()
 torch.cpu.reset_peak_memory_stats = lambda device=None: None

@@ -47,8 +47,9 @@ def titan_module(name: str, *, needed_by: str = NEEDED_BY) -> types.ModuleType:
         if missing not in ("torchtitan", "torchdata", "grain"):
             raise
         hint = INSTALL_HINT if missing != "grain" else "pip install 'grain==0.2.18' (TorchTitan main's data pipeline)"
-        raise ModuleNotFoundError(f"{needed_by} needs TorchTitan ({exc.name} is not installed): {hint}",
-                                  name=exc.name) from exc  # fmt: skip
+        raise ModuleNotFoundError(
+            f"{needed_by} needs TorchTitan ({exc.name} is not installed): {hint}", name=exc.name
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,10 @@ class TitanAPI:
         """The shape keywords the trainer passes a loader's ``build``, from a
         job's ``training`` config (no pipeline parallelism)."""
         if self.flat_batches:
-            return {"max_context_length": training.max_context_length,
-                    "num_tokens_per_batch": training.num_tokens_per_microbatch_per_dp_rank}  # fmt: skip
+            return {
+                "max_context_length": training.max_context_length,
+                "num_tokens_per_batch": training.num_tokens_per_microbatch_per_dp_rank,
+            }
         return {"seq_len": training.seq_len, "local_batch_size": training.local_batch_size}
 
     def pp_microbatches(self, trainer: Any) -> int:
@@ -176,8 +179,9 @@ def detect() -> TitanAPI:
     except ModuleNotFoundError:
         found = None
     if found is None:
-        raise ModuleNotFoundError(f"{NEEDED_BY} needs TorchTitan (torchtitan is not installed): {INSTALL_HINT}",
-                                  name="torchtitan")  # fmt: skip
+        raise ModuleNotFoundError(
+            f"{NEEDED_BY} needs TorchTitan (torchtitan is not installed): {INSTALL_HINT}", name="torchtitan"
+        )
     where = next(iter(found.submodule_search_locations or [found.origin]))
     raise ModuleNotFoundError(
         f"{NEEDED_BY}: the TorchTitan at {where} has neither data API this release knows "

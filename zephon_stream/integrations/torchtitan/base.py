@@ -15,8 +15,16 @@ from zephon_stream.errors import ConfigError, TokenizerError
 from zephon_stream.integrations.torchtitan.api import TITAN
 from zephon_stream.storage.redact import redact_options
 
-__all__ = ["BaseDataLoader", "DataloaderExhausted", "DataloaderExhaustedError", "TitanShape", "check_tokenizer",
-           "redacted_config_dict", "redacted_config_repr", "titan_shape"]
+__all__ = [
+    "BaseDataLoader",
+    "DataloaderExhausted",
+    "DataloaderExhaustedError",
+    "TitanShape",
+    "check_tokenizer",
+    "redacted_config_dict",
+    "redacted_config_repr",
+    "titan_shape",
+]
 
 logger = logging.getLogger("zephon_stream.integrations")
 
@@ -115,8 +123,12 @@ def titan_shape(seq_len: int | None, local_batch_size: int | None, extra: dict[s
             logger.warning(
                 "num_tokens_per_batch %d is not a multiple of max_context_length %d: each batch holds %d rows and "
                 "%d padding tokens (labels -100, %.1f%% of the batch trains nothing); a multiple wastes none",
-                num_tokens_per_batch, seq_len, rows, pad_tokens, 100 * pad_tokens / num_tokens_per_batch,
-            )  # fmt: skip
+                num_tokens_per_batch,
+                seq_len,
+                rows,
+                pad_tokens,
+                100 * pad_tokens / num_tokens_per_batch,
+            )
     if local_batch_size is None or local_batch_size < 1:
         raise ConfigError(
             f"ZephonDataLoader needs local_batch_size (or num_tokens_per_batch) >= 1 (got {local_batch_size})"

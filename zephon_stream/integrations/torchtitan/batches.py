@@ -66,8 +66,9 @@ def titan_batch(
     if shape.pad_tokens:
         inputs = _pad(inputs, shape.pad_tokens, 0)
         labels = _pad(labels, shape.pad_tokens, IGNORE_INDEX)
-        positions = torch.cat([positions, torch.arange(shape.pad_tokens, dtype=positions.dtype,
-                                                       device=positions.device)])  # fmt: skip
+        positions = torch.cat(
+            [positions, torch.arange(shape.pad_tokens, dtype=positions.dtype, device=positions.device)]
+        )
     return {"input": inputs, "positions": positions}, labels
 
 

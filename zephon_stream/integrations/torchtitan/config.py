@@ -35,7 +35,9 @@ def skip_plan(entries: list[str], accumulation: int) -> dict[int, int]:
         except ValueError:
             raise ConfigError(f"dataloader.skip_steps: {entry!r} is not TRAIN_STEP:NUM_STEPS (e.g. 1200:300)") from None
         if train_step < 1 or count < 1:
-            raise ConfigError(f"dataloader.skip_steps: {entry!r}: the train step counts from 1 and at least 1 step is skipped")
+            raise ConfigError(
+                f"dataloader.skip_steps: {entry!r}: the train step counts from 1 and at least 1 step is skipped"
+            )
         plan[(train_step - 1) * accumulation] = count * accumulation
     return plan
 
@@ -226,8 +228,9 @@ def phase_dicts(phases: list[dict[str, Any]] | str) -> list[dict[str, Any]]:
             # TorchTitan main's name for the row length.
             length = phase.pop("max_context_length")
             if phase.setdefault("seq_len", length) != length:
-                raise ConfigError(f"dataloader.phases[{k}]: seq_len {phase['seq_len']} and max_context_length "
-                                  f"{length} disagree")  # fmt: skip
+                raise ConfigError(
+                    f"dataloader.phases[{k}]: seq_len {phase['seq_len']} and max_context_length {length} disagree"
+                )
         if "num_tokens_per_train_step" in phase and "global_batch" in phase:
             raise ConfigError(f"dataloader.phases[{k}]: give global_batch or num_tokens_per_train_step, not both")
         out.append(phase)

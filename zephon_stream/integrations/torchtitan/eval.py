@@ -98,8 +98,9 @@ class ZephonEvalDataLoader(BaseDataLoader):
             if self.prefetch_steps < 1:
                 raise ConfigError(f"validator dataloader.prefetch_steps must be >= 1 (got {self.prefetch_steps})")
             refuse_packing_outputs_on_flat_batches(self.packing_outputs)
-            PackingSpec(cross_document_targets=self.cross_document_targets, outputs=self.packing_outputs,
-                        rows=self.packing)  # fmt: skip
+            PackingSpec(
+                cross_document_targets=self.cross_document_targets, outputs=self.packing_outputs, rows=self.packing
+            )
 
         def to_dict(self) -> dict:
             """The config as TorchTitan logs it, secrets redacted."""

@@ -96,13 +96,23 @@ class ZephonDataLoader(BaseDataLoader):
         else:
             streams = config.dataset_path
         if config.phases:
-            shape: dict[str, Any] = {"schedule": titan_schedule(
-                phase_dicts(config.phases), seq_len=seq_len, global_batch=local_batch_size * dp_world_size,
-                lanes=config.lanes, window=config.window, accumulation=config.gradient_accumulation_steps,
-            )}  # fmt: skip
+            shape: dict[str, Any] = {
+                "schedule": titan_schedule(
+                    phase_dicts(config.phases),
+                    seq_len=seq_len,
+                    global_batch=local_batch_size * dp_world_size,
+                    lanes=config.lanes,
+                    window=config.window,
+                    accumulation=config.gradient_accumulation_steps,
+                )
+            }
         else:
-            shape = {"seq_len": seq_len, "local_batch_size": local_batch_size, "lanes": config.lanes,
-                     "window": config.window}  # fmt: skip
+            shape = {
+                "seq_len": seq_len,
+                "local_batch_size": local_batch_size,
+                "lanes": config.lanes,
+                "window": config.window,
+            }
         self._loader = StreamingLoader(
             streams,
             **shape,

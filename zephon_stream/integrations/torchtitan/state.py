@@ -47,7 +47,5 @@ def loader_state_from_titan(state_dict: dict[str, Any]) -> Any:
         try:
             value = json.loads(value)
         except ValueError as exc:
-            raise StateMismatchError(
-                f"dataloader state {STATE_KEY!r}: not the JSON of a loader state ({exc})"
-            ) from exc
+            raise StateMismatchError(f"dataloader state {STATE_KEY!r}: not the JSON of a loader state ({exc})") from exc
     return value

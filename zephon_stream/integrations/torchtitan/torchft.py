@@ -49,8 +49,9 @@ from zephon_stream.integrations.torchtitan.state import (
     titan_state,
 )
 
-TorchFTCheckpointManager = titan_module("torchtitan.experiments.torchft.checkpoint",
-                                        needed_by=__name__).TorchFTCheckpointManager  # fmt: skip
+TorchFTCheckpointManager = titan_module(
+    "torchtitan.experiments.torchft.checkpoint", needed_by=__name__
+).TorchFTCheckpointManager
 
 __all__ = ["ZephonFTCheckpointManager", "ZephonFTDataLoader", "check_titan_ft_config"]
 
@@ -177,30 +178,52 @@ class ZephonFTDataLoader(BaseDataLoader):
             )
         groups, replica = int(ft_manager.group_size), int(ft_manager.replica_id)
         if groups < 1 or self.dp_world_size % groups:
-            raise ConfigError(f"dp_world_size {self.dp_world_size} is not a multiple of fault_tolerance.group_size "
-                              f"{groups}: build the loader with ft_manager.get_dp_info(...)")  # fmt: skip
+            raise ConfigError(
+                f"dp_world_size {self.dp_world_size} is not a multiple of fault_tolerance.group_size "
+                f"{groups}: build the loader with ft_manager.get_dp_info(...)"
+            )
         group_dp = self.dp_world_size // groups
         if self.dp_rank // group_dp != replica:
-            raise ConfigError(f"dp_rank {self.dp_rank} of {self.dp_world_size} is not in replica {replica}'s "
-                              f"ranks [{replica * group_dp}, {(replica + 1) * group_dp}): build the loader with "
-                              f"ft_manager.get_dp_info(...)")  # fmt: skip
+            raise ConfigError(
+                f"dp_rank {self.dp_rank} of {self.dp_world_size} is not in replica {replica}'s "
+                f"ranks [{replica * group_dp}, {(replica + 1) * group_dp}): build the loader with "
+                f"ft_manager.get_dp_info(...)"
+            )
         config = self.config
         streams = self._streams()
-        options = {"storage_options": dict(config.storage_options) or None, "device": config.device,
-                   "pipeline": config.pipeline, "helper_nice": config.helper_nice,
-                   "prefetch_steps": config.prefetch_steps, "max_memory_bytes": config.max_memory_bytes,
-                   "cross_document_targets": config.cross_document_targets, "packing": config.packing,
-                   # TorchTitan's train_step (0.3.0 and main) counts valid labels into a CPU tensor.
-                   "host_labels": True, "batch_layout": TITAN.batch_layout}  # fmt: skip
+        options = {
+            "storage_options": dict(config.storage_options) or None,
+            "device": config.device,
+            "pipeline": config.pipeline,
+            "helper_nice": config.helper_nice,
+            "prefetch_steps": config.prefetch_steps,
+            "max_memory_bytes": config.max_memory_bytes,
+            "cross_document_targets": config.cross_document_targets,
+            "packing": config.packing,
+            # TorchTitan's train_step (0.3.0 and main) counts valid labels into a CPU tensor.
+            "host_labels": True,
+            "batch_layout": TITAN.batch_layout,
+        }
         if self._tokenizer is not None:
             self._check_tokenizer(streams, options)
-        ft_config = TorchFTConfig(seq_len=self.seq_len, policy="per_replica",
-                                  group_batch_size=group_dp * self.local_batch_size * microbatches,
-                                  lanes=config.lanes, window=config.window or 0, seed=config.seed,
-                                  state_key=config.state_key, microbatches=microbatches)  # fmt: skip
-        self._loader = TorchFTLoader(streams, manager=ft_manager.manager, config=ft_config,
-                                     group_rank=self.dp_rank % group_dp, group_world_size=group_dp,
-                                     loader_options=options)  # fmt: skip
+        ft_config = TorchFTConfig(
+            seq_len=self.seq_len,
+            policy="per_replica",
+            group_batch_size=group_dp * self.local_batch_size * microbatches,
+            lanes=config.lanes,
+            window=config.window or 0,
+            seed=config.seed,
+            state_key=config.state_key,
+            microbatches=microbatches,
+        )
+        self._loader = TorchFTLoader(
+            streams,
+            manager=ft_manager.manager,
+            config=ft_config,
+            group_rank=self.dp_rank % group_dp,
+            group_world_size=group_dp,
+            loader_options=options,
+        )
         if self._loaded_state is not None:
             state, self._loaded_state = self._loaded_state, None
             self.load_state_dict(state)
@@ -215,9 +238,16 @@ class ZephonFTDataLoader(BaseDataLoader):
     def _check_tokenizer(self, streams: Any, options: dict[str, Any]) -> None:
         from zephon_stream.loader import StreamingLoader
 
-        with StreamingLoader(streams, seq_len=self.seq_len, local_batch_size=1, rank=0, world_size=1,
-                             pipeline="threads", prefetch_steps=1,
-                             storage_options=options["storage_options"]) as probe:  # fmt: skip
+        with StreamingLoader(
+            streams,
+            seq_len=self.seq_len,
+            local_batch_size=1,
+            rank=0,
+            world_size=1,
+            pipeline="threads",
+            prefetch_steps=1,
+            storage_options=options["storage_options"],
+        ) as probe:
             check_tokenizer(self._tokenizer, probe.manifests)
 
     @property
@@ -327,15 +357,19 @@ def check_titan_ft_config(config: Any) -> None:
             training, or per-replica dataloader checkpoints on.
     """
     if not isinstance(config.dataloader, ZephonFTDataLoaderConfig):
-        raise ConfigError(f"ZephonFTTrainer needs dataloader=ZephonFTDataLoader.Config(...), got "
-                          f"{type(config.dataloader).__name__}")  # fmt: skip
+        raise ConfigError(
+            f"ZephonFTTrainer needs dataloader=ZephonFTDataLoader.Config(...), got {type(config.dataloader).__name__}"
+        )
     ft = config.fault_tolerance
     if not ft.enable:
-        raise ConfigError("ZephonFTTrainer needs fault_tolerance.enable = true (else use TorchTitan's Trainer "
-                          "with ZephonDataLoader)")  # fmt: skip
+        raise ConfigError(
+            "ZephonFTTrainer needs fault_tolerance.enable = true (else use TorchTitan's Trainer with ZephonDataLoader)"
+        )
     if ft.semi_sync_method is not None:
-        raise ConfigError(f"ZephonFTDataLoader does not support fault_tolerance.semi_sync_method "
-                          f"{ft.semi_sync_method!r}: its quorum runs every sync_steps steps")  # fmt: skip
+        raise ConfigError(
+            f"ZephonFTDataLoader does not support fault_tolerance.semi_sync_method "
+            f"{ft.semi_sync_method!r}: its quorum runs every sync_steps steps"
+        )
     checkpoint = config.checkpoint
     if checkpoint.enable and getattr(checkpoint, "enable_ft_dataloader_checkpoints", False):
         raise ConfigError(

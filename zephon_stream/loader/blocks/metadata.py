@@ -176,8 +176,14 @@ class StreamMetadata:
     def _shape(self) -> StreamShape:
         if self._header is not None:
             h = self._header
-            return StreamShape(fingerprint=h.fingerprint, block_tokens=h.block_tokens, num_blocks=h.num_blocks,
-                               short_ids=h.short_ids, short_counts=h.short_counts, name=self.url)
+            return StreamShape(
+                fingerprint=h.fingerprint,
+                block_tokens=h.block_tokens,
+                num_blocks=h.num_blocks,
+                short_ids=h.short_ids,
+                short_counts=h.short_counts,
+                name=self.url,
+            )
         m = self._manifest
         return StreamShape.from_counts(m.fingerprint, m.block_tokens, m.block_token_counts(), name=self.url)
 
@@ -235,11 +241,14 @@ class StreamMetadata:
         records = {b: self._record(blocks, frames_column, b) for b in wanted}
         shards = self._header.shards
         path_column = shards.column("path")
-        self._read_pages([key for r in records.values() for key in self._rows(shards, path_column, int(r["shard"]), int(r["shard"]))])
+        self._read_pages(
+            [key for r in records.values() for key in self._rows(shards, path_column, int(r["shard"]), int(r["shard"]))]
+        )
         for block_id, record in records.items():
             path = self._shard_path(int(record["shard"]))
-            self._frames[block_id] = Frame(path, int(record["start"]), int(record["end"]), int(record["block"]),
-                                           int(record["tokens"]))
+            self._frames[block_id] = Frame(
+                path, int(record["start"]), int(record["end"]), int(record["block"]), int(record["tokens"])
+            )
 
     def _where(self, table: TableInfo) -> str:
         return f"index object {self.url}/{table.path}"
@@ -254,8 +263,10 @@ class StreamMetadata:
 
     def _record(self, table: TableInfo, column: ColumnInfo, row: int) -> np.void:
         record = np.frombuffer(self._row_bytes(table, column, row), dtype=FRAME_DTYPE)[0]
-        where = f"{self._where(table)}: row {row} (bytes [{column.offset + row * column.width}, " \
-                f"{column.offset + (row + 1) * column.width}))"
+        where = (
+            f"{self._where(table)}: row {row} (bytes [{column.offset + row * column.width}, "
+            f"{column.offset + (row + 1) * column.width}))"
+        )
         h = self._header
         expected_tokens = self.block_num_tokens(row)
         start, end = int(record["start"]), int(record["end"])
@@ -265,8 +276,10 @@ class StreamMetadata:
         elif not start < end or end - start > h.max_block_bytes:
             problem = f"frame bytes [{start}, {end}) are empty or larger than max_block_bytes {h.max_block_bytes}"
         elif int(record["shard"]) >= h.num_shards or int(record["block"]) >= h.blocks_per_shard:
-            problem = f"shard {int(record['shard'])} block {int(record['block'])} is outside {h.num_shards} shards " \
-                      f"of {h.blocks_per_shard} blocks"
+            problem = (
+                f"shard {int(record['shard'])} block {int(record['block'])} is outside {h.num_shards} shards "
+                f"of {h.blocks_per_shard} blocks"
+            )
         if problem is not None:
             raise IndexObjectError(f"{where}: {problem}")
         return record
@@ -354,8 +367,9 @@ class StreamMetadata:
         # Readers for this round only: rounds come once a horizon of
         # steps, not per step, and no thread stays behind between them (the
         # trainer's process runs none once the helper process serves).
-        with concurrent.futures.ThreadPoolExecutor(min(len(keys), _MAX_CONCURRENT_READS),
-                                                   thread_name_prefix="zs-index") as pool:  # fmt: skip
+        with concurrent.futures.ThreadPoolExecutor(
+            min(len(keys), _MAX_CONCURRENT_READS), thread_name_prefix="zs-index"
+        ) as pool:
             return list(pool.map(one, keys))
 
     def close(self) -> None:

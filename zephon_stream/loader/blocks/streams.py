@@ -97,8 +97,12 @@ def _is_number(value: Any) -> bool:
 
 
 def _is_pair(value: Any) -> bool:
-    return (isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], (str, os.PathLike))
-            and _is_number(value[1]))  # fmt: skip
+    return (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and isinstance(value[0], (str, os.PathLike))
+        and _is_number(value[1])
+    )
 
 
 def as_streams(streams: StreamLike | Sequence[StreamLike]) -> list[Stream]:
@@ -130,11 +134,15 @@ def _as_stream(index: int, entry: Any) -> Stream:
         fields = [f.name for f in dataclasses.fields(Stream)]
         unknown = sorted(map(str, set(entry) - set(fields)))
         if unknown or "url" not in entry:
-            raise ConfigError(f"stream {index}: a dict of a Stream's fields needs 'url' and may hold {fields} "
-                              f"(got keys {sorted(map(str, entry))})")  # fmt: skip
+            raise ConfigError(
+                f"stream {index}: a dict of a Stream's fields needs 'url' and may hold {fields} "
+                f"(got keys {sorted(map(str, entry))})"
+            )
         url = entry["url"]
-        return Stream(os.fspath(url) if isinstance(url, os.PathLike) else url,
-                      **{name: entry[name] for name in fields if name != "url" and name in entry})  # fmt: skip
+        return Stream(
+            os.fspath(url) if isinstance(url, os.PathLike) else url,
+            **{name: entry[name] for name in fields if name != "url" and name in entry},
+        )
     if _is_pair(entry):
         url, weight = entry
         return Stream(os.fspath(url), weight=weight)
@@ -157,6 +165,7 @@ def read_manifest_bytes(store: Any, node_cache: Any = None) -> bytes:
     Raises:
         ObjectMissingError: no committed dataset in ``store``.
     """
+
     def fetch() -> bytes:
         try:
             return store.read(MANIFEST_NAME)
@@ -300,8 +309,9 @@ def open_sources(
     sources: list[StreamSource] = []
     try:
         for index, stream in enumerate(streams):
-            sources.append(StreamSource(index=index, stream=stream, storage_options=storage_options,
-                                        node_cache=node_cache))
+            sources.append(
+                StreamSource(index=index, stream=stream, storage_options=storage_options, node_cache=node_cache)
+            )
     except BaseException:
         for source in sources:
             source.close()

@@ -93,7 +93,9 @@ def cuda_index(*, device_count: int, current_device: int, env: Mapping[str, str]
     try:
         wanted = int(local_rank)
     except ValueError:
-        raise ValueError(f"LOCAL_RANK={local_rank!r} is not an integer; pass device='cuda:N' to choose the GPU") from None
+        raise ValueError(
+            f"LOCAL_RANK={local_rank!r} is not an integer; pass device='cuda:N' to choose the GPU"
+        ) from None
     if wanted != current_device:
         raise ValueError(
             f"device='cuda' names no GPU and the current CUDA device is {current_device}, but LOCAL_RANK is "
@@ -214,8 +216,9 @@ class CudaDelivery:
         batch_layout: ``"rows"`` or ``"tokens"`` (views of the widened rows, and of the host keys).
     """
 
-    def __init__(self, *, ring: SharedRing, device: torch.device, host_keys: tuple[str, ...] = (),
-                 batch_layout: str = "rows") -> None:  # fmt: skip
+    def __init__(
+        self, *, ring: SharedRing, device: torch.device, host_keys: tuple[str, ...] = (), batch_layout: str = "rows"
+    ) -> None:
         assert device.type == "cuda" and device.index is not None
         assert set(host_keys) <= set(ring.layout.wide_keys)
         self.device = device
@@ -229,7 +232,9 @@ class CudaDelivery:
             # 1 = cudaHostRegisterPortable: pinned for every CUDA context.
             status = torch.cuda.cudart().cudaHostRegister(array.ctypes.data, array.nbytes, 1)
             if int(status) != 0:
-                raise RuntimeError(f"cudaHostRegister of the {array.nbytes}-byte batch ring failed (status {int(status)})")
+                raise RuntimeError(
+                    f"cudaHostRegister of the {array.nbytes}-byte batch ring failed (status {int(status)})"
+                )
         self._registered = True
         self._ring_tensor = torch.from_numpy(array)
         self._returns = SlotReturns(
@@ -327,4 +332,3 @@ def ring_slots(prefetch_steps: int, *, host_views: bool = False) -> int:
     the one just delivered (on CUDA, its copy may be in flight) and, with
     CUDA host labels (``host_views``), those waiting for their release event."""
     return prefetch_steps + 1 + MAX_HELD_BATCHES + 1 + (PENDING_RELEASE_SLOTS if host_views else 0)
-

@@ -35,7 +35,7 @@ def _views_of(slab: np.ndarray, arrays: Mapping[str, np.ndarray]) -> dict[str, t
     out = {}
     for key, array in arrays.items():
         offset = array.__array_interface__["data"][0] - start
-        assert array.flags.c_contiguous and 0 <= offset and offset + array.nbytes <= slab.nbytes, key
+        assert array.flags.c_contiguous and offset >= 0 and offset + array.nbytes <= slab.nbytes, key
         dtype = torch.from_numpy(np.empty(0, array.dtype)).dtype
         out[key] = base[offset : offset + array.nbytes].view(dtype).view(array.shape)
     return out
@@ -47,7 +47,9 @@ def slot_tensors(
     """The slot's arrays as tensors, and each step's views of them when the
     slot holds several steps. With ``slab`` (the slot's bytes, which the
     arrays view) every tensor is a view of one storage over it."""
-    whole = _views_of(slab, arrays) if slab is not None else {key: torch.from_numpy(array) for key, array in arrays.items()}
+    whole = (
+        _views_of(slab, arrays) if slab is not None else {key: torch.from_numpy(array) for key, array in arrays.items()}
+    )
     if steps_per_slot == 1:
         return whole, []
     keys = list(whole)
@@ -87,8 +89,10 @@ class SlotViews:
         # Counted as in __init__ (the tuple and the call's argument), so
         # only references from outside differ; the storage's use count then
         # covers views made from the tensors.
-        return (list(map(sys.getrefcount, self._tensors)) != self._idle_refs
-                or _storage_use_count(self._cdata) != self._idle_uses)  # fmt: skip
+        return (
+            list(map(sys.getrefcount, self._tensors)) != self._idle_refs
+            or _storage_use_count(self._cdata) != self._idle_uses
+        )
 
 
 def cached_views_available() -> bool:

@@ -180,12 +180,24 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
     ) -> None:
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         check_loader_args(
-            rank=self.rank, world_size=self.world_size, scheduled=schedule is not None, pipeline=pipeline,
-            batch_layout=batch_layout, seq_len=seq_len, local_batch_size=local_batch_size, lanes=lanes, window=window,
-            prefetch_steps=prefetch_steps, num_fetch_threads=num_fetch_threads,
-            num_decode_threads=num_decode_threads, max_steps=max_steps, max_epochs=max_epochs,
-            epochs_stream=epochs_stream, end_after_phase=end_after_phase, helper_nice=helper_nice,
-        )  # fmt: skip
+            rank=self.rank,
+            world_size=self.world_size,
+            scheduled=schedule is not None,
+            pipeline=pipeline,
+            batch_layout=batch_layout,
+            seq_len=seq_len,
+            local_batch_size=local_batch_size,
+            lanes=lanes,
+            window=window,
+            prefetch_steps=prefetch_steps,
+            num_fetch_threads=num_fetch_threads,
+            num_decode_threads=num_decode_threads,
+            max_steps=max_steps,
+            max_epochs=max_epochs,
+            epochs_stream=epochs_stream,
+            end_after_phase=end_after_phase,
+            helper_nice=helper_nice,
+        )
         self.pipeline_mode = pipeline
         self.batch_layout = batch_layout
         self.helper_nice = helper_nice
@@ -196,8 +208,12 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         self.num_fetch_threads = num_fetch_threads
         self.num_decode_threads = num_decode_threads
         self.max_steps = max_steps
-        self._ends = {"max_steps": max_steps, "max_epochs": max_epochs, "epochs_stream": epochs_stream,
-                      "end_after_phase": end_after_phase}  # fmt: skip
+        self._ends = {
+            "max_steps": max_steps,
+            "max_epochs": max_epochs,
+            "epochs_stream": epochs_stream,
+            "end_after_phase": end_after_phase,
+        }
         self.max_memory_bytes = max_memory_bytes
         self._explicit_lanes = lanes
         self._explicit_window = window
@@ -217,8 +233,9 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         self._end_position: int | None = None
         self._steady_until: float = 0  # The cursor the short way to a step stops at
         try:
-            self.packing = PackingSpec(cross_document_targets=cross_document_targets, outputs=packing_outputs,
-                                       rows=packing)  # fmt: skip
+            self.packing = PackingSpec(
+                cross_document_targets=cross_document_targets, outputs=packing_outputs, rows=packing
+            )
             # Construction reads straight through, each stage handing
             # its output on: streams -> phases -> layouts -> ring, delivery
             # and helper (the feed).
@@ -245,14 +262,23 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
                 schedule=self._schedule,
                 packing=self.packing,
             )
-            first = self._book.first_layout(seq_len=seq_len, global_batch=self.global_batch_size, lanes=lanes,
-                                            window=window, max_memory_bytes=max_memory_bytes)  # fmt: skip
+            first = self._book.first_layout(
+                seq_len=seq_len,
+                global_batch=self.global_batch_size,
+                lanes=lanes,
+                window=window,
+                max_memory_bytes=max_memory_bytes,
+            )
             if first is not None:
                 self._use_layout(first)
             self._book.begin_history(0, first.global_batch if first else self._schedule.phases[0].global_batch)
             self._feed = BatchFeed(
-                book=self._book, streams=self._streams, storage_options=storage_options, pipeline_mode=pipeline,
-                helper_nice=helper_nice, first_layout=first,
+                book=self._book,
+                streams=self._streams,
+                storage_options=storage_options,
+                pipeline_mode=pipeline,
+                helper_nice=helper_nice,
+                first_layout=first,
                 node_cache_root=None if self._node_cache is None else self._node_cache.root,
             )
             if audit_log is not None and self.rank == 0:
@@ -333,8 +359,13 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         stop = stop_position(layout, end)
         num_steps = None if stop is None else max(0, -(-(stop - start) // layout.global_batch))
         more_runs = layout.end_position is not None and (end is None or layout.end_position < end)
-        return {"start": start, "start_step": self._book.step_of(start, layout), "num_steps": num_steps,
-                "hash_data": self._audit is not None, "more_runs": more_runs}  # fmt: skip
+        return {
+            "start": start,
+            "start_step": self._book.step_of(start, layout),
+            "num_steps": num_steps,
+            "hash_data": self._audit is not None,
+            "more_runs": more_runs,
+        }
 
     def _start_next_phase_ahead(self, end: int | None) -> None:
         """Start the next phase's run once the cursor is within the feed's
@@ -354,9 +385,15 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
     def _audit_record(self, cursor: int, data_sha256: str) -> dict[str, Any]:
         positions = np.arange(cursor, cursor + self.global_batch_size, dtype=np.int64)
         addresses = addresses_sha256(positions, *self._layout.addresses(positions))
-        return {"step": self._book.step_of(cursor, self._layout), "phase": self._layout.phase, "cursor": cursor,
-                "addresses_sha256": addresses, "data_sha256": data_sha256, "world_size": self.world_size,
-                "local_batch_size": self.local_batch_size}  # fmt: skip
+        return {
+            "step": self._book.step_of(cursor, self._layout),
+            "phase": self._layout.phase,
+            "cursor": cursor,
+            "addresses_sha256": addresses,
+            "data_sha256": data_sha256,
+            "world_size": self.world_size,
+            "local_batch_size": self.local_batch_size,
+        }
 
     def _run_end_position(self) -> int | None:
         # Asked at every step; it changes only with the layout.

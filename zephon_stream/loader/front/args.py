@@ -23,8 +23,9 @@ def resolve_rank_world(rank: int | None, world_size: int | None) -> tuple[int, i
     return 0, 1
 
 
-def check_loader_args(*, rank: int, world_size: int, scheduled: bool, pipeline: str, batch_layout: str = "rows",
-                      **args: Any) -> None:  # fmt: skip
+def check_loader_args(
+    *, rank: int, world_size: int, scheduled: bool, pipeline: str, batch_layout: str = "rows", **args: Any
+) -> None:
     """Raise ``ConfigError`` naming the first bad argument and its value.
 
     ``args`` are the loader's keyword arguments of the same names. With a

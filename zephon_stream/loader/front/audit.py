@@ -102,13 +102,17 @@ class AuditLog:
         self._store = None
         self._lines: list[str] = []
         self._unflushed = 0
-        head = json.dumps({"kind": "header", "format": AUDIT_FORMAT, "version": AUDIT_VERSION, **header}, sort_keys=True)
+        head = json.dumps(
+            {"kind": "header", "format": AUDIT_FORMAT, "version": AUDIT_VERSION, **header}, sort_keys=True
+        )
         if is_local_url(self.url):
             path = os.path.abspath(local_path(self.url))
             os.makedirs(os.path.dirname(path), exist_ok=True)
             new = not os.path.exists(path) or os.path.getsize(path) == 0
             self._file = open(path, "a", encoding="utf-8")
-            self._write_line(head) if new else self._write_line(json.dumps({"kind": "resume", **header}, sort_keys=True))
+            self._write_line(head) if new else self._write_line(
+                json.dumps({"kind": "resume", **header}, sort_keys=True)
+            )
         else:
             parent, self._name = _split_url(self.url)
             self._store = open_store(parent, storage_options)

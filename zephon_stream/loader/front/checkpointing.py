@@ -65,8 +65,9 @@ class LoaderCheckpointing:
             scheduled = ScheduleState.from_dict(dict(state_dict))
             scheduled.validate(self._schedule, packing=self._book.packing.rows)
             self._seek(scheduled.position)
-            self._book.begin_history(self._position, self._schedule.phase_at_position(self._position).global_batch,
-                                     scheduled.history)  # fmt: skip
+            self._book.begin_history(
+                self._position, self._schedule.phase_at_position(self._position).global_batch, scheduled.history
+            )
             return
         state = LoaderState.from_dict(dict(state_dict))
         lanes = state.lanes if self._explicit_lanes is None else self._explicit_lanes
@@ -96,8 +97,9 @@ class LoaderCheckpointing:
         step, cursor = self._book.step_of(self._position, self._layout), self._position
         self._seek(self._book.skip(num_steps, self._position, self._layout))
         if self._audit is not None:
-            self._audit.append({"step": step, "skipped_steps": num_steps, "cursor": cursor, "to_cursor": self._position},
-                               kind="skip")  # fmt: skip
+            self._audit.append(
+                {"step": step, "skipped_steps": num_steps, "cursor": cursor, "to_cursor": self._position}, kind="skip"
+            )
 
     def _seek(self, position: int) -> None:
         """Stop the run in flight and prepare the one at ``position`` (with a schedule: its phase's)."""
@@ -112,6 +114,8 @@ class LoaderCheckpointing:
             self._feed.prepare(self._layout)
 
     def _make_layout(self, *, lanes: int | None, window: int | None) -> RankLayout:
-        layout = self._book.for_order(seq_len=self.seq_len, global_batch=self.global_batch_size, lanes=lanes, window=window)
+        layout = self._book.for_order(
+            seq_len=self.seq_len, global_batch=self.global_batch_size, lanes=lanes, window=window
+        )
         layout.check_memory(self.max_memory_bytes)
         return layout

@@ -82,8 +82,11 @@ class EvalLoader:
         packing: str = "concat",
     ) -> None:
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
-        for name, value in (("seq_len", seq_len), ("local_batch_size", local_batch_size),
-                            ("prefetch_steps", prefetch_steps)):  # fmt: skip
+        for name, value in (
+            ("seq_len", seq_len),
+            ("local_batch_size", local_batch_size),
+            ("prefetch_steps", prefetch_steps),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1 (got {value!r})")
         self.seq_len = seq_len
@@ -100,8 +103,13 @@ class EvalLoader:
             token_dtype = np.result_type(*(s.dtype for s in self._sources)).newbyteorder("<").str
             self._ring = SharedRing.create(
                 num_slots=prefetch_steps + 2,
-                layout=SlotLayout(rows=local_batch_size, seq_len=seq_len, token_dtype=token_dtype, wide_keys=WIDE_KEYS,
-                                  packing=self.packing),
+                layout=SlotLayout(
+                    rows=local_batch_size,
+                    seq_len=seq_len,
+                    token_dtype=token_dtype,
+                    wide_keys=WIDE_KEYS,
+                    packing=self.packing,
+                ),
             )
         except BaseException:
             self.close()
@@ -124,8 +132,9 @@ class EvalLoader:
 
     def _slice(self, cursor: int, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         first = cursor // self.global_batch_size
-        pieces = [self.order.rank_slice(first + k, self.global_batch_size, self.world_size, self.rank)
-                  for k in range(steps)]  # fmt: skip
+        pieces = [
+            self.order.rank_slice(first + k, self.global_batch_size, self.world_size, self.rank) for k in range(steps)
+        ]
         return tuple(np.stack([getattr(p, name) for p in pieces]) for name in ("indices", "stream", "block", "sample"))
 
     def _pipeline(self) -> Pipeline:
@@ -142,8 +151,7 @@ class EvalLoader:
         # touches at most rows / samples-per-block + 2 blocks.
         spb = max(1, min(s.manifest.block_tokens - 1 for s in self._sources) // self.seq_len)
         blocks = (self.local_batch_size // spb + 2) * (prefetch_steps + 2) + num_fetch_threads + num_decode_threads
-        block_bytes = max(s.full_block_bytes(self.seq_len if self.packing.best_fit else 0)
-                          for s in self._sources)  # fmt: skip
+        block_bytes = max(s.full_block_bytes(self.seq_len if self.packing.best_fit else 0) for s in self._sources)
         assert self._ring is not None
         reset_returned(self._ring, ())
         return Pipeline(
@@ -190,8 +198,10 @@ class EvalLoader:
             hits = np.flatnonzero(inputs == eos[:, None])
             hits = hits[~padding.numpy()[hits // self.seq_len]]
             writer = PackingWriter(spec=self.packing, seq_len=self.seq_len, rows=self.local_batch_size)
-            outputs = {key: batch[key].numpy() for key in ("segment_ids", "document_lengths", "cu_seqlens",
-                                                           "num_cu_seqlens", "max_seqlen")}  # fmt: skip
+            outputs = {
+                key: batch[key].numpy()
+                for key in ("segment_ids", "document_lengths", "cu_seqlens", "num_cu_seqlens", "max_seqlen")
+            }
             writer.write(hits, row_width=self.seq_len, labels=None, outputs=outputs)
 
     def close(self) -> None:

@@ -65,7 +65,12 @@ def retention_steps(*, spread: int, lanes: int, global_batch: int, fetch_steps: 
     :func:`period_steps`.
     """
     lane_steps = spread + 2
-    return math.ceil(lane_steps * lanes / global_batch) + period_steps(lanes=lanes, global_batch=global_batch) + fetch_steps + 1
+    return (
+        math.ceil(lane_steps * lanes / global_batch)
+        + period_steps(lanes=lanes, global_batch=global_batch)
+        + fetch_steps
+        + 1
+    )
 
 
 def blocks_per_lane(*, spread: int, samples_per_block: int, lanes: int, global_batch: int, fetch_steps: int) -> int:
@@ -111,8 +116,14 @@ class MemoryBound:
     @property
     def total_bytes(self) -> int:
         """The bound: the sum of the parts."""
-        return (self.cache_bytes + self.compressed_bytes + self.ring_bytes + self.helper_bytes + self.handover_bytes
-                + self.packing_bytes)  # fmt: skip
+        return (
+            self.cache_bytes
+            + self.compressed_bytes
+            + self.ring_bytes
+            + self.helper_bytes
+            + self.handover_bytes
+            + self.packing_bytes
+        )
 
     def describe(self) -> str:
         """One line: the total and each part, in MiB."""

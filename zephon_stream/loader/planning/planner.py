@@ -12,8 +12,8 @@ never causes a re-fetch within an epoch.
 from __future__ import annotations
 
 import collections
-import itertools
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterator
 
 import numpy as np

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from zephon_stream.loader.blocks.streams import StreamSource, stream_shapes
 from zephon_stream.loader.planning.memory import (
     MemoryBound,
     blocks_per_lane,
@@ -22,7 +23,6 @@ from zephon_stream.loader.planning.memory import (
     retention_steps,
     window_spread,
 )
-from zephon_stream.loader.blocks.streams import StreamSource, stream_shapes
 from zephon_stream.loader.planning.planner import Planner
 from zephon_stream.plan import GlobalOrder, OrderConfig, rank_positions
 
@@ -44,12 +44,19 @@ _MAX_BLOCK_AHEAD_TOKENS = 1 << 22
 
 
 def build_order(
-    sources: Sequence[StreamSource], *, seed: int, seq_len: int, lanes: int, window: int, weights: tuple,
+    sources: Sequence[StreamSource],
+    *,
+    seed: int,
+    seq_len: int,
+    lanes: int,
+    window: int,
+    weights: tuple,
     lanes_default: str | None = None,
 ) -> GlobalOrder:
     """The ``GlobalOrder`` of a loader without a schedule (``lanes_default``: see ``GlobalOrder``)."""
     return GlobalOrder(
-        stream_shapes(sources), OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes, window=window, weights=weights),
+        stream_shapes(sources),
+        OrderConfig(seed=seed, seq_len=seq_len, lanes=lanes, window=window, weights=weights),
         lanes_default=lanes_default,
     )
 
@@ -149,10 +156,11 @@ class RankLayout:
             ring_bytes=ring_bytes,
             helper_bytes=helper_bytes,
             handover=handover,
-            packing_bytes=num_decode_threads * max(
-                packing_work_bytes(block_tokens=s.metadata.block_tokens, itemsize=s.dtype.itemsize) for s in sources
-            ) if best_fit else 0,
-        )  # fmt: skip
+            packing_bytes=num_decode_threads
+            * max(packing_work_bytes(block_tokens=s.metadata.block_tokens, itemsize=s.dtype.itemsize) for s in sources)
+            if best_fit
+            else 0,
+        )
 
     def _count_lanes_read(self) -> int:
         """Distinct lanes this rank reads, over every step phase the cursor can take."""
@@ -210,7 +218,9 @@ class RankLayout:
         if pattern is None:
             pattern = np.stack(
                 [
-                    rank_positions(phase + k * self.global_batch, self.global_batch, self.world_size, self.rank, self.order.lanes)
+                    rank_positions(
+                        phase + k * self.global_batch, self.global_batch, self.world_size, self.rank, self.order.lanes
+                    )
                     for k in range(self.period)
                 ]
             )

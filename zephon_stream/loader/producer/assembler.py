@@ -140,7 +140,9 @@ class StepAssembler:
         self._ramp = np.arange(seq_len, dtype=np.int64)
         self._writer: PackingWriter | None = None
 
-    def assemble(self, blocks: Sequence[np.ndarray], samples: np.ndarray, eos_ids: np.ndarray | int, slot: Slot) -> None:
+    def assemble(
+        self, blocks: Sequence[np.ndarray], samples: np.ndarray, eos_ids: np.ndarray | int, slot: Slot
+    ) -> None:
         """Write the slot's ``tokens``, ``eos`` and wide arrays.
 
         Args:
@@ -178,5 +180,6 @@ class StepAssembler:
         if mask_labels or slot.packing:
             if self._writer is None or self._writer.rows != len(staging):
                 self._writer = PackingWriter(spec=self.packing, seq_len=self.seq_len, rows=len(staging))
-            self._writer.write(hits, row_width=width, labels=wide.get("labels"), outputs=slot.packing or None,
-                               slot_index=slot.index)
+            self._writer.write(
+                hits, row_width=width, labels=wide.get("labels"), outputs=slot.packing or None, slot_index=slot.index
+            )

@@ -97,8 +97,13 @@ class ProducerSpec:
         try:
             for index, (stream, metadata) in enumerate(zip(self.streams, self.metadata)):
                 sources.append(
-                    StreamSource(index=index, stream=stream, storage_options=self.storage_options, metadata=metadata,
-                                 node_cache=node_cache)
+                    StreamSource(
+                        index=index,
+                        stream=stream,
+                        storage_options=self.storage_options,
+                        metadata=metadata,
+                        node_cache=node_cache,
+                    )
                 )
         except BaseException:
             for source in sources:

@@ -36,8 +36,13 @@ def _libc() -> ctypes.CDLL | None:
         return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        for name in ("pthread_mutexattr_init", "pthread_mutexattr_setpshared", "pthread_mutexattr_setrobust",
-                     "pthread_mutex_init", "pthread_mutex_lock"):  # fmt: skip
+        for name in (
+            "pthread_mutexattr_init",
+            "pthread_mutexattr_setpshared",
+            "pthread_mutexattr_setrobust",
+            "pthread_mutex_init",
+            "pthread_mutex_lock",
+        ):
             getattr(libc, name)
     except (OSError, AttributeError):
         return None

@@ -74,8 +74,7 @@ class PackingSpec:
             raise ConfigError(f"packing must be one of {', '.join(map(repr, PACKINGS))} (got {self.rows!r})")
         if self.cross_document_targets not in CROSS_DOCUMENT_TARGETS:
             raise ConfigError(
-                f"cross_document_targets must be one of {CROSS_DOCUMENT_TARGETS} "
-                f"(got {self.cross_document_targets!r})"
+                f"cross_document_targets must be one of {CROSS_DOCUMENT_TARGETS} (got {self.cross_document_targets!r})"
             )
         if not isinstance(self.outputs, bool):
             raise ConfigError(f"packing_outputs must be True or False (got {self.outputs!r})")

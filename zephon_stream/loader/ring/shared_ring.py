@@ -238,15 +238,18 @@ class SharedRing:
         eos = slab[offsets["eos"] : offsets["eos"] + rows * 8].view(np.int64)
         positions = slab[offsets["sample_positions"] : offsets["sample_positions"] + rows * 8].view(np.int64)
         wide = {
-            key: slab[offsets[key] : offsets[key] + rows * layout.seq_len * 8].view(np.int64).reshape(rows, layout.seq_len)
+            key: slab[offsets[key] : offsets[key] + rows * layout.seq_len * 8]
+            .view(np.int64)
+            .reshape(rows, layout.seq_len)
             for key in layout.wide_keys
         }
         packing = {}
         if layout.packing.outputs:
             start = packing_offsets(offsets["packing"], rows, layout.seq_len)
             packing = packing_views(slab, start, rows, layout.seq_len)
-        return Slot(index=index, slab=slab, tokens=tokens, eos=eos, sample_positions=positions, wide=wide,
-                    packing=packing)
+        return Slot(
+            index=index, slab=slab, tokens=tokens, eos=eos, sample_positions=positions, wide=wide, packing=packing
+        )
 
     def slab(self, index: int) -> np.ndarray:
         """Slot ``index`` as bytes (its reference count counts its views)."""

@@ -161,8 +161,12 @@ class BatchFeed:
             self._release_prepared()
         ring = SharedRing.create(num_slots=self._book.num_slots, layout=slot_layout)
         try:
-            self._prepared = ring, make_delivery(self._book.device, ring=ring, host_keys=self._book.host_keys,
-                                                 batch_layout=self._book.batch_layout)  # fmt: skip
+            self._prepared = (
+                ring,
+                make_delivery(
+                    self._book.device, ring=ring, host_keys=self._book.host_keys, batch_layout=self._book.batch_layout
+                ),
+            )
         except BaseException:
             ring.close()
             raise
@@ -174,21 +178,39 @@ class BatchFeed:
             delivery.close()
             ring.close()
 
-    def start(self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None, hash_data: bool,
-              more_runs: bool = False) -> None:  # fmt: skip
+    def start(
+        self,
+        layout: RankLayout,
+        *,
+        start: int,
+        start_step: int,
+        num_steps: int | None,
+        hash_data: bool,
+        more_runs: bool = False,
+    ) -> None:
         """Start a run of ``num_steps`` steps of ``layout`` from cursor ``start``
         (global step ``start_step``); ``more_runs``: another run follows this one."""
         assert self._run is None and self._next is None
-        self._run = self._new_run(layout, start=start, start_step=start_step, num_steps=num_steps,
-                                  hash_data=hash_data, more_runs=more_runs)  # fmt: skip
+        self._run = self._new_run(
+            layout, start=start, start_step=start_step, num_steps=num_steps, hash_data=hash_data, more_runs=more_runs
+        )
 
-    def start_ahead(self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None,
-                    hash_data: bool, more_runs: bool = False) -> None:  # fmt: skip
+    def start_ahead(
+        self,
+        layout: RankLayout,
+        *,
+        start: int,
+        start_step: int,
+        num_steps: int | None,
+        hash_data: bool,
+        more_runs: bool = False,
+    ) -> None:
         """Start the run that follows the current one at cursor ``start`` now;
         :meth:`switch` moves to it there."""
         assert self._run is not None and self._next is None
-        self._next = self._new_run(layout, start=start, start_step=start_step, num_steps=num_steps,
-                                   hash_data=hash_data, more_runs=more_runs)  # fmt: skip
+        self._next = self._new_run(
+            layout, start=start, start_step=start_step, num_steps=num_steps, hash_data=hash_data, more_runs=more_runs
+        )
 
     def switch(self, position: int) -> bool:
         """Move to the run started ahead if it begins at ``position``; whether it did."""
@@ -222,9 +244,15 @@ class BatchFeed:
         # the block, as always.
         batch = run.layout.global_batch
         self._quiet, self.steady = False, None
-        self._run = self._new_run(run.layout, start=position, start_step=run.spec.start_step + (position - run.start) // batch,
-                                  num_steps=None if run.end is None else (run.end - position) // batch,
-                                  hash_data=run.spec.hash_data, more_runs=False, steps_per_slot=1)  # fmt: skip
+        self._run = self._new_run(
+            run.layout,
+            start=position,
+            start_step=run.spec.start_step + (position - run.start) // batch,
+            num_steps=None if run.end is None else (run.end - position) // batch,
+            hash_data=run.spec.hash_data,
+            more_runs=False,
+            steps_per_slot=1,
+        )
         self._retire(run, wait=True)
         return self._run.get()
 
@@ -234,23 +262,34 @@ class BatchFeed:
         now = time.perf_counter()
         if self._last_get_s is not None:
             # The consumer's step, smoothed; it sets how far ahead runs start.
-            self._step_s = 0.8 * self._step_s + 0.2 * (now - self._last_get_s) if self._step_s else now - self._last_get_s
+            self._step_s = (
+                0.8 * self._step_s + 0.2 * (now - self._last_get_s) if self._step_s else now - self._last_get_s
+            )
         self._last_get_s = now
         if self._retiring or self._exiting:
             self._settle_retired(wait=False)
         if self._next is not None and position == self._next.start:
             self.switch(position)
             run = self._run
-        elif (self._next is None and not run.in_helper and self._spare_helper is not None
-              and now - self._helper_polled_s >= _HELPER_POLL_S):  # fmt: skip
+        elif (
+            self._next is None
+            and not run.in_helper
+            and self._spare_helper is not None
+            and now - self._helper_polled_s >= _HELPER_POLL_S
+        ):
             # Asking a starting helper costs a failed recv (~12 us);
             # at tiny steps, asked every step, that was half the step.
             self._helper_polled_s = now
             self._hand_over(run, position)
         # A run in the helper with no schedule and nothing left to
         # settle needs no watching until the loader stops or seeks.
-        self._quiet = (run.in_helper and self._next is None and self._book.schedule is None
-                       and not self._retiring and not self._exiting)  # fmt: skip
+        self._quiet = (
+            run.in_helper
+            and self._next is None
+            and self._book.schedule is None
+            and not self._retiring
+            and not self._exiting
+        )
         return run
 
     def _hand_over(self, run: ProducerRun, position: int) -> None:
@@ -267,13 +306,28 @@ class BatchFeed:
         spec = run.spec
         num_steps = None if end is None else (end - takeover) // batch
         start_step = spec.start_step + (takeover - spec.start) // batch
-        self._next = self._new_run(run.layout, start=takeover, start_step=start_step, num_steps=num_steps,
-                                   hash_data=spec.hash_data, more_runs=run.more_runs)  # fmt: skip
+        self._next = self._new_run(
+            run.layout,
+            start=takeover,
+            start_step=start_step,
+            num_steps=num_steps,
+            hash_data=spec.hash_data,
+            more_runs=run.more_runs,
+        )
         run.producer.end_at((takeover - run.start) // slot_batch)
         run.end = takeover
 
-    def _new_run(self, layout: RankLayout, *, start: int, start_step: int, num_steps: int | None, hash_data: bool,
-                 more_runs: bool, steps_per_slot: int | None = None) -> ProducerRun:  # fmt: skip
+    def _new_run(
+        self,
+        layout: RankLayout,
+        *,
+        start: int,
+        start_step: int,
+        num_steps: int | None,
+        hash_data: bool,
+        more_runs: bool,
+        steps_per_slot: int | None = None,
+    ) -> ProducerRun:
         book = self._book
         per_slot = 1 if hash_data else book.steps_per_slot(layout) if steps_per_slot is None else steps_per_slot
         if num_steps is not None:
@@ -310,8 +364,9 @@ class BatchFeed:
             delivery.close()
             ring.close()
             raise
-        run = ProducerRun(ring=ring, delivery=delivery, producer=producer, layout=layout, start=start, end=end,
-                          spec=spec)  # fmt: skip
+        run = ProducerRun(
+            ring=ring, delivery=delivery, producer=producer, layout=layout, start=start, end=end, spec=spec
+        )
         run.more_runs = more_runs
         return run
 

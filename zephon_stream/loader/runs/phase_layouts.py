@@ -102,7 +102,10 @@ class LayoutBook:
     def slot_layout(self, rows: int, seq_len: int) -> SlotLayout:
         """The ring slot of a batch of ``rows`` samples of ``seq_len``."""
         return SlotLayout(
-            rows=rows, seq_len=seq_len, token_dtype=self.token_dtype, wide_keys=ring_wide_keys(self.device, self.host_keys),
+            rows=rows,
+            seq_len=seq_len,
+            token_dtype=self.token_dtype,
+            wide_keys=ring_wide_keys(self.device, self.host_keys),
             packing=self.packing,
         )
 
@@ -137,7 +140,9 @@ class LayoutBook:
             lanes=global_batch if lanes is None else lanes,
             window=0 if window is None else window,
             weights=self.weights,
-            lanes_default=None if lanes is not None else (
+            lanes_default=None
+            if lanes is not None
+            else (
                 f"the global batch of {global_batch} (local_batch_size {global_batch // world} x world size {world}), "
                 "which gives the lanes when lanes is not set; lower local_batch_size or seq_len"
             ),
@@ -167,7 +172,12 @@ class LayoutBook:
         return layout
 
     def first_layout(
-        self, *, seq_len: int | None, global_batch: int | None, lanes: int | None, window: int | None,
+        self,
+        *,
+        seq_len: int | None,
+        global_batch: int | None,
+        lanes: int | None,
+        window: int | None,
         max_memory_bytes: int | None,
     ) -> RankLayout | None:
         """Every layout the loader may read, built and checked against
@@ -230,11 +240,17 @@ class LayoutBook:
         stretch = last_stretch(entries)
         if self.schedule is not None:
             step = self.schedule.step_of_position(position)
-        elif stretch is not None and position >= stretch.position and not (position - stretch.position) % stretch.global_batch:
+        elif (
+            stretch is not None
+            and position >= stretch.position
+            and not (position - stretch.position) % stretch.global_batch
+        ):
             step = stretch.step + (position - stretch.position) // stretch.global_batch
         else:
             step = position // global_batch
-        if not (continues(entries, step, position, history_distance(self.schedule)) and stretch.global_batch == global_batch):
+        if not (
+            continues(entries, step, position, history_distance(self.schedule)) and stretch.global_batch == global_batch
+        ):
             entries.append(Stretch(step, position, global_batch))
         self.history = entries
 

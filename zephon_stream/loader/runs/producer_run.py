@@ -82,9 +82,20 @@ class ProducerRun:
         # The short way to a plain step (:class:`SteadySteps` below), where the
         # run has one: a helper that posts its steps, cached CPU tensors.
         self.steady: SteadySteps | None = None
-        if isinstance(producer, ProcessProducer) and spec.post_steps and isinstance(delivery, CpuDelivery) and delivery.cached:
-            self.steady = SteadySteps(ring=ring, delivery=delivery, producer=producer, pending=self.pending,
-                                      steps_per_slot=spec.steps_per_slot, deliver_posted=self._deliver_posted)  # fmt: skip
+        if (
+            isinstance(producer, ProcessProducer)
+            and spec.post_steps
+            and isinstance(delivery, CpuDelivery)
+            and delivery.cached
+        ):
+            self.steady = SteadySteps(
+                ring=ring,
+                delivery=delivery,
+                producer=producer,
+                pending=self.pending,
+                steps_per_slot=spec.steps_per_slot,
+                deliver_posted=self._deliver_posted,
+            )
 
     @property
     def in_helper(self) -> bool:
@@ -118,8 +129,17 @@ class ProducerRun:
         steps = per_slot if self.end is None else min(per_slot, (self.end - ready.cursor) // step_batch)
         first, *rest = self.delivery.deliver_steps(ready.slot, steps_per_slot=per_slot, steps=steps)
         for k, batch in enumerate(rest, start=1):
-            self.pending.append((ReadyStep(index=ready.index * per_slot + k, cursor=ready.cursor + k * step_batch,
-                                           slot=ready.slot, data_sha256=""), batch))  # fmt: skip
+            self.pending.append(
+                (
+                    ReadyStep(
+                        index=ready.index * per_slot + k,
+                        cursor=ready.cursor + k * step_batch,
+                        slot=ready.slot,
+                        data_sha256="",
+                    ),
+                    batch,
+                )
+            )
         return first
 
     def _deliver_posted(self, slot: int) -> dict[str, torch.Tensor]:
@@ -157,9 +177,16 @@ class SteadySteps:
             post names, after the post is taken (slots of several steps).
     """
 
-    def __init__(self, *, ring: SharedRing, delivery: CpuDelivery, producer: ProcessProducer,
-                 pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]], steps_per_slot: int,
-                 deliver_posted: Callable[[int], dict[str, torch.Tensor]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        ring: SharedRing,
+        delivery: CpuDelivery,
+        producer: ProcessProducer,
+        pending: collections.deque[tuple[ReadyStep, dict[str, torch.Tensor]]],
+        steps_per_slot: int,
+        deliver_posted: Callable[[int], dict[str, torch.Tensor]],
+    ) -> None:
         self._ring = ring
         self._num_slots = ring.num_slots
         self._lock_word = ring.helper_lock_word
