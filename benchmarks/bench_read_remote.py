@@ -38,6 +38,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -172,9 +173,8 @@ def remote_figures(manifest: Manifest, root: Path, args: argparse.Namespace, epo
             order = (("local", str(root), None, None), ("remote", url, options, server_pid))
             runs = {}
             for name, where, opts, pid in order if trial % 2 == 0 else order[::-1]:
-                runs[name] = run_with_cpu(
-                    lambda: loader_tokens_per_s(where, opts, args, epoch_steps, passes=args.epochs), pid
-                )  # noqa: B023
+                run = partial(loader_tokens_per_s, where, opts, args, epoch_steps, passes=args.epochs)
+                runs[name] = run_with_cpu(run, pid)
             local, remote = runs["local"], runs["remote"]
             extra_cpu_s = (remote["cpu_s"] - local["cpu_s"]) / max(1, remote["first_pass_blocks"])
             remote_floor_s = (remote["run_loader_cpu_s"] + remote["run_server_cpu_s"]) / cores
