@@ -211,7 +211,7 @@ def run_memory(args, spec: str, files: list[tuple[Path, str]], work: Path) -> li
     total = sum(len(t.encode()) for _, t in files)
     for fraction in (0.25, 1.0):
         chosen, size = [], 0
-        for path, text in files:
+        for _, text in files:
             if size >= fraction * total:
                 break
             chosen.append(text)
