@@ -277,7 +277,8 @@ def report_ratio(results: dict[str, Any], mine: str, theirs: str, label: str, ta
     cpu = [t / m for m, t in zip(results[f"{mine}_cpu_trials"], results[f"{theirs}_cpu_trials"])]
     results[f"{key}_cpu"] = statistics.median(cpu)
     print(
-        f"  CPU seconds, {label} over zephon: median {statistics.median(cpu):.2f}, range {min(cpu):.2f}-{max(cpu):.2f}; "
+        f"  CPU seconds, {label} over zephon: median {statistics.median(cpu):.2f}, "
+        f"range {min(cpu):.2f}-{max(cpu):.2f}; "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
 

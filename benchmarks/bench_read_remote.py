@@ -207,8 +207,10 @@ def remote_figures(manifest: Manifest, root: Path, args: argparse.Namespace, epo
         raw = raw_range_reads(url, options, manifest, args.fetch_concurrency, passes=args.raw_passes)
         best_local = max(t["local"].get("steady_tokens_per_s", t["local"]["tokens_per_s"]) for t in trials)
         print(
-            f"raw range reads of the same blocks, {raw['concurrency']} at once: {raw['tokens_per_s'] / 1e6:.1f} M tok/s "
-            f"({raw['gets_per_s']:.0f} GET/s, {raw['mb_per_s']:.0f} MB/s, client CPU {raw['client_cpu_ms_per_get']:.2f} "
+            f"raw range reads of the same blocks, {raw['concurrency']} at once: "
+            f"{raw['tokens_per_s'] / 1e6:.1f} M tok/s "
+            f"({raw['gets_per_s']:.0f} GET/s, {raw['mb_per_s']:.0f} MB/s, "
+            f"client CPU {raw['client_cpu_ms_per_get']:.2f} "
             f"ms/GET) = {raw['tokens_per_s'] / best_local:.2f} x the loader's best local rate"
             + (": the server (with its client) is the limit" if raw["tokens_per_s"] < 0.8 * best_local else "")
         )

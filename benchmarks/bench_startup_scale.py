@@ -176,7 +176,8 @@ def main() -> None:
     sizes = {name: {p: len(d) for p, d in m.objects().items()} for name, m in forms.items()}
     print(
         f"synthetic dataset: {manifest.num_tokens / 1e12:.2f} T tokens, {manifest.num_blocks:,} blocks, "
-        f"{manifest.num_shards:,} shards, {len(manifest.sources):,} sources (built in {time.perf_counter() - started:.1f} s)"
+        f"{manifest.num_shards:,} shards, {len(manifest.sources):,} sources "
+        f"(built in {time.perf_counter() - started:.1f} s)"
     )
     for name, objects in sizes.items():
         print(f"  {name}: " + ", ".join(f"{p} {n / 1e6:.2f} MB" for p, n in objects.items()))

@@ -151,10 +151,12 @@ def python_consumer(url: str, args: argparse.Namespace) -> dict:
             }
             e = entry[pipeline]
             print(
-                f"{work_ms:g} ms of Python per step ({entry['alone_ms_per_step']:.2f} ms alone), {pipeline}: wall ratio "
+                f"{work_ms:g} ms of Python per step "
+                f"({entry['alone_ms_per_step']:.2f} ms alone), {pipeline}: wall ratio "
                 f"median {e['wall_ratio_median']:.3f} (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, best-of "
                 f"{e['wall_ratio_best']:.3f}){' (target >= 0.98)' if work_ms == 5 and pipeline == 'process' else ''}; "
-                f"trainer CPU ratio {e['trainer_cpu_ratio_median']:.3f}; trainer off CPU {e['trainer_off_cpu_share']:.1%} "
+                f"trainer CPU ratio {e['trainer_cpu_ratio_median']:.3f}; "
+                f"trainer off CPU {e['trainer_off_cpu_share']:.1%} "
                 f"(alone {alone_off:.1%}); involuntary switches {e['involuntary_switches_per_step']:.2f}/step "
                 f"(alone {alone_switches:.2f})"
             )

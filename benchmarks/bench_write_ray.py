@@ -346,7 +346,8 @@ def round_line(rep: int, row: dict) -> str:
     pool, ray = row["pool2"], row["ray2"]
     return (
         f"[{rep}] load {row['load_average']:.1f}: pool2 {pool['tokens_per_s']:,.0f} tokens/s, "
-        f"{pool['cpu_s_per_mtok']:.2f} CPU s/M tokens ({pool['net_cpu_s_per_mtok']:.2f} less its start); ray2 {ray['tokens_per_s']:,.0f} tokens/s "
+        f"{pool['cpu_s_per_mtok']:.2f} CPU s/M tokens ({pool['net_cpu_s_per_mtok']:.2f} less its start); "
+        f"ray2 {ray['tokens_per_s']:,.0f} tokens/s "
         f"({ray['tokens_per_s'] / pool['tokens_per_s']:.3f}x), tasks {ray['task_cpu_s_per_mtok']:.2f} CPU s/M tokens "
         f"({ray['task_cpu_s_per_mtok'] / pool['net_cpu_s_per_mtok']:.3f}x), daemons {ray['daemons_share'] * 100:.1f}% "
         f"of Ray's CPU"
@@ -401,7 +402,8 @@ def summarize(
     )
     print(
         f"model (computed), a {model['cores']}-core node converting {model['unit_mib']:.0f} MiB units: Ray's daemons "
-        f"{model['daemon_cores'][0]:.3f}-{model['daemon_cores'][1]:.3f} cores, {model['daemons_share_of_node'][0] * 100:.2f}-"
+        f"{model['daemon_cores'][0]:.3f}-{model['daemon_cores'][1]:.3f} cores, "
+        f"{model['daemons_share_of_node'][0] * 100:.2f}-"
         f"{model['daemons_share_of_node'][1] * 100:.2f}% of the node"
     )
     return {

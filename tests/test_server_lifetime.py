@@ -155,7 +155,8 @@ def test_a_guarded_command_stops_when_its_starter_is_killed_and_its_folder_goes(
     starter = (
         "import subprocess, sys, time\n"
         "from zephon_stream.storage.lifetime import guarded_command\n"
-        f"p = subprocess.Popen(guarded_command(['sleep', '600'], remove_on_orphan={str(folder)!r}), start_new_session=True)\n"
+        f"p = subprocess.Popen(guarded_command(['sleep', '600'], remove_on_orphan={str(folder)!r}), "
+        "start_new_session=True)\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(600)\n"
     )

@@ -139,7 +139,8 @@ class DemoReport:
         if at:
             lines.append(
                 f"step {self.kill_step} resumes mid-shard: its first sample is sample {at['sample_in_block']} of "
-                f"{at['samples_in_block']} in block {at['block_in_shard']} of {at['blocks_in_shard']} of {at['shard']}; "
+                f"{at['samples_in_block']} in block {at['block_in_shard']} of "
+                f"{at['blocks_in_shard']} of {at['shard']}; "
                 f"{at['mid_block_samples']} of its {at['batch_samples']} samples start inside a block."
             )
         if self.all_match:
