@@ -1,4 +1,5 @@
-"""Start-up at scale: a fresh rank of W = 2048 over a 1.1 T- or 15 T-token dataset, format 1.0 and 1.1, local and SeaweedFS.
+"""Start-up at scale: a fresh rank of W = 2048 over a 1.1 T- or 15 T-token dataset,
+format 1.0 and 1.1, local and SeaweedFS.
 
 The datasets are synthetic (no shard exists): full shards of 64 blocks of
 2**20 + 1 tokens, enough of them for ``--tokens`` (1.1e12: 16,384 shards;

@@ -1,4 +1,5 @@
-"""The Ray engine's throughput and CPU per token against the process pool, and the commit's cost at 10,000 and 100,000 parts.
+"""The Ray engine's throughput and CPU per token against the process pool, and the
+commit's cost at 10,000 and 100,000 parts.
 
 Throughput, on one corpus (stdlib ``.py`` sources, ``--max-mb``), one BPE
 tokenizer (vocab 8000, trained here) and one local Ray instance of 2 CPUs
@@ -179,7 +180,7 @@ def _pythonpath() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-mb", type=float, default=20.0, help="corpus size cap (MB)")
     parser.add_argument("--unit-mb", type=float, default=1.0, help="input MB a Ray work unit aims at")
     parser.add_argument("--repeat", type=int, default=2)
@@ -398,7 +399,8 @@ def summarize(
         f"{med['cpu']:.3f} ({min(cpu_pairs):.2f}-{max(cpu_pairs):.2f}; target <= {TARGET_CPU_RATIO}; against the "
         f"pool's whole, its start's {pool_start_s:.2f} CPU s included: {statistics.median(whole_pairs):.3f}); daemons "
         f"{med['share'] * 100:.1f}% of Ray's CPU; load average {os.getloadavg()[0]:.1f} now, "
-        f"{min(r['load_average'] for r in rounds):.1f}-{max(r['load_average'] for r in rounds):.1f} at the rounds' starts"
+        f"{min(r['load_average'] for r in rounds):.1f}-"
+        f"{max(r['load_average'] for r in rounds):.1f} at the rounds' starts"
     )
     print(
         f"model (computed), a {model['cores']}-core node converting {model['unit_mib']:.0f} MiB units: Ray's daemons "

@@ -98,8 +98,8 @@ def _inner_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def test_a_sigkilled_session_leaves_no_server_and_no_folder(tmp_path):
     (tmp_path / "test_inner.py").write_text(HOLDS_EVERY_SERVER)
     record_path = tmp_path / "record.json"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "fixtures_stores", "-p", "fixtures_ray", "-p", "no:cacheprovider",
-               "--basetemp", str(tmp_path / "basetemp"), "test_inner.py"]  # fmt: skip
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "fixtures_stores", "-p", "fixtures_ray",
+               "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "basetemp"), "test_inner.py"]  # fmt: skip
     session = subprocess.Popen(
         command,
         cwd=tmp_path,

@@ -126,7 +126,10 @@ class DemoReport:
         ]
         table = format_table(["stream", "dataset", "lanes", "epoch", "samples read", "of this epoch"], rows)
         state = json.dumps(self.resumed.last.get("state"), default=str)
-        return f"per-stream progress after step {max(self.resumed.steps)}:\n{table}\n\nloader state (all a checkpoint holds of the data order): {state}"
+        return (
+            f"per-stream progress after step {max(self.resumed.steps)}:\n{table}\n\n"
+            f"loader state (all a checkpoint holds of the data order): {state}"
+        )
 
     def _verdict(self) -> str:
         first, second = self.interrupted.world_size, self.resumed.world_size
