@@ -5,7 +5,7 @@ schedule, or what is left of either from a cursor on) into a ring whose slot
 layout fits that stretch's batch shape. ``BatchFeed`` starts runs, may start
 the next one ahead of the cursor it begins at (its first blocks fetched and
 its ring filled before the consumer gets there), and switches to it at that
-cursor; the loader (loader/front/api.py) decides where runs start and end.
+cursor; the loader (loader/front/steps.py) decides where runs start and end.
 
 How a start stays off the interpreter's start-up (docs/ARCHITECTURE.md,
 "Starting fast"): with ``pipeline="process"`` a helper process is started
