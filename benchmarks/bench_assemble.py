@@ -19,6 +19,7 @@ The last printed line is one JSON object with the figures.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import shutil
@@ -91,6 +92,67 @@ def best_us_per_step(run, steps: int, repeats: int) -> float:
     return best / steps * 1e6
 
 
+def measure(ring: SharedRing, blocks: list[np.ndarray], *, eos: int, args: argparse.Namespace, workdir: Path) -> dict:
+    """The figures, each step written into the ring's slots in turn.
+
+    The slot views live only in this call: the ring's shared memory can close
+    once it returns.
+    """
+    rows, seq_len = args.local_batch, args.seq_len
+    slots = ring.producer_slots()
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, len(blocks), (args.steps, rows))
+    samples = rng.integers(0, (min(len(b) for b in blocks) - 1) // seq_len, (args.steps, rows))
+    step_blocks = [[blocks[i] for i in row] for row in picks.tolist()]
+    assembler = StepAssembler(seq_len=seq_len)
+
+    def numpy_steps() -> None:
+        for k in range(args.steps):
+            assembler.assemble(step_blocks[k], samples[k], eos, slots[k % len(slots)])
+
+    source = np.arange(rows * seq_len, dtype=np.int64).reshape(rows, seq_len)
+
+    def write_floor() -> None:
+        for k in range(args.steps):
+            wide = slots[k % len(slots)].wide
+            for key in WIDE_KEYS:
+                np.copyto(wide[key], source)
+
+    figures = {
+        "seq_len": seq_len,
+        "local_batch": rows,
+        "steps": args.steps,
+        "numpy_us_per_step": best_us_per_step(numpy_steps, args.steps, args.repeats),
+    }
+    # What numpy wrote for the last step, to check the C loop against.
+    expected = {key: slots[(args.steps - 1) % len(slots)].wide[key].copy() for key in WIDE_KEYS}
+    figures["write_floor_us_per_step"] = best_us_per_step(write_floor, args.steps, args.repeats)
+    lib = compile_fused(workdir)
+    if lib is None:
+        print("no C compiler (cc, gcc): the fused C figure is skipped")
+        return figures
+    pointers = [(ctypes.c_void_p * rows)(*[b.ctypes.data for b in row]) for row in step_blocks]
+    starts = samples * seq_len
+
+    def fused_steps() -> None:
+        for k in range(args.steps):
+            slot = slots[k % len(slots)]
+            lib.assemble(
+                pointers[k],
+                starts[k].ctypes.data,
+                rows,
+                seq_len,
+                eos,
+                slot.tokens.ctypes.data,
+                *(slot.wide[key].ctypes.data for key in WIDE_KEYS),
+            )
+
+    figures["fused_c_us_per_step"] = best_us_per_step(fused_steps, args.steps, args.repeats)
+    last = slots[(args.steps - 1) % len(slots)]
+    assert all(np.array_equal(last.wide[key], expected[key]) for key in WIDE_KEYS), "C and numpy differ"
+    return figures
+
+
 def main() -> None:
     parser = dataset_parser(__doc__)
     parser.add_argument("--steps", type=int, default=2000)
@@ -115,58 +177,7 @@ def main() -> None:
         layout = SlotLayout(rows=rows, seq_len=seq_len, token_dtype=manifest.np_dtype.str, wide_keys=WIDE_KEYS)
         ring = SharedRing.create(num_slots=8, layout=layout)
         try:
-            slots = ring.producer_slots()
-            rng = np.random.default_rng(0)
-            picks = rng.integers(0, len(blocks), (args.steps, rows))
-            samples = rng.integers(0, (min(len(b) for b in blocks) - 1) // seq_len, (args.steps, rows))
-            step_blocks = [[blocks[i] for i in row] for row in picks.tolist()]
-            assembler = StepAssembler(seq_len=seq_len)
-
-            def numpy_steps() -> None:
-                for k in range(args.steps):
-                    assembler.assemble(step_blocks[k], samples[k], eos, slots[k % len(slots)])
-
-            source = np.arange(rows * seq_len, dtype=np.int64).reshape(rows, seq_len)
-
-            def write_floor() -> None:
-                for k in range(args.steps):
-                    wide = slots[k % len(slots)].wide
-                    for key in WIDE_KEYS:
-                        np.copyto(wide[key], source)
-
-            figures = {
-                "seq_len": seq_len,
-                "local_batch": rows,
-                "steps": args.steps,
-                "numpy_us_per_step": best_us_per_step(numpy_steps, args.steps, args.repeats),
-            }
-            # What numpy wrote for the last step, to check the C loop against.
-            expected = {key: slots[(args.steps - 1) % len(slots)].wide[key].copy() for key in WIDE_KEYS}
-            figures["write_floor_us_per_step"] = best_us_per_step(write_floor, args.steps, args.repeats)
-            lib = compile_fused(Path(tmp))
-            if lib is None:
-                print("no C compiler (cc, gcc): the fused C figure is skipped")
-            else:
-                pointers = [(ctypes.c_void_p * rows)(*[b.ctypes.data for b in row]) for row in step_blocks]
-                starts = samples * seq_len
-
-                def fused_steps() -> None:
-                    for k in range(args.steps):
-                        slot = slots[k % len(slots)]
-                        lib.assemble(
-                            pointers[k],
-                            starts[k].ctypes.data,
-                            rows,
-                            seq_len,
-                            eos,
-                            slot.tokens.ctypes.data,
-                            *(slot.wide[key].ctypes.data for key in WIDE_KEYS),
-                        )
-
-                figures["fused_c_us_per_step"] = best_us_per_step(fused_steps, args.steps, args.repeats)
-                last = slots[(args.steps - 1) % len(slots)]
-                assert all(np.array_equal(last.wide[key], expected[key]) for key in WIDE_KEYS), "C and numpy differ"
-            del slots
+            figures = measure(ring, blocks, eos=eos, args=args, workdir=Path(tmp))
         finally:
             ring.close()
 

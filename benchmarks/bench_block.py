@@ -94,13 +94,16 @@ def main() -> None:
     }
     print(f"baseline zstd decompress: {result['baseline_decode_mb_s']:.0f} MB/s of tokens")
     print(
-        f"decode_block:             {result['decode_block_mb_s']:.0f} MB/s ({result['decode_vs_baseline']:.3f}x baseline)"
+        f"decode_block:             {result['decode_block_mb_s']:.0f} MB/s "
+        f"({result['decode_vs_baseline']:.3f}x baseline)"
     )
     print(
-        f"decode_block, {args.threads} threads:  {result['threaded_decode_mb_s']:.0f} MB/s ({result['thread_speedup']:.2f}x one thread)"
+        f"decode_block, {args.threads} threads:  {result['threaded_decode_mb_s']:.0f} MB/s "
+        f"({result['thread_speedup']:.2f}x one thread)"
     )
     print(
-        f"compression {result['compression_ratio']:.2f}x, {result['bytes_per_token']:.3f} bytes/token; encode {result['encode_mb_s']:.0f} MB/s"
+        f"compression {result['compression_ratio']:.2f}x, {result['bytes_per_token']:.3f} bytes/token; "
+        f"encode {result['encode_mb_s']:.0f} MB/s"
     )
     print(json.dumps(result, sort_keys=True))
 

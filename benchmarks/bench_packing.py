@@ -261,7 +261,8 @@ def main() -> None:
         for seq_len, f in figures.items():
             c, b = f["concat"], f["best_fit"]
             print(
-                f"{seq_len:>6} {c['cut_pct']:>10.1f}% {b['cut_pct']:>12.1f}% {b['cut_pct'] / max(c['cut_pct'], 1e-9):>6.2f} "
+                f"{seq_len:>6} {c['cut_pct']:>10.1f}% {b['cut_pct']:>12.1f}% "
+                f"{b['cut_pct'] / max(c['cut_pct'], 1e-9):>6.2f} "
                 f"{c['without_beginning_pct']:>14.1f}% {b['without_beginning_pct']:>16.1f}% {c['floor_pct']:>5.1f}% "
                 f"{'yes' if not f['blocks_not_conserved'] else 'NO':>9} {f['pack_ms']:>8.2f} {f['decode_ms']:>10.2f}"
             )
@@ -287,14 +288,16 @@ def main() -> None:
         )
         for packing, m in loader["medians"].items():
             print(
-                f"  {packing:>8}: first batch {m['first_batch_s'] * 1e3:7.1f} ms, helper {m['helper_cpu_us_per_step']:6.0f}"
+                f"  {packing:>8}: first batch {m['first_batch_s'] * 1e3:7.1f} ms, "
+                f"helper {m['helper_cpu_us_per_step']:6.0f}"
                 f" us/step, next() {m['next_us_median']:5.1f} us, decode {m['decode_ms_per_block']:.2f} ms/block, "
                 f"pack {m['pack_ms_per_block']:.2f} ms/block"
             )
         r = loader["ratios"]
         print(
             f"  best_fit / concat, median of pairs: helper CPU per step {r['helper_cpu_us_per_step']:.2f} "
-            f"(target <= {TARGETS['helper_cpu_ratio']}), first batch {r['first_batch_s']:.2f}, next() {r['next_us_median']:.2f}"
+            f"(target <= {TARGETS['helper_cpu_ratio']}), "
+            f"first batch {r['first_batch_s']:.2f}, next() {r['next_us_median']:.2f}"
         )
         checks["helper_cpu"] = r["helper_cpu_us_per_step"] <= TARGETS["helper_cpu_ratio"]
     print("\ntargets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in checks.items()))

@@ -91,7 +91,8 @@ def main() -> None:
             figures["ratio_process_over_litdata"] = figures["process_tokens_per_s"] / figures["litdata_tokens_per_s"]
             figures["ratio_threads_over_litdata"] = figures["threads_tokens_per_s"] / figures["litdata_tokens_per_s"]
             print(
-                f"ratio zephon (process) / LitData iterator: {figures['ratio_process_over_litdata']:.2f} (target >= 0.5)"
+                "ratio zephon (process) / LitData iterator: "
+                f"{figures['ratio_process_over_litdata']:.2f} (target >= 0.5)"
             )
     print(json.dumps(figures))
 

@@ -72,6 +72,7 @@ import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -276,7 +277,8 @@ def report_ratio(results: dict[str, Any], mine: str, theirs: str, label: str, ta
     cpu = [t / m for m, t in zip(results[f"{mine}_cpu_trials"], results[f"{theirs}_cpu_trials"])]
     results[f"{key}_cpu"] = statistics.median(cpu)
     print(
-        f"  CPU seconds, {label} over zephon: median {statistics.median(cpu):.2f}, range {min(cpu):.2f}-{max(cpu):.2f}; "
+        f"  CPU seconds, {label} over zephon: median {statistics.median(cpu):.2f}, "
+        f"range {min(cpu):.2f}-{max(cpu):.2f}; "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
 
@@ -445,7 +447,7 @@ def main() -> int:
         ):
             if os.path.isdir(folder):
                 size = sum(f.stat().st_size for f in pathlib.Path(folder).rglob("*") if f.is_file())
-                attempt(results, f"{name}_bytes_per_token", lambda: size / results["tokens"])
+                attempt(results, f"{name}_bytes_per_token", lambda size=size: size / results["tokens"])
         sample_tokens = int(samples.size)
         for name in ("zephon_tokens", "mosaic_fixed", "mosaic", "litdata"):
             if results.get(f"{name}_convert_s"):
@@ -493,7 +495,7 @@ def main() -> int:
             attempt(results, "zephon_resume", lambda: zephon_resume(zephon_local, args.seq_len, steps=20))
             for peer, folder in (("mosaic", mosaic_local), ("litdata", lit_local)):
                 if os.path.isdir(folder):
-                    attempt(results, f"{peer}_resume", lambda: peer_resume(peer, folder, args.seq_len, work))
+                    attempt(results, f"{peer}_resume", partial(peer_resume, peer, folder, args.seq_len, work))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(results, default=str))

@@ -185,7 +185,7 @@ def time_schedule(world: int, steps: int, repeats: int) -> dict:
     for phase in order.phases:
         first = phase.start_step + 5
         order.rank_slice(first, world, rank)
-        steady = per_call_us(lambda i: order.rank_slice(first + i, world, rank), steps, repeats)
+        steady = per_call_us(lambda i, first=first: order.rank_slice(first + i, world, rank), steps, repeats)
         length = (order.phase_end_step(phase.index) or phase.start_step + 10**6) - phase.start_step
         trials = [phase.start_step + (t * 7919) % length for t in range(1, 9)]
         cold = first_step_us(world, 6, trials, rank)

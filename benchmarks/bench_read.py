@@ -347,7 +347,8 @@ def main() -> None:
         if args.epochs > 1:
             print(
                 f"loader local, epochs 2-{args.epochs} (steady): helper process "
-                f"{local['steady_tokens_per_s'] / 1e6:.1f} M tokens/s = {local['steady_tokens_per_s'] / decode:.2f} x (a), "
+                f"{local['steady_tokens_per_s'] / 1e6:.1f} M tokens/s = "
+                f"{local['steady_tokens_per_s'] / decode:.2f} x (a), "
                 f"threads {local_threads['steady_tokens_per_s'] / 1e6:.1f} M = "
                 f"{local_threads['steady_tokens_per_s'] / decode:.2f} x (a)"
             )

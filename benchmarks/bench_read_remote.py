@@ -38,6 +38,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -172,9 +173,8 @@ def remote_figures(manifest: Manifest, root: Path, args: argparse.Namespace, epo
             order = (("local", str(root), None, None), ("remote", url, options, server_pid))
             runs = {}
             for name, where, opts, pid in order if trial % 2 == 0 else order[::-1]:
-                runs[name] = run_with_cpu(
-                    lambda: loader_tokens_per_s(where, opts, args, epoch_steps, passes=args.epochs), pid
-                )  # noqa: B023
+                run = partial(loader_tokens_per_s, where, opts, args, epoch_steps, passes=args.epochs)
+                runs[name] = run_with_cpu(run, pid)
             local, remote = runs["local"], runs["remote"]
             extra_cpu_s = (remote["cpu_s"] - local["cpu_s"]) / max(1, remote["first_pass_blocks"])
             remote_floor_s = (remote["run_loader_cpu_s"] + remote["run_server_cpu_s"]) / cores
@@ -207,8 +207,10 @@ def remote_figures(manifest: Manifest, root: Path, args: argparse.Namespace, epo
         raw = raw_range_reads(url, options, manifest, args.fetch_concurrency, passes=args.raw_passes)
         best_local = max(t["local"].get("steady_tokens_per_s", t["local"]["tokens_per_s"]) for t in trials)
         print(
-            f"raw range reads of the same blocks, {raw['concurrency']} at once: {raw['tokens_per_s'] / 1e6:.1f} M tok/s "
-            f"({raw['gets_per_s']:.0f} GET/s, {raw['mb_per_s']:.0f} MB/s, client CPU {raw['client_cpu_ms_per_get']:.2f} "
+            f"raw range reads of the same blocks, {raw['concurrency']} at once: "
+            f"{raw['tokens_per_s'] / 1e6:.1f} M tok/s "
+            f"({raw['gets_per_s']:.0f} GET/s, {raw['mb_per_s']:.0f} MB/s, "
+            f"client CPU {raw['client_cpu_ms_per_get']:.2f} "
             f"ms/GET) = {raw['tokens_per_s'] / best_local:.2f} x the loader's best local rate"
             + (": the server (with its client) is the limit" if raw["tokens_per_s"] < 0.8 * best_local else "")
         )

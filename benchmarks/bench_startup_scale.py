@@ -1,4 +1,5 @@
-"""Start-up at scale: a fresh rank of W = 2048 over a 1.1 T- or 15 T-token dataset, format 1.0 and 1.1, local and SeaweedFS.
+"""Start-up at scale: a fresh rank of W = 2048 over a 1.1 T- or 15 T-token dataset,
+format 1.0 and 1.1, local and SeaweedFS.
 
 The datasets are synthetic (no shard exists): full shards of 64 blocks of
 2**20 + 1 tokens, enough of them for ``--tokens`` (1.1e12: 16,384 shards;
@@ -176,7 +177,8 @@ def main() -> None:
     sizes = {name: {p: len(d) for p, d in m.objects().items()} for name, m in forms.items()}
     print(
         f"synthetic dataset: {manifest.num_tokens / 1e12:.2f} T tokens, {manifest.num_blocks:,} blocks, "
-        f"{manifest.num_shards:,} shards, {len(manifest.sources):,} sources (built in {time.perf_counter() - started:.1f} s)"
+        f"{manifest.num_shards:,} shards, {len(manifest.sources):,} sources "
+        f"(built in {time.perf_counter() - started:.1f} s)"
     )
     for name, objects in sizes.items():
         print(f"  {name}: " + ", ".join(f"{p} {n / 1e6:.2f} MB" for p, n in objects.items()))

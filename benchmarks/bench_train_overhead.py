@@ -151,14 +151,65 @@ def python_consumer(url: str, args: argparse.Namespace) -> dict:
             }
             e = entry[pipeline]
             print(
-                f"{work_ms:g} ms of Python per step ({entry['alone_ms_per_step']:.2f} ms alone), {pipeline}: wall ratio "
+                f"{work_ms:g} ms of Python per step "
+                f"({entry['alone_ms_per_step']:.2f} ms alone), {pipeline}: wall ratio "
                 f"median {e['wall_ratio_median']:.3f} (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, best-of "
                 f"{e['wall_ratio_best']:.3f}){' (target >= 0.98)' if work_ms == 5 and pipeline == 'process' else ''}; "
-                f"trainer CPU ratio {e['trainer_cpu_ratio_median']:.3f}; trainer off CPU {e['trainer_off_cpu_share']:.1%} "
+                f"trainer CPU ratio {e['trainer_cpu_ratio_median']:.3f}; "
+                f"trainer off CPU {e['trainer_off_cpu_share']:.1%} "
                 f"(alone {alone_off:.1%}); involuntary switches {e['involuntary_switches_per_step']:.2f}/step "
                 f"(alone {alone_switches:.2f})"
             )
     return figures
+
+
+def best_seconds_per_mode(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, url: str, args: argparse.Namespace
+) -> dict[str, float]:
+    """The best of ``--repeats`` timed training runs of ``model`` per delivery mode (resident, device, cpu_to)."""
+
+    def step(inputs: torch.Tensor, labels: torch.Tensor) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(inputs)
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def run(mode: str) -> float:
+        if mode == "resident":
+            with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch) as loader:
+                batch = {k: v.cuda() for k, v in next(loader).items()}
+            batches = None
+        else:
+            loader = StreamingLoader(
+                url,
+                seq_len=args.seq_len,
+                local_batch_size=args.local_batch,
+                device="cuda" if mode == "device" else None,
+            )
+            batches = iter(loader)
+        try:
+            for index in range(args.warm_steps + args.model_steps):
+                if index == args.warm_steps:
+                    torch.cuda.synchronize()
+                    started = time.perf_counter()
+                if batches is not None:
+                    batch = next(batches)
+                    if mode == "cpu_to":
+                        batch = {k: v.to("cuda") for k, v in batch.items()}
+                step(batch["input"], batch["labels"])
+            torch.cuda.synchronize()
+            return time.perf_counter() - started
+        finally:
+            if batches is not None:
+                loader.close()
+
+    best = {mode: float("inf") for mode in ("resident", "device", "cpu_to")}
+    for _ in range(args.repeats):
+        for mode in best:
+            best[mode] = min(best[mode], run(mode))
+    return best
 
 
 def model_consumer(url: str, vocab_size: int, args: argparse.Namespace) -> dict:
@@ -175,47 +226,7 @@ def model_consumer(url: str, vocab_size: int, args: argparse.Namespace) -> dict:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         params = sum(p.numel() for p in model.parameters())
 
-        def step(inputs: torch.Tensor, labels: torch.Tensor) -> None:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(inputs)
-            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        def run(mode: str) -> float:
-            if mode == "resident":
-                with StreamingLoader(url, seq_len=args.seq_len, local_batch_size=args.local_batch) as loader:
-                    batch = {k: v.cuda() for k, v in next(loader).items()}
-                batches = None
-            else:
-                loader = StreamingLoader(
-                    url,
-                    seq_len=args.seq_len,
-                    local_batch_size=args.local_batch,
-                    device="cuda" if mode == "device" else None,
-                )
-                batches = iter(loader)
-            try:
-                for index in range(args.warm_steps + args.model_steps):
-                    if index == args.warm_steps:
-                        torch.cuda.synchronize()
-                        started = time.perf_counter()
-                    if batches is not None:
-                        batch = next(batches)
-                        if mode == "cpu_to":
-                            batch = {k: v.to("cuda") for k, v in batch.items()}
-                    step(batch["input"], batch["labels"])
-                torch.cuda.synchronize()
-                return time.perf_counter() - started
-            finally:
-                if batches is not None:
-                    loader.close()
-
-        best = {mode: float("inf") for mode in ("resident", "device", "cpu_to")}
-        for _ in range(args.repeats):
-            for mode in best:
-                best[mode] = min(best[mode], run(mode))
+        best = best_seconds_per_mode(model, optimizer, url, args)
         tokens = args.model_steps * args.local_batch * args.seq_len
         figures[name] = {
             "parameters": params,

@@ -1,4 +1,5 @@
-"""The Ray engine's throughput and CPU per token against the process pool, and the commit's cost at 10,000 and 100,000 parts.
+"""The Ray engine's throughput and CPU per token against the process pool, and the
+commit's cost at 10,000 and 100,000 parts.
 
 Throughput, on one corpus (stdlib ``.py`` sources, ``--max-mb``), one BPE
 tokenizer (vocab 8000, trained here) and one local Ray instance of 2 CPUs
@@ -179,7 +180,7 @@ def _pythonpath() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-mb", type=float, default=20.0, help="corpus size cap (MB)")
     parser.add_argument("--unit-mb", type=float, default=1.0, help="input MB a Ray work unit aims at")
     parser.add_argument("--repeat", type=int, default=2)
@@ -346,7 +347,8 @@ def round_line(rep: int, row: dict) -> str:
     pool, ray = row["pool2"], row["ray2"]
     return (
         f"[{rep}] load {row['load_average']:.1f}: pool2 {pool['tokens_per_s']:,.0f} tokens/s, "
-        f"{pool['cpu_s_per_mtok']:.2f} CPU s/M tokens ({pool['net_cpu_s_per_mtok']:.2f} less its start); ray2 {ray['tokens_per_s']:,.0f} tokens/s "
+        f"{pool['cpu_s_per_mtok']:.2f} CPU s/M tokens ({pool['net_cpu_s_per_mtok']:.2f} less its start); "
+        f"ray2 {ray['tokens_per_s']:,.0f} tokens/s "
         f"({ray['tokens_per_s'] / pool['tokens_per_s']:.3f}x), tasks {ray['task_cpu_s_per_mtok']:.2f} CPU s/M tokens "
         f"({ray['task_cpu_s_per_mtok'] / pool['net_cpu_s_per_mtok']:.3f}x), daemons {ray['daemons_share'] * 100:.1f}% "
         f"of Ray's CPU"
@@ -397,11 +399,13 @@ def summarize(
         f"{med['cpu']:.3f} ({min(cpu_pairs):.2f}-{max(cpu_pairs):.2f}; target <= {TARGET_CPU_RATIO}; against the "
         f"pool's whole, its start's {pool_start_s:.2f} CPU s included: {statistics.median(whole_pairs):.3f}); daemons "
         f"{med['share'] * 100:.1f}% of Ray's CPU; load average {os.getloadavg()[0]:.1f} now, "
-        f"{min(r['load_average'] for r in rounds):.1f}-{max(r['load_average'] for r in rounds):.1f} at the rounds' starts"
+        f"{min(r['load_average'] for r in rounds):.1f}-"
+        f"{max(r['load_average'] for r in rounds):.1f} at the rounds' starts"
     )
     print(
         f"model (computed), a {model['cores']}-core node converting {model['unit_mib']:.0f} MiB units: Ray's daemons "
-        f"{model['daemon_cores'][0]:.3f}-{model['daemon_cores'][1]:.3f} cores, {model['daemons_share_of_node'][0] * 100:.2f}-"
+        f"{model['daemon_cores'][0]:.3f}-{model['daemon_cores'][1]:.3f} cores, "
+        f"{model['daemons_share_of_node'][0] * 100:.2f}-"
         f"{model['daemons_share_of_node'][1] * 100:.2f}% of the node"
     )
     return {

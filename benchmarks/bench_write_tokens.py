@@ -106,7 +106,8 @@ def run_tokens(args, tokenizer, spec: str, texts: list[str], work: Path) -> dict
     stream = np.load(inputs["npy"])
     largest = max(len(d) for d in docs)
     print(
-        f"token corpus: {len(stream):,} tokens in {len(docs):,} documents (largest {largest:,}); workers {args.workers}; "
+        f"token corpus: {len(stream):,} tokens in {len(docs):,} documents (largest {largest:,}); "
+        f"workers {args.workers}; "
         f"{args.blocks_per_shard} blocks a shard"
     )
     del docs
@@ -156,7 +157,8 @@ def run_tokens(args, tokenizer, spec: str, texts: list[str], work: Path) -> dict
     ratio = write_tps / base_tps
     print(f"bare zstd (best): {base_tps:,.0f} tokens/s; writer .npy (best): {write_tps:,.0f} tokens/s")
     print(
-        f"ratio: {ratio:.3f} (target >= {TARGET_TOKENS_RATIO})  {'OK' if ratio >= TARGET_TOKENS_RATIO else 'BELOW TARGET'}"
+        f"ratio: {ratio:.3f} (target >= {TARGET_TOKENS_RATIO})  "
+        f"{'OK' if ratio >= TARGET_TOKENS_RATIO else 'BELOW TARGET'}"
     )
     pair = [b / w for b, w in zip(base_runs, write_runs)]
     # Wall time swings with other load on a shared machine; CPU time per run does not.
@@ -211,7 +213,7 @@ def run_memory(args, spec: str, files: list[tuple[Path, str]], work: Path) -> li
     total = sum(len(t.encode()) for _, t in files)
     for fraction in (0.25, 1.0):
         chosen, size = [], 0
-        for path, text in files:
+        for _, text in files:
             if size >= fraction * total:
                 break
             chosen.append(text)

@@ -298,7 +298,8 @@ def paired_passes(readers: dict[str, dict[str, Any]], trials: int, label: str, r
             print(
                 f"{label} trial {trial} {name}: first batch {figures['first_batch_s'] * 1e3:.1f} ms, "
                 f"{figures['steady_tokens_per_s'] / 1e6:.2f} M tokens/s over {figures['steady_s']:.1f} s, "
-                f"trainer's thread CPU per step {figures['step_cpu_us']:.1f} µs (mean {figures['step_cpu_mean_us']:.1f}), "
+                f"trainer's thread CPU per step {figures['step_cpu_us']:.1f} µs "
+                f"(mean {figures['step_cpu_mean_us']:.1f}), "
                 f"peak RSS {figures['peak_rss_mib']:.0f} MiB (PSS {figures['peak_pss_mib']:.0f}), "
                 f"load {figures['load_average']:.1f}",
                 flush=True,

@@ -90,7 +90,8 @@ def peer_resume(lib: str, data: str, seq_len: int, work: pathlib.Path, steps: in
     def launch(world_size: int, count: int, name: str, state_in: str = "", state_out: str = "") -> list[list[str]]:
         out = work / f"{lib}-{name}.json"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-                   "--module", "benchmarks.peer_resume", "--resume-worker", lib, "--data", data, "--steps", str(count), "--seq-len", str(seq_len),
+                   "--module", "benchmarks.peer_resume", "--resume-worker", lib, "--data", data,
+                   "--steps", str(count), "--seq-len", str(seq_len),
                    "--out", str(out), "--state-in", state_in, "--state-out", state_out]  # fmt: skip
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}

@@ -210,7 +210,8 @@ def table(results: dict[str, Any]) -> str:
         kinds = ", ".join(f"{k} {v}" for k, v in faults.items() if v)
         rows.append(
             f"| loader through S3 faults at {run['rate']:.0%} | {lf['steps']} steps, {run['requests']} requests, "
-            f"{sum(faults.values())} faults ({kinds or 'none drawn'}) | all {lf['steps']} steps identical to the clean run; "
+            f"{sum(faults.values())} faults ({kinds or 'none drawn'}) | all {lf['steps']} steps "
+            "identical to the clean run; "
             f"{run['retries']} retries, {run['stall_s']} s stalled | {run['steps_differing']} steps | {_status(lf)} |"
         )
     if not lf.get("ok", False) and "error" in lf:
@@ -221,7 +222,8 @@ def table(results: dict[str, Any]) -> str:
         kinds = ", ".join(f"{k} {v}" for k, v in faults.items() if v)
         rows.append(
             f"| writer S3 -> S3 through faults at {run['rate']:.0%} | {run['requests']} requests, "
-            f"{sum(faults.values())} faults ({kinds or 'none drawn'}) | {wf['objects']} objects byte-identical to the clean write "
+            f"{sum(faults.values())} faults ({kinds or 'none drawn'}) | {wf['objects']} objects "
+            "byte-identical to the clean write "
             f"| {run['objects_differing']} objects | {_status(wf)} |"
         )
     if not wf.get("ok", False) and "error" in wf:
@@ -230,7 +232,8 @@ def table(results: dict[str, Any]) -> str:
     rows.append(
         f"| writer SIGKILL at random points, rerun | {wk.get('runs', 0)} runs, {wk.get('kills', 0)} kills "
         f"(shards committed at the kill: {wk.get('partial_shards', [])}) | every rerun byte-identical "
-        f"({wk.get('objects', 0)} objects); {wk.get('orphans', '?')} worker processes outlived the kill | 0 | {_status(wk)} |"
+        f"({wk.get('objects', 0)} objects); "
+        f"{wk.get('orphans', '?')} worker processes outlived the kill | 0 | {_status(wk)} |"
     )
     lk = results.get("loader_kills", {})
     moves = ", ".join(f"{r['from_world']}->{r['to_world']}@{r['resumed_at']}" for r in lk.get("resumed", []))
@@ -258,14 +261,16 @@ def table(results: dict[str, Any]) -> str:
     rows.append(
         f"| secrets in options, URL, env, CLI through a write + load + fault run | "
         f"{sec.get('outputs_searched', 0)} outputs, {sec.get('chars_searched', 0)} chars, "
-        f"{sec.get('errors_seen', 0)} errors | {len(sec.get('leaks', [])) if sec.get('ok') else '?'} leaks | 0 | {_status(sec)} |"
+        f"{sec.get('errors_seen', 0)} errors | {len(sec.get('leaks', [])) if sec.get('ok') else '?'} "
+        f"leaks | 0 | {_status(sec)} |"
     )
     for key, where in (("soak_local", "local"), ("soak_s3", "S3")):
         so = results.get(key, {})
         rows.append(
             f"| long run, {where} | {so.get('epochs', 0)} epochs, {so.get('steps', 0)} steps | RSS "
             f"{so.get('rss_warm_mib', '?')} MiB after epoch 1, max {so.get('rss_max_mib', '?')} MiB: "
-            f"+{so.get('growth_after_warmup_mib', '?')} MiB (bound {so.get('growth_bound_mib', '?')}) | 0 | {_status(so)} |"
+            f"+{so.get('growth_after_warmup_mib', '?')} MiB "
+            f"(bound {so.get('growth_bound_mib', '?')}) | 0 | {_status(so)} |"
         )
     for key, where in (("churn_local", "local"), ("churn_s3", "S3")):
         ch = results.get(key, {})

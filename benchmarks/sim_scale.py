@@ -157,7 +157,7 @@ def resize(order, old_world, new_world, new_local, lanes_sampled, steps):
         "refetched_per_lane_max": int(refetched.max()),
         "distinct_refetched_blocks_per_lane_max": max(map(len, refetched_blocks.values())),
         "fetches_per_block_after": len(new) / distinct,
-        "fetches_per_block_uninterrupted": len(old) / len({(l, b) for l, _, b in old}),
+        "fetches_per_block_uninterrupted": len(old) / len({(lane, block) for lane, _, block in old}),
     }
 
 

@@ -116,7 +116,6 @@ def report(runs: list[dict], args: argparse.Namespace, dataset: dict) -> dict:
     baseline = [r for r in runs if r["kind"] == "baseline"]
     unlimited = {r["trial"]: r for r in runs if r["kind"] == "no limit"}
     figures = throttled_figures(throttled, args)
-    ratios = figures["time_over_floor"]
     # paired: a trial's throttled storm against its own storm without a limit, and against its baseline storm.
     over_bound = [
         t["last_first_batch_s"] / max(t["floor_s"], unlimited[t["trial"]]["last_first_batch_s"]) for t in throttled

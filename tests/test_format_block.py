@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from test_format_dataset import stdlib_documents
 from zephon_stream.errors import CorruptBlockError, TruncatedObjectError
@@ -143,9 +145,6 @@ def test_decoded_block_is_a_view_without_copy() -> None:
     assert not decoded.flags.writeable
     assert isinstance(decoded.base, bytes)
 
-
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 FUZZ_TOKENS = real_tokens("<u2", 3000)
 FUZZ_FRAME = encode_block(FUZZ_TOKENS)

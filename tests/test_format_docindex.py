@@ -7,6 +7,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from test_format_dataset import byte_docs, make_dataset
 from zephon_stream.errors import FormatError
@@ -114,9 +116,6 @@ def test_lookup_range_outside_the_dataset_is_an_index_error(tmp_path: Path) -> N
     with pytest.raises(IndexError):
         locator.documents(5, 5)
 
-
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 VALID_INDEX = DocIndex.build(
     doc_starts=[0, 9, 40], doc_source=[0, 1, 0], doc_record=[0, 3, 1], sources=["a", "b"]

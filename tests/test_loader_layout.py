@@ -36,7 +36,8 @@ def in_ring(loader: StreamingLoader, batch: dict[str, torch.Tensor]) -> bool:
 
 
 def serving(loader: StreamingLoader, pipeline: str) -> int:
-    """The loader's cursor once its steps come from where ``pipeline`` runs (the helper process takes over from threads)."""
+    """The loader's cursor once its steps come from where ``pipeline`` runs (the helper
+    process takes over from threads)."""
     if pipeline == "process":
         steps_until_the_helper_serves(loader)
     return loader.position

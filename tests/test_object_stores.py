@@ -57,8 +57,9 @@ def test_cli_write_stream_verify_which_match_local_disk(object_store, small_data
     with open_store(object_store.url("raw"), object_store.storage_options) as raw:
         for path in small_dataset.sources[:SMALL_DATASET_FILES]:
             raw.write_atomic(path.name, path.read_bytes())
-    args = ["write", object_store.url("raw/*.py"), "--output", url, "--tokenizer", "bytes", "--block-tokens", str(SMALL_BLOCK_TOKENS),
-            "--blocks-per-shard", str(SMALL_BLOCKS_PER_SHARD), "--no-progress", *options]  # fmt: skip
+    args = ["write", object_store.url("raw/*.py"), "--output", url, "--tokenizer", "bytes",
+            "--block-tokens", str(SMALL_BLOCK_TOKENS), "--blocks-per-shard", str(SMALL_BLOCKS_PER_SHARD),
+            "--no-progress", *options]  # fmt: skip
     assert main(args) == 0
     remote = Manifest.load(url, object_store.storage_options)
     assert remote.fingerprint == small_dataset.manifest.fingerprint

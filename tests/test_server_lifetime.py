@@ -98,8 +98,8 @@ def _inner_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def test_a_sigkilled_session_leaves_no_server_and_no_folder(tmp_path):
     (tmp_path / "test_inner.py").write_text(HOLDS_EVERY_SERVER)
     record_path = tmp_path / "record.json"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "fixtures_stores", "-p", "fixtures_ray", "-p", "no:cacheprovider",
-               "--basetemp", str(tmp_path / "basetemp"), "test_inner.py"]  # fmt: skip
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "fixtures_stores", "-p", "fixtures_ray",
+               "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "basetemp"), "test_inner.py"]  # fmt: skip
     session = subprocess.Popen(
         command,
         cwd=tmp_path,
@@ -155,7 +155,8 @@ def test_a_guarded_command_stops_when_its_starter_is_killed_and_its_folder_goes(
     starter = (
         "import subprocess, sys, time\n"
         "from zephon_stream.storage.lifetime import guarded_command\n"
-        f"p = subprocess.Popen(guarded_command(['sleep', '600'], remove_on_orphan={str(folder)!r}), start_new_session=True)\n"
+        f"p = subprocess.Popen(guarded_command(['sleep', '600'], remove_on_orphan={str(folder)!r}), "
+        "start_new_session=True)\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(600)\n"
     )

@@ -8,6 +8,7 @@ import os
 import pickle
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import pytest
 
@@ -140,12 +141,12 @@ def test_paths_escaping_the_root_are_refused(make_store):
     store = make_store()
     for bad in BAD_PATHS:
         for call in (
-            lambda: store.read(bad),
-            lambda: store.read_range(bad, 0, 1),
-            lambda: store.write_atomic(bad, b"x"),
-            lambda: store.exists(bad),
-            lambda: store.size(bad),
-            lambda: store.delete(bad),
+            partial(store.read, bad),
+            partial(store.read_range, bad, 0, 1),
+            partial(store.write_atomic, bad, b"x"),
+            partial(store.exists, bad),
+            partial(store.size, bad),
+            partial(store.delete, bad),
         ):
             with pytest.raises(PathEscapeError, match="escapes"):
                 call()

@@ -59,9 +59,13 @@ def test_closing_stores_releases_their_connections(s3_bucket):
             peak[0] = max(peak[0], open_fds()["socket"])
             time.sleep(0.001)
 
+    def read_ten_times(store) -> None:
+        for _ in range(10):
+            store.read("obj")
+
     for _ in range(3):
         store = open_store(s3_bucket.url("sock"), s3_bucket.storage_options)
-        readers = [threading.Thread(target=lambda: [store.read("obj") for _ in range(10)]) for _ in range(6)]
+        readers = [threading.Thread(target=read_ten_times, args=(store,)) for _ in range(6)]
         reading.set()
         watcher = threading.Thread(target=watch)
         watcher.start()

@@ -112,9 +112,7 @@ def test_the_validators_own_lines_build_one_pass_or_repeating_passes(small_datas
             ZephonEvalDataLoader.Config(dataset_path=small_dataset.url), **{TITAN.repeat_field: steps != -1}
         )
         with dl_config.build(dp_world_size=2, dp_rank=1, tokenizer=None, **trainer_keywords(SEQ_LEN, 64)) as loader:
-            taken = 0
-            for _ in loader:
-                taken += 1
+            for taken, _ in enumerate(loader, start=1):
                 if taken == loader.eval_loader.num_steps + 1:
                     break
             assert loader.passes == passes

@@ -106,7 +106,8 @@ def test_which_command_prints_json_and_text(small_dataset, capsys):
     printed = capsys.readouterr().out
     first = expected[0]
     assert printed.startswith(
-        "step 4 (from 0; TorchTitan train step 5 without accumulation): positions [32, 40), seq_len 64, lanes 8, seed 2\n"
+        "step 4 (from 0; TorchTitan train step 5 without accumulation): positions [32, 40), "
+        "seq_len 64, lanes 8, seed 2\n"
     )
     assert f"rank 0: stream 0 {first['dataset']} {first['shard_path']} block {first['block']}" in printed
     for doc in first["documents"]:

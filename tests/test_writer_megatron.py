@@ -52,9 +52,11 @@ def header(version=1, code=8, count=1, entries=2) -> bytes:
         (header(version=2) + bytes(28), r"t.idx byte 9: version 2, expected 1"),
         (header(code=9) + bytes(28), r"t.idx byte 17: dtype code 9, expected one of \[1, 2, 3, 4, 5, 6, 7, 8\]"),
         (header(entries=0), r"t.idx byte 26: document count 0, expected at least 1"),
-        (header(count=2**61, entries=2**61), r"2305843009213693952 sequences and 2305843009213693952 document entries need \d+ bytes, the file has 34"),
+        (header(count=2**61, entries=2**61),
+         r"2305843009213693952 sequences and 2305843009213693952 document entries need \d+ bytes, the file has 34"),
         (header() + bytes(27), r"1 sequences and 2 document entries need 62 bytes, the file has 61"),
-        (header() + bytes(29), r"need 62 bytes, the file has 63 \(a multimodal index with sequence modes is not supported\)"),
+        (header() + bytes(29),
+         r"need 62 bytes, the file has 63 \(a multimodal index with sequence modes is not supported\)"),
     ],
 )  # fmt: skip
 def test_malformed_headers_are_named(data, message):

@@ -46,7 +46,7 @@ def test_s3_inputs_and_output_match_a_local_run(stdlib_corpus, bpe_tokenizer_jso
         storage_options=s3_options,
         progress=False,
     )
-    local = write_dataset(
+    write_dataset(
         str(local_jsonl),
         str(tmp_path / "local"),
         tokenizer=f"hf:{bpe_tokenizer_json}",

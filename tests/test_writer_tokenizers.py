@@ -118,7 +118,7 @@ def test_tiktoken_name_without_cache_explains_offline_cache(monkeypatch, tmp_pat
 
 
 def test_an_unknown_tiktoken_name_is_one_line_naming_the_spec_and_the_specs_there_are(monkeypatch, tmp_path, capsys):
-    tiktoken = pytest.importorskip("tiktoken")
+    pytest.importorskip("tiktoken")
     import tiktoken.load
 
     def no_download(blobpath):

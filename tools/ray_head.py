@@ -180,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def lines() -> Iterable[str]:
         yield f"Ray head at {server.address}, pid {server.pid}, session files in {server.data_dir}"
-        yield f"connect with: ray.init(address='{server.address}') or --ray-address {server.address}, in an environment with"
+        yield (
+            f"connect with: ray.init(address='{server.address}') or --ray-address {server.address}, "
+            "in an environment with"
+        )
         yield " ".join(f"{key}={value}" for key, value in server.env().items())
 
     return serve_until_signalled(server, name="Ray head", lines=lines)

@@ -174,7 +174,7 @@ def main() -> None:
             records.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         grad = torch.zeros_like(counts.counts)
-        for inputs, labels, positions, _ in batches:
+        for inputs, _, positions, _ in batches:
             loss = model(inputs.float()).mean()
             loss.backward()
             for p in positions.tolist():

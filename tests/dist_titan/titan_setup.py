@@ -75,7 +75,10 @@ def row_digests(inputs: torch.Tensor, labels: torch.Tensor, seq_len: int) -> lis
     """One sha256 per row over its input and label tokens (a batch of either form)."""
     inputs_np = as_rows(inputs, seq_len).cpu().numpy().astype("<i8")
     labels_np = as_rows(labels, seq_len).cpu().numpy().astype("<i8")
-    return [hashlib.sha256(i.tobytes() + l.tobytes()).hexdigest() for i, l in zip(inputs_np, labels_np)]
+    return [
+        hashlib.sha256(input_row.tobytes() + label_row.tobytes()).hexdigest()
+        for input_row, label_row in zip(inputs_np, labels_np)
+    ]
 
 
 def write_json(path: str, payload: Any) -> None:

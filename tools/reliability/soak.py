@@ -66,7 +66,8 @@ def long_run(
     }
     check(
         growth <= growth_bound_bytes,
-        f"RSS grew {growth / 2**20:.1f} MiB after warm-up over {epochs} epochs (bound {growth_bound_bytes / 2**20} MiB)",
+        f"RSS grew {growth / 2**20:.1f} MiB after warm-up over {epochs} epochs "
+        f"(bound {growth_bound_bytes / 2**20} MiB)",
     )
     return result
 

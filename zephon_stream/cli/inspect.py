@@ -167,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'shard':<40} {'tokens':>14} {'blocks':>7} {'bytes':>14} {'docs':>10}")
         for s in summary["shards"]:
             print(
-                f"{s['path']:<40} {s['num_tokens']:>14,} {s['num_blocks']:>7} {s['num_bytes']:>14,} {s['num_documents']:>10,}"
+                f"{s['path']:<40} {s['num_tokens']:>14,} {s['num_blocks']:>7} {s['num_bytes']:>14,} "
+                f"{s['num_documents']:>10,}"
             )
     if report is not None:
         print()

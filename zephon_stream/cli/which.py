@@ -227,7 +227,8 @@ def _state_settings(args: argparse.Namespace) -> Any:
         return None
     given = [flag for flag, value in (("--schedule", args.schedule), ("--seq-len", args.seq_len),
                                       ("--global-batch", args.global_batch), ("--lanes", args.lanes),
-                                      ("--weights", args.weights), ("--world-size", args.world_size)) if value is not None]  # fmt: skip
+                                      ("--weights", args.weights), ("--world-size", args.world_size))
+             if value is not None]  # fmt: skip
     if given:
         raise ConfigError(
             f"with --state the settings come from the run's state (and it does not record a world "
@@ -269,7 +270,8 @@ def _run_state(args: argparse.Namespace, readers: list[Any], order: Any, setting
 def _described(
     order: Any, seed: int, packing: str, step: int | None, start: int, end: int, samples: list[Any]
 ) -> dict[str, Any]:
-    """One step's (or position range's) JSON object (``packing`` in it when not concat, whose keys stay as they were)."""
+    """One step's (or position range's) JSON object (``packing`` in it when not concat,
+    whose keys stay as they were)."""
     phase = order.phase_at_step(step) if step is not None else order.phase_at_position(start)
     spec = phase.spec
     return {

@@ -153,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
         # tokens; whether the dataset is empty is decided at the merge.
         allow_empty = True
         print(
-            f"rank {share.rank.rank} of {share.rank.world_size}: {len(inputs)} of {share.num_inputs_total} inputs -> {output}",
+            f"rank {share.rank.rank} of {share.rank.world_size}: {len(inputs)} of "
+            f"{share.num_inputs_total} inputs -> {output}",
             file=sys.stderr,
         )
     summary = write_dataset(

@@ -238,7 +238,8 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
     kill_step = config.kill_step
     ckpt_dir = workdir / "ckpt"
     print(
-        f"interrupted run: W={first}, checkpoint every {config.ckpt_every} steps, SIGKILL once steps 0 to {kill_step - 1} are checkpointed"
+        f"interrupted run: W={first}, checkpoint every {config.ckpt_every} steps, "
+        f"SIGKILL once steps 0 to {kill_step - 1} are checkpointed"
     )
     start = time.monotonic()
     job = TorchrunJob(
@@ -277,7 +278,8 @@ def run_training(config: DemoConfig, url: str, workdir: pathlib.Path, *, vocab_s
     killed_at = last_step(read_events(logs["interrupted"]))
     seconds["interrupted"] = time.monotonic() - start
     print(
-        f"  killed (SIGKILL, {first} workers + torchrun) after {seconds['interrupted']:.1f}s, with step {killed_at} the last logged step"
+        f"  killed (SIGKILL, {first} workers + torchrun) after {seconds['interrupted']:.1f}s, "
+        f"with step {killed_at} the last logged step"
     )
 
     print(f"resumed run: W={second}, from step {kill_step}, the newest complete checkpoint in {ckpt_dir}")

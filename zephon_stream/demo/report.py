@@ -126,7 +126,10 @@ class DemoReport:
         ]
         table = format_table(["stream", "dataset", "lanes", "epoch", "samples read", "of this epoch"], rows)
         state = json.dumps(self.resumed.last.get("state"), default=str)
-        return f"per-stream progress after step {max(self.resumed.steps)}:\n{table}\n\nloader state (all a checkpoint holds of the data order): {state}"
+        return (
+            f"per-stream progress after step {max(self.resumed.steps)}:\n{table}\n\n"
+            f"loader state (all a checkpoint holds of the data order): {state}"
+        )
 
     def _verdict(self) -> str:
         first, second = self.interrupted.world_size, self.resumed.world_size
@@ -139,7 +142,8 @@ class DemoReport:
         if at:
             lines.append(
                 f"step {self.kill_step} resumes mid-shard: its first sample is sample {at['sample_in_block']} of "
-                f"{at['samples_in_block']} in block {at['block_in_shard']} of {at['blocks_in_shard']} of {at['shard']}; "
+                f"{at['samples_in_block']} in block {at['block_in_shard']} of "
+                f"{at['blocks_in_shard']} of {at['shard']}; "
                 f"{at['mid_block_samples']} of its {at['batch_samples']} samples start inside a block."
             )
         if self.all_match:

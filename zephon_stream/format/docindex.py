@@ -134,7 +134,8 @@ class DocIndex:
             if len(bad):
                 j = int(bad[0]) + 1
                 raise FormatError(
-                    f"{where}: doc_starts[{j}] = {int(starts[j])} does not increase past doc_starts[{j - 1}] = {int(starts[j - 1])}"
+                    f"{where}: doc_starts[{j}] = {int(starts[j])} does not increase past "
+                    f"doc_starts[{j - 1}] = {int(starts[j - 1])}"
                 )
         if shard_num_tokens is not None and int(starts[-1]) >= shard_num_tokens:
             raise FormatError(

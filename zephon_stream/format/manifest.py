@@ -2,7 +2,9 @@
 
 Its entries (``TokenizerInfo``, ``ShardInfo``, ``SourceInfo``) live in
 ``entries.py``, re-exported here where the format's users import them from;
-its consistency rules live in ``validation.py``, which ``validate()`` calls.
+its consistency rules live in ``validation.py``, which ``validate()`` calls;
+its block arithmetic (block ids to shards, byte ranges and token offsets) in
+``block_arithmetic.py``, a base of ``Manifest``.
 
 The manifest is written last; its presence commits the dataset. Every field
 is checked on load, with both values named on a mismatch (docs/FORMAT.md,
@@ -21,6 +23,7 @@ import msgpack
 import numpy as np
 
 from zephon_stream.errors import ManifestError, ObjectMissingError, VersionError
+from zephon_stream.format.block_arithmetic import BlockArithmetic
 from zephon_stream.format.committed import no_dataset_error
 from zephon_stream.format.entries import ShardInfo, SourceInfo, TokenizerInfo, entries_unchecked, max_frame_bytes
 from zephon_stream.format.fields import FieldReader, check_relative_path, unpack_map
@@ -47,14 +50,8 @@ from zephon_stream.format.validation import validate_manifest
 __all__ = ["FINGERPRINT_HEADER", "Manifest", "ShardInfo", "SourceInfo", "TokenizerInfo", "compute_fingerprint"]
 
 
-def _frozen(array: np.ndarray) -> np.ndarray:
-    # Cached arrays are shared by every caller; make accidental writes fail.
-    array.flags.writeable = False
-    return array
-
-
 @dataclass(frozen=True, kw_only=True)
-class Manifest:
+class Manifest(BlockArithmetic):
     """A committed dataset: its token layout, shards, sources and fingerprint.
 
     Build one with :meth:`create` (totals and fingerprint computed) or decode
@@ -314,7 +311,7 @@ class Manifest:
         """Check every field and every derived total; raise ManifestError if any is off."""
         validate_manifest(self)
 
-    # -- block arithmetic -------------------------------------------------
+    # -- shape ------------------------------------------------------------
 
     @property
     def num_shards(self) -> int:
@@ -325,68 +322,6 @@ class Manifest:
     def np_dtype(self) -> np.dtype:
         """The little-endian numpy dtype of the tokens."""
         return np_dtype(self.dtype)
-
-    @cached_property
-    def shard_first_block(self) -> np.ndarray:
-        """Global id of each shard's first block, plus the total at the end (int64, read-only)."""
-        counts = np.fromiter((s.num_blocks for s in self.shards), dtype=np.int64, count=len(self.shards))
-        return _frozen(np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)]))
-
-    @cached_property
-    def shard_token_offsets(self) -> np.ndarray:
-        """Global token offset of each shard's first token, plus the total at the end (int64, read-only)."""
-        counts = np.fromiter((s.num_tokens for s in self.shards), dtype=np.int64, count=len(self.shards))
-        return _frozen(np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)]))
-
-    def block_token_counts(self) -> np.ndarray:
-        """Tokens in each block, by global block id (int64, read-only, cached: no copy per call)."""
-        return self._block_token_counts
-
-    @cached_property
-    def _block_token_counts(self) -> np.ndarray:
-        counts = np.full(self.num_blocks, self.block_tokens, dtype=np.int64)
-        last_blocks = self.shard_first_block[1:] - 1
-        last_sizes = np.fromiter(
-            (s.num_tokens - (s.num_blocks - 1) * self.block_tokens for s in self.shards),
-            dtype=np.int64,
-            count=len(self.shards),
-        )
-        counts[last_blocks] = last_sizes
-        return _frozen(counts)
-
-    @cached_property
-    def block_token_starts(self) -> np.ndarray:
-        """Global token offset of each block, plus ``num_tokens`` at the end (int64, read-only)."""
-        return _frozen(np.concatenate([np.zeros(1, np.int64), np.cumsum(self._block_token_counts)]))
-
-    def _check_block_id(self, block_id: int) -> int:
-        block_id = int(block_id)
-        if not 0 <= block_id < self.num_blocks:
-            raise IndexError(
-                f"block id {block_id} is outside [0, {self.num_blocks}) for dataset {self.fingerprint[:12]}"
-            )
-        return block_id
-
-    def block_location(self, block_id: int) -> tuple[int, int]:
-        """``(shard_index, block_in_shard)`` of a global block id."""
-        block_id = self._check_block_id(block_id)
-        shard = int(np.searchsorted(self.shard_first_block, block_id, side="right")) - 1
-        return shard, block_id - int(self.shard_first_block[shard])
-
-    def block_byte_range(self, block_id: int) -> tuple[str, int, int]:
-        """``(shard_path, start, end)``: the block's frame, bytes ``[start, end)`` of the shard."""
-        shard, local = self.block_location(block_id)
-        info = self.shards[shard]
-        return info.path, info.block_offsets[local], info.block_offsets[local + 1]
-
-    def block_num_tokens(self, block_id: int) -> int:
-        """Tokens in one block."""
-        return int(self._block_token_counts[self._check_block_id(block_id)])
-
-    def token_offset_of_block(self, block_id: int) -> int:
-        """Global token offset of a block's first token."""
-        shard, local = self.block_location(block_id)
-        return int(self.shard_token_offsets[shard]) + local * self.block_tokens
 
     def summary(self) -> dict[str, Any]:
         """Headline figures as plain JSON-ready values (what ``inspect --json`` prints)."""
@@ -410,9 +345,3 @@ class Manifest:
             "fingerprint": self.fingerprint,
             "tokenizer": self.tokenizer.to_obj(),
         }
-
-    def block_where(self, block_id: int) -> str:
-        """Names a block for error messages: ``shard shards/00000003.zst block 7 (bytes 123..456)``."""
-        shard, local = self.block_location(block_id)
-        info = self.shards[shard]
-        return f"shard {info.path} block {local} (bytes {info.block_offsets[local]}..{info.block_offsets[local + 1]})"

@@ -39,10 +39,7 @@ class OrderConfig:
 def parse_weight(weight: Weight, *, where: str) -> Fraction:
     """Read one weight exactly (``0.1`` is one tenth, not its binary neighbour)."""
     try:
-        if isinstance(weight, float):
-            value = Fraction(repr(weight))
-        else:
-            value = Fraction(weight)
+        value = Fraction(repr(weight)) if isinstance(weight, float) else Fraction(weight)
     except (TypeError, ValueError, ZeroDivisionError) as exc:
         raise ConfigError(f"{where}: weight {weight!r} is not a number") from exc
     if value < 0:

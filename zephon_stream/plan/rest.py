@@ -34,12 +34,12 @@ from zephon_stream.plan.permutation import (
     derive_key_int,
     permute,
 )
+from zephon_stream.plan.shape import StreamShape
 
 # Below this many samples numpy's per-call overhead dominates a block
 # lookup; one step of one rank is a handful of samples.
 _SMALL = 64
 _BLOCK_CACHE = 65536
-from zephon_stream.plan.shape import StreamShape
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

@@ -78,10 +78,13 @@ def secret_values(options: Mapping[str, Any] | None, *, include_env: bool = True
                 text = value.decode(errors="replace") if isinstance(value, bytes) else value
                 if len(text) >= _MIN_SCRUB_LEN and text not in _TOKEN_METHODS:
                     found.add(text)
-            elif is_secret_key(key) and isinstance(getattr(value, "token", None), str):
+            elif (
+                is_secret_key(key)
+                and isinstance(getattr(value, "token", None), str)
+                and len(value.token) >= _MIN_SCRUB_LEN
+            ):
                 # A credentials object (google-auth) holds its access token here.
-                if len(value.token) >= _MIN_SCRUB_LEN:
-                    found.add(value.token)
+                found.add(value.token)
 
     if options:
         walk(options)

@@ -67,9 +67,10 @@ class RetryPolicy:
         return base * random.uniform(0.5, 1.0)
 
     def throttle_backoff_s(self, throttled_index: int, waiting: int = 0) -> float:
-        """Sleep after throttling answer number ``throttled_index`` (0-based) of an operation, ``waiting`` others waiting.
+        """Sleep after throttling answer number ``throttled_index`` (0-based) of an operation.
 
-        Full jitter: ``uniform(0, min(cap, base * 2**throttled_index * (1 + waiting)))``.
+        Full jitter: ``uniform(0, min(cap, base * 2**throttled_index * (1 + waiting)))``,
+        with ``waiting`` the number of other operations waiting.
         """
         # Full jitter (from zero, not from half) spreads the retries of
         # many readers throttled at once over the whole window, so they do not

@@ -246,7 +246,8 @@ def iter_document_bounds(
             i = int(bad[0])
             raise InputError(
                 f"index {h.name} byte {h.documents_offset + 8 * (first + i)}: document index entry {first + i} is "
-                f"{int(entries[i])}, expected between {previous if i == 0 else int(entries[i - 1])} and {h.num_sequences}"
+                f"{int(entries[i])}, expected between "
+                f"{previous if i == 0 else int(entries[i - 1])} and {h.num_sequences}"
             )
         if first + count == h.num_document_entries and entries[-1] != h.num_sequences:
             raise InputError(

@@ -183,7 +183,8 @@ class ArraySource:
                     )
                 if first + take == entries and chunk[-1] != count:
                     raise InputError(
-                        f"offsets {url} entry {entries - 1}: last boundary {int(chunk[-1])}, expected the token count {count}"
+                        f"offsets {url} entry {entries - 1}: last boundary {int(chunk[-1])}, "
+                        f"expected the token count {count}"
                     )
                 yield first, chunk
                 previous = int(chunk[-1])
@@ -254,7 +255,8 @@ class ArraySource:
                 if len(block) > MAX_DOCUMENT_TOKENS:
                     raise InputError(
                         f"input {self.url}: no EOS id {eos} in the {len(block)} tokens from token {start} "
-                        f"(a document may hold at most {MAX_DOCUMENT_TOKENS}); give the boundaries in {offsets_url.rsplit('/', 1)[-1]}"
+                        f"(a document may hold at most {MAX_DOCUMENT_TOKENS}); "
+                        f"give the boundaries in {offsets_url.rsplit('/', 1)[-1]}"
                     )
                 carry = block if not area.mapped else carry
                 continue

@@ -211,7 +211,8 @@ class TokenSource:
         field = self.config.tokens_field
         if field not in schema.names:
             raise InputError(
-                f"input {self.url}: no column {field!r} (columns: {', '.join(schema.names)}); pick one with --tokens-field"
+                f"input {self.url}: no column {field!r} (columns: {', '.join(schema.names)}); "
+                "pick one with --tokens-field"
             )
         kind = schema.field(field).type
         is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)

@@ -185,12 +185,15 @@ class ZephonDataLoader(BaseDataLoader):
             if phase.global_batch != self.global_batch_size:
                 # TorchTitan fixes its local batch (and accumulation) when
                 # it starts; a phase with another global batch needs a relaunch.
+                relaunch_flag = TITAN.batch_flag_value(
+                    rows=phase.global_batch // self.dp_world_size, seq_len=phase.spec.seq_len
+                )
                 raise ConfigError(
                     f"dataloader phase {phase.index} (TorchTitan step "
                     f"{phase.start_step // self.config.gradient_accumulation_steps + 1}): global_batch "
                     f"{phase.global_batch}, but the trainer gives local batch {self.local_batch_size} x dp "
                     f"{self.dp_world_size} = {self.global_batch_size}; relaunch from this step with "
-                    f"{TITAN.batch_flag_value(rows=phase.global_batch // self.dp_world_size, seq_len=phase.spec.seq_len)}"
+                    f"{relaunch_flag}"
                 )
         if not TITAN.repeats(self.config) and position + self.global_batch_size > self._end_of_first_pass():
             raise DataloaderExhausted(

@@ -283,7 +283,10 @@ class StreamSource:
             dtype=self.dtype,
             packed_seq_len=packed_seq_len,
             eos_id=self.eos_id,
-            where=f"shard {self.url}/{path} block {frame.block_in_shard} (dataset block {block_id}, bytes [{start}, {end}))",
+            where=(
+                f"shard {self.url}/{path} block {frame.block_in_shard} "
+                f"(dataset block {block_id}, bytes [{start}, {end}))"
+            ),
         )
 
     def close(self) -> None:

@@ -9,15 +9,15 @@ Batches come from a pipeline (loader/producer/pipeline.py) that runs ahead by
 shared-memory ring (loader/ring/shared_ring.py); this process only takes a slot and hands
 its tensors over (loader/delivery/device.py).
 
-Here: construction and the steps. What the loader shows of itself (shapes,
-cursor, memory bound, counters) is ``introspection.py``; its state out and
-the seek in are ``checkpointing.py``; both are bases of ``StreamingLoader``.
+Here: construction and shutdown. The steps (the cursor, where each producer
+run starts and ends, the audit records) are ``steps.py``; what the loader shows
+of itself (shapes, cursor, memory bound, counters) is ``introspection.py``; its
+state out and the seek in are ``checkpointing.py``; all three are bases of
+``StreamingLoader``.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,16 +34,17 @@ from zephon_stream.loader.blocks.streams import (
 )
 from zephon_stream.loader.delivery.device import resolve_device
 from zephon_stream.loader.front.args import PIPELINE_MODES, check_loader_args, resolve_rank_world
-from zephon_stream.loader.front.audit import AuditLog, addresses_sha256
+from zephon_stream.loader.front.audit import AuditLog
 from zephon_stream.loader.front.checkpointing import LoaderCheckpointing
 from zephon_stream.loader.front.introspection import LoaderIntrospection
+from zephon_stream.loader.front.steps import LoaderSteps
 from zephon_stream.loader.planning.memory import MIB
 from zephon_stream.loader.planning.rank_layout import RankLayout
 from zephon_stream.loader.planning.schedule import Phase, build_schedule
 from zephon_stream.loader.producer.stats import LoaderStats
 from zephon_stream.loader.ring.row_documents import PackingSpec
 from zephon_stream.loader.runs.feed import BatchFeed
-from zephon_stream.loader.runs.phase_layouts import LayoutBook, run_end_position, stop_position
+from zephon_stream.loader.runs.phase_layouts import LayoutBook
 from zephon_stream.plan import ScheduleOrder
 
 __all__ = ["PIPELINE_MODES", "Phase", "Stream", "StreamingLoader"]
@@ -55,7 +56,7 @@ __all__ = ["PIPELINE_MODES", "Phase", "Stream", "StreamingLoader"]
 HELPER_PROCESS_BYTES = 128 * MIB
 
 
-class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
+class StreamingLoader(LoaderSteps, LoaderIntrospection, LoaderCheckpointing):
     """Streams one rank's share of every global batch from local or S3 datasets.
 
     Iterating yields dicts of ``int64`` tensors: ``input``, ``labels`` and
@@ -305,102 +306,6 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
         state.pop("position")
         return {"state": state, "urls": [s.url for s in self._sources]}
 
-    # -- iteration -------------------------------------------------------------
-
-    def __iter__(self) -> StreamingLoader:
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        # Most steps are plain (``SteadySteps``, loader/runs/producer_run.py):
-        # one short call, the cursor and the counts. The full way below arms it again after any other.
-        steady = self._feed.steady
-        if steady is not None and self._position < self._steady_until:
-            batch = steady.take()
-            if batch is not None:
-                self._position += self.global_batch_size
-                self._stats.record_step(self.local_batch_size, steady.stall_s)
-                return batch
-        return self._next_the_full_way()
-
-    def _next_the_full_way(self) -> dict[str, torch.Tensor]:
-        if self._closed:
-            raise RuntimeError("StreamingLoader is closed")
-        end = self._run_end_position()
-        if end is not None and self._position >= end:
-            raise StopIteration
-        feed = self._feed
-        if feed.producer is None or self._position == self._layout.end_position:
-            # One producer run per phase, with a ring laid out for its
-            # rows and seq_len; the next phase's run was started ahead.
-            if self._schedule is not None:
-                self._enter_phase(self._schedule.phase_at_position(self._position).index)
-            if not feed.switch(self._position):
-                feed.stop()
-                feed.start(self._layout, **self._run_args(self._layout, self._position, end))
-        elif self._schedule is not None and feed.next_start is None:
-            self._start_next_phase_ahead(end)
-        started = time.perf_counter()
-        ready, batch = feed.get(self._position)
-        if batch is None:
-            raise StopIteration
-        stall_s = time.perf_counter() - started
-        assert ready.cursor == self._position, (ready.cursor, self._position)
-        self._position += self.global_batch_size
-        self._stats.record_step(self.local_batch_size, stall_s)
-        if self._audit is not None:
-            self._audit.append(self._audit_record(ready.cursor, ready.data_sha256))
-        if feed.steady is not None:
-            stop = stop_position(self._layout, end)
-            self._steady_until = math.inf if stop is None else stop
-        return batch
-
-    def _run_args(self, layout: RankLayout, start: int, end: int | None) -> dict[str, Any]:
-        """The keywords of a producer run of ``layout`` from cursor ``start`` to its end or ``end``."""
-        stop = stop_position(layout, end)
-        num_steps = None if stop is None else max(0, -(-(stop - start) // layout.global_batch))
-        more_runs = layout.end_position is not None and (end is None or layout.end_position < end)
-        return {
-            "start": start,
-            "start_step": self._book.step_of(start, layout),
-            "num_steps": num_steps,
-            "hash_data": self._audit is not None,
-            "more_runs": more_runs,
-        }
-
-    def _start_next_phase_ahead(self, end: int | None) -> None:
-        """Start the next phase's run once the cursor is within the feed's
-        lead of the boundary, so its first blocks are fetched and its ring
-        filled before the consumer gets there."""
-        boundary = self._layout.end_position
-        if boundary is None or (end is not None and boundary >= end):
-            return
-        if boundary - self._position > self._feed.lead_steps(self._layout) * self.global_batch_size:
-            return
-        index = self._schedule.phase_at_position(boundary).index
-        if index not in self._book.readable_phases():
-            return  # Refused, naming the phase, when the cursor gets there
-        layout = self._book.for_phase(index)
-        self._feed.start_ahead(layout, **self._run_args(layout, boundary, end))
-
-    def _audit_record(self, cursor: int, data_sha256: str) -> dict[str, Any]:
-        positions = np.arange(cursor, cursor + self.global_batch_size, dtype=np.int64)
-        addresses = addresses_sha256(positions, *self._layout.addresses(positions))
-        return {
-            "step": self._book.step_of(cursor, self._layout),
-            "phase": self._layout.phase,
-            "cursor": cursor,
-            "addresses_sha256": addresses,
-            "data_sha256": data_sha256,
-            "world_size": self.world_size,
-            "local_batch_size": self.local_batch_size,
-        }
-
-    def _run_end_position(self) -> int | None:
-        # Asked at every step; it changes only with the layout.
-        if self._end_for is not self._layout:
-            self._end_for, self._end_position = self._layout, run_end_position(self._book, self._layout, self._ends)
-        return self._end_position
-
     # -- shutdown ----------------------------------------------------------------
 
     def close(self) -> None:
@@ -429,6 +334,9 @@ class StreamingLoader(LoaderIntrospection, LoaderCheckpointing):
             self.close()
         except Exception:  # noqa: BLE001 - nothing useful to do at collection time
             pass
+
+    def __iter__(self) -> StreamingLoader:
+        return self
 
     def __enter__(self) -> StreamingLoader:
         return self

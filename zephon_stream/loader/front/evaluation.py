@@ -117,7 +117,8 @@ class EvalLoader:
 
     @property
     def manifests(self) -> list[tuple[str, Any]]:
-        """``(url, metadata)`` of each held-out dataset: its manifest's fields (``tokenizer``, ``fingerprint``, ...), block look-ups, and ``.manifest`` for every entry."""
+        """``(url, metadata)`` of each held-out dataset: its manifest's fields (``tokenizer``,
+        ``fingerprint``, ...), block look-ups, and ``.manifest`` for every entry."""
         return [(s.url, s.manifest) for s in self._sources]
 
     @property

@@ -75,7 +75,8 @@ class LoaderIntrospection:
 
     @property
     def manifests(self) -> list[tuple[str, Any]]:
-        """``(url, metadata)`` of each stream: its manifest's fields (``tokenizer``, ``fingerprint``, ...), block look-ups, and ``.manifest`` for every entry."""
+        """``(url, metadata)`` of each stream: its manifest's fields (``tokenizer``,
+        ``fingerprint``, ...), block look-ups, and ``.manifest`` for every entry."""
         return [(s.url, s.manifest) for s in self._sources]
 
     @property

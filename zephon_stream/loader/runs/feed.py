@@ -5,7 +5,7 @@ schedule, or what is left of either from a cursor on) into a ring whose slot
 layout fits that stretch's batch shape. ``BatchFeed`` starts runs, may start
 the next one ahead of the cursor it begins at (its first blocks fetched and
 its ring filled before the consumer gets there), and switches to it at that
-cursor; the loader (loader/front/api.py) decides where runs start and end.
+cursor; the loader (loader/front/steps.py) decides where runs start and end.
 
 How a start stays off the interpreter's start-up (docs/ARCHITECTURE.md,
 "Starting fast"): with ``pipeline="process"`` a helper process is started
@@ -20,7 +20,6 @@ the same whichever producer made them.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,11 +33,11 @@ from zephon_stream.loader.planning.rank_layout import RankLayout
 from zephon_stream.loader.producer.pipeline import EndOfData, ReadyStep
 from zephon_stream.loader.producer.process_producer import ProcessProducer
 from zephon_stream.loader.producer.spec import ProducerSpec, ThreadProducer
-from zephon_stream.loader.producer.stats import RunTotals
 from zephon_stream.loader.ring.shared_ring import SharedRing
 from zephon_stream.loader.ring.step_board import board_is_safe
 from zephon_stream.loader.runs.phase_layouts import LayoutBook
 from zephon_stream.loader.runs.producer_run import ProducerRun, SteadySteps
+from zephon_stream.loader.runs.retiring import RetiringRuns
 from zephon_stream.storage.urls import url_scheme
 
 # How long before the cursor reaches it a run is started: long enough
@@ -87,12 +86,9 @@ class BatchFeed:
         self._next: ProducerRun | None = None
         self._prepared: tuple[SharedRing, CpuDelivery | CudaDelivery] | None = None
         self._spare_helper: ProcessProducer | None = None
-        self._exiting: list[ProcessProducer] = []
-        # Runs whose producer is being stopped off the consumer's thread
-        # (joining a run's threads can take tens of ms); counted and released
-        # by the consumer's thread once stopped.
-        self._retiring: list[tuple[threading.Thread, ProducerRun]] = []
-        self._totals = RunTotals()
+        # The runs left behind, stopping off the consumer's thread
+        # (loader/runs/retiring.py).
+        self._retired = RetiringRuns()
         self._last_get_s: float | None = None
         self._quiet = False
         # The short way to the next plain step, while the feed is quiet
@@ -136,8 +132,8 @@ class BatchFeed:
 
     def counters(self) -> dict[str, Any]:
         """The producer counters of the whole run (loader/producer/stats.py ``RunTotals``)."""
-        runs = [run for run in (self._run, self._next) if run is not None] + [run for _, run in self._retiring]
-        return self._totals.totals([run.counters() for run in runs], stores=[s.store for s in self._sources])
+        runs = [run for run in (self._run, self._next) if run is not None] + self._retired.uncounted
+        return self._retired.totals.totals([run.counters() for run in runs], stores=[s.store for s in self._sources])
 
     def lead_steps(self, layout: RankLayout) -> int:
         """Steps before its first cursor a run is started: ``LEAD_S`` of the
@@ -216,7 +212,7 @@ class BatchFeed:
         """Move to the run started ahead if it begins at ``position``; whether it did."""
         if self._next is None or self._next.start != position:
             return False
-        self._retire(self._run, wait=False)
+        self._retired.retire(self._run, wait=False)
         self._run, self._next = self._next, None
         return True
 
@@ -253,7 +249,7 @@ class BatchFeed:
             more_runs=False,
             steps_per_slot=1,
         )
-        self._retire(run, wait=True)
+        self._retired.retire(run, wait=True)
         return self._run.get()
 
     def _watch(self, run: ProducerRun, position: int) -> ProducerRun:
@@ -266,8 +262,8 @@ class BatchFeed:
                 0.8 * self._step_s + 0.2 * (now - self._last_get_s) if self._step_s else now - self._last_get_s
             )
         self._last_get_s = now
-        if self._retiring or self._exiting:
-            self._settle_retired(wait=False)
+        if not self._retired.settled:
+            self._retired.settle(wait=False)
         if self._next is not None and position == self._next.start:
             self.switch(position)
             run = self._run
@@ -283,13 +279,7 @@ class BatchFeed:
             self._hand_over(run, position)
         # A run in the helper with no schedule and nothing left to
         # settle needs no watching until the loader stops or seeks.
-        self._quiet = (
-            run.in_helper
-            and self._next is None
-            and self._book.schedule is None
-            and not self._retiring
-            and not self._exiting
-        )
+        self._quiet = run.in_helper and self._next is None and self._book.schedule is None and self._retired.settled
         return run
 
     def _hand_over(self, run: ProducerRun, position: int) -> None:
@@ -381,51 +371,15 @@ class BatchFeed:
         self._spare_helper = self._new_helper() if more_runs else None
         return helper
 
-    def _retire(self, run: ProducerRun | None, *, wait: bool) -> None:
-        """End ``run``; with ``wait=False`` its producer stops off this thread."""
-        self._settle_retired(wait=False)
-        if run is None:
-            return
-        if wait:
-            run.producer.close()
-            self._end(run)
-        elif isinstance(run.producer, ProcessProducer):
-            # The helper is left to exit on its own (reaped later); the
-            # run's steps were all taken, so its counters are final.
-            run.producer.close(wait=False)
-            self._exiting.append(run.producer)
-            self._end(run)
-        else:
-            stopper = threading.Thread(target=run.producer.close, name="zephon-retire", daemon=True)
-            stopper.start()
-            self._retiring.append((stopper, run))
-
-    def _end(self, run: ProducerRun) -> None:
-        self._totals.fold(run.counters())
-        run.release()
-
-    def _settle_retired(self, *, wait: bool) -> None:
-        """Count and release the runs whose producer has stopped (``wait``: all of them)."""
-        still = []
-        for stopper, run in self._retiring:
-            if wait:
-                stopper.join()
-            if stopper.is_alive():
-                still.append((stopper, run))
-            else:
-                self._end(run)
-        self._retiring = still
-        self._exiting = [helper for helper in self._exiting if not helper.reaped()]
-
     def stop(self) -> None:
         """Stop every run, the one in progress and one started ahead (idempotent)."""
         self._quiet = False
         self.steady = None
         next_run, self._next = self._next, None
         run, self._run = self._run, None
-        self._retire(next_run, wait=True)
-        self._retire(run, wait=True)
-        self._settle_retired(wait=True)
+        self._retired.retire(next_run, wait=True)
+        self._retired.retire(run, wait=True)
+        self._retired.settle(wait=True)
         self._last_get_s = None
 
     def close(self) -> None:
@@ -434,7 +388,5 @@ class BatchFeed:
         if self._spare_helper is not None:
             self._spare_helper.close()
             self._spare_helper = None
-        for helper in self._exiting:
-            helper.close()
-        self._exiting = []
+        self._retired.close()
         self._release_prepared()
